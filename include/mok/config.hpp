@@ -1,0 +1,27 @@
+// MoK's tuning knobs, with MoK's names and defaults. None of them changes the result: the goal is
+// the same bits whatever their values (DESIGN.md rule 2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mok {
+
+struct Config {
+  int fwd_num_comm_sms = 40;               // CTAs of the forward megakernel that move tokens
+  int bwd_num_comm_sms = 28;               // same, backward
+  std::int64_t minibatch_size = 4096;      // rows pulled per dispatch step inside a pass
+  std::int64_t macrobatch_size = 131072;   // rows in the ring buffer: one pass
+  double schedule_capacity_multiplier = 0.5;  // accepted for MoK compatibility; see below
+
+  // NOTES: MoK sizes its schedule from schedule_capacity_multiplier and can overflow when the
+  // routing is skewed past it. mok's schedule table is always sized for the worst case
+  // (Problem::max_routed_rows), so this knob never limits anything; it is validated and kept only
+  // so that MoK configurations carry over unchanged.
+
+  // Throws mok::Error naming the first knob that is out of range.
+  void validate() const;
+  std::string to_string() const;
+};
+
+}  // namespace mok

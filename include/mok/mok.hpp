@@ -1,0 +1,9 @@
+// Everything public in one include.
+#pragma once
+
+#include "mok/api.hpp"
+#include "mok/config.hpp"
+#include "mok/error.hpp"
+#include "mok/problem.hpp"
+#include "mok/tensor.hpp"
+#include "mok/version.hpp"

@@ -1,0 +1,97 @@
+// `mok run`: one training step of one layer on synthetic data, timed and checked.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "cli/cli.hpp"
+#include "reference/check.hpp"
+
+namespace mok::cli {
+namespace {
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream s;
+  s.precision(6);
+  s << v;
+  return s.str();
+}
+
+std::string json_string(const std::string& v) {
+  std::string s = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') s += '\\';
+    s += c;
+  }
+  return s + "\"";
+}
+
+}  // namespace
+
+int run(const RunArgs& args) {
+  const Problem& p = args.problem;
+  p.validate(DType::bf16);  // before any allocation, so bad shapes fail fast with their name
+  Workspace ws(p, Config{}, {.backend = args.backend, .num_threads = args.threads});
+
+  LayerData data = make_layer_data(p, DType::bf16, args.seed, args.routing);
+  std::int64_t routed_rows = 0;
+  for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s) routed_rows += data.topk_experts.get(s) >= 0;
+
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  forward(ws, data.inputs(), data.weights(), data.out.view());
+  const auto t1 = clock::now();
+  backward(ws, data.inputs(), data.weights(), data.d_out.view(), data.grads());
+  const auto t2 = clock::now();
+  const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const double bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  const double fwd_flops = p.forward_flops(routed_rows), bwd_flops = 2 * fwd_flops;
+
+  CheckOptions check_options;
+  check_options.num_threads = args.threads;
+  check_options.seed = args.seed;
+  const CheckReport report = check_against_f64(data, check_options);
+  const bool passed = report.passed();
+
+  if (args.json) {
+    std::ostringstream j;
+    j << "{\"backend\": " << json_string(backend_name(ws.backend()))
+      << ", \"preset\": " << json_string(args.preset)
+      << ", \"routing\": " << json_string(routing_name(args.routing)) << ", \"seed\": " << args.seed
+      << ", \"threads\": " << ws.num_threads() << ", \"shape\": {\"T\": " << p.num_tokens
+      << ", \"H\": " << p.hidden_size << ", \"I\": " << p.intermediate_size
+      << ", \"E\": " << p.num_experts << ", \"k\": " << p.topk
+      << ", \"S\": " << p.shared_intermediate_size << "}, \"routed_rows\": " << routed_rows
+      << ", \"fwd_ms\": " << json_number(fwd_ms) << ", \"bwd_ms\": " << json_number(bwd_ms)
+      << ", \"fwd_tflops\": " << json_number(fwd_flops / (fwd_ms * 1e9))
+      << ", \"bwd_tflops\": " << json_number(bwd_flops / (bwd_ms * 1e9))
+      << ", \"check\": {\"passed\": " << (passed ? "true" : "false")
+      << ", \"sampled\": " << (report.sampled ? "true" : "false")
+      << ", \"out_rel_err\": " << json_number(report.out_rel_err())
+      << ", \"grad_rel_err_max\": " << json_number(report.grad_rel_err_max()) << ", \"entries\": [";
+    for (std::size_t i = 0; i < report.entries.size(); ++i) {
+      const ErrorEntry& e = report.entries[i];
+      j << (i ? ", " : "") << "{\"name\": " << json_string(e.name)
+        << ", \"rel_err\": " << json_number(e.rel_err)
+        << ", \"tolerance\": " << json_number(e.tolerance) << ", \"compared\": " << e.compared
+        << "}";
+    }
+    j << "]}}";
+    std::printf("%s\n", j.str().c_str());
+  } else {
+    std::printf("mok run: preset %s, backend %s (%d threads), %s routing, seed %llu\n",
+                args.preset.c_str(), backend_name(ws.backend()), ws.num_threads(),
+                routing_name(args.routing), static_cast<unsigned long long>(args.seed));
+    std::printf("  shape     %s, %lld routed rows\n", p.to_string().c_str(),
+                static_cast<long long>(routed_rows));
+    std::printf("  forward   %10.3f ms  %8.4f TFLOP/s\n", fwd_ms, fwd_flops / (fwd_ms * 1e9));
+    std::printf("  backward  %10.3f ms  %8.4f TFLOP/s\n", bwd_ms, bwd_flops / (bwd_ms * 1e9));
+    std::printf("  %s", report.summary().c_str());
+    std::printf("  check %s\n", passed ? "passed" : "FAILED");
+  }
+  return passed ? 0 : 1;
+}
+
+}  // namespace mok::cli

@@ -1,0 +1,44 @@
+#include "mok/config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "mok/error.hpp"
+
+namespace mok {
+
+void Config::validate() const {
+  if (fwd_num_comm_sms < 1) {
+    throw Error("config.fwd_num_comm_sms", "at least 1", to_text(fwd_num_comm_sms));
+  }
+  if (bwd_num_comm_sms < 1) {
+    throw Error("config.bwd_num_comm_sms", "at least 1", to_text(bwd_num_comm_sms));
+  }
+  if (minibatch_size < 1) {
+    throw Error("config.minibatch_size", "a positive number of rows", to_text(minibatch_size));
+  }
+  if (macrobatch_size < minibatch_size) {
+    throw Error("config.macrobatch_size",
+                "at least config.minibatch_size = " + to_text(minibatch_size),
+                to_text(macrobatch_size));
+  }
+  if (macrobatch_size % minibatch_size != 0) {
+    throw Error("config.macrobatch_size",
+                "a multiple of config.minibatch_size = " + to_text(minibatch_size),
+                to_text(macrobatch_size));
+  }
+  if (!(std::isfinite(schedule_capacity_multiplier) && schedule_capacity_multiplier > 0)) {
+    throw Error("config.schedule_capacity_multiplier", "a finite positive number",
+                to_text(schedule_capacity_multiplier));
+  }
+}
+
+std::string Config::to_string() const {
+  std::ostringstream s;
+  s << "fwd_num_comm_sms=" << fwd_num_comm_sms << " bwd_num_comm_sms=" << bwd_num_comm_sms
+    << " minibatch_size=" << minibatch_size << " macrobatch_size=" << macrobatch_size
+    << " schedule_capacity_multiplier=" << schedule_capacity_multiplier;
+  return s.str();
+}
+
+}  // namespace mok

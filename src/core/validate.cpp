@@ -1,0 +1,122 @@
+#include "core/validate.hpp"
+
+#include <string>
+
+namespace mok {
+
+static std::string shape_list_text(std::initializer_list<std::int64_t> shape) {
+  std::string s = "[";
+  bool first = true;
+  for (std::int64_t d : shape) {
+    s += (first ? "" : ", ") + std::to_string(d);
+    first = false;
+  }
+  return s + "]";
+}
+
+static void check_layout(const char* name, const TensorView& v,
+                         std::initializer_list<std::int64_t> shape, Device device) {
+  const std::string n = name;
+  if (!v.defined() || v.data == nullptr) {
+    throw Error(n, "a tensor of shape " + shape_list_text(shape), "none");
+  }
+  if (v.device != device) throw Error(n + ".device", device_name(device), device_name(v.device));
+  bool same = v.ndim == static_cast<int>(shape.size());
+  int d = 0;
+  for (std::int64_t s : shape) same = same && v.shape[d++] == s;
+  if (!same) throw Error(n + ".shape", shape_list_text(shape), v.shape_text());
+  if (!v.is_contiguous()) {
+    throw Error(n + ".strides", "row-major contiguous strides", v.strides_text());
+  }
+}
+
+void check_view(const char* name, const TensorView& v, DType dtype,
+                std::initializer_list<std::int64_t> shape, Device device) {
+  if (v.defined() && v.dtype != dtype) {
+    throw Error(std::string(name) + ".dtype", dtype_name(dtype), dtype_name(v.dtype));
+  }
+  check_layout(name, v, shape, device);
+}
+
+void check_view_either(const char* name, const TensorView& v, DType a, DType b,
+                       std::initializer_list<std::int64_t> shape, Device device) {
+  if (v.defined() && v.dtype != a && v.dtype != b) {
+    throw Error(std::string(name) + ".dtype",
+                std::string(dtype_name(a)) + " or " + dtype_name(b), dtype_name(v.dtype));
+  }
+  check_layout(name, v, shape, device);
+}
+
+void check_absent(const char* name, const TensorView& v, const char* why) {
+  if (v.defined()) throw Error(name, std::string("none (") + why + ")", "a tensor " + v.shape_text());
+}
+
+static DType router_dtype(DType act) { return act == DType::f64 ? DType::f64 : DType::f32; }
+
+void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
+                     E = p.num_local_experts(), k = p.topk, S = p.shared_intermediate_size;
+  check_view("x", in.x, act, {T, H}, device);
+  check_view("topk_experts", in.topk_experts, DType::i64, {T, k}, device);
+  check_view("topk_weights", in.topk_weights, router_dtype(act), {T, k}, device);
+  check_view("routed_gate_weights", w.gate, act, {E, I, H}, device);
+  check_view("routed_up_weights", w.up, act, {E, I, H}, device);
+  check_view("routed_down_weights", w.down, act, {E, H, I}, device);
+  if (S > 0) {
+    check_view("shared_gate_weights", w.shared_gate, act, {S, H}, device);
+    check_view("shared_up_weights", w.shared_up, act, {S, H}, device);
+    check_view("shared_down_weights", w.shared_down, act, {H, S}, device);
+  } else {
+    const char* why = "the problem has no shared expert (shared_intermediate_size = 0)";
+    check_absent("shared_gate_weights", w.shared_gate, why);
+    check_absent("shared_up_weights", w.shared_up, why);
+    check_absent("shared_down_weights", w.shared_down, why);
+  }
+}
+
+void check_expert_ids_host(const Problem& p, const TensorView& topk_experts) {
+  const auto* ids = topk_experts.ptr<const std::int64_t>();
+  const std::int64_t n = p.num_tokens * p.topk;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t e = ids[i];
+    if (e < -1 || e >= p.num_experts) {
+      throw Error("topk_experts[" + std::to_string(i / p.topk) + ", " +
+                      std::to_string(i % p.topk) + "]",
+                  "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(e));
+    }
+  }
+}
+
+void check_grads(const Problem& p, DType act, Device device, const Grads& g,
+                 const BackwardOptions& options) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
+                     E = p.num_local_experts(), k = p.topk, S = p.shared_intermediate_size;
+  check_view("d_x", g.d_x, act, {T, H}, device);
+  check_view("d_topk_weights", g.d_topk_weights, router_dtype(act), {T, k}, device);
+  // Weight gradients: the activation dtype, or f32 for fp32 main-grad accumulation.
+  const DType wide = act == DType::f64 ? DType::f64 : DType::f32;
+  check_view_either("d_routed_gate_weights", g.d_gate, act, wide, {E, I, H}, device);
+  check_view_either("d_routed_up_weights", g.d_up, act, wide, {E, I, H}, device);
+  check_view_either("d_routed_down_weights", g.d_down, act, wide, {E, H, I}, device);
+  if (S > 0) {
+    check_view_either("d_shared_gate_weights", g.d_shared_gate, act, wide, {S, H}, device);
+    check_view_either("d_shared_up_weights", g.d_shared_up, act, wide, {S, H}, device);
+    check_view_either("d_shared_down_weights", g.d_shared_down, act, wide, {H, S}, device);
+  } else {
+    const char* why = "the problem has no shared expert (shared_intermediate_size = 0)";
+    check_absent("d_shared_gate_weights", g.d_shared_gate, why);
+    check_absent("d_shared_up_weights", g.d_shared_up, why);
+    check_absent("d_shared_down_weights", g.d_shared_down, why);
+  }
+  if (options.accumulate_weight_grads) {
+    for (const auto* v : {&g.d_gate, &g.d_up, &g.d_down}) {
+      if (v->dtype != wide) {
+        throw Error("BackwardOptions.accumulate_weight_grads",
+                    std::string("weight gradients in ") + dtype_name(wide),
+                    std::string("a gradient in ") + dtype_name(v->dtype));
+      }
+    }
+  }
+}
+
+}  // namespace mok

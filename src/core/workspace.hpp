@@ -1,0 +1,29 @@
+// What a Workspace holds, per backend. Internal: backends include this, users do not.
+#pragma once
+
+#include <memory>
+
+#include "mok/api.hpp"
+#include "reference/reference.hpp"
+
+namespace mok {
+
+struct Workspace::Impl {
+  Problem problem;
+  Config config;
+  WorkspaceOptions options;
+  Backend backend = Backend::cpu;
+  std::unique_ptr<reference::State> cpu;  // backend == cpu
+
+  // Which inputs the forward context belongs to: backward refuses a context from other tensors.
+  struct ContextKey {
+    const void* x = nullptr;
+    const void* topk_experts = nullptr;
+    const void* gate = nullptr;
+    bool operator==(const ContextKey&) const = default;
+  };
+  bool has_context = false;
+  ContextKey context_key;
+};
+
+}  // namespace mok

@@ -1,0 +1,61 @@
+// Checking a bf16 layer result against the exact (f64) layer on the same bf16 numbers.
+//
+// Tolerances (relative Frobenius error, ||got - ref|| / ||ref||): each bf16 store rounds a value
+// with relative error at most u = 2^-8. To first order, errors of successive stores add, with the
+// layer's linear maps carrying them at unit gain on well-scaled data. So the bound is u times the
+// number of bf16 stores on the longest path to the output (reference.hpp lists them):
+//   out:            g/u, h, y, out                                   -> 4 stores
+//   d_x:            g/u, h (not on d_x's path), dy, dg/du, dx_row, d_x -> 5 stores
+//   d_topk_weights: g/u, h, y                                         -> 3 stores
+//   weight grads:   g/u, h or dy, dg/du, grad                         -> 4 stores
+// We use 4u for the output and 6u for every gradient (one store of margin for the accumulations
+// in fp32 over up to 10^5 terms).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "reference/synthetic.hpp"
+
+namespace mok {
+
+inline constexpr double kBf16UnitRoundoff = 0x1.0p-8;
+inline constexpr double kForwardTolerance = 4 * kBf16UnitRoundoff;
+inline constexpr double kGradientTolerance = 6 * kBf16UnitRoundoff;
+
+struct ErrorEntry {
+  std::string name;  // "out", "d_x", "d_routed_gate_weights", ...
+  double rel_err = 0;
+  double tolerance = 0;
+  std::int64_t compared = 0;  // elements compared
+  bool passed() const { return rel_err <= tolerance; }  // false for NaN
+};
+
+struct CheckReport {
+  bool sampled = false;  // compared a sample of tokens and weight slices, not everything
+  std::vector<ErrorEntry> entries;
+  bool passed() const;
+  double out_rel_err() const;
+  double grad_rel_err_max() const;
+  std::string summary() const;  // one line per entry
+};
+
+struct CheckOptions {
+  int num_threads = 0;
+  // Full comparison when the f64 layer costs at most this many FLOPs (forward + backward), else a
+  // sampled one.
+  double max_full_flops = 2e10;
+  std::int64_t sample_tokens = 16;
+  std::int64_t sample_experts = 4;
+  std::int64_t sample_columns = 4;  // intermediate indices per sampled expert
+  std::uint64_t seed = 1;
+  bool check_backward = true;
+};
+
+// `got` holds bf16 inputs and the outputs a backend produced (forward and, if asked, backward).
+CheckReport check_against_f64(const LayerData& got, const CheckOptions& options = {});
+
+// Relative Frobenius error of two equally long sequences.
+double relative_error(const std::vector<double>& got, const std::vector<double>& ref);
+
+}  // namespace mok

@@ -1,0 +1,54 @@
+// Small helpers shared by the C++ tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "mok/api.hpp"
+#include "reference/check.hpp"
+#include "reference/synthetic.hpp"
+
+namespace mok::test {
+
+// A fresh seed per process run (from the clock), printed so a failure can be replayed with
+// MOK_TEST_SEED=N.
+std::uint64_t test_seed();
+
+inline void run_layer(LayerData& d, int threads = 0, bool backward_too = true) {
+  Workspace ws(d.problem, Config{},
+               {.backend = Backend::cpu, .activation_dtype = d.act, .num_threads = threads});
+  forward(ws, d.inputs(), d.weights(), d.out.view());
+  if (backward_too) backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads());
+}
+
+// Byte equality of two host tensors (bitwise determinism checks).
+inline bool same_bits(const HostTensor& a, const HostTensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  const std::size_t n = a.numel() * dtype_size(a.view().dtype);
+  return a.numel() == b.numel() && std::memcmp(a.view().data, b.view().data, n) == 0;
+}
+
+inline bool all_finite(const HostTensor& t) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (!std::isfinite(t.get(i))) return false;
+  }
+  return true;
+}
+
+// Runs `f`, expects a mok::Error whose message contains every string in `parts`.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected mok::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+}  // namespace mok::test

@@ -1,0 +1,242 @@
+// The CPU reference: exact gradients (finite differences in f64), bf16 accuracy against f64,
+// bitwise determinism, and the edge cases of DESIGN.md section 1.
+#include <functional>
+#include <vector>
+
+#include "layer_helpers.hpp"
+
+namespace mok::test {
+namespace {
+
+Problem tiny_f64(std::int64_t T, std::int64_t E, std::int64_t k, std::int64_t S) {
+  return {.num_tokens = T, .hidden_size = 5, .intermediate_size = 4, .num_experts = E, .topk = k,
+          .shared_intermediate_size = S};
+}
+
+// loss = <out, d_out> in f64.
+double loss_of(LayerData& d) {
+  run_layer(d, 1, /*backward_too=*/false);
+  double l = 0;
+  for (std::int64_t i = 0; i < d.out.numel(); ++i) l += d.out.get(i) * d.d_out.get(i);
+  return l;
+}
+
+// Every entry of `param`'s gradient against a central difference of the loss.
+void check_gradient(LayerData& d, HostTensor& param, const HostTensor& grad, const char* name) {
+  constexpr double eps = 1e-6;
+  std::vector<double> fd(param.numel()), an(param.numel());
+  for (std::int64_t i = 0; i < param.numel(); ++i) {
+    const double v = param.get(i);
+    param.set(i, v + eps);
+    const double up = loss_of(d);
+    param.set(i, v - eps);
+    const double down = loss_of(d);
+    param.set(i, v);
+    fd[i] = (up - down) / (2 * eps);
+    an[i] = grad.get(i);
+  }
+  // Central differences in f64 are accurate to ~eps^2 * f''' + 1e-16 / eps: 1e-8 relative.
+  EXPECT_LT(relative_error(an, fd), 1e-7) << name;
+}
+
+void finite_difference_case(const Problem& p, Routing routing, bool drop_some_slots) {
+  LayerData d = make_layer_data(p, DType::f64, test_seed(), routing);
+  if (drop_some_slots) {
+    for (std::int64_t s = 1; s < p.num_tokens * p.topk; s += 3) d.topk_experts.set(s, -1);
+  }
+  run_layer(d, 1);
+  LayerData probe = d;  // the gradients above stay in d; probe re-runs forward only
+  check_gradient(probe, probe.x, d.d_x, "d_x");
+  check_gradient(probe, probe.topk_weights, d.d_topk_weights, "d_topk_weights");
+  check_gradient(probe, probe.gate, d.d_gate, "d_routed_gate_weights");
+  check_gradient(probe, probe.up, d.d_up, "d_routed_up_weights");
+  check_gradient(probe, probe.down, d.d_down, "d_routed_down_weights");
+  if (p.has_shared_expert()) {
+    check_gradient(probe, probe.shared_gate, d.d_shared_gate, "d_shared_gate_weights");
+    check_gradient(probe, probe.shared_up, d.d_shared_up, "d_shared_up_weights");
+    check_gradient(probe, probe.shared_down, d.d_shared_down, "d_shared_down_weights");
+  }
+  if (drop_some_slots) {  // an unused slot's weight gets exactly zero gradient
+    for (std::int64_t s = 1; s < p.num_tokens * p.topk; s += 3) {
+      EXPECT_EQ(d.d_topk_weights.get(s), 0.0) << "slot " << s;
+    }
+  }
+}
+
+TEST(ReferenceGradients, FiniteDifferencesWithSharedExpert) {
+  finite_difference_case(tiny_f64(6, 3, 2, 3), Routing::softmax, false);
+}
+
+TEST(ReferenceGradients, FiniteDifferencesNoSharedUnusedSlots) {
+  finite_difference_case(tiny_f64(5, 4, 3, 0), Routing::softmax, true);
+}
+
+TEST(ReferenceGradients, FiniteDifferencesRepeatedExpertIds) {
+  // Skewed routing sends every other slot to expert 0, so tokens repeat expert 0 across slots.
+  finite_difference_case(tiny_f64(4, 3, 3, 2), Routing::skewed, false);
+}
+
+TEST(ReferenceGradients, FiniteDifferencesOneTokenTopOne) {
+  finite_difference_case(tiny_f64(1, 1, 1, 2), Routing::softmax, false);
+}
+
+// ---- bf16 against f64 ----
+
+struct Bf16Case {
+  const char* name;
+  Problem problem;
+  Routing routing;
+  bool drop_slots;
+};
+
+void PrintTo(const Bf16Case& c, std::ostream* os) { *os << c.name; }
+
+class ReferenceBf16 : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(ReferenceBf16, MatchesF64WithinBf16Tolerance) {
+  const Bf16Case& c = GetParam();
+  LayerData d = make_layer_data(c.problem, DType::bf16, test_seed(), c.routing);
+  if (c.drop_slots) {
+    for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5) d.topk_experts.set(s, -1);
+  }
+  run_layer(d);
+  for (const HostTensor* t : {&d.out, &d.d_x, &d.d_topk_weights, &d.d_gate, &d.d_up, &d.d_down}) {
+    EXPECT_TRUE(all_finite(*t)) << "an output was left unwritten (poison) or overflowed";
+  }
+  const CheckReport full = check_against_f64(d);
+  EXPECT_FALSE(full.sampled);
+  EXPECT_TRUE(full.passed()) << full.summary();
+  // The sampled checker, an independent evaluation, agrees on the same data.
+  CheckOptions sampled;
+  sampled.max_full_flops = 0;
+  const CheckReport part = check_against_f64(d, sampled);
+  EXPECT_TRUE(part.sampled);
+  EXPECT_TRUE(part.passed()) << part.summary();
+  std::printf("[ mok ] %s: out %.2e, grads max %.2e (tolerances %.2e / %.2e)\n", c.name,
+              full.out_rel_err(), full.grad_rel_err_max(), kForwardTolerance, kGradientTolerance);
+}
+
+Problem bf16_problem(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E,
+                     std::int64_t k, std::int64_t S) {
+  return {.num_tokens = T, .hidden_size = H, .intermediate_size = I, .num_experts = E, .topk = k,
+          .shared_intermediate_size = S};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ReferenceBf16,
+    ::testing::Values(Bf16Case{"uniform_shared", bf16_problem(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+                      Bf16Case{"skewed_no_shared", bf16_problem(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+                      Bf16Case{"one_expert", bf16_problem(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+                      Bf16Case{"unused_slots", bf16_problem(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+                      Bf16Case{"one_token", bf16_problem(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+                      Bf16Case{"top1_one_expert", bf16_problem(33, 64, 64, 1, 1, 0), Routing::softmax, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A broken layer must fail the check: the tolerances are tight enough to catch a wrong result.
+TEST(ReferenceCheck, DetectsACorruptedResult) {
+  LayerData d = make_layer_data(bf16_problem(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
+  run_layer(d);
+  for (std::int64_t c = 0; c < 64; ++c) d.out.set(3 * 64 + c, 0.0);  // lose one token's output
+  const CheckReport r = check_against_f64(d);
+  EXPECT_FALSE(r.passed()) << r.summary();
+  LayerData e = make_layer_data(bf16_problem(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
+  run_layer(e);
+  for (std::int64_t c = 0; c < 64; ++c) e.d_gate.set(5 * 64 + c, 0.0);  // expert 0 loses one row
+  CheckOptions sampled;
+  sampled.max_full_flops = 0;
+  sampled.sample_columns = 64;  // every column, so the wrong element is seen
+  EXPECT_FALSE(check_against_f64(e, sampled).passed());
+  EXPECT_FALSE(check_against_f64(e).passed());
+}
+
+// ---- determinism ----
+
+TEST(ReferenceDeterminism, BitwiseAcrossThreadCountsAndRuns) {
+  const Problem p = bf16_problem(203, 128, 128, 7, 3, 64);
+  const std::uint64_t seed = test_seed();
+  LayerData base = make_layer_data(p, DType::bf16, seed, Routing::skewed);
+  run_layer(base, 1);
+  for (int threads : {1, 2, 3, 8}) {
+    LayerData d = make_layer_data(p, DType::bf16, seed, Routing::skewed);
+    run_layer(d, threads);
+    const char* names[] = {"out", "d_x", "d_topk_weights", "d_gate", "d_up", "d_down",
+                           "d_shared_gate", "d_shared_up", "d_shared_down"};
+    const HostTensor* a[] = {&base.out, &base.d_x, &base.d_topk_weights, &base.d_gate, &base.d_up,
+                             &base.d_down, &base.d_shared_gate, &base.d_shared_up, &base.d_shared_down};
+    const HostTensor* b[] = {&d.out, &d.d_x, &d.d_topk_weights, &d.d_gate, &d.d_up,
+                             &d.d_down, &d.d_shared_gate, &d.d_shared_up, &d.d_shared_down};
+    for (int i = 0; i < 9; ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << names[i] << " threads " << threads;
+  }
+}
+
+// ---- edge cases ----
+
+TEST(ReferenceEdgeCases, EmptyExpertsGetExactlyZeroGradients) {
+  const Problem p = bf16_problem(40, 64, 64, 6, 2, 0);
+  LayerData d = make_layer_data(p, DType::bf16, test_seed());
+  for (std::int64_t s = 0; s < 80; ++s) d.topk_experts.set(s, s % 2 == 0 ? 1 : 4);  // only 1 and 4
+  run_layer(d);
+  for (std::int64_t e : {0, 2, 3, 5}) {
+    for (std::int64_t i = 0; i < 64 * 64; ++i) {
+      ASSERT_EQ(d.d_gate.get(e * 4096 + i), 0.0);
+      ASSERT_EQ(d.d_up.get(e * 4096 + i), 0.0);
+      ASSERT_EQ(d.d_down.get(e * 4096 + i), 0.0);
+    }
+  }
+  EXPECT_TRUE(check_against_f64(d).passed());
+}
+
+TEST(ReferenceEdgeCases, AllSlotsUnusedLeavesOnlyTheSharedExpert) {
+  const Problem p = bf16_problem(9, 64, 64, 3, 2, 64);
+  LayerData with = make_layer_data(p, DType::bf16, test_seed());
+  with.topk_experts.fill(-1);
+  run_layer(with);
+  EXPECT_TRUE(check_against_f64(with).passed());
+  for (std::int64_t i = 0; i < with.d_topk_weights.numel(); ++i) EXPECT_EQ(with.d_topk_weights.get(i), 0.0);
+}
+
+TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
+  const Problem p = bf16_problem(50, 64, 64, 4, 2, 64);
+  const std::uint64_t seed = test_seed();
+  LayerData fresh = make_layer_data(p, DType::bf16, seed, Routing::softmax, DType::f32);
+  run_layer(fresh);
+  LayerData acc = make_layer_data(p, DType::bf16, seed, Routing::softmax, DType::f32);
+  for (HostTensor* t : {&acc.d_gate, &acc.d_up, &acc.d_down, &acc.d_shared_gate, &acc.d_shared_up,
+                        &acc.d_shared_down}) {
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.25 * (i % 7));
+  }
+  Workspace ws(p, Config{}, {.backend = Backend::cpu});
+  forward(ws, acc.inputs(), acc.weights(), acc.out.view());
+  backward(ws, acc.inputs(), acc.weights(), acc.d_out.view(), acc.grads(), {.accumulate_weight_grads = true});
+  for (std::int64_t i = 0; i < fresh.d_gate.numel(); ++i) {
+    const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_gate.get(i));
+    ASSERT_EQ(static_cast<float>(acc.d_gate.get(i)), want) << i;
+  }
+  for (std::int64_t i = 0; i < fresh.d_shared_down.numel(); ++i) {
+    const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_shared_down.get(i));
+    ASSERT_EQ(static_cast<float>(acc.d_shared_down.get(i)), want) << i;
+  }
+}
+
+TEST(ReferenceContext, BackwardNeedsAForwardOverTheSameTensors) {
+  const Problem p = bf16_problem(8, 64, 64, 2, 1, 0);
+  LayerData d = make_layer_data(p, DType::bf16, 1);
+  Workspace ws(p, Config{}, {.backend = Backend::cpu});
+  expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads()); },
+               {"forward context", "no forward run yet"});
+  LayerData other = make_layer_data(p, DType::bf16, 2);
+  forward(ws, other.inputs(), other.weights(), other.out.view());
+  expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads()); },
+               {"forward context", "other tensors"});
+  // recompute_forward_context gives the same backward as a forward did.
+  LayerData a = make_layer_data(p, DType::bf16, 3), b = make_layer_data(p, DType::bf16, 3);
+  run_layer(a);
+  recompute_forward_context(ws, b.inputs(), b.weights());
+  backward(ws, b.inputs(), b.weights(), b.d_out.view(), b.grads());
+  EXPECT_TRUE(same_bits(a.d_x, b.d_x));
+  EXPECT_TRUE(same_bits(a.d_gate, b.d_gate));
+  EXPECT_TRUE(same_bits(a.d_topk_weights, b.d_topk_weights));
+}
+
+}  // namespace
+}  // namespace mok::test

@@ -1,0 +1,178 @@
+// Bad input: every check raises mok::Error naming the argument and the bad value.
+#include <functional>
+#include "layer_helpers.hpp"
+
+namespace mok::test {
+namespace {
+
+Problem small() {
+  return {.num_tokens = 10, .hidden_size = 64, .intermediate_size = 128, .num_experts = 4,
+          .topk = 2, .shared_intermediate_size = 64};
+}
+
+void run_forward(const LayerData& d) {
+  Workspace ws(d.problem, Config{}, {.backend = Backend::cpu, .activation_dtype = d.act});
+  forward(ws, d.inputs(), d.weights(), d.out.view());
+}
+
+TEST(Validation, ProblemSizes) {
+  const std::pair<const char*, std::function<void(Problem&)>> cases[] = {
+      {"num_tokens", [](Problem& p) { p.num_tokens = 0; }},
+      {"hidden_size", [](Problem& p) { p.hidden_size = -64; }},
+      {"intermediate_size", [](Problem& p) { p.intermediate_size = 0; }},
+      {"num_experts", [](Problem& p) { p.num_experts = 0; }},
+      {"topk", [](Problem& p) { p.topk = -1; }},
+      {"shared_intermediate_size", [](Problem& p) { p.shared_intermediate_size = -2; }},
+      {"ep_size", [](Problem& p) { p.ep_size = 0; }},
+      {"ep_rank", [](Problem& p) { p.ep_size = 2, p.ep_rank = 2; }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    Problem p = small();
+    mutate(p);
+    expect_error([&] { p.validate(DType::bf16); }, {std::string("invalid ") + name});
+  }
+}
+
+TEST(Validation, TopkLargerThanExperts) {
+  Problem p = small();
+  p.num_experts = 4;
+  p.topk = 5;
+  expect_error([&] { p.validate(DType::bf16); }, {"invalid topk", "at most num_experts = 4", "got 5"});
+}
+
+TEST(Validation, Bf16Alignment) {
+  Problem p = small();
+  p.hidden_size = 100;
+  expect_error([&] { p.validate(DType::bf16); }, {"hidden_size", "multiple of 64", "got 100"});
+  p = small();
+  p.intermediate_size = 96;
+  expect_error([&] { p.validate(DType::bf16); }, {"intermediate_size", "got 96"});
+  p = small();
+  p.shared_intermediate_size = 32;
+  expect_error([&] { p.validate(DType::bf16); }, {"shared_intermediate_size", "got 32"});
+  p = small();
+  p.hidden_size = 100;
+  EXPECT_NO_THROW(p.validate(DType::f64));  // the exact CPU mode takes any size
+  p = small();
+  p.num_experts = 6;
+  p.ep_size = 4;
+  expect_error([&] { p.validate(DType::bf16); }, {"num_experts", "multiple of ep_size = 4", "got 6"});
+}
+
+TEST(Validation, ConfigKnobs) {
+  const std::pair<const char*, std::function<void(Config&)>> cases[] = {
+      {"config.fwd_num_comm_sms", [](Config& c) { c.fwd_num_comm_sms = 0; }},
+      {"config.bwd_num_comm_sms", [](Config& c) { c.bwd_num_comm_sms = -3; }},
+      {"config.minibatch_size", [](Config& c) { c.minibatch_size = 0; }},
+      {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 100; }},
+      {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 4096 * 3 + 1; }},
+      {"config.schedule_capacity_multiplier", [](Config& c) { c.schedule_capacity_multiplier = 0; }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    Config c;
+    mutate(c);
+    expect_error([&] { c.validate(); }, {name});
+    expect_error([&] { Workspace ws(small(), c, {.backend = Backend::cpu}); }, {name});
+  }
+}
+
+TEST(Validation, ExpertIdsOutOfRange) {
+  for (std::int64_t bad : {4, 1000, -2}) {
+    LayerData d = make_layer_data(small(), DType::bf16, 1);
+    d.topk_experts.set(7 * 2 + 1, static_cast<double>(bad));
+    expect_error([&] { run_forward(d); },
+                 {"topk_experts[7, 1]", "[-1, 4)", "got " + std::to_string(bad)});
+  }
+}
+
+TEST(Validation, ShapesDtypesStridesDevices) {
+  LayerData d = make_layer_data(small(), DType::bf16, 1);
+  {
+    LayerData e = d;
+    e.x.view().shape[1] = 32;
+    expect_error([&] { run_forward(e); }, {"x.shape", "[10, 64]", "[10, 32]"});
+  }
+  {
+    LayerData e = d;
+    e.x = HostTensor(DType::f32, {10, 64});
+    expect_error([&] { run_forward(e); }, {"x.dtype", "bfloat16", "float32"});
+  }
+  {
+    LayerData e = d;
+    e.topk_weights = HostTensor(DType::bf16, {10, 2});
+    expect_error([&] { run_forward(e); }, {"topk_weights.dtype", "float32", "bfloat16"});
+  }
+  {
+    LayerData e = d;
+    e.topk_experts = HostTensor(DType::i32, {10, 2});
+    expect_error([&] { run_forward(e); }, {"topk_experts.dtype", "int64", "int32"});
+  }
+  {
+    LayerData e = d;
+    e.down.view().shape[1] = 128;
+    e.down.view().shape[2] = 64;
+    expect_error([&] { run_forward(e); }, {"routed_down_weights.shape", "[4, 64, 128]", "[4, 128, 64]"});
+  }
+  {
+    LayerData e = d;
+    std::swap(e.gate.view().strides[1], e.gate.view().strides[2]);  // a transposed view
+    expect_error([&] { run_forward(e); }, {"routed_gate_weights.strides", "contiguous"});
+  }
+  {
+    LayerData e = d;
+    e.up.view().device = {DeviceKind::cuda, 0};
+    expect_error([&] { run_forward(e); }, {"routed_up_weights.device", "cpu", "cuda:0"});
+  }
+  {
+    LayerData e = d;
+    e.shared_down = HostTensor();
+    expect_error([&] { run_forward(e); }, {"shared_down_weights", "none"});
+  }
+  {
+    Problem p = small();
+    p.shared_intermediate_size = 0;
+    LayerData e = make_layer_data(p, DType::bf16, 1);
+    e.shared_gate = d.shared_gate;
+    expect_error([&] { run_forward(e); }, {"shared_gate_weights", "no shared expert"});
+  }
+  {
+    LayerData e = d;
+    e.out.view().shape[0] = 11;
+    expect_error([&] { run_forward(e); }, {"out.shape", "[10, 64]", "[11, 64]"});
+  }
+}
+
+TEST(Validation, GradientViews) {
+  LayerData d = make_layer_data(small(), DType::bf16, 1);
+  Workspace ws(d.problem, Config{}, {.backend = Backend::cpu});
+  forward(ws, d.inputs(), d.weights(), d.out.view());
+  {
+    LayerData e = d;
+    e.d_up = HostTensor(DType::f64, {4, 128, 64});
+    expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), e.grads()); },
+                 {"d_routed_up_weights.dtype", "bfloat16 or float32", "float64"});
+  }
+  expect_error([&] {
+    backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads(), {.accumulate_weight_grads = true});
+  }, {"accumulate_weight_grads", "float32"});
+  {
+    LayerData e = d;
+    e.d_topk_weights.view().shape[1] = 3;
+    expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), e.grads()); },
+                 {"d_topk_weights.shape", "[10, 2]", "[10, 3]"});
+  }
+}
+
+TEST(Validation, BackendChoices) {
+  expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cuda}); },
+               {"CUDA backend is not available", "cpu"});
+  Problem p = small();
+  p.ep_size = 2;
+  expect_error([&] { Workspace ws(p, Config{}, {.backend = Backend::cpu}); }, {"ep_size", "got 2"});
+  expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cpu, .num_threads = -1}); },
+               {"num_threads", "got -1"});
+  EXPECT_EQ(resolve_backend(Backend::automatic), Backend::cpu);
+}
+
+}  // namespace
+}  // namespace mok::test
