@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The `mok` command as a user meets it: exit codes, messages, the JSON of `mok run`.
+# usage: test_cli.sh path/to/mok
+set -u
+mok="$1"
+fails=0
+pass() { echo "ok   - $1"; }
+fail() { echo "FAIL - $1"; fails=$((fails + 1)); }
+
+# 1. The tiny preset on the CPU backend prints the documented JSON and passes its check.
+out=$("$mok" run --preset tiny --backend cpu --json 2>/tmp/mok_cli_err.$$)
+rc=$?
+if [ $rc -eq 0 ] && python3 - "$out" <<'PY'
+import json, sys
+j = json.loads(sys.argv[1])
+for key in ("backend", "preset", "shape", "fwd_ms", "bwd_ms", "check"):
+    assert key in j, key
+assert set(j["shape"]) >= {"T", "H", "I", "E", "k", "S"}, j["shape"]
+c = j["check"]
+assert c["passed"] is True, c
+assert 0 < c["out_rel_err"] < 4 * 2**-8 and 0 < c["grad_rel_err_max"] < 6 * 2**-8, c
+assert j["backend"] == "cpu" and j["preset"] == "tiny"
+assert j["fwd_ms"] > 0 and j["bwd_ms"] > 0
+PY
+then pass "run --preset tiny --backend cpu --json"; else fail "run --json (rc=$rc): $out $(cat /tmp/mok_cli_err.$$)"; fi
+
+# 2. Bad arguments: exit status 2 and one line on stderr naming the value.
+expect_usage() {  # expect_usage "needle" args...
+  local needle="$1"; shift
+  local err rc
+  err=$("$mok" "$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s' "$err" | grep -q -- "$needle"; then
+    pass "mok $* -> 2: $err"
+  else
+    fail "mok $* (rc=$rc, wanted 2 and '$needle'): $err"
+  fi
+}
+expect_usage "topk" run --experts 4 --topk 5
+expect_usage "hidden_size" run --hidden 100
+expect_usage "num_tokens" run --tokens 0
+expect_usage "--tokens" run --tokens abc
+expect_usage "--backend" run --backend tpu
+expect_usage "--preset" run --preset nope
+expect_usage "unknown option" run --frobnicate 3
+expect_usage "unknown command" fly
+if [ "${MOK_EXPECT_CUDA:-0}" != 1 ]; then
+  expect_usage "CUDA backend is not available" run --backend cuda
+fi
+
+# 3. Other routings and odd token counts pass their checks.
+for args in "--routing skewed --tokens 33" "--routing one-expert --topk 1 --shared 0" "--tokens 1 --threads 1"; do
+  # shellcheck disable=SC2086
+  if "$mok" run --backend cpu $args >/dev/null 2>&1; then pass "run $args"; else fail "run $args"; fi
+done
+
+# 4. Help.
+if "$mok" --help | grep -q "usage:"; then pass "--help"; else fail "--help"; fi
+
+rm -f /tmp/mok_cli_err.$$
+echo "cli: $fails failed"
+[ $fails -eq 0 ]
