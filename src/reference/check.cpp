@@ -23,6 +23,15 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
   return std::sqrt(diff / norm);
 }
 
+double scaled_error(const std::vector<double>& got, const std::vector<double>& ref,
+                    double scale_norm) {
+  double diff = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) diff += (got[i] - ref[i]) * (got[i] - ref[i]);
+  if (std::isnan(diff) || std::isnan(scale_norm)) return NAN;
+  if (scale_norm == 0) return diff == 0 ? 0.0 : INFINITY;
+  return std::sqrt(diff) / scale_norm;
+}
+
 bool CheckReport::passed() const {
   return std::all_of(entries.begin(), entries.end(), [](const ErrorEntry& e) { return e.passed(); });
 }
@@ -69,6 +78,8 @@ ErrorEntry compare_full(const char* name, const HostTensor& got, const HostTenso
   return {name, relative_error(all_values(got), all_values(ref)), tolerance, got.numel()};
 }
 
+double dw_scale_norm(const LayerData& d, const std::vector<std::int64_t>& tokens, int threads);
+
 CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   LayerData ref = convert_layer_data(got, DType::f64);
   Workspace ws(got.problem, Config{},
@@ -80,7 +91,12 @@ CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   backward(ws, ref.inputs(), ref.weights(), ref.d_out.view(), ref.grads());
   const double tol = kGradientTolerance;
   r.entries.push_back(compare_full("d_x", got.d_x, ref.d_x, tol));
-  r.entries.push_back(compare_full("d_topk_weights", got.d_topk_weights, ref.d_topk_weights, tol));
+  std::vector<std::int64_t> all_tokens(got.problem.num_tokens);
+  std::iota(all_tokens.begin(), all_tokens.end(), 0);
+  r.entries.push_back({"d_topk_weights",
+                       scaled_error(all_values(got.d_topk_weights), all_values(ref.d_topk_weights),
+                                    dw_scale_norm(got, all_tokens, o.num_threads)),
+                       tol, got.d_topk_weights.numel()});
   r.entries.push_back(compare_full("d_routed_gate_weights", got.d_gate, ref.d_gate, tol));
   r.entries.push_back(compare_full("d_routed_up_weights", got.d_up, ref.d_up, tol));
   r.entries.push_back(compare_full("d_routed_down_weights", got.d_down, ref.d_down, tol));
@@ -169,6 +185,34 @@ void expert_row(const ExpertMats& m, const std::vector<double>& x, const std::ve
   }
 }
 
+// sqrt(sum over used slots of ||d_out[t]||^2 ||y[t, j]||^2 / H), y evaluated in f64: the scale of
+// d_topk_weights' rounding error (check.hpp).
+double dw_scale_norm(const LayerData& d, const std::vector<std::int64_t>& tokens, int threads) {
+  const std::int64_t H = d.problem.hidden_size, k = d.problem.topk;
+  ThreadPool pool(threads);
+  std::vector<double> part(tokens.size(), 0.0);
+  pool.run(static_cast<std::int64_t>(tokens.size()), [&](std::int64_t i) {
+    const std::int64_t t = tokens[i];
+    std::vector<double> x(H), y;
+    double dout2 = 0;
+    for (std::int64_t c = 0; c < H; ++c) {
+      x[c] = d.x.get(t * H + c);
+      dout2 += d.d_out.get(t * H + c) * d.d_out.get(t * H + c);
+    }
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto e = static_cast<std::int64_t>(d.topk_experts.get(t * k + j));
+      if (e < 0) continue;
+      expert_row(routed_mats(d, e), x, nullptr, &y, nullptr);
+      double y2 = 0;
+      for (double v : y) y2 += v * v;
+      part[i] += dout2 * y2 / H;
+    }
+  });
+  double sum = 0;
+  for (double v : part) sum += v;  // fixed order
+  return std::sqrt(sum);
+}
+
 std::vector<std::int64_t> pick(std::int64_t n, std::int64_t count, std::uint64_t seed) {
   std::vector<std::int64_t> out;
   if (n <= 0) return out;
@@ -237,7 +281,16 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
   add_tokens("out", d.out, out_ref, H, kForwardTolerance);
   if (!o.check_backward) return r;
   add_tokens("d_x", d.d_x, dx_ref, H, kGradientTolerance);
-  add_tokens("d_topk_weights", d.d_topk_weights, dw_ref, k, kGradientTolerance);
+  {
+    std::vector<double> g, f;
+    for (std::int64_t i = 0; i < n_tok; ++i) {
+      const auto row = row_of(d.d_topk_weights, tokens[i] * k, k);
+      g.insert(g.end(), row.begin(), row.end());
+      f.insert(f.end(), dw_ref[i].begin(), dw_ref[i].end());
+    }
+    r.entries.push_back({"d_topk_weights", scaled_error(g, f, dw_scale_norm(d, tokens, o.num_threads)),
+                         kGradientTolerance, static_cast<std::int64_t>(g.size())});
+  }
 
   // Weight gradients: for sampled (expert, column i): dW_gate[e][i, :], dW_up[e][i, :] and
   // dW_down[e][:, i], reduced over all of the expert's rows.

@@ -10,6 +10,12 @@
 //   weight grads:   g/u, h or dy, dg/du, grad                         -> 4 stores
 // We use 4u for the output and 6u for every gradient (one store of margin for the accumulations
 // in fp32 over up to 10^5 terms).
+//
+// NOTES: d_topk_weights[t, j] = <d_out[t], y[t, j]> is one dot product per element, and a dot
+// product's rounding error scales with ||d_out[t]|| ||y[t, j]|| / sqrt(H) (its typical size for
+// unrelated vectors), not with its value, which cancellation can make arbitrarily small. Its error
+// is therefore measured against that scale: sqrt(sum (got - ref)^2 / sum ||d_out||^2 ||y||^2 / H).
+// With many slots the two measures agree; with one token and k = 1 only the scaled one is sound.
 #pragma once
 
 #include <string>
@@ -57,5 +63,7 @@ CheckReport check_against_f64(const LayerData& got, const CheckOptions& options 
 
 // Relative Frobenius error of two equally long sequences.
 double relative_error(const std::vector<double>& got, const std::vector<double>& ref);
+// ||got - ref|| / scale_norm (NaN-propagating; 0/0 = 0).
+double scaled_error(const std::vector<double>& got, const std::vector<double>& ref, double scale_norm);
 
 }  // namespace mok
