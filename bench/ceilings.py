@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Measure the two ceilings of PERF.md on this GPU: dense bf16 GEMM (8192^3, cuBLAS through
+torch) and device-to-device copy bandwidth (bytes read + written). Writes docs/perf/ceilings.json
+(or the path given)."""
+import datetime
+import json
+import subprocess
+import sys
+
+import torch
+
+
+def median_ms(fn, reps=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main(out_path):
+    n = 8192
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: x @ y)
+    tflops = 2 * n**3 / (ms * 1e9)
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.float32)  # 4 GiB
+    dst = torch.empty_like(src)
+    ms_copy = median_ms(lambda: dst.copy_(src), reps=20)
+    tbps = 2 * src.numel() * 4 / (ms_copy * 1e9)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    result = {"gpu": torch.cuda.get_device_name(), "commit": commit,
+              "date": datetime.date.today().isoformat(),
+              "ceilings": {"bf16_tflops": round(tflops, 1), "hbm_tbps": round(tbps, 3)}}
+    print(json.dumps(result))
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/perf/ceilings.json")
