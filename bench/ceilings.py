@@ -4,6 +4,7 @@ torch) and device-to-device copy bandwidth (bytes read + written). Writes docs/p
 (or the path given)."""
 import datetime
 import json
+import os
 import subprocess
 import sys
 
@@ -35,8 +36,9 @@ def main(out_path):
     dst = torch.empty_like(src)
     ms_copy = median_ms(lambda: dst.copy_(src), reps=20)
     tbps = 2 * src.numel() * 4 / (ms_copy * 1e9)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    # The device machine gets a copy of the tree without .git: the caller passes MOK_COMMIT.
+    commit = os.environ.get("MOK_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"gpu": torch.cuda.get_device_name(), "commit": commit,
               "date": datetime.date.today().isoformat(),
               "ceilings": {"bf16_tflops": round(tflops, 1), "hbm_tbps": round(tbps, 3)}}
