@@ -26,9 +26,51 @@ struct GemmArgs {
   bool accumulate = false;  // C += A*B instead of C = A*B
 };
 
+// acc[m][0..kTileN) += sum over kk of A(m, k0 + kk) * packed[kk][0..kTileN), kk increasing.
+inline constexpr std::int64_t kTileM = 64, kTileN = 64, kTileK = 256;
+
+template <typename Real>
+struct TileKernel {
+  static void run(Real (*acc)[kTileN], const GemmArgs<Real>& g, std::int64_t m0, std::int64_t mt,
+                  std::int64_t k0, std::int64_t kt, const Real* packed) {
+    for (std::int64_t m = 0; m < mt; ++m) {
+      Real* row = acc[m];
+      const Real* a_row = g.a + (m0 + m) * g.a_m + k0 * g.a_k;
+      for (std::int64_t kk = 0; kk < kt; ++kk) {
+        const Real a = a_row[kk * g.a_k];
+        const Real* bk = packed + kk * kTileN;
+        for (std::int64_t n = 0; n < kTileN; ++n) row[n] += a * bk[n];
+      }
+    }
+  }
+};
+
+#if defined(__GNUC__) && defined(__x86_64__)
+// NOTES: the same loop compiled for AVX2 (wider vectors, still a separate multiply and add per
+// element, no FMA), so its results are bitwise those of the baseline path; picked at run time.
+template <typename Real>
+__attribute__((target("avx2"))) void tile_kernel_avx2(Real (*acc)[kTileN], const GemmArgs<Real>& g,
+                                                      std::int64_t m0, std::int64_t mt,
+                                                      std::int64_t k0, std::int64_t kt,
+                                                      const Real* packed) {
+  for (std::int64_t m = 0; m < mt; ++m) {
+    Real* row = acc[m];
+    const Real* a_row = g.a + (m0 + m) * g.a_m + k0 * g.a_k;
+    for (std::int64_t kk = 0; kk < kt; ++kk) {
+      const Real a = a_row[kk * g.a_k];
+      const Real* bk = packed + kk * kTileN;
+      for (std::int64_t n = 0; n < kTileN; ++n) row[n] += a * bk[n];
+    }
+  }
+}
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
 template <typename Real>
 void gemm(ThreadPool& pool, const GemmArgs<Real>& g) {
-  constexpr std::int64_t kTileM = 64, kTileN = 64, kTileK = 256;
   if (g.M <= 0 || g.N <= 0) return;
   const std::int64_t tiles_m = (g.M + kTileM - 1) / kTileM;
   const std::int64_t tiles_n = (g.N + kTileN - 1) / kTileN;
@@ -44,22 +86,20 @@ void gemm(ThreadPool& pool, const GemmArgs<Real>& g) {
     }
     for (std::int64_t k0 = 0; k0 < g.K; k0 += kTileK) {
       const std::int64_t kt = std::min(kTileK, g.K - k0);
-      // B tile, packed k-major so the inner loop below runs over contiguous n.
+      // B tile, packed k-major so the inner loop runs over contiguous n.
       for (std::int64_t kk = 0; kk < kt; ++kk) {
         Real* dst = &packed[kk * kTileN];
         const Real* src = g.b + (k0 + kk) * g.b_k + n0 * g.b_n;
         for (std::int64_t n = 0; n < nt; ++n) dst[n] = src[n * g.b_n];
         for (std::int64_t n = nt; n < kTileN; ++n) dst[n] = Real(0);
       }
-      for (std::int64_t m = 0; m < mt; ++m) {
-        Real* row = acc[m];
-        const Real* a_row = g.a + (m0 + m) * g.a_m + k0 * g.a_k;
-        for (std::int64_t kk = 0; kk < kt; ++kk) {
-          const Real a = a_row[kk * g.a_k];
-          const Real* bk = &packed[kk * kTileN];
-          for (std::int64_t n = 0; n < kTileN; ++n) row[n] += a * bk[n];
-        }
+#if defined(__GNUC__) && defined(__x86_64__)
+      if (cpu_has_avx2()) {
+        tile_kernel_avx2<Real>(acc, g, m0, mt, k0, kt, packed.data());
+        continue;
       }
+#endif
+      TileKernel<Real>::run(acc, g, m0, mt, k0, kt, packed.data());
     }
     for (std::int64_t m = 0; m < mt; ++m) {
       std::copy(acc[m], acc[m] + nt, g.c + (m0 + m) * g.ldc + n0);

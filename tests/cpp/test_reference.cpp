@@ -240,3 +240,33 @@ TEST(ReferenceContext, BackwardNeedsAForwardOverTheSameTensors) {
 
 }  // namespace
 }  // namespace mok::test
+
+#include "reference/cpu_gemm.hpp"
+
+namespace mok::test {
+namespace {
+
+// The AVX2 path of the reference GEMM must give the baseline path's bits (same operations per
+// element, only wider vectors).
+TEST(ReferenceGemm, Avx2PathIsBitwiseTheBaseline) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (!reference::cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2";
+  using namespace reference;
+  const std::int64_t M = 37, K = 300, N = 64;
+  std::vector<float> a(M * K), packed(kTileK * kTileN);
+  std::uint64_t s = test_seed();
+  auto next = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return float(int(s >> 40) % 2001 - 1000) / 977.0f; };
+  for (auto& v : a) v = next();
+  for (auto& v : packed) v = next();
+  GemmArgs<float> g{M, N, K, a.data(), K, 1, nullptr, 0, 0, nullptr, 0};
+  alignas(64) float base[kTileM][kTileN] = {}, wide[kTileM][kTileN] = {};
+  TileKernel<float>::run(base, g, 0, M, 0, std::min(K, kTileK), packed.data());
+  tile_kernel_avx2<float>(wide, g, 0, M, 0, std::min(K, kTileK), packed.data());
+  EXPECT_EQ(std::memcmp(base, wide, sizeof base), 0);
+#else
+  GTEST_SKIP() << "no x86-64 AVX2 path in this build";
+#endif
+}
+
+}  // namespace
+}  // namespace mok::test
