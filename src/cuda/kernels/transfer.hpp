@@ -1,0 +1,51 @@
+// Token transfers driven by the schedule table (DESIGN.md section 2): the expert rank pulls rows
+// into its ring (dispatch) and pushes expert outputs into their slot on the home rank (combine).
+// Torch-free launchers; peer addresses come as device arrays of W pointers (symmetric buffers).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mok::cuda {
+
+// Which table rows one pass covers: ring row i <-> table row row_offset + i, for
+// i < min(ring_rows, *total_rows - row_offset). The total lives in device memory (no host sync);
+// a pass that starts past it does nothing.
+struct PassRows {
+  const std::int32_t* table = nullptr;       // schedule rows: src = rank*T*k + t*k + j, or -1
+  const std::int32_t* total_rows = nullptr;  // device scalar: rows in the table, padding included
+  std::int64_t row_offset = 0;
+  std::int64_t ring_rows = 0;
+};
+
+struct RowGeometry {
+  std::int64_t tokens = 0;  // T per rank
+  std::int64_t topk = 0;    // k
+  std::int64_t hidden = 0;  // H, a multiple of 64
+  int ranks = 1;            // W
+};
+
+// Forward dispatch: ring[i] = x[src_rank][t]. Backward dispatch (scale_peers given):
+// ring[i] = bf16(w[src_rank][t*k+j] * d_out[src_rank][t]). Padding rows are written as zeros.
+// `src_peers`: W pointers to [T, H] bf16; `scale_peers`: W pointers to [T, k] fp32, or null.
+struct PullParams {
+  PassRows pass;
+  RowGeometry geo;
+  const void* const* src_peers = nullptr;
+  const float* const* scale_peers = nullptr;
+  void* ring = nullptr;  // [ring_rows, H] bf16
+};
+cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream);
+
+// Combine (forward) and backward combine: dst[src_rank][t*k+j] = ring[i] for every kept row.
+// `dst_peers`: W pointers to [T*k, H] bf16 slot buffers. Padding rows are not sent.
+struct PushParams {
+  PassRows pass;
+  RowGeometry geo;
+  const void* ring = nullptr;  // [ring_rows, H] bf16
+  void* const* dst_peers = nullptr;
+};
+cudaError_t launch_push_rows(const PushParams& p, cudaStream_t stream);
+
+}  // namespace mok::cuda

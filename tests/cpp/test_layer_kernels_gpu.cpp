@@ -1,0 +1,289 @@
+// GPU transfers (pull/push over W virtual ranks on one device) and home reductions, against host
+// computations of the same formulas. Copies and the fixed-order reductions are checked bitwise.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/bf16.hpp"
+#include "cuda/kernels/home_reduce.hpp"
+#include "cuda/kernels/transfer.hpp"
+#include "gpu_buffer.hpp"
+#include "layer_helpers.hpp"
+
+namespace mok::test {
+namespace {
+
+using cuda::HomeReduceParams;
+using cuda::PassRows;
+using cuda::PullParams;
+using cuda::PushParams;
+using cuda::RouterGradParams;
+using cuda::RowGeometry;
+
+// Random finite bf16 bit patterns: any misrouted row or element shows as a mismatch.
+std::vector<bf16_t> random_bf16(std::size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<bf16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(dist(rng));
+  return v;
+}
+
+// A table over W ranks: every (rank, t, j) slot with probability `keep`, grouped into segments
+// padded to `align` rows with -1, in random order (transfers must not care about the order).
+std::vector<std::int32_t> random_table(const RowGeometry& g, double keep, int align,
+                                       std::mt19937_64& rng) {
+  std::vector<std::int32_t> srcs;
+  std::bernoulli_distribution take(keep);
+  for (std::int64_t s = 0; s < g.ranks * g.tokens * g.topk; ++s) {
+    if (take(rng)) srcs.push_back(static_cast<std::int32_t>(s));
+  }
+  std::shuffle(srcs.begin(), srcs.end(), rng);
+  std::vector<std::int32_t> table;
+  std::uniform_int_distribution<int> seg(0, 3 * align);
+  std::size_t i = 0;
+  while (i < srcs.size()) {
+    const std::size_t n = std::min<std::size_t>(seg(rng), srcs.size() - i);
+    table.insert(table.end(), srcs.begin() + i, srcs.begin() + i + n);
+    i += n;
+    while (table.size() % align) table.push_back(-1);
+  }
+  return table;
+}
+
+struct Ranks {  // W virtual ranks' [T, H] bf16 buffers and their peer-pointer array
+  std::vector<std::unique_ptr<DeviceBuffer<bf16_t>>> bufs;
+  std::vector<std::vector<bf16_t>> host;
+  DeviceBuffer<void*> peers;
+  Ranks(int W, std::size_t elems, std::mt19937_64& rng, bool poison = false) : peers(W) {
+    std::vector<void*> ptrs;
+    for (int r = 0; r < W; ++r) {
+      host.push_back(random_bf16(elems, rng));
+      bufs.push_back(std::make_unique<DeviceBuffer<bf16_t>>(host.back()));
+      if (poison) bufs.back()->poison();
+      ptrs.push_back(bufs.back()->get());
+    }
+    peers.upload(ptrs);
+  }
+};
+
+class TransferGpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
+  MOK_SKIP_WITHOUT_GPU();
+  const auto [W, backward] = GetParam();
+  std::mt19937_64 rng(test_seed() + W);
+  const RowGeometry g{.tokens = 37, .topk = 3, .hidden = 192, .ranks = W};
+  const std::vector<std::int32_t> table = random_table(g, 0.8, 128, rng);
+  const std::int64_t total = static_cast<std::int64_t>(table.size());
+  const std::int64_t ring_rows = 128 * 2;  // several passes
+  Ranks x(W, g.tokens * g.hidden, rng);
+  // Router weights per rank (backward scales rows by them).
+  std::vector<std::vector<float>> w_host(W);
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> w_bufs;
+  std::vector<const float*> w_ptrs;
+  for (int r = 0; r < W; ++r) {
+    std::uniform_real_distribution<float> u(0.01f, 1.0f);
+    w_host[r].resize(g.tokens * g.topk);
+    for (auto& v : w_host[r]) v = u(rng);
+    w_bufs.push_back(std::make_unique<DeviceBuffer<float>>(w_host[r]));
+    w_ptrs.push_back(w_bufs.back()->get());
+  }
+  DeviceBuffer<const float*> w_peers(w_ptrs);
+  Ranks combine(W, g.tokens * g.topk * g.hidden, rng, /*poison=*/true);
+  DeviceBuffer<std::int32_t> d_table(table), d_total(std::vector<std::int32_t>{std::int32_t(total)});
+  DeviceBuffer<bf16_t> ring(ring_rows * g.hidden);
+
+  std::vector<bool> written(W * g.tokens * g.topk, false);
+  for (std::int64_t offset = 0; offset < total + ring_rows; offset += ring_rows) {  // one pass past the end
+    ring.poison();
+    PassRows pass{d_table.get(), d_total.get(), offset, ring_rows};
+    PullParams pull{pass, g, reinterpret_cast<const void* const*>(x.peers.get()),
+                    backward ? w_peers.get() : nullptr, ring.get()};
+    MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const auto got = ring.download();
+    const std::int64_t rows = std::clamp<std::int64_t>(total - offset, 0, ring_rows);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int32_t src = table[offset + i];
+      for (std::int64_t c = 0; c < g.hidden; ++c) {
+        bf16_t want = 0;
+        if (src >= 0) {
+          const int r = src / (g.tokens * g.topk);
+          const std::int64_t slot = src % (g.tokens * g.topk), t = slot / g.topk;
+          want = x.host[r][t * g.hidden + c];
+          if (backward) want = float_to_bf16(w_host[r][slot] * bf16_to_float(want));
+        }
+        ASSERT_EQ(got[i * g.hidden + c], want) << "pass at " << offset << " ring row " << i << " col " << c;
+      }
+    }
+    for (std::int64_t i = rows * g.hidden; i < ring_rows * g.hidden; ++i) {
+      ASSERT_EQ(got[i], 0xffff) << "a ring row past the pass was written";
+    }
+    PushParams push{pass, g, ring.get(), combine.peers.get()};
+    MOK_CUDA_OK(cuda::launch_push_rows(push, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (table[offset + i] >= 0) written[table[offset + i]] = true;
+    }
+  }
+  // Every slot in the table now holds its row; every other slot is untouched poison.
+  for (int r = 0; r < W; ++r) {
+    const auto got = combine.bufs[r]->download();
+    for (std::int64_t slot = 0; slot < g.tokens * g.topk; ++slot) {
+      const std::int64_t t = slot / g.topk;
+      const bool kept = written[r * g.tokens * g.topk + slot];
+      for (std::int64_t c = 0; c < g.hidden; ++c) {
+        bf16_t want = 0xffff;
+        if (kept) {
+          want = x.host[r][t * g.hidden + c];
+          if (backward) want = float_to_bf16(w_host[r][slot] * bf16_to_float(want));
+        }
+        ASSERT_EQ(got[slot * g.hidden + c], want) << "rank " << r << " slot " << slot << " col " << c;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TransferGpu,
+                         ::testing::Combine(::testing::Values(1, 3, 8), ::testing::Bool()));
+
+// The row count is read on the device: a captured graph replayed after the count changed moves
+// exactly the new rows.
+TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {
+  MOK_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(test_seed());
+  const RowGeometry g{.tokens = 64, .topk = 2, .hidden = 64, .ranks = 1};
+  std::vector<std::int32_t> table(128);
+  std::iota(table.begin(), table.end(), 0);
+  Ranks x(1, g.tokens * g.hidden, rng);
+  DeviceBuffer<std::int32_t> d_table(table), d_total(1);
+  DeviceBuffer<bf16_t> ring(128 * g.hidden);
+  cudaStream_t stream;
+  MOK_CUDA_OK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  PullParams pull{{d_table.get(), d_total.get(), 0, 128}, g,
+                  reinterpret_cast<const void* const*>(x.peers.get()), nullptr, ring.get()};
+  MOK_CUDA_OK(cuda::launch_pull_rows(pull, stream));
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (std::int32_t total : {5, 128, 0, 77}) {
+    ring.poison();
+    d_total.upload({total});
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MOK_CUDA_OK(cudaStreamSynchronize(stream));
+    const auto got = ring.download();
+    for (std::int64_t i = 0; i < 128 * g.hidden; ++i) {
+      const std::int64_t row = i / g.hidden;
+      const bf16_t want = row < total ? x.host[0][(row / 2) * g.hidden + i % g.hidden] : bf16_t(0xffff);
+      ASSERT_EQ(got[i], want) << "total " << total << " element " << i;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// ---- home reductions ----
+
+struct HomeCase {
+  std::int64_t T, k, H, E;
+  bool shared;
+};
+
+void PrintTo(const HomeCase& c, std::ostream* os) {
+  *os << "T" << c.T << "_k" << c.k << "_H" << c.H << "_E" << c.E << (c.shared ? "_shared" : "");
+}
+
+class HomeReduceGpu : public ::testing::TestWithParam<HomeCase> {};
+
+TEST_P(HomeReduceGpu, BitwiseTheReferenceOrder) {
+  MOK_SKIP_WITHOUT_GPU();
+  const HomeCase c = GetParam();
+  std::mt19937_64 rng(test_seed() + c.T);
+  std::vector<std::int64_t> ids(c.T * c.k);
+  std::uniform_int_distribution<std::int64_t> id(-1, c.E);  // includes -1 and the invalid E
+  for (auto& v : ids) v = id(rng);
+  std::vector<float> w(c.T * c.k);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& v : w) v = u(rng);
+  const auto slots = random_bf16(c.T * c.k * c.H, rng);
+  const auto shared = random_bf16(c.T * c.H, rng);
+  const auto d_out = random_bf16(c.T * c.H, rng);
+  DeviceBuffer<std::int64_t> d_ids(ids);
+  DeviceBuffer<float> d_w(w), d_dw(c.T * c.k);
+  DeviceBuffer<bf16_t> d_slots(slots), d_shared(shared), d_dout(d_out), out(c.T * c.H), dx(c.T * c.H);
+  out.poison();
+  dx.poison();
+  d_dw.poison();
+  HomeReduceParams p{c.T, c.k, c.H, c.E, d_ids.get(), d_w.get(), d_slots.get(),
+                     c.shared ? d_shared.get() : nullptr, out.get()};
+  MOK_CUDA_OK(cuda::launch_combine_reduce(p, nullptr));
+  p.topk_weights = nullptr;
+  p.out = dx.get();
+  MOK_CUDA_OK(cuda::launch_dx_reduce(p, nullptr));
+  RouterGradParams rg{c.T, c.k, c.H, c.E, d_ids.get(), d_dout.get(), d_slots.get(), d_dw.get()};
+  MOK_CUDA_OK(cuda::launch_router_grad(rg, nullptr));
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto got_out = out.download(), got_dx = dx.download();
+  const auto got_dw = d_dw.download();
+  for (std::int64_t t = 0; t < c.T; ++t) {
+    for (std::int64_t h = 0; h < c.H; ++h) {
+      float acc = c.shared ? bf16_to_float(shared[t * c.H + h]) : 0.0f;
+      float sum = acc;
+      for (std::int64_t j = 0; j < c.k; ++j) {
+        const std::int64_t s = t * c.k + j;
+        if (ids[s] < 0 || ids[s] >= c.E) continue;
+        acc = std::fma(w[s], bf16_to_float(slots[s * c.H + h]), acc);
+        sum = sum + bf16_to_float(slots[s * c.H + h]);
+      }
+      ASSERT_EQ(got_out[t * c.H + h], float_to_bf16(acc)) << "out t " << t << " h " << h;
+      ASSERT_EQ(got_dx[t * c.H + h], float_to_bf16(sum)) << "d_x t " << t << " h " << h;
+    }
+    for (std::int64_t j = 0; j < c.k; ++j) {
+      const std::int64_t s = t * c.k + j;
+      double ref = 0, scale = 0;
+      if (ids[s] >= 0 && ids[s] < c.E) {
+        for (std::int64_t h = 0; h < c.H; ++h) {
+          const double a = bf16_to_float(d_out[t * c.H + h]), b = bf16_to_float(slots[s * c.H + h]);
+          ref += a * b;
+          scale += std::fabs(a * b);
+        }
+      }
+      // fp32 accumulation of H products: error at most about H * 2^-24 * sum |a b|.
+      EXPECT_LE(std::fabs(got_dw[s] - ref), c.H * 0x1.0p-24 * scale + 1e-30) << "d_w slot " << s;
+      if (scale == 0) EXPECT_EQ(got_dw[s], 0.0f);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HomeReduceGpu,
+                         ::testing::Values(HomeCase{1, 1, 64, 1, false}, HomeCase{257, 8, 192, 16, true},
+                                           HomeCase{33, 2, 7168, 4, true}, HomeCase{100, 3, 64, 2, false}));
+
+TEST(HomeReduceGpu, RunToRunBitwise) {
+  MOK_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(test_seed());
+  const std::int64_t T = 512, k = 8, H = 1024, E = 32;
+  std::vector<std::int64_t> ids(T * k);
+  for (auto& v : ids) v = static_cast<std::int64_t>(rng() % E);
+  const auto slots = random_bf16(T * k * H, rng), d_out = random_bf16(T * H, rng);
+  DeviceBuffer<std::int64_t> d_ids(ids);
+  DeviceBuffer<bf16_t> d_slots(slots), d_dout(d_out);
+  DeviceBuffer<float> dw(T * k);
+  std::vector<float> first;
+  for (int run = 0; run < 10; ++run) {
+    dw.poison();
+    RouterGradParams rg{T, k, H, E, d_ids.get(), d_dout.get(), d_slots.get(), dw.get()};
+    MOK_CUDA_OK(cuda::launch_router_grad(rg, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const auto got = dw.download();
+    if (run == 0) first = got;
+    ASSERT_EQ(std::memcmp(first.data(), got.data(), first.size() * sizeof(float)), 0) << "run " << run;
+  }
+}
+
+}  // namespace
+}  // namespace mok::test
