@@ -8,6 +8,7 @@
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
 #include "cuda/kernels/home_reduce.hpp"
+#include "cuda/kernels/pass_segments.hpp"
 #include "cuda/kernels/swiglu_backward.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "gpu_buffer.hpp"
@@ -325,6 +326,40 @@ TEST(SwigluBackwardGpu, MatchesTheHostExpressionAndStopsAtTheRowCount) {
     ASSERT_TRUE(close(got_u[i], want_u)) << i << ": " << bf16_to_float(got_u[i]) << " vs " << want_u;
   }
   EXPECT_LT(off_by_one_ulp, (total - offset) * I / 100) << "more boundary cases than expf explains";
+}
+
+// Ring-relative segments of each pass, against the direct clipping on the host; every pass's rows
+// together give each expert's count exactly once.
+TEST(PassSegmentsGpu, ClipsTheScheduleToEachPass) {
+  MOK_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int E : {1, 5, 300}) {
+    std::vector<std::int32_t> counts(E), starts(E + 1, 0);
+    for (int e = 0; e < E; ++e) {
+      counts[e] = rng() % 3 == 0 ? 0 : static_cast<std::int32_t>(rng() % 700);
+      starts[e + 1] = starts[e] + (counts[e] + 127) / 128 * 128;
+    }
+    DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts), p_starts(E + 1), p_rows(E);
+    const std::int64_t M = 512;
+    std::vector<std::int64_t> seen(E, 0);
+    for (std::int64_t offset = 0; offset < starts[E] + M; offset += M) {
+      p_starts.poison();
+      p_rows.poison();
+      cuda::PassSegmentsParams p{d_starts.get(), d_counts.get(), E, offset, M, p_starts.get(), p_rows.get()};
+      MOK_CUDA_OK(cuda::launch_pass_segments(p, nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const auto got_s = p_starts.download(), got_r = p_rows.download();
+      auto clip = [&](std::int64_t v) { return std::clamp<std::int64_t>(v - offset, 0, M); };
+      for (int e = 0; e <= E; ++e) {
+        ASSERT_EQ(got_s[e], clip(starts[e])) << "E " << E << " offset " << offset << " e " << e;
+        ASSERT_EQ(got_s[e] % 128, 0);
+        if (e == E) break;
+        ASSERT_EQ(got_r[e], clip(std::int64_t{starts[e]} + counts[e]) - clip(starts[e]));
+        seen[e] += got_r[e];
+      }
+    }
+    for (int e = 0; e < E; ++e) ASSERT_EQ(seen[e], counts[e]) << "expert " << e;
+  }
 }
 
 }  // namespace
