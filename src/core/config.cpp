@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/schedule_layout.hpp"
 #include "mok/error.hpp"
 
 namespace mok {
@@ -16,6 +17,13 @@ void Config::validate() const {
   }
   if (minibatch_size < 1) {
     throw Error("config.minibatch_size", "a positive number of rows", to_text(minibatch_size));
+  }
+  // NOTES: GEMM tiles (and expert segments) are kExpertSegmentAlignment rows; with minibatches
+  // and passes made of whole tiles, no tile straddles two of them.
+  if (minibatch_size % schedule::kExpertSegmentAlignment != 0) {
+    throw Error("config.minibatch_size",
+                "a multiple of " + to_text(schedule::kExpertSegmentAlignment) + " rows (the GEMM tile)",
+                to_text(minibatch_size));
   }
   if (macrobatch_size < minibatch_size) {
     throw Error("config.macrobatch_size",

@@ -64,6 +64,7 @@ TEST(Validation, ConfigKnobs) {
       {"config.fwd_num_comm_sms", [](Config& c) { c.fwd_num_comm_sms = 0; }},
       {"config.bwd_num_comm_sms", [](Config& c) { c.bwd_num_comm_sms = -3; }},
       {"config.minibatch_size", [](Config& c) { c.minibatch_size = 0; }},
+      {"config.minibatch_size", [](Config& c) { c.minibatch_size = 100; }},
       {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 100; }},
       {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 4096 * 3 + 1; }},
       {"config.schedule_capacity_multiplier", [](Config& c) { c.schedule_capacity_multiplier = 0; }},
