@@ -1,0 +1,281 @@
+// mok's grouped GEMM forms timed on every PERF.md case, uniform and skewed routing.
+// Writes one JSON object per measurement (one per line) to the file named by argv[1]; the torch
+// baselines and the merge into docs/perf/gemm.json are in bench/bench_gemm.py (same row counts).
+//
+// Method (PERF.md): correctness checked on sampled rows before timing (fp32 reference kernel);
+// 5 warm-up runs, then >= 20 timed runs with CUDA events around each launch, L2 flushed (256 MB
+// memset) before each; the median is reported.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/gemm/grouped_gemm.hpp"
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                        \
+  do {                                                                          \
+    cudaError_t e_ = (expr);                                                    \
+    if (e_ != cudaSuccess) {                                                    \
+      std::fprintf(stderr, "%s failed: %s %s\n", #expr, cudaGetErrorString(e_), \
+                   mok::gemm::last_wait_timeout().c_str());                     \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+struct Case {
+  const char* name;
+  int t, h, i, e, k;
+};
+const Case kCases[] = {{"dsv3-ep8slice", 4096, 7168, 2048, 32, 8},
+                       {"dsv3-ep1", 4096, 7168, 2048, 256, 8},
+                       {"qwen3-30b-a3b", 16384, 2048, 768, 128, 8},
+                       {"mixtral-8x7b", 8192, 4096, 14336, 8, 2}};
+
+// Rows per expert: uniform splits T*k evenly; skewed gives expert 0 half of them and splits the
+// rest evenly (remainders to the lowest experts). bench_gemm.py uses the same function.
+std::vector<int> routing_counts(const Case& c, bool skewed) {
+  const int total = c.t * c.k;
+  std::vector<int> counts(c.e);
+  if (!skewed) {
+    for (int g = 0; g < c.e; ++g) counts[g] = total / c.e + (g < total % c.e ? 1 : 0);
+  } else {
+    counts[0] = total / 2;
+    const int rest = total - counts[0], others = c.e - 1;
+    for (int g = 1; g < c.e; ++g) counts[g] = rest / others + (g - 1 < rest % others ? 1 : 0);
+  }
+  return counts;
+}
+
+__global__ void fill_kernel(__nv_bfloat16* p, size_t n, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    unsigned x =
+        static_cast<unsigned>(i) * 2654435761u ^ seed ^ static_cast<unsigned>(i >> 32) * 40503u;
+    x ^= x >> 15;
+    x *= 0x2c1b3c6du;
+    x ^= x >> 12;
+    x *= 0x297a2d39u;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16_rn(((x >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+  }
+}
+
+__nv_bfloat16* alloc_random(size_t n, unsigned seed, float scale) {
+  __nv_bfloat16* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * 2));
+  fill_kernel<<<2048, 256>>>(p, n, seed, scale);
+  return p;
+}
+
+// out[s, n] = sum_k a[row_s, k] * b(n, k) for a sampled row (fp32), for the correctness check.
+__global__ void ref_kernel(const __nv_bfloat16* a, int lda, const __nv_bfloat16* w, int trans_b,
+                           int row, int g, int n_cols, int k_dim, float* out) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= n_cols) return;
+  float acc = 0.0f;
+  for (int k = 0; k < k_dim; ++k) {
+    const float b = trans_b ? __bfloat162float(w[(size_t(g) * k_dim + k) * n_cols + n])
+                            : __bfloat162float(w[(size_t(g) * n_cols + n) * k_dim + k]);
+    acc = fmaf(__bfloat162float(a[size_t(row) * lda + k]), b, acc);
+  }
+  out[n] = acc;
+}
+
+double rel_err_row(const __nv_bfloat16* a, int lda, const __nv_bfloat16* w, int trans_b, int row,
+                   int g, int n, int k, const __nv_bfloat16* out, long long ld_out) {
+  float* ref = nullptr;
+  CHECK_CUDA(cudaMalloc(&ref, n * 4));
+  ref_kernel<<<(n + 127) / 128, 128>>>(a, lda, w, trans_b, row, g, n, k, ref);
+  std::vector<float> r(n);
+  std::vector<__nv_bfloat16> o(n);
+  CHECK_CUDA(cudaMemcpy(r.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(o.data(), out + size_t(row) * ld_out, n * 2, cudaMemcpyDeviceToHost));
+  cudaFree(ref);
+  double d = 0, s = 0;
+  for (int j = 0; j < n; ++j) {
+    const double v = __bfloat162float(o[j]);
+    d += (v - r[j]) * (v - r[j]);
+    s += double(r[j]) * r[j];
+  }
+  return std::sqrt(d / std::max(s, 1e-30));
+}
+
+double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush_bytes, int reps) {
+  for (int i = 0; i < 5; ++i) fn();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+    cudaEventRecord(e0);
+    fn();
+    cudaEventRecord(e1);
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s out.jsonl [reps]\n", argv[0]);
+    return 2;
+  }
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 30;
+  FILE* json = std::fopen(argv[1], "w");
+  const size_t flush_bytes = 256u << 20;
+  void* flush = nullptr;
+  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  std::printf("%-14s %-8s %-7s %-12s %10s %9s %9s\n", "case", "routing", "pass", "impl",
+              "median_ms", "tflops", "rel_err");
+  for (const Case& c : kCases) {
+    for (int skew = 0; skew < 2; ++skew) {
+      const std::vector<int> counts = routing_counts(c, skew != 0);
+      const int G = c.e;
+      std::vector<int> starts(G + 1, 0);
+      long long rows = 0;
+      for (int g = 0; g < G; ++g) {
+        starts[g + 1] = starts[g] + (counts[g] + 127) / 128 * 128;
+        rows += counts[g];
+      }
+      const int capacity = starts[G];
+      int *d_starts, *d_counts;
+      CHECK_CUDA(cudaMalloc(&d_starts, (G + 1) * 4));
+      CHECK_CUDA(cudaMalloc(&d_counts, G * 4));
+      CHECK_CUDA(cudaMemcpy(d_starts, starts.data(), (G + 1) * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(d_counts, counts.data(), G * 4, cudaMemcpyHostToDevice));
+      const mok::gemm::RowSegments seg{d_starts, d_counts, G, capacity, 0};
+      const float ws = 2.0f / std::sqrt(float(c.h));
+      __nv_bfloat16* x = alloc_random(size_t(capacity) * c.h, 1, 1.0f);
+      // mok's SwiGLU form reads separate W_gate, W_up [G, I, H]; the plain (unfused) gate/up GEMM
+      // reads them stacked as w13 [G, 2I, H], as torch's baseline does.
+      __nv_bfloat16* w13 = alloc_random(size_t(G) * 2 * c.i * c.h, 2, ws);
+      __nv_bfloat16* wg = alloc_random(size_t(G) * c.i * c.h, 3, ws);
+      __nv_bfloat16* wu = alloc_random(size_t(G) * c.i * c.h, 4, ws);
+      __nv_bfloat16* wd = alloc_random(size_t(G) * c.h * c.i, 5, 2.0f / std::sqrt(float(c.i)));
+      __nv_bfloat16* hid = alloc_random(size_t(capacity) * c.i, 6, 1.0f);
+      __nv_bfloat16* dy = alloc_random(size_t(capacity) * c.h, 7, 1.0f);
+      __nv_bfloat16 *out_h, *out_gu, *out_y, *out_dh, *out_dw;
+      CHECK_CUDA(cudaMalloc(&out_h, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_gu, size_t(capacity) * 2 * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_y, size_t(capacity) * c.h * 2));
+      CHECK_CUDA(cudaMalloc(&out_dh, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_dw, size_t(G) * c.h * c.i * 2));
+      CHECK_CUDA(cudaDeviceSynchronize());
+
+      mok::gemm::GateUpForwardArgs gu;
+      gu.segments = seg;
+      gu.x = x;
+      gu.ld_x = c.h;
+      gu.w_gate = wg;
+      gu.w_up = wu;
+      gu.hidden = out_h;
+      gu.ld_out = c.i;
+      gu.hidden_size = c.h;
+      gu.intermediate_size = c.i;
+      mok::gemm::RowsTimesWeightTArgs plain;  // gate/up without SwiGLU: x [G, 2I, H]^T
+      plain.segments = seg;
+      plain.a = x;
+      plain.ld_a = c.h;
+      plain.w = w13;
+      plain.out = out_gu;
+      plain.ld_out = 2 * c.i;
+      plain.n = 2 * c.i;
+      plain.k = c.h;
+      mok::gemm::RowsTimesWeightTArgs down;
+      down.segments = seg;
+      down.a = hid;
+      down.ld_a = c.i;
+      down.w = wd;
+      down.out = out_y;
+      down.ld_out = c.h;
+      down.n = c.h;
+      down.k = c.i;
+      mok::gemm::RowsTimesWeightArgs dgrad;
+      dgrad.segments = seg;
+      dgrad.a = dy;
+      dgrad.ld_a = c.h;
+      dgrad.w = wd;
+      dgrad.out = out_dh;
+      dgrad.ld_out = c.i;
+      dgrad.n = c.i;
+      dgrad.k = c.h;
+      mok::gemm::WeightGradArgs wgrad;
+      wgrad.segments = seg;
+      wgrad.a = dy;
+      wgrad.ld_a = c.h;
+      wgrad.b = hid;
+      wgrad.ld_b = c.i;
+      wgrad.out = out_dw;
+      wgrad.ld_out = c.i;
+      wgrad.m = c.h;
+      wgrad.n = c.i;
+
+      // Correctness before timing: a sampled row of expert 0 and of the last expert.
+      mok::gemm::rows_times_weight_t(plain);
+      mok::gemm::rows_times_weight_t(down);
+      mok::gemm::rows_times_weight(dgrad);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      double err = 0;
+      for (int g : {0, G - 1}) {
+        if (counts[g] == 0) continue;
+        const int row = starts[g] + counts[g] - 1;
+        err = std::max(err, rel_err_row(x, c.h, w13, 0, row, g, 2 * c.i, c.h, out_gu, 2 * c.i));
+        err = std::max(err, rel_err_row(hid, c.i, wd, 0, row, g, c.h, c.i, out_y, c.h));
+        err = std::max(err, rel_err_row(dy, c.h, wd, 1, row, g, c.i, c.h, out_dh, c.i));
+      }
+      const char* routing = skew ? "skewed" : "uniform";
+      const double flops = 2.0 * double(rows) * c.h * c.i;  // one H x I projection
+      struct Item {
+        const char* pass;
+        const char* impl;
+        double flops;
+        std::function<void()> fn;
+      };
+      const std::vector<Item> items = {
+          {"gemm1", "mok", 2 * flops, [&] { mok::gemm::gate_up_forward(gu); }},
+          {"gemm1", "mok-unfused", 2 * flops, [&] { mok::gemm::rows_times_weight_t(plain); }},
+          {"gemm2", "mok", flops, [&] { mok::gemm::rows_times_weight_t(down); }},
+          {"dgrad", "mok", flops, [&] { mok::gemm::rows_times_weight(dgrad); }},
+          {"wgrad", "mok", flops, [&] { mok::gemm::weight_grad(wgrad); }},
+      };
+      for (const Item& it : items) {
+        const double ms = time_median_ms(it.fn, flush, flush_bytes, reps);
+        const double tf = it.flops / (ms * 1e-3) / 1e12;
+        std::printf("%-14s %-8s %-7s %-12s %10.4f %9.1f %9.2e\n", c.name, routing, it.pass, it.impl,
+                    ms, tf, err);
+        std::fprintf(
+            json,
+            "{\"suite\": \"gemm\", \"case\": \"%s\", \"routing\": \"%s\", \"pass\": \"%s\", "
+            "\"impl\": \"%s\", \"median_ms\": %.5f, \"tflops\": %.2f, \"rel_err\": %.3e, "
+            "\"rows\": %lld}\n",
+            c.name, routing, it.pass, it.impl, ms, tf, err, rows);
+        std::fflush(json);
+      }
+      for (void* p : {(void*)x, (void*)w13, (void*)wg, (void*)wu, (void*)wd, (void*)hid, (void*)dy,
+                      (void*)out_h, (void*)out_gu, (void*)out_y, (void*)out_dh, (void*)out_dw,
+                      (void*)d_starts, (void*)d_counts}) {
+        cudaFree(p);
+      }
+    }
+  }
+  std::fclose(json);
+  return 0;
+}

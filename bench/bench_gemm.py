@@ -1,0 +1,179 @@
+"""torch._grouped_mm and dense cuBLAS baselines for the grouped GEMM benchmark, and the merge.
+
+Usage: python3 bench/bench_gemm.py MOK_JSONL OUT_DIR
+Runs the same problems as bench_gemm.cu (same cases, same per-expert row counts), times them the
+same way (CUDA events, 5 warm-ups, median of >= 20 runs, 256 MB L2 flush before each), merges the
+mok results, and writes OUT_DIR/gemm.json (PERF.md's schema, suite "gemm") and README-gemm.md.
+"""
+import datetime
+import json
+import subprocess
+import sys
+
+import torch
+
+CASES = [("dsv3-ep8slice", 4096, 7168, 2048, 32, 8), ("dsv3-ep1", 4096, 7168, 2048, 256, 8),
+         ("qwen3-30b-a3b", 16384, 2048, 768, 128, 8), ("mixtral-8x7b", 8192, 4096, 14336, 8, 2)]
+BF16_TFLOPS, HBM_TBPS = 790.0, 4.22  # PERF.md ceilings on one H200
+REPS = 30
+
+
+def routing_counts(t, e, k, skewed):  # same function as bench_gemm.cu
+    total = t * k
+    if not skewed:
+        return [total // e + (1 if g < total % e else 0) for g in range(e)]
+    c0 = total // 2
+    rest, others = total - c0, e - 1
+    return [c0] + [rest // others + (1 if g - 1 < rest % others else 0) for g in range(1, e)]
+
+
+FLUSH = None
+
+
+def median_ms(fn, reps=REPS):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        FLUSH.fill_(r & 0xFF)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def first_working(variants):
+    """The first (name, fn) whose call succeeds; torch's layout rules differ between versions."""
+    errors = []
+    for name, fn in variants:
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            return name, fn, out
+        except Exception as ex:  # noqa: BLE001 - report and try the next layout
+            errors.append(f"{name}: {str(ex).splitlines()[0]}")
+    raise RuntimeError("; ".join(errors))
+
+
+def rel_err(got, want):
+    got, want = got.float(), want.float()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def main():
+    global FLUSH
+    mok_path, out_dir = sys.argv[1], sys.argv[2]
+    dev = torch.device("cuda")
+    FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    torch.manual_seed(0)
+    rows_out = []
+    for name, t, h, i, e, k in CASES:
+        for skewed in (False, True):
+            routing = "skewed" if skewed else "uniform"
+            counts = routing_counts(t, e, k, skewed)
+            rows = sum(counts)
+            offs = torch.tensor(counts, device=dev, dtype=torch.int32).cumsum(0).to(torch.int32)
+            x = torch.randn(rows, h, device=dev, dtype=torch.bfloat16)
+            hid = torch.randn(rows, i, device=dev, dtype=torch.bfloat16)
+            dy = torch.randn(rows, h, device=dev, dtype=torch.bfloat16)
+            w13 = torch.randn(e, 2 * i, h, device=dev, dtype=torch.bfloat16) * (h ** -0.5)
+            wd = torch.randn(e, h, i, device=dev, dtype=torch.bfloat16) * (i ** -0.5)
+            flops1 = 2.0 * rows * h * i
+            g0 = counts[0]
+            forms = {
+                "gemm1": (2 * flops1, [("x@w13^T", lambda: torch._grouped_mm(x, w13.transpose(-2, -1), offs=offs))],
+                          lambda out: rel_err(out[:g0], x[:g0].float() @ w13[0].float().t()),
+                          (rows, 2 * i, h), rows * h * 2 + e * 2 * i * h * 2 + rows * i * 2),
+                "gemm2": (flops1, [("h@wd^T", lambda: torch._grouped_mm(hid, wd.transpose(-2, -1), offs=offs))],
+                          lambda out: rel_err(out[:g0], hid[:g0].float() @ wd[0].float().t()),
+                          (rows, h, i), rows * i * 2 + e * h * i * 2 + rows * h * 2),
+                "dgrad": (flops1, [("dy@wd", lambda: torch._grouped_mm(dy, wd, offs=offs)),
+                                   ("dy@wd(colmajor)", lambda: torch._grouped_mm(
+                                       dy, wd.transpose(-2, -1).contiguous().transpose(-2, -1), offs=offs))],
+                          lambda out: rel_err(out[:g0], dy[:g0].float() @ wd[0].float()),
+                          (rows, i, h), rows * h * 2 + e * h * i * 2 + rows * i * 2),
+                "wgrad": (flops1, [("dy^T@h", lambda: torch._grouped_mm(dy.t(), hid, offs=offs)),
+                                   ("dy^T@h(contig)", lambda: torch._grouped_mm(dy.t().contiguous(), hid, offs=offs))],
+                          lambda out: rel_err(out[0], dy[:g0].float().t() @ hid[:g0].float()),
+                          (h, i, rows), rows * h * 2 + rows * i * 2 + e * h * i * 2),
+            }
+            for pss, (flops, variants, check, dense_shape, min_bytes) in forms.items():
+                floor_ms = max(flops / (BF16_TFLOPS * 1e12), min_bytes / (HBM_TBPS * 1e12)) * 1e3
+                try:
+                    vname, fn, out = first_working(variants)
+                    err = check(out)
+                    del out
+                    ms = median_ms(fn)
+                    rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
+                                         median_ms=round(ms, 5), tflops=round(flops / ms / 1e9, 2),
+                                         floor_ms=round(floor_ms, 5), rel_err=err, variant=vname))
+                    print(f"{name:14s} {routing:8s} {pss:6s} torch    {ms:9.4f} ms {flops / ms / 1e9:7.1f} TF/s err {err:.2e}",
+                          flush=True)
+                except Exception as ex:  # noqa: BLE001
+                    print(f"{name} {routing} {pss} torch FAILED: {ex}", flush=True)
+                    rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
+                                         error=str(ex)[:300], floor_ms=round(floor_ms, 5)))
+                # Dense cuBLAS GEMM with the same FLOPs (M x N x K of the whole problem, one weight).
+                m_, n_, k_ = dense_shape
+                if not skewed:  # routing-independent: same total rows
+                    a = torch.randn(m_, k_, device=dev, dtype=torch.bfloat16)
+                    b = torch.randn(n_, k_, device=dev, dtype=torch.bfloat16)
+                    ms = median_ms(lambda: torch.mm(a, b.t()))
+                    rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss},
+                                         impl="cublas-dense", median_ms=round(ms, 5),
+                                         tflops=round(2.0 * m_ * n_ * k_ / ms / 1e9, 2), floor_ms=round(floor_ms, 5)))
+                    del a, b
+            del x, hid, dy, w13, wd
+            torch.cuda.empty_cache()
+
+    floors = {(r["case"], r["routing"], r["pass"]): r["floor_ms"] for r in rows_out}
+    with open(mok_path) as f:
+        for line in f:
+            r = json.loads(line)
+            r["floor_ms"] = floors.get((r["case"], r["routing"], r["pass"]))
+            rows_out.append(r)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        commit = ""
+    doc = {"gpu": torch.cuda.get_device_name(0), "commit": commit,
+           "date": datetime.date.today().isoformat(),
+           "ceilings": {"bf16_tflops": BF16_TFLOPS, "hbm_tbps": HBM_TBPS},
+           "torch": torch.__version__, "cases": rows_out}
+    with open(f"{out_dir}/gemm.json", "w") as f:
+        json.dump(doc, f, indent=1)
+
+    # Table: TFLOP/s per case, routing and pass; mok / torch ratio.
+    idx = {(r["case"], r["routing"], r["pass"], r["impl"]): r for r in rows_out}
+    lines = ["| case | routing | pass | floor ms | mok ms | mok TFLOP/s | torch._grouped_mm TFLOP/s | mok / torch | dense cuBLAS TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, *_ in CASES:
+        for routing in ("uniform", "skewed"):
+            for pss in ("gemm1", "gemm2", "dgrad", "wgrad"):
+                m = idx.get((name, routing, pss, "mok"), {})
+                tr = idx.get((name, routing, pss, "torch"), {})
+                d = idx.get((name, routing, pss, "cublas-dense"), idx.get((name, "uniform", pss, "cublas-dense"), {}))
+                ratio = (m["tflops"] / tr["tflops"]) if m.get("tflops") and tr.get("tflops") else float("nan")
+                label = pss + (" (SwiGLU)" if pss == "gemm1" else "")
+                lines.append(f"| {name} | {routing} | {label} | {m.get('floor_ms', float('nan')):.3f} | "
+                             f"{m.get('median_ms', float('nan')):.3f} | {m.get('tflops', float('nan')):.0f} | "
+                             f"{tr.get('tflops', float('nan')):.0f} | {ratio:.2f}x | {d.get('tflops', float('nan')):.0f} |")
+            u = idx.get((name, routing, "gemm1", "mok-unfused"))
+            m = idx.get((name, routing, "gemm1", "mok"))
+            if u and m:
+                lines.append(f"| {name} | {routing} | gemm1 plain (no SwiGLU) | | {u['median_ms']:.3f} | {u['tflops']:.0f} | | "
+                             f"SwiGLU cost {m['median_ms'] / u['median_ms']:.3f}x | |")
+    with open(f"{out_dir}/README-gemm.md", "w") as f:
+        f.write(f"# Grouped GEMM benchmark ({doc['gpu']}, torch {torch.__version__}, {doc['date']})\n\n"
+                "Generated by bench/bench_gemm.py from bench_gemm.cu's results; see docs/perf/NOTES.md (## gemm).\n\n")
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+// The four GEMM forms the engine runs, as compile-time traits, and the kernel's parameters.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "cuda/gemm/scheduler.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+
+namespace mok::gemm {
+
+enum class FormKind {
+  kGateUp,      // M-grouped rows x [W_gate; W_up]^T, SwiGLU epilogue
+  kRowsWT,      // M-grouped rows x W^T (down forward, dense), optional row scale
+  kRowsW,       // M-grouped rows x W (dgrad): B is N-major in memory
+  kWeightGrad,  // K-grouped A^T B over each group's rows (wgrad): A and B M/N-major
+};
+
+template <FormKind kKind>
+struct Form {
+  static constexpr FormKind kind = kKind;
+  static constexpr bool kKGrouped = kKind == FormKind::kWeightGrad;
+  static constexpr int kTransA = kKind == FormKind::kWeightGrad ? 1 : 0;  // 1: A is M-major
+  static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
+  static constexpr int kOutTileN = kKind == FormKind::kGateUp ? kTileN / 2 : kTileN;
+  static constexpr int kBoxRowsA = kTransA ? kTileK : kTileM;
+  static constexpr int kBoxRowsB = kTransB ? kTileK : kOutTileN;
+};
+
+struct KernelParams {
+  SchedulerParams sched;
+  int m;                 // K-grouped: output rows per group
+  int n;                 // output columns
+  int b_rows_per_group;  // rows of B's tensor map per group (n for W^T forms, k for W)
+  void* out;
+  long long ld_out;
+  long long out_group_stride;  // K-grouped: elements between groups' outputs
+  int out_fp32;
+  __nv_bfloat16* gate_out;  // gate/up: optional pre-activations
+  __nv_bfloat16* up_out;
+  const float* row_scale;                  // RowsWT: optional
+  ptx::WaitTimeoutReport* timeout_report;  // mapped host memory, or null
+};
+
+}  // namespace mok::gemm

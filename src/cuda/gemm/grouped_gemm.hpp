@@ -1,0 +1,111 @@
+// The grouped GEMM forms of the MoE layer: torch-free launchers over one Hopper engine (TMA +
+// wgmma, warp-specialized, persistent; see src/cuda/kernels/sm90_bf16_grouped_gemm.cu).
+//
+// Row layout contract (built by the schedule): routed rows are contiguous in segment order in
+// every row buffer. `starts` holds G+1 int32 entries (multiples of kExpertSegmentAlignment),
+// `rows` G unpadded counts, both in device memory and never read by the host. Rows in
+// [starts[g] + rows[g], starts[g+1]) are padding: they are read but never change a kept value,
+// and outputs in padding rows are not written.
+//
+// Every matrix is row-major bf16 (PyTorch's convention); leading dimensions are in elements and
+// must be multiples of 8 (16-byte TMA strides); pointers 16-byte aligned. Launchers only enqueue
+// work on `stream` (no synchronization, no device reads), so they can be captured in CUDA graphs.
+// They throw mok::Error for invalid arguments and launch failures.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mok::gemm {
+
+inline constexpr int kExpertSegmentAlignment = 128;  // == the GEMM tile height
+inline constexpr int kMaxGroups = 1024;
+
+// Which rows belong to which group. Dense form: starts == rows == nullptr, num_groups == 1,
+// and `dense_rows` rows from row 0 (any count, not padded).
+struct RowSegments {
+  const int* starts = nullptr;  // [num_groups + 1], device
+  const int* rows = nullptr;    // [num_groups], device
+  int num_groups = 0;
+  int capacity_rows = 0;  // rows allocated in each row buffer: no row at or past it is touched
+  int dense_rows = 0;     // dense form only
+};
+
+// hidden = bf16(silu(g) * u), g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T) for the rows of e.
+struct GateUpForwardArgs {
+  RowSegments segments;
+  const __nv_bfloat16* x = nullptr;  // [capacity_rows, hidden_size], ld_x
+  std::int64_t ld_x = 0;
+  const __nv_bfloat16* w_gate = nullptr;  // [G, intermediate_size, hidden_size] contiguous
+  const __nv_bfloat16* w_up = nullptr;    // [G, intermediate_size, hidden_size] contiguous
+  __nv_bfloat16* hidden = nullptr;        // [capacity_rows, intermediate_size], ld_out
+  __nv_bfloat16* gate = nullptr;          // optional pre-activations g (same shape and ld)
+  __nv_bfloat16* up = nullptr;            // optional pre-activations u (both or neither)
+  std::int64_t ld_out = 0;
+  int hidden_size = 0;        // K, multiple of 64
+  int intermediate_size = 0;  // N, multiple of 64
+  cudaStream_t stream = nullptr;
+};
+
+// out = bf16(row_scale[r] * (a[r] W[e]^T)): the down projection (a = hidden, W = W_down) with an
+// optional fp32 per-row factor (the router weight); row_scale indexes rows of the buffer.
+struct RowsTimesWeightTArgs {
+  RowSegments segments;
+  const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
+  std::int64_t ld_a = 0;
+  const __nv_bfloat16* w = nullptr;  // [G, n, k] contiguous
+  __nv_bfloat16* out = nullptr;      // [capacity_rows, n], ld_out
+  std::int64_t ld_out = 0;
+  const float* row_scale = nullptr;  // optional, [capacity_rows]
+  int n = 0;                         // multiple of 64
+  int k = 0;                         // multiple of 64
+  cudaStream_t stream = nullptr;
+};
+
+// out = bf16(a[r] W[e]): the input gradient of a projection (B not transposed), e.g.
+// dh = dy W_down[e] with a = dy [rows, H], W = W_down [G, H, I], n = I, k = H.
+struct RowsTimesWeightArgs {
+  RowSegments segments;
+  const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
+  std::int64_t ld_a = 0;
+  const __nv_bfloat16* w = nullptr;  // [G, k, n] contiguous
+  __nv_bfloat16* out = nullptr;      // [capacity_rows, n], ld_out
+  std::int64_t ld_out = 0;
+  int n = 0;
+  int k = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// dw[e] = a[rows of e]^T b[rows of e]  ([m, n] per group), reduced over the group's rows in
+// increasing order by one CTA per output tile: deterministic; an empty group gives exact zeros;
+// padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
+// b = h, n = I). Output bf16 or fp32 (`out_fp32`), [G, m, n] with ld_out and group stride m*ld_out.
+struct WeightGradArgs {
+  RowSegments segments;
+  const __nv_bfloat16* a = nullptr;  // [capacity_rows, m], ld_a
+  std::int64_t ld_a = 0;
+  const __nv_bfloat16* b = nullptr;  // [capacity_rows, n], ld_b
+  std::int64_t ld_b = 0;
+  void* out = nullptr;
+  std::int64_t ld_out = 0;
+  bool out_fp32 = false;
+  int m = 0;  // multiple of 64
+  int n = 0;  // multiple of 64
+  cudaStream_t stream = nullptr;
+};
+
+void gate_up_forward(const GateUpForwardArgs& args);
+void rows_times_weight_t(const RowsTimesWeightTArgs& args);  // down forward (and dense)
+void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
+void weight_grad(const WeightGradArgs& args);                // wgrad
+
+// After a launch failed: which mbarrier wait timed out (an empty string if none did).
+std::string last_wait_timeout();
+
+// The persistent grid size the launchers use (one CTA per SM of the current device).
+int persistent_grid_size();
+
+}  // namespace mok::gemm

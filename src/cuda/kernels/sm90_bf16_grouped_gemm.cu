@@ -1,0 +1,322 @@
+// sm90_bf16_grouped_gemm: the persistent, warp-specialized grouped GEMM kernel and the launchers
+// of its four forms (src/cuda/gemm/grouped_gemm.hpp).
+//
+//   Producer warpgroup : setmaxnreg down; one thread walks the tile sequence and issues TMA
+//                        loads into the kStages ring (waits on `empty`, arms `full`).
+//   Consumer0/1        : setmaxnreg up; each walks the same tiles, waits on `full`, issues
+//                        wgmma on its 64 rows, releases the stage, then runs the epilogue while
+//                        the producer already fills the ring for the next tile.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/gemm/config.hpp"
+#include "cuda/gemm/epilogue.cuh"
+#include "cuda/gemm/grouped_gemm.hpp"
+#include "cuda/gemm/mainloop.cuh"
+#include "cuda/gemm/scheduler.cuh"
+#include "cuda/gemm/tensor_map.hpp"
+#include "cuda/ptx/fence.cuh"
+#include "mok/error.hpp"
+
+namespace mok::gemm {
+namespace {
+
+enum : int { kBarrierFull = 0, kBarrierEmpty = 1 };  // ids in timeout reports
+
+template <class F>
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_bf16_grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
+                                  const __grid_constant__ CUtensorMap map_b,
+                                  const __grid_constant__ CUtensorMap map_b2,
+                                  const KernelParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  extern __shared__ std::uint8_t smem_raw[];
+  __shared__ SchedulerTables tables;
+  const std::uint32_t raw = ptx::smem_addr(smem_raw);
+  const SharedRing ring{smem_raw + ((raw + 1023u) & ~1023u) - raw};
+
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    ring.init_barriers();
+    ptx::fence_barrier_init();
+    ptx::tma_prefetch_descriptor(&map_a);
+    ptx::tma_prefetch_descriptor(&map_b);
+    if constexpr (F::kind == FormKind::kGateUp) ptx::tma_prefetch_descriptor(&map_b2);
+  }
+  if (threadIdx.x < 32) TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
+  __syncthreads();
+
+  TileScheduler<F::kKGrouped> scheduler{p.sched, tables};
+  const int num_tiles = scheduler.num_tiles();
+  PipelineState state;
+
+  if (warpgroup == 0) {
+    // Producer.
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (warp == 0 && lane == 0) {
+      const TensorMaps maps{&map_a, &map_b, &map_b2};
+      for (int index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+        const TileInfo tile = scheduler.tile(index);
+        for (int kb = 0; kb < tile.k_blocks; ++kb) {
+          ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty,
+                             p.timeout_report);
+          load_k_block<F>(maps, ring, state.stage, tile, kb, p);
+          state.advance();
+        }
+      }
+    }
+  } else {
+    // Consumer0 / Consumer1.
+    ptx::setmaxnreg_inc<kConsumerRegisters>();
+    const int wg = warpgroup - 1;
+    const int consumer_thread = threadIdx.x - 128;
+    for (int index = blockIdx.x; index < num_tiles; index += gridDim.x) {
+      const TileInfo tile = scheduler.tile(index);
+      float acc[kTileN / 2];
+#pragma unroll
+      for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
+      // NOTES: one wgmma group stays in flight: block kb is issued before block kb-1 is waited
+      // for, and stage kb-1 is released only then, so the tensor cores never wait for the issue.
+      int previous_stage = -1;
+      for (int kb = 0; kb < tile.k_blocks; ++kb) {
+        ptx::mbarrier_wait(ring.full(state.stage), state.phase, kBarrierFull, p.timeout_report);
+        if constexpr (F::kKGrouped) {
+          const int valid = tile.row_count - kb * kTileK;
+          if (valid < kTileK) zero_tail_rows(ring, state.stage, valid, consumer_thread);
+        }
+        mma_k_block<F>(acc, ring, state.stage, wg);
+        ptx::wgmma_wait_group<1>();
+        if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
+        previous_stage = state.stage;
+        state.advance();
+      }
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_registers(acc);
+      if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
+      if constexpr (F::kind == FormKind::kGateUp) {
+        store_swiglu(acc, tile, p, wg, warp, lane);
+      } else {
+        store_plain<F::kKGrouped>(acc, tile, p, wg, warp, lane);
+      }
+    }
+  }
+#endif
+}
+
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+void check(bool ok, const std::string& argument, const std::string& expected,
+           const std::string& actual) {
+  if (!ok) throw Error(argument, expected, actual);
+}
+
+void check_aligned(const void* ptr, const char* name) {
+  check(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0, name, "16-byte alignment", to_text(ptr));
+}
+
+void check_multiple_of_64(int v, const char* name) {
+  check(v > 0 && v % 64 == 0, name, "a positive multiple of 64", to_text(v));
+}
+
+void check_segments(const RowSegments& s) {
+  check(s.num_groups >= 1 && s.num_groups <= kMaxGroups, "segments.num_groups",
+        "in [1, " + to_text(kMaxGroups) + "]", to_text(s.num_groups));
+  check(s.capacity_rows >= 0, "segments.capacity_rows", ">= 0", to_text(s.capacity_rows));
+  check((s.starts == nullptr) == (s.rows == nullptr), "segments.starts/rows",
+        "both device pointers or both null (dense)", "one of them null");
+  if (s.starts == nullptr) {
+    check(s.num_groups == 1, "segments.num_groups", "1 for the dense form", to_text(s.num_groups));
+    check(s.dense_rows >= 0 && s.dense_rows <= s.capacity_rows, "segments.dense_rows",
+          "in [0, capacity_rows]", to_text(s.dense_rows));
+  }
+}
+
+SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles, int k_blocks) {
+  return SchedulerParams{s.starts,     s.rows,  s.num_groups, s.capacity_rows,
+                         s.dense_rows, m_tiles, n_tiles,      k_blocks};
+}
+
+template <class F>
+void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& b2,
+            const KernelParams& p, cudaStream_t stream) {
+  static const bool configured = [] {
+    return cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSharedBytes)) == cudaSuccess;
+  }();
+  if (!configured) throw Error("cudaFuncSetAttribute(max dynamic shared memory) failed");
+  sm90_bf16_grouped_gemm_kernel<F>
+      <<<persistent_grid_size(), kThreads, kSharedBytes, stream>>>(a, b, b2, p);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
+  }
+}
+
+// Mapped pinned host memory that a timed-out barrier wait writes before it traps (allocated on
+// first use, never freed: one per process).
+ptx::WaitTimeoutReport* timeout_report_host() {
+  static ptx::WaitTimeoutReport* host = [] {
+    void* h = nullptr;
+    if (cudaHostAlloc(&h, sizeof(ptx::WaitTimeoutReport), cudaHostAllocMapped) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<ptx::WaitTimeoutReport*>(nullptr);
+    }
+    *static_cast<ptx::WaitTimeoutReport*>(h) = {};
+    return static_cast<ptx::WaitTimeoutReport*>(h);
+  }();
+  return host;
+}
+
+KernelParams base_params(const RowSegments& s) {
+  KernelParams p{};
+  p.sched = scheduler_params(s, 0, 0, 0);
+  if (ptx::WaitTimeoutReport* host = timeout_report_host()) {
+    void* device = nullptr;
+    if (cudaHostGetDevicePointer(&device, host, 0) == cudaSuccess) {
+      p.timeout_report = static_cast<ptx::WaitTimeoutReport*>(device);
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string last_wait_timeout() {
+  const ptx::WaitTimeoutReport* r = timeout_report_host();
+  if (r == nullptr || *reinterpret_cast<const volatile int*>(&r->timed_out) == 0) return {};
+  return std::string("grouped GEMM barrier ") + (r->barrier_id == kBarrierFull ? "full" : "empty") +
+         " (smem offset " + to_text(r->smem_address) + ") parity " + to_text(r->parity) +
+         " timed out in block " + to_text(r->block) + ", thread " + to_text(r->thread);
+}
+
+int persistent_grid_size() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    throw Error("cannot query the multiprocessor count of the current device");
+  }
+  return sms;
+}
+
+void gate_up_forward(const GateUpForwardArgs& args) {
+  using F = Form<FormKind::kGateUp>;
+  check_segments(args.segments);
+  check_multiple_of_64(args.hidden_size, "hidden_size");
+  check_multiple_of_64(args.intermediate_size, "intermediate_size");
+  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
+        "one of them null");
+  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
+  check_aligned(args.hidden, "hidden");
+  check_aligned(args.gate, "gate");
+  check_aligned(args.up, "up");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
+        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const long long w_rows = static_cast<long long>(s.num_groups) * args.intermediate_size;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.x, s.capacity_rows, args.hidden_size, args.ld_x, F::kBoxRowsA, "x");
+  const CUtensorMap bg = make_tensor_map_bf16(args.w_gate, w_rows, args.hidden_size,
+                                              args.hidden_size, F::kBoxRowsB, "w_gate");
+  const CUtensorMap bu = make_tensor_map_bf16(args.w_up, w_rows, args.hidden_size, args.hidden_size,
+                                              F::kBoxRowsB, "w_up");
+  KernelParams p = base_params(s);
+  p.sched.n_tiles = ceil_div(args.intermediate_size, F::kOutTileN);
+  p.sched.k_blocks = args.hidden_size / kTileK;
+  p.n = args.intermediate_size;
+  p.b_rows_per_group = args.intermediate_size;
+  p.out = args.hidden;
+  p.ld_out = args.ld_out;
+  p.gate_out = args.gate;
+  p.up_out = args.up;
+  launch<F>(a, bg, bu, p, args.stream);
+}
+
+void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
+  using F = Form<FormKind::kRowsWT>;
+  check_segments(args.segments);
+  check_multiple_of_64(args.n, "n");
+  check_multiple_of_64(args.k, "k");
+  check(args.out != nullptr, "out", "a device pointer", "null");
+  check_aligned(args.out, "out");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+        to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.n,
+                                             args.k, args.k, F::kBoxRowsB, "w");
+  KernelParams p = base_params(s);
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = args.k / kTileK;
+  p.n = args.n;
+  p.b_rows_per_group = args.n;
+  p.out = args.out;
+  p.ld_out = args.ld_out;
+  p.row_scale = args.row_scale;
+  launch<F>(a, b, b, p, args.stream);
+}
+
+void rows_times_weight(const RowsTimesWeightArgs& args) {
+  using F = Form<FormKind::kRowsW>;
+  check_segments(args.segments);
+  check_multiple_of_64(args.n, "n");
+  check_multiple_of_64(args.k, "k");
+  check(args.out != nullptr, "out", "a device pointer", "null");
+  check_aligned(args.out, "out");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+        to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
+                                             args.n, args.n, F::kBoxRowsB, "w");
+  KernelParams p = base_params(s);
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = args.k / kTileK;
+  p.n = args.n;
+  p.b_rows_per_group = args.k;
+  p.out = args.out;
+  p.ld_out = args.ld_out;
+  launch<F>(a, b, b, p, args.stream);
+}
+
+void weight_grad(const WeightGradArgs& args) {
+  using F = Form<FormKind::kWeightGrad>;
+  check_segments(args.segments);
+  check_multiple_of_64(args.m, "m");
+  check_multiple_of_64(args.n, "n");
+  check(args.out != nullptr, "out", "a device pointer", "null");
+  check_aligned(args.out, "out");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+        to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  // NOTES: with no rows the outputs are still written (zeros); the maps then cover one row that
+  // is never read.
+  const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;
+  const CUtensorMap a = make_tensor_map_bf16(args.a, rows, args.m, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.b, rows, args.n, args.ld_b, F::kBoxRowsB, "b");
+  KernelParams p = base_params(s);
+  p.sched.m_tiles = ceil_div(args.m, kTileM);
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.m = args.m;
+  p.n = args.n;
+  p.out = args.out;
+  p.ld_out = args.ld_out;
+  p.out_group_stride = static_cast<long long>(args.m) * args.ld_out;
+  p.out_fp32 = args.out_fp32 ? 1 : 0;
+  launch<F>(a, b, b, p, args.stream);
+}
+
+}  // namespace mok::gemm

@@ -1,0 +1,685 @@
+// GPU tests of the grouped GEMM engine (src/cuda/gemm/grouped_gemm.hpp): every form against an
+// fp32 reference kernel written independently of the engine (one thread per output element, plain
+// loads, k in increasing order), on random inputs drawn anew each run. Skipped without a GPU.
+//
+// Tolerances (relative Frobenius error over the checked elements): the engine and the reference
+// both accumulate in fp32 and differ only in summation order; the outputs then differ only where
+// that tiny difference crosses a bf16 rounding boundary, by one bf16 ulp (relative u = 2^-8). So
+// a path with r bf16 roundings is bounded by r * u (a bound that holds even if every element
+// flipped). fp32 outputs: bounded by the worst-case fp32 summation error, K * 2^-24.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/numerics.hpp"
+#include "cuda/gemm/grouped_gemm.hpp"
+
+namespace {
+
+using mok::bf16_t;
+using mok::gemm::RowSegments;
+constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
+constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
+
+#define CUDA_OK(expr)                                                            \
+  do {                                                                           \
+    const cudaError_t e_ = (expr);                                               \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_) << " " \
+                               << mok::gemm::last_wait_timeout();                \
+  } while (0)
+
+bool have_gpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  return prop.major == 9;
+}
+
+#define REQUIRE_HOPPER() \
+  if (!have_gpu()) GTEST_SKIP() << "no Hopper (sm_90) GPU visible"
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  return ++s;
+}
+
+template <typename T>
+struct Buffer {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Buffer(std::size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~Buffer() { cudaFree(p); }
+  Buffer(const Buffer&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void upload(const std::vector<T>& h) {
+    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // bf16 0xffff / fp32 0xffffffff: NaN
+};
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+// Uniform values in [-scale, scale), different for every (seed, index).
+__global__ void fill_random_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_t seed,
+                                   float scale) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float u = (hash32(seed * 0x9E3779B97F4A7C15ull + i) >> 8) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+  }
+}
+
+void fill_random(Buffer<__nv_bfloat16>& b, float scale) {
+  fill_random_kernel<<<1024, 256>>>(b.p, b.n, fresh_seed(), scale);
+}
+
+// Rows [r0, r1) of a [rows, cols] matrix set to NaN: padding must never leak into kept values.
+void poison_rows(Buffer<__nv_bfloat16>& b, int cols, int r0, int r1) {
+  if (r1 > r0)
+    cudaMemset(b.p + static_cast<std::size_t>(r0) * cols, 0xff, std::size_t(r1 - r0) * cols * 2);
+}
+
+// out[s, n] = sum_k A[row_s, k] * B_g(n, k), fp32, k increasing. trans_b = 0: W is [G, N, K];
+// trans_b = 1: W is [G, K, N].
+__global__ void ref_rows_kernel(const __nv_bfloat16* a, long long lda, const __nv_bfloat16* w,
+                                int trans_b, const int* rows, const int* groups, int num_samples,
+                                int n_cols, int k_dim, float* out) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int s = blockIdx.y;
+  if (n >= n_cols || s >= num_samples) return;
+  const __nv_bfloat16* ar = a + rows[s] * lda;
+  const long long g = groups[s];
+  float acc = 0.0f;
+  for (int k = 0; k < k_dim; ++k) {
+    const float b = trans_b ? __bfloat162float(w[(g * k_dim + k) * n_cols + n])
+                            : __bfloat162float(w[(g * n_cols + n) * k_dim + k]);
+    acc = __fmaf_rn(__bfloat162float(ar[k]), b, acc);
+  }
+  out[static_cast<long long>(s) * n_cols + n] = acc;
+}
+
+// out[s, n] = sum over rows r of group g_s of A[r, m_s] * B[r, n].
+__global__ void ref_wgrad_kernel(const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, int ldb,
+                                 const int* starts, const int* counts, const int* groups,
+                                 const int* ms, int num_samples, int n_cols, float* out) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int s = blockIdx.y;
+  if (n >= n_cols || s >= num_samples) return;
+  const int g = groups[s];
+  float acc = 0.0f;
+  for (int r = starts[g]; r < starts[g] + counts[g]; ++r) {
+    acc = __fmaf_rn(__bfloat162float(a[static_cast<long long>(r) * lda + ms[s]]),
+                    __bfloat162float(b[static_cast<long long>(r) * ldb + n]), acc);
+  }
+  out[static_cast<long long>(s) * n_cols + n] = acc;
+}
+
+// The row layout of one test: padded segment starts, unpadded counts, on host and device.
+struct Layout {
+  std::vector<int> counts, starts;
+  int capacity = 0;
+  Buffer<int> d_starts, d_counts;
+  explicit Layout(const std::vector<int>& c, int extra_rows = 64)
+      : counts(c), starts(c.size() + 1, 0), d_starts(c.size() + 1), d_counts(c.size()) {
+    for (std::size_t g = 0; g < c.size(); ++g) {
+      starts[g + 1] = starts[g] + (c[g] + kAlign - 1) / kAlign * kAlign;
+    }
+    capacity = starts.back() + extra_rows;
+    d_starts.upload(starts);
+    d_counts.upload(counts);
+  }
+  int groups() const { return static_cast<int>(counts.size()); }
+  RowSegments segments() const {
+    return RowSegments{d_starts.p, d_counts.p, groups(), capacity, 0};
+  }
+  // Poison every padding row (and the rows past the last segment) of a row buffer.
+  void poison_padding(Buffer<__nv_bfloat16>& b, int cols) const {
+    for (int g = 0; g < groups(); ++g) poison_rows(b, cols, starts[g] + counts[g], starts[g + 1]);
+    poison_rows(b, cols, starts.back(), capacity);
+  }
+  // Up to `per_group` rows of each group (first, last, random ones between).
+  void sample_rows(int per_group, std::mt19937_64& rng, std::vector<int>& rows,
+                   std::vector<int>& groups) const {
+    for (int g = 0; g < this->groups(); ++g) {
+      if (counts[g] == 0) continue;
+      for (int i = 0; i < std::min(per_group, counts[g]); ++i) {
+        int r = i == 0 ? 0 : i == 1 ? counts[g] - 1 : static_cast<int>(rng() % counts[g]);
+        rows.push_back(starts[g] + r);
+        groups.push_back(g);
+      }
+    }
+  }
+};
+
+std::vector<int> random_counts(int groups, int mean, std::mt19937_64& rng) {
+  std::vector<int> c(groups);
+  for (auto& v : c) v = static_cast<int>(rng() % (2 * mean + 1));
+  return c;
+}
+
+float bf(bf16_t v) {
+  return mok::bf16_to_float(v);
+}
+
+struct ErrorNorm {
+  double diff2 = 0, ref2 = 0;
+  long long nan = 0;
+  void add(double got, double want) {
+    if (std::isnan(got)) ++nan;
+    diff2 += (got - want) * (got - want);
+    ref2 += want * want;
+  }
+  double rel() const { return nan ? INFINITY : std::sqrt(diff2 / (ref2 > 0 ? ref2 : 1)); }
+};
+
+// fp32 reference rows for sampled rows: [samples, n].
+std::vector<float> reference_rows(const Buffer<__nv_bfloat16>& a, long long lda,
+                                  const Buffer<__nv_bfloat16>& w, int trans_b,
+                                  const std::vector<int>& rows, const std::vector<int>& groups,
+                                  int n, int k) {
+  Buffer<int> d_rows(rows.size()), d_groups(groups.size());
+  d_rows.upload(rows);
+  d_groups.upload(groups);
+  Buffer<float> out(rows.size() * static_cast<std::size_t>(n));
+  if (!rows.empty()) {
+    ref_rows_kernel<<<dim3((n + 127) / 128, rows.size()), 128>>>(
+        a.p, lda, w.p, trans_b, d_rows.p, d_groups.p, static_cast<int>(rows.size()), n, k, out.p);
+  }
+  return out.host();
+}
+
+std::vector<bf16_t> fetch_rows(const Buffer<__nv_bfloat16>& b, long long ld, int cols,
+                               const std::vector<int>& rows) {
+  std::vector<bf16_t> h(rows.size() * static_cast<std::size_t>(cols));
+  for (std::size_t s = 0; s < rows.size(); ++s) {
+    cudaMemcpy(h.data() + s * cols, b.p + rows[s] * ld, cols * 2, cudaMemcpyDeviceToHost);
+  }
+  return h;
+}
+
+// Every padding row of an output is still poison (the engine never writes padding).
+long long written_padding(const Buffer<__nv_bfloat16>& out, int cols, const Layout& l) {
+  const auto h = out.host();
+  const auto* u = reinterpret_cast<const std::uint16_t*>(h.data());
+  long long bad = 0;
+  for (int g = 0; g < l.groups(); ++g) {
+    for (long long r = l.starts[g] + l.counts[g]; r < l.starts[g + 1]; ++r) {
+      for (int c = 0; c < cols; ++c) bad += u[r * cols + c] != 0xffff;
+    }
+  }
+  return bad;
+}
+
+bool bitwise_equal(const Buffer<__nv_bfloat16>& x, const Buffer<__nv_bfloat16>& y) {
+  const auto a = x.host(), b = y.host();
+  return std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gate/up forward with SwiGLU
+
+struct GateUpCase {
+  std::vector<int> counts;
+  int h, i;
+  int samples_per_group;
+  bool dense = false;
+};
+
+void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
+  std::mt19937_64 rng(fresh_seed());
+  Layout l(c.counts);
+  const int G = l.groups();
+  Buffer<__nv_bfloat16> x(std::size_t(l.capacity) * c.h), wg(std::size_t(G) * c.i * c.h),
+      wu(std::size_t(G) * c.i * c.h), hid(std::size_t(l.capacity) * c.i),
+      gate(std::size_t(l.capacity) * c.i), up(std::size_t(l.capacity) * c.i),
+      hid2(std::size_t(l.capacity) * c.i);
+  fill_random(x, 1.0f);
+  fill_random(wg, 2.0f / std::sqrt(float(c.h)));
+  fill_random(wu, 2.0f / std::sqrt(float(c.h)));
+  if (!c.dense) l.poison_padding(x, c.h);
+  hid.poison();
+  gate.poison();
+  up.poison();
+  mok::gemm::GateUpForwardArgs args;
+  args.segments =
+      c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
+  args.x = x.p;
+  args.ld_x = c.h;
+  args.w_gate = wg.p;
+  args.w_up = wu.p;
+  args.hidden = hid.p;
+  args.gate = with_preact ? gate.p : nullptr;
+  args.up = with_preact ? up.p : nullptr;
+  args.ld_out = c.i;
+  args.hidden_size = c.h;
+  args.intermediate_size = c.i;
+  mok::gemm::gate_up_forward(args);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<int> rows, groups;
+  l.sample_rows(c.samples_per_group, rng, rows, groups);
+  const auto ref_g = reference_rows(x, c.h, wg, 0, rows, groups, c.i, c.h);
+  const auto ref_u = reference_rows(x, c.h, wu, 0, rows, groups, c.i, c.h);
+  const auto got_h = fetch_rows(hid, c.i, c.i, rows);
+  const auto got_g = fetch_rows(gate, c.i, c.i, rows);
+  const auto got_u = fetch_rows(up, c.i, c.i, rows);
+  ErrorNorm eh, eg, eu;
+  for (std::size_t k = 0; k < ref_g.size(); ++k) {
+    const float g = mok::round_to_bf16(ref_g[k]), u = mok::round_to_bf16(ref_u[k]);
+    eh.add(bf(got_h[k]), mok::round_to_bf16(mok::numerics::swiglu(g, u)));
+    if (with_preact) {
+      eg.add(bf(got_g[k]), g);
+      eu.add(bf(got_u[k]), u);
+    }
+  }
+  std::printf("[ mok ] gate/up H=%d I=%d G=%d rows=%d: rel err hidden %.3g (bound %.3g)", c.h, c.i,
+              G, l.starts.back(), eh.rel(), 2 * kU);
+  if (with_preact) std::printf(", g %.3g, u %.3g (bound %.3g)", eg.rel(), eu.rel(), kU);
+  std::printf("\n");
+  EXPECT_EQ(eh.nan, 0);
+  EXPECT_LE(eh.rel(), 2 * kU);
+  if (with_preact) {
+    EXPECT_LE(eg.rel(), kU);
+    EXPECT_LE(eu.rel(), kU);
+  }
+  if (!c.dense && l.capacity * static_cast<long long>(c.i) < (64ll << 20)) {
+    EXPECT_EQ(written_padding(hid, c.i, l), 0) << "padding rows of hidden were written";
+  }
+  if (check_bitwise) {
+    hid2.poison();
+    args.hidden = hid2.p;
+    mok::gemm::gate_up_forward(args);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bitwise_equal(hid, hid2)) << "two runs differ";
+  }
+}
+
+TEST(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
+  REQUIRE_HOPPER();
+  run_gate_up({{0, 1, 130, 77, 0, 300, 128}, 256, 192, 40}, false, true);
+}
+
+TEST(GemmGateUp, PreActivationsVariant) {
+  REQUIRE_HOPPER();
+  run_gate_up({{5, 0, 257, 64, 129}, 320, 320, 40}, true, true);
+}
+
+TEST(GemmGateUp, RandomGroupSizes) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 3; ++trial) {
+    run_gate_up({random_counts(9, 150, rng), 512, 384, 16}, trial == 0, false);
+  }
+}
+
+TEST(GemmGateUp, OneGroupHoldsAlmostAllRows) {
+  REQUIRE_HOPPER();
+  run_gate_up({{4000, 1, 0, 3, 0}, 384, 256, 64}, false, true);
+}
+
+TEST(GemmGateUp, Dsv3Ep8SliceUniform) {
+  REQUIRE_HOPPER();
+  run_gate_up({std::vector<int>(32, 1024), 7168, 2048, 3}, true, true);
+}
+
+TEST(GemmGateUp, DenseSharedExpert) {
+  REQUIRE_HOPPER();
+  run_gate_up({{1000}, 512, 256, 200, true}, false, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rows x W^T (down forward, dense) and rows x W (dgrad)
+
+struct RowsCase {
+  std::vector<int> counts;
+  int n, k;
+  int samples_per_group;
+  bool trans_b;  // false: rows x W^T (down); true: rows x W (dgrad)
+  bool row_scale = false;
+  bool dense = false;
+};
+
+void run_rows(const RowsCase& c, bool check_bitwise) {
+  std::mt19937_64 rng(fresh_seed());
+  Layout l(c.counts);
+  const int G = l.groups();
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.k), w(std::size_t(G) * c.n * c.k),
+      out(std::size_t(l.capacity) * c.n), out2(std::size_t(l.capacity) * c.n);
+  Buffer<float> scale(l.capacity);
+  fill_random(a, 1.0f);
+  fill_random(w, 2.0f / std::sqrt(float(c.k)));
+  if (!c.dense) l.poison_padding(a, c.k);
+  std::vector<float> hscale(l.capacity);
+  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+  scale.upload(hscale);
+  out.poison();
+  const RowSegments seg =
+      c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
+  auto launch = [&](__nv_bfloat16* dst) {
+    if (c.trans_b) {
+      mok::gemm::RowsTimesWeightArgs args;
+      args.segments = seg;
+      args.a = a.p;
+      args.ld_a = c.k;
+      args.w = w.p;
+      args.out = dst;
+      args.ld_out = c.n;
+      args.n = c.n;
+      args.k = c.k;
+      mok::gemm::rows_times_weight(args);
+    } else {
+      mok::gemm::RowsTimesWeightTArgs args;
+      args.segments = seg;
+      args.a = a.p;
+      args.ld_a = c.k;
+      args.w = w.p;
+      args.out = dst;
+      args.ld_out = c.n;
+      args.row_scale = c.row_scale ? scale.p : nullptr;
+      args.n = c.n;
+      args.k = c.k;
+      mok::gemm::rows_times_weight_t(args);
+    }
+  };
+  launch(out.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<int> rows, groups;
+  l.sample_rows(c.samples_per_group, rng, rows, groups);
+  const auto ref = reference_rows(a, c.k, w, c.trans_b ? 1 : 0, rows, groups, c.n, c.k);
+  const auto got = fetch_rows(out, c.n, c.n, rows);
+  ErrorNorm e;
+  for (std::size_t s = 0; s < rows.size(); ++s) {
+    for (int n = 0; n < c.n; ++n) {
+      float want = ref[s * c.n + n];
+      if (c.row_scale) want *= hscale[rows[s]];
+      e.add(bf(got[s * c.n + n]), want);
+    }
+  }
+  std::printf("[ mok ] %s N=%d K=%d G=%d rows=%d%s: rel err %.3g (bound %.3g)\n",
+              c.trans_b ? "rows x W (dgrad)" : "rows x W^T (down)", c.n, c.k, G, l.starts.back(),
+              c.row_scale ? " row-scaled" : "", e.rel(), kU);
+  EXPECT_EQ(e.nan, 0);
+  EXPECT_LE(e.rel(), kU);
+  if (!c.dense && l.capacity * static_cast<long long>(c.n) < (64ll << 20)) {
+    EXPECT_EQ(written_padding(out, c.n, l), 0) << "padding rows were written";
+  }
+  if (check_bitwise) {
+    out2.poison();
+    launch(out2.p);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
+  }
+}
+
+TEST(GemmDown, SmallOddGroupsRowScale) {
+  REQUIRE_HOPPER();
+  run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, false, true}, true);
+}
+
+TEST(GemmDown, RandomGroupSizes) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 3; ++trial)
+    run_rows({random_counts(7, 200, rng), 448, 256, 16, false}, false);
+}
+
+TEST(GemmDown, Qwen3SkewedOneGroupHalf) {
+  REQUIRE_HOPPER();
+  std::vector<int> counts(128, 16384 * 8 / 2 / 127);
+  counts[0] = 16384 * 8 / 2;
+  run_rows({counts, 2048, 768, 2, false, true}, true);
+}
+
+TEST(GemmDown, DenseSharedExpert) {
+  REQUIRE_HOPPER();
+  run_rows({{999}, 512, 256, 300, false, false, true}, true);
+}
+
+TEST(GemmDgrad, SmallOddGroups) {
+  REQUIRE_HOPPER();
+  run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, true}, true);
+}
+
+TEST(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  run_rows({random_counts(6, 200, rng), 192, 512, 16, true}, false);
+  run_rows({{3000, 0, 2, 1}, 256, 384, 64, true}, true);
+}
+
+TEST(GemmDgrad, Dsv3Ep8SliceUniform) {
+  REQUIRE_HOPPER();
+  run_rows({std::vector<int>(32, 1024), 2048, 7168, 2, true}, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgrad (K-grouped)
+
+struct WgradCase {
+  std::vector<int> counts;
+  int m, n;
+  int samples_per_group;
+  bool fp32;
+};
+
+void run_wgrad(const WgradCase& c, bool check_bitwise) {
+  std::mt19937_64 rng(fresh_seed());
+  Layout l(c.counts);
+  const int G = l.groups();
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.m), b(std::size_t(l.capacity) * c.n);
+  const std::size_t out_elems = std::size_t(G) * c.m * c.n;
+  Buffer<float> out32(c.fp32 ? out_elems : 0), out32b(c.fp32 ? out_elems : 0);
+  Buffer<__nv_bfloat16> out16(c.fp32 ? 0 : out_elems), out16b(c.fp32 ? 0 : out_elems);
+  fill_random(a, 1.0f);
+  fill_random(b, 1.0f);
+  l.poison_padding(a, c.m);  // NaN in padding: must contribute exactly nothing
+  l.poison_padding(b, c.n);
+  auto launch = [&](void* dst) {
+    mok::gemm::WeightGradArgs args;
+    args.segments = l.segments();
+    args.a = a.p;
+    args.ld_a = c.m;
+    args.b = b.p;
+    args.ld_b = c.n;
+    args.out = dst;
+    args.ld_out = c.n;
+    args.out_fp32 = c.fp32;
+    args.m = c.m;
+    args.n = c.n;
+    mok::gemm::weight_grad(args);
+  };
+  c.fp32 ? out32.poison() : out16.poison();
+  launch(c.fp32 ? static_cast<void*>(out32.p) : out16.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Sampled output rows m of each group (all groups, empty ones included).
+  std::vector<int> groups, ms;
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < c.samples_per_group; ++i) {
+      groups.push_back(g);
+      ms.push_back(i == 0 ? 0 : i == 1 ? c.m - 1 : static_cast<int>(rng() % c.m));
+    }
+  }
+  Buffer<int> d_groups(groups.size()), d_ms(ms.size());
+  d_groups.upload(groups);
+  d_ms.upload(ms);
+  Buffer<float> ref(groups.size() * std::size_t(c.n));
+  ref_wgrad_kernel<<<dim3((c.n + 127) / 128, groups.size()), 128>>>(
+      a.p, c.m, b.p, c.n, l.d_starts.p, l.d_counts.p, d_groups.p, d_ms.p,
+      static_cast<int>(groups.size()), c.n, ref.p);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto href = ref.host();
+  std::vector<float> got(groups.size() * std::size_t(c.n));
+  for (std::size_t s = 0; s < groups.size(); ++s) {
+    const std::size_t off = (std::size_t(groups[s]) * c.m + ms[s]) * c.n;
+    if (c.fp32) {
+      cudaMemcpy(got.data() + s * c.n, out32.p + off, c.n * 4, cudaMemcpyDeviceToHost);
+    } else {
+      std::vector<bf16_t> t(c.n);
+      cudaMemcpy(t.data(), out16.p + off, c.n * 2, cudaMemcpyDeviceToHost);
+      for (int n = 0; n < c.n; ++n) got[s * c.n + n] = bf(t[n]);
+    }
+  }
+  ErrorNorm e;
+  long long nonzero_empty = 0;
+  int max_rows = 1;
+  for (int v : c.counts) max_rows = std::max(max_rows, v);
+  for (std::size_t s = 0; s < groups.size(); ++s) {
+    for (int n = 0; n < c.n; ++n) {
+      const float v = got[s * c.n + n];
+      if (c.counts[groups[s]] == 0) nonzero_empty += !(v == 0.0f && !std::signbit(v));
+      e.add(v, href[s * c.n + n]);
+    }
+  }
+  const double bound = c.fp32 ? max_rows * std::ldexp(1.0, -24) : kU;
+  std::printf("[ mok ] wgrad M=%d N=%d G=%d rows=%d %s: rel err %.3g (bound %.3g)\n", c.m, c.n, G,
+              l.starts.back(), c.fp32 ? "fp32" : "bf16", e.rel(), bound);
+  EXPECT_EQ(e.nan, 0);
+  EXPECT_LE(e.rel(), bound);
+  EXPECT_EQ(nonzero_empty, 0) << "empty groups must give exact (+0) zeros";
+  if (check_bitwise) {
+    if (c.fp32) {
+      out32b.poison();
+      launch(out32b.p);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto x = out32.host(), y = out32b.host();
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << "two runs differ";
+    } else {
+      out16b.poison();
+      launch(out16b.p);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(bitwise_equal(out16, out16b)) << "two runs differ";
+    }
+  }
+}
+
+TEST(GemmWgrad, SmallOddGroupsFp32AndBf16) {
+  REQUIRE_HOPPER();
+  run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, true}, true);
+  run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, false}, true);
+}
+
+TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  run_wgrad({random_counts(5, 300, rng), 256, 384, 8, true}, false);
+  run_wgrad({{5000, 0, 3, 1}, 320, 256, 16, false}, true);
+}
+
+TEST(GemmWgrad, Dsv3Ep8SliceDown) {
+  REQUIRE_HOPPER();
+  run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group sizes changed on the device, between launches and under CUDA graph replay.
+
+__global__ void set_counts_kernel(int* counts, const int* values, int n) {
+  if (threadIdx.x < n) counts[threadIdx.x] = values[threadIdx.x];
+}
+
+TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  const int n = 256, k = 320;
+  // Segments sized for 384 rows each; the counts live on the device and change between replays.
+  Layout l(std::vector<int>{384, 384, 384, 384});
+  const int G = l.groups();
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * n * k),
+      out(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(w, 0.1f);
+  const std::vector<std::vector<int>> count_sets = {
+      {384, 0, 17, 200}, {1, 383, 0, 129}, {0, 0, 0, 0}};
+  Buffer<int> values(G);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  mok::gemm::RowsTimesWeightTArgs args;
+  args.segments = l.segments();
+  args.a = a.p;
+  args.ld_a = k;
+  args.w = w.p;
+  args.out = out.p;
+  args.ld_out = n;
+  args.n = n;
+  args.k = k;
+  args.stream = stream;
+  // One launch before capture, so first-use set-up (kernel attributes, the timeout report's
+  // pinned memory) stays out of the captured region.
+  values.upload(count_sets[0]);
+  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.p, values.p, G);
+  mok::gemm::rows_times_weight_t(args);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.p, values.p, G);  // sizes set on the device
+  mok::gemm::rows_times_weight_t(args);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const auto& counts : count_sets) {
+    values.upload(counts);
+    out.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<int> rows, groups;
+    for (int g = 0; g < G; ++g) {
+      for (int r = 0; r < counts[g]; r += 7) {
+        rows.push_back(l.starts[g] + r);
+        groups.push_back(g);
+      }
+    }
+    const auto ref = reference_rows(a, k, w, 0, rows, groups, n, k);
+    const auto got = fetch_rows(out, n, n, rows);
+    ErrorNorm e;
+    for (std::size_t i = 0; i < ref.size(); ++i) e.add(bf(got[i]), ref[i]);
+    EXPECT_EQ(e.nan, 0);
+    EXPECT_LE(e.rel(), kU);
+    // Rows past each group's current count stay poisoned.
+    const auto h = out.host();
+    long long written = 0;
+    for (int g = 0; g < G; ++g) {
+      for (long long r = l.starts[g] + counts[g]; r < l.starts[g + 1]; ++r) {
+        for (int c = 0; c < n; ++c)
+          written += reinterpret_cast<const std::uint16_t*>(h.data())[r * n + c] != 0xffff;
+      }
+    }
+    EXPECT_EQ(written, 0);
+    std::printf("[ mok ] graph replay counts {%d,%d,%d,%d}: rel err %.3g\n", counts[0], counts[1],
+                counts[2], counts[3], e.rel());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
