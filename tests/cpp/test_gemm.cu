@@ -480,6 +480,57 @@ TEST(GemmDgrad, Dsv3Ep8SliceUniform) {
   run_rows({std::vector<int>(32, 1024), 2048, 7168, 2, true}, true);
 }
 
+// The gate/up input gradient: dx = bf16(dg W_gate + du W_up) with one fp32 accumulator.
+TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  Layout l({0, 1, 130, 77, 0, 300});
+  const int G = l.groups(), n = 320, k = 192;
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), a2(std::size_t(l.capacity) * k),
+      w(std::size_t(G) * k * n), w2(std::size_t(G) * k * n), out(std::size_t(l.capacity) * n),
+      out2(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(a2, 1.0f);
+  fill_random(w, 2.0f / std::sqrt(float(k)));
+  fill_random(w2, 2.0f / std::sqrt(float(k)));
+  l.poison_padding(a, k);
+  l.poison_padding(a2, k);
+  auto launch = [&](__nv_bfloat16* dst) {
+    mok::gemm::RowsTimesWeightArgs args;
+    args.segments = l.segments();
+    args.a = a.p;
+    args.ld_a = k;
+    args.w = w.p;
+    args.a2 = a2.p;
+    args.ld_a2 = k;
+    args.w2 = w2.p;
+    args.out = dst;
+    args.ld_out = n;
+    args.n = n;
+    args.k = k;
+    mok::gemm::rows_times_weight(args);
+  };
+  out.poison();
+  launch(out.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<int> rows, groups;
+  l.sample_rows(40, rng, rows, groups);
+  const auto ref1 = reference_rows(a, k, w, 1, rows, groups, n, k);
+  const auto ref2 = reference_rows(a2, k, w2, 1, rows, groups, n, k);
+  const auto got = fetch_rows(out, n, n, rows);
+  ErrorNorm e;
+  for (std::size_t i = 0; i < ref1.size(); ++i) e.add(bf(got[i]), double(ref1[i]) + ref2[i]);
+  std::printf("[ mok ] dgrad with two products: rel err %.3g (bound %.3g)\n", e.rel(), kU);
+  EXPECT_EQ(e.nan, 0);
+  EXPECT_LE(e.rel(), kU);
+  EXPECT_EQ(written_padding(out, n, l), 0) << "padding rows were written";
+  out2.poison();
+  launch(out2.p);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
+}
+
 // ---------------------------------------------------------------------------------------------
 // wgrad (K-grouped)
 
@@ -598,6 +649,70 @@ TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
 TEST(GemmWgrad, Dsv3Ep8SliceDown) {
   REQUIRE_HOPPER();
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
+}
+
+// A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
+// sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
+TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
+  REQUIRE_HOPPER();
+  Layout l({300, 0, 700, 129, 64});
+  const int G = l.groups(), m = 192, n = 320;
+  const int split = 640;  // a multiple of 128: inside group 2's segment [384, 1152)
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(b, 1.0f);
+  l.poison_padding(a, m);
+  l.poison_padding(b, n);
+  const std::size_t elems = std::size_t(G) * m * n;
+  Buffer<float> whole(elems), parts(elems), added(elems);
+  std::vector<int> s1(G + 1), r1(G), s2(G + 1), r2(G);
+  for (int g = 0; g <= G; ++g) {
+    s1[g] = std::min(l.starts[g], split);
+    s2[g] = std::max(l.starts[g], split);
+    if (g == G) break;
+    r1[g] = std::max(0, std::min(l.starts[g] + l.counts[g], split) - l.starts[g]);
+    r2[g] = std::max(0, l.starts[g] + l.counts[g] - s2[g]);
+  }
+  Buffer<int> d_s1(G + 1), d_r1(G), d_s2(G + 1), d_r2(G);
+  d_s1.upload(s1);
+  d_r1.upload(r1);
+  d_s2.upload(s2);
+  d_r2.upload(r2);
+  auto launch = [&](RowSegments seg, float* out, bool cont, bool acc) {
+    mok::gemm::WeightGradArgs args;
+    args.segments = seg;
+    args.a = a.p;
+    args.ld_a = m;
+    args.b = b.p;
+    args.ld_b = n;
+    args.out = out;
+    args.ld_out = n;
+    args.out_fp32 = true;
+    args.continue_reduction = cont;
+    args.accumulate = acc;
+    args.m = m;
+    args.n = n;
+    mok::gemm::weight_grad(args);
+  };
+  whole.poison();
+  parts.poison();
+  launch(l.segments(), whole.p, false, false);
+  launch(RowSegments{d_s1.p, d_r1.p, G, l.capacity, 0}, parts.p, false, false);
+  launch(RowSegments{d_s2.p, d_r2.p, G, l.capacity, 0}, parts.p, true, false);
+  std::vector<float> base(elems);
+  for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
+  added.upload(base);
+  launch(l.segments(), added.p, false, true);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto w = whole.host(), p = parts.host(), ad = added.host();
+  EXPECT_EQ(std::memcmp(w.data(), p.data(), elems * 4), 0) << "split reduction differs";
+  long long wrong = 0;
+  for (std::size_t i = 0; i < elems; ++i) wrong += ad[i] != base[i] + w[i];
+  EXPECT_EQ(wrong, 0) << "accumulate is not out + fresh sum";
+  for (std::size_t i = std::size_t(1) * m * n; i < std::size_t(2) * m * n; ++i) {
+    ASSERT_EQ(w[i], 0.0f) << "empty group";
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

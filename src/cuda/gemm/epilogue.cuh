@@ -90,6 +90,29 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[kTileN / 2], con
   }
 }
 
+// K-grouped fp32 accumulation: the accumulators start from the output's current values (the
+// exact inverse of store_plain's fp32 path; elements outside [m, n] start at zero).
+__device__ __forceinline__ void load_fp32_accumulators(float (&acc)[kTileN / 2], const TileInfo& t,
+                                                       const KernelParams& p, int wg, int warp,
+                                                       int lane) {
+  const int n0 = t.n0 * kTileN;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = t.m0 + acc_row(wg, warp, lane, h);
+    const long long offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+#pragma unroll
+    for (int j = 0; j < kTileN / 8; ++j) {
+      const int col = n0 + acc_col(lane, j);
+      float2 v = make_float2(0.0f, 0.0f);
+      if (r < p.m && col < p.n) {
+        v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.out) + offset + col);
+      }
+      acc[4 * j + 2 * h] = v.x;
+      acc[4 * j + 2 * h + 1] = v.y;
+    }
+  }
+}
+
 // Plain store of a 64 x 256 block: out[row, col] = round(scale_row * acc) (scale only if given).
 // M-grouped: rows of the row buffer; K-grouped: rows of the group's [m, n] output.
 template <bool kKGrouped>
@@ -118,8 +141,13 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], cons
       for (int j = 0; j < kTileN / 8; ++j) {
         const int col = n0 + acc_col(lane, j);
         if (col < p.n) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + col) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          auto* out = reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + col);
+          float2 v = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          if (p.accumulate) {
+            const float2 old = *out;
+            v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
+          }
+          *out = v;
         }
       }
       continue;

@@ -13,13 +13,18 @@ enum class FormKind {
   kRowsWT,      // M-grouped rows x W^T (down forward, dense), optional row scale
   kRowsW,       // M-grouped rows x W (dgrad): B is N-major in memory
   kWeightGrad,  // K-grouped A^T B over each group's rows (wgrad): A and B M/N-major
+  kWeightGradContinued,  // the same, accumulators seeded from the fp32 output
 };
 
 template <FormKind kKind>
 struct Form {
   static constexpr FormKind kind = kKind;
-  static constexpr bool kKGrouped = kKind == FormKind::kWeightGrad;
-  static constexpr int kTransA = kKind == FormKind::kWeightGrad ? 1 : 0;  // 1: A is M-major
+  static constexpr bool kKGrouped =
+      kKind == FormKind::kWeightGrad || kKind == FormKind::kWeightGradContinued;
+  // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
+  // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
+  static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;
+  static constexpr int kTransA = kKGrouped ? 1 : 0;  // 1: A is M-major
   static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
   static constexpr int kOutTileN = kKind == FormKind::kGateUp ? kTileN / 2 : kTileN;
   static constexpr int kBoxRowsA = kTransA ? kTileK : kTileM;
@@ -38,6 +43,8 @@ struct KernelParams {
   __nv_bfloat16* gate_out;  // gate/up: optional pre-activations
   __nv_bfloat16* up_out;
   const float* row_scale;                  // RowsWT: optional
+  int k_blocks_first;                      // RowsW with a second product: its first K block
+  int accumulate;                          // K-grouped fp32: out += the sum
   ptx::WaitTimeoutReport* timeout_report;  // mapped host memory, or null
 };
 

@@ -67,11 +67,17 @@ struct RowsTimesWeightTArgs {
 
 // out = bf16(a[r] W[e]): the input gradient of a projection (B not transposed), e.g.
 // dh = dy W_down[e] with a = dy [rows, H], W = W_down [G, H, I], n = I, k = H.
+// With a2 and w2: out = bf16(a[r] W[e] + a2[r] W2[e]) in one fp32 accumulator (the K blocks of
+// the first product, then those of the second), e.g. the gate/up input gradient
+// dx = dg W_gate[e] + du W_up[e] with one rounding, as the reference computes it.
 struct RowsTimesWeightArgs {
   RowSegments segments;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* w = nullptr;  // [G, k, n] contiguous
+  const __nv_bfloat16* a2 = nullptr;  // optional second product: [capacity_rows, k], ld_a2
+  std::int64_t ld_a2 = 0;
+  const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
   __nv_bfloat16* out = nullptr;      // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
   int n = 0;
@@ -92,6 +98,12 @@ struct WeightGradArgs {
   void* out = nullptr;
   std::int64_t ld_out = 0;
   bool out_fp32 = false;
+  // fp32 output only. accumulate: out = out + (a^T b), the sum formed first, then one fp32 add
+  // (fp32 main-grad accumulation). continue_reduction: the values in `out` seed the accumulators,
+  // so a reduction split over row ranges (ring passes) gives the bits of the unsplit one when
+  // every split falls on a multiple of kTileK rows of each group. Empty groups keep `out` in both.
+  bool accumulate = false;
+  bool continue_reduction = false;
   int m = 0;  // multiple of 64
   int n = 0;  // multiple of 64
   cudaStream_t stream = nullptr;

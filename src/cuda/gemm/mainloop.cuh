@@ -51,7 +51,8 @@ struct SharedRing {
 struct TensorMaps {
   const CUtensorMap* a;
   const CUtensorMap* b;
-  const CUtensorMap* b2;  // gate/up: W_up
+  const CUtensorMap* a2;  // RowsW with a second product: its A
+  const CUtensorMap* b2;  // gate/up: W_up; RowsW with a second product: its W
 };
 
 // Producer: the TMA loads of one K block of one tile into stage `s`.
@@ -71,6 +72,20 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
 #pragma unroll
     for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
       ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, maps.b, bar, n0 + c * kSwizzleChunk, row);
+    }
+  } else if constexpr (F::kind == FormKind::kRowsW) {
+    // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
+    // (a2, W2).
+    const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
+    const CUtensorMap* map_a = second ? maps.a2 : maps.a;
+    const CUtensorMap* map_b = second ? maps.b2 : maps.b;
+    ptx::tma_load_2d(ring.a(s), map_a, bar, kk0, tile.row_base + tile.m0);
+    const int w_row = tile.group * p.b_rows_per_group;
+#pragma unroll
+    for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
+      ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, map_b, bar, n0 + c * kSwizzleChunk,
+                       w_row + kk0);
     }
   } else {
     ptx::tma_load_2d(ring.a(s), maps.a, bar, k0, tile.row_base + tile.m0);

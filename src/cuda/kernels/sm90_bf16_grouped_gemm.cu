@@ -30,6 +30,7 @@ template <class F>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_bf16_grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                                   const __grid_constant__ CUtensorMap map_b,
+                                  const __grid_constant__ CUtensorMap map_a2,
                                   const __grid_constant__ CUtensorMap map_b2,
                                   const KernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -47,6 +48,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::tma_prefetch_descriptor(&map_a);
     ptx::tma_prefetch_descriptor(&map_b);
     if constexpr (F::kind == FormKind::kGateUp) ptx::tma_prefetch_descriptor(&map_b2);
+    if constexpr (F::kind == FormKind::kRowsW) {
+      if (p.k_blocks_first > 0) {
+        ptx::tma_prefetch_descriptor(&map_a2);
+        ptx::tma_prefetch_descriptor(&map_b2);
+      }
+    }
   }
   if (threadIdx.x < 32) TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
   __syncthreads();
@@ -59,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Producer.
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (warp == 0 && lane == 0) {
-      const TensorMaps maps{&map_a, &map_b, &map_b2};
+      const TensorMaps maps{&map_a, &map_b, &map_a2, &map_b2};
       for (int index = blockIdx.x; index < num_tiles; index += gridDim.x) {
         const TileInfo tile = scheduler.tile(index);
         for (int kb = 0; kb < tile.k_blocks; ++kb) {
@@ -80,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float acc[kTileN / 2];
 #pragma unroll
       for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
+      if constexpr (F::kSeeded) load_fp32_accumulators(acc, tile, p, wg, warp, lane);
       // NOTES: one wgmma group stays in flight: block kb is issued before block kb-1 is waited
       // for, and stage kb-1 is released only then, so the tensor cores never wait for the issue.
       int previous_stage = -1;
@@ -144,8 +152,8 @@ SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles,
 }
 
 template <class F>
-void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& b2,
-            const KernelParams& p, cudaStream_t stream) {
+void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
+            const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream) {
   static const bool configured = [] {
     return cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -153,7 +161,7 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& b2,
   }();
   if (!configured) throw Error("cudaFuncSetAttribute(max dynamic shared memory) failed");
   sm90_bf16_grouped_gemm_kernel<F>
-      <<<persistent_grid_size(), kThreads, kSharedBytes, stream>>>(a, b, b2, p);
+      <<<persistent_grid_size(), kThreads, kSharedBytes, stream>>>(a, b, a2, b2, p);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
     throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
   }
@@ -238,7 +246,7 @@ void gate_up_forward(const GateUpForwardArgs& args) {
   p.ld_out = args.ld_out;
   p.gate_out = args.gate;
   p.up_out = args.up;
-  launch<F>(a, bg, bu, p, args.stream);
+  launch<F>(a, bg, a, bu, p, args.stream);
 }
 
 void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
@@ -264,7 +272,7 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
   p.out = args.out;
   p.ld_out = args.ld_out;
   p.row_scale = args.row_scale;
-  launch<F>(a, b, b, p, args.stream);
+  launch<F>(a, b, a, b, p, args.stream);
 }
 
 void rows_times_weight(const RowsTimesWeightArgs& args) {
@@ -282,18 +290,32 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
                                              args.n, args.n, F::kBoxRowsB, "w");
+  const bool dual = args.a2 != nullptr;
+  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
+        "one of them null");
   KernelParams p = base_params(s);
   p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
-  p.sched.k_blocks = args.k / kTileK;
+  p.sched.k_blocks = (dual ? 2 : 1) * (args.k / kTileK);
+  p.k_blocks_first = dual ? args.k / kTileK : 0;
   p.n = args.n;
   p.b_rows_per_group = args.k;
   p.out = args.out;
   p.ld_out = args.ld_out;
-  launch<F>(a, b, b, p, args.stream);
+  if (!dual) {
+    launch<F>(a, b, a, b, p, args.stream);
+    return;
+  }
+  const CUtensorMap a2 =
+      make_tensor_map_bf16(args.a2, s.capacity_rows, args.k, args.ld_a2, F::kBoxRowsA, "a2");
+  const CUtensorMap b2 = make_tensor_map_bf16(
+      args.w2, static_cast<long long>(s.num_groups) * args.k, args.n, args.n, F::kBoxRowsB, "w2");
+  launch<F>(a, b, a2, b2, p, args.stream);
 }
 
-void weight_grad(const WeightGradArgs& args) {
-  using F = Form<FormKind::kWeightGrad>;
+namespace {
+
+template <class F>
+void weight_grad_form(const WeightGradArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.m, "m");
   check_multiple_of_64(args.n, "n");
@@ -316,7 +338,24 @@ void weight_grad(const WeightGradArgs& args) {
   p.ld_out = args.ld_out;
   p.out_group_stride = static_cast<long long>(args.m) * args.ld_out;
   p.out_fp32 = args.out_fp32 ? 1 : 0;
-  launch<F>(a, b, b, p, args.stream);
+  check(!args.accumulate || args.out_fp32, "accumulate", "an fp32 output (out_fp32)",
+        "a bf16 output");
+  check(!args.continue_reduction || args.out_fp32, "continue_reduction",
+        "an fp32 output (out_fp32)", "a bf16 output");
+  check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
+        "at most one of them", "both");
+  p.accumulate = args.accumulate ? 1 : 0;
+  launch<F>(a, b, a, b, p, args.stream);
+}
+
+}  // namespace
+
+void weight_grad(const WeightGradArgs& args) {
+  if (args.continue_reduction) {
+    weight_grad_form<Form<FormKind::kWeightGradContinued>>(args);
+  } else {
+    weight_grad_form<Form<FormKind::kWeightGrad>>(args);
+  }
 }
 
 }  // namespace mok::gemm
