@@ -31,6 +31,8 @@ const char* backend_name(Backend b);
 bool backend_available(Backend b);
 // `automatic` resolved: cuda where available, else cpu.
 Backend resolve_backend(Backend b);
+// Throws mok::Error saying why `b` cannot run here; returns when it can.
+void require_backend(Backend b);
 
 struct Inputs {
   TensorView x;
@@ -78,6 +80,10 @@ class Workspace {
   DType activation_dtype() const;
   int num_threads() const;
   std::size_t bytes() const;  // memory this workspace holds
+
+  // CUDA backend: the cudaStream_t later calls enqueue their work on (null: the legacy default
+  // stream). Calls return once the work is enqueued; they never wait for the device.
+  void set_stream(void* stream);
 
   struct Impl;
   Impl& impl();

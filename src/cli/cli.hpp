@@ -34,8 +34,13 @@ struct RunArgs {
   std::uint64_t seed = 1;
   int threads = 0;
   bool json = false;
+  Config config;      // --minibatch / --macrobatch
+  bool plan = false;  // --plan: print the workspace plan instead of running
 };
 
 int run(const RunArgs& args);
+
+// `mok run --plan`: every workspace buffer's bytes for the shape and config (src/core/workspace_plan.hpp).
+int print_plan(const RunArgs& args);
 
 }  // namespace mok::cli

@@ -52,6 +52,11 @@ run options:
   --threads N           CPU threads (default: all)
   --seed N              seed of the synthetic inputs, weights and router (default 1)
   --json                print one JSON object instead of text
+  --plan                print the workspace plan (every buffer's bytes, symmetric and local) for
+                        the shape and config, and exit
+  --ep-size W           ranks in the expert-parallel group (default 1; the CPU run needs 1)
+  --minibatch N         config.minibatch_size, rows (default 4096)
+  --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 131072)
 
 The check compares every output and gradient with the exact f64 layer on the same bf16 inputs
 (relative Frobenius error, tolerances derived from bf16 rounding); large layers are checked on a
@@ -85,6 +90,10 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
       a.json = true;
       continue;
     }
+    if (flag == "--plan") {
+      a.plan = true;
+      continue;
+    }
     if (flag.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + flag + "'");
     if (i + 1 >= argv.size()) throw UsageError(flag + ": missing value");
     const std::string& value = argv[++i];
@@ -101,6 +110,14 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
       a.problem.topk = parse_int(flag, value);
     } else if (flag == "--shared") {
       a.problem.shared_intermediate_size = parse_int(flag, value);
+    } else if (flag == "--ep-size") {
+      const std::int64_t n = parse_int(flag, value);
+      if (n < 1 || n > 1024) throw UsageError("--ep-size: expected 1..1024, got " + value);
+      a.problem.ep_size = static_cast<int>(n);
+    } else if (flag == "--minibatch") {
+      a.config.minibatch_size = parse_int(flag, value);
+    } else if (flag == "--macrobatch") {
+      a.config.macrobatch_size = parse_int(flag, value);
     } else if (flag == "--seed") {
       a.seed = static_cast<std::uint64_t>(parse_int(flag, value));
     } else if (flag == "--threads") {
@@ -161,7 +178,8 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    return run(parse_run(args));
+    const RunArgs run_args = parse_run(args);
+    return run_args.plan ? print_plan(run_args) : run(run_args);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "mok: %s\n", e.what());
     return 2;

@@ -6,6 +6,9 @@
 #include <string>
 
 #include "cli/cli.hpp"
+#include "cuda/runtime.hpp"
+#include "core/schedule_check.hpp"
+#include "core/workspace_plan.hpp"
 #include "reference/check.hpp"
 
 namespace mok::cli {
@@ -33,20 +36,33 @@ std::string json_string(const std::string& v) {
 int run(const RunArgs& args) {
   const Problem& p = args.problem;
   p.validate(DType::bf16);  // before any allocation, so bad shapes fail fast with their name
-  Workspace ws(p, Config{}, {.backend = args.backend, .num_threads = args.threads});
+  const Backend backend = resolve_backend(args.backend);
+  require_backend(backend);
+  args.config.validate();
 
   LayerData data = make_layer_data(p, DType::bf16, args.seed, args.routing);
   std::int64_t routed_rows = 0;
   for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s) routed_rows += data.topk_experts.get(s) >= 0;
 
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  forward(ws, data.inputs(), data.weights(), data.out.view());
-  const auto t1 = clock::now();
-  backward(ws, data.inputs(), data.weights(), data.d_out.view(), data.grads());
-  const auto t2 = clock::now();
-  const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  const double bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  double fwd_ms = 0, bwd_ms = 0;
+  int threads = 0;
+  if (backend == Backend::cuda) {
+    // One untimed step, then the median of three timed with CUDA events.
+    const cuda::StepTimes t = cuda::run_synthetic_step(data, args.config, 0, 1, 3);
+    fwd_ms = t.fwd_ms;
+    bwd_ms = t.bwd_ms;
+  } else {
+    Workspace ws(p, args.config, {.backend = backend, .num_threads = args.threads});
+    threads = ws.num_threads();
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    forward(ws, data.inputs(), data.weights(), data.out.view());
+    const auto t1 = clock::now();
+    backward(ws, data.inputs(), data.weights(), data.d_out.view(), data.grads());
+    const auto t2 = clock::now();
+    fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  }
   const double fwd_flops = p.forward_flops(routed_rows), bwd_flops = 2 * fwd_flops;
 
   CheckOptions check_options;
@@ -57,10 +73,10 @@ int run(const RunArgs& args) {
 
   if (args.json) {
     std::ostringstream j;
-    j << "{\"backend\": " << json_string(backend_name(ws.backend()))
+    j << "{\"backend\": " << json_string(backend_name(backend))
       << ", \"preset\": " << json_string(args.preset)
       << ", \"routing\": " << json_string(routing_name(args.routing)) << ", \"seed\": " << args.seed
-      << ", \"threads\": " << ws.num_threads() << ", \"shape\": {\"T\": " << p.num_tokens
+      << ", \"threads\": " << threads << ", \"shape\": {\"T\": " << p.num_tokens
       << ", \"H\": " << p.hidden_size << ", \"I\": " << p.intermediate_size
       << ", \"E\": " << p.num_experts << ", \"k\": " << p.topk
       << ", \"S\": " << p.shared_intermediate_size << "}, \"routed_rows\": " << routed_rows
@@ -81,8 +97,10 @@ int run(const RunArgs& args) {
     j << "]}}";
     std::printf("%s\n", j.str().c_str());
   } else {
-    std::printf("mok run: preset %s, backend %s (%d threads), %s routing, seed %llu\n",
-                args.preset.c_str(), backend_name(ws.backend()), ws.num_threads(),
+    const std::string where = backend == Backend::cuda ? cuda::device_summary(0)
+                                                       : std::to_string(threads) + " threads";
+    std::printf("mok run: preset %s, backend %s (%s), %s routing, seed %llu\n",
+                args.preset.c_str(), backend_name(backend), where.c_str(),
                 routing_name(args.routing), static_cast<unsigned long long>(args.seed));
     std::printf("  shape     %s, %lld routed rows\n", p.to_string().c_str(),
                 static_cast<long long>(routed_rows));
@@ -92,6 +110,54 @@ int run(const RunArgs& args) {
     std::printf("  check %s\n", passed ? "passed" : "FAILED");
   }
   return passed ? 0 : 1;
+}
+
+int print_plan(const RunArgs& args) {
+  const Problem& p = args.problem;
+  p.validate(DType::bf16);
+  validate_schedule_problem(p, args.config);
+  const plan::WorkspacePlan wp = plan::make_workspace_plan(plan_shape_of(p, args.config));
+  auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  if (args.json) {
+    std::ostringstream j;
+    j << "{\"preset\": " << json_string(args.preset) << ", \"shape\": {\"T\": " << p.num_tokens
+      << ", \"H\": " << p.hidden_size << ", \"E\": " << p.num_experts << ", \"k\": " << p.topk
+      << ", \"W\": " << p.ep_size << "}, \"minibatch_size\": " << args.config.minibatch_size
+      << ", \"macrobatch_size\": " << args.config.macrobatch_size
+      << ", \"symmetric_bytes\": " << wp.symmetric_bytes << ", \"local_bytes\": " << wp.local_bytes
+      << ", \"buffers\": [";
+    bool first = true;
+    for (const plan::BufferInfo& b : plan::kBuffers) {
+      const plan::Buffer buf = wp.*(b.member);
+      j << (first ? "" : ", ") << "{\"name\": " << json_string(b.name) << ", \"region\": "
+        << json_string(b.region == plan::Region::symmetric ? "symmetric" : "local")
+        << ", \"offset\": " << buf.offset << ", \"bytes\": " << buf.bytes << "}";
+      first = false;
+    }
+    j << "]}";
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+  }
+  std::printf("mok workspace plan: preset %s, %s\n", args.preset.c_str(), p.to_string().c_str());
+  std::printf("  config: minibatch_size=%lld macrobatch_size=%lld; schedule capacity %lld rows, "
+              "segments aligned to %d rows\n",
+              static_cast<long long>(args.config.minibatch_size),
+              static_cast<long long>(args.config.macrobatch_size),
+              static_cast<long long>(schedule::max_schedule_rows(schedule_shape_of(p))),
+              schedule::kExpertSegmentAlignment);
+  std::printf("  %-10s %-20s %-34s %14s %14s %10s\n", "region", "buffer", "layout", "offset",
+              "bytes", "MiB");
+  for (const plan::BufferInfo& b : plan::kBuffers) {
+    const plan::Buffer buf = wp.*(b.member);
+    std::printf("  %-10s %-20s %-34s %14lld %14lld %10.3f\n",
+                b.region == plan::Region::symmetric ? "symmetric" : "local", b.name, b.what,
+                static_cast<long long>(buf.offset), static_cast<long long>(buf.bytes), mib(buf.bytes));
+  }
+  std::printf("  symmetric region %lld bytes (%.3f MiB) per rank, same on every rank\n",
+              static_cast<long long>(wp.symmetric_bytes), mib(wp.symmetric_bytes));
+  std::printf("  local region     %lld bytes (%.3f MiB) per rank\n",
+              static_cast<long long>(wp.local_bytes), mib(wp.local_bytes));
+  return 0;
 }
 
 }  // namespace mok::cli

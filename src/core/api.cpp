@@ -16,15 +16,11 @@ const char* backend_name(Backend b) {
   return "unknown";
 }
 
-// NOTES: the CUDA layer (schedule, transfers, grouped GEMMs) lands in later milestones. Until then
-// the backend is part of the API but refuses to run, and `automatic` never picks it.
-static constexpr bool kCudaLayerReady = false;
-
 bool backend_available(Backend b) {
   switch (b) {
     case Backend::automatic:
     case Backend::cpu: return true;
-    case Backend::cuda: return kCudaLayerReady && cuda::device_count() > 0;
+    case Backend::cuda: return cuda::layer_available() && cuda::device_count() > 0;
   }
   return false;
 }
@@ -34,7 +30,7 @@ Backend resolve_backend(Backend b) {
   return backend_available(Backend::cuda) ? Backend::cuda : Backend::cpu;
 }
 
-static void require_backend(Backend b) {
+void require_backend(Backend b) {
   if (b != Backend::cuda || backend_available(b)) return;
   std::string why = !cuda::compiled()           ? "this build has no CUDA support"
                     : cuda::device_count() == 0 ? "no CUDA device is visible"
@@ -57,16 +53,22 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
     throw Error("WorkspaceOptions.activation_dtype", "bfloat16 on the cuda backend",
                 "float64 (the exact mode runs on the cpu backend only)");
   }
-  if (backend == Backend::cpu && problem.ep_size != 1) {
-    throw Error("ep_size", "1 on the cpu backend (it computes one whole layer)",
+  if (problem.ep_size != 1) {
+    throw Error("ep_size",
+                "1 for a Workspace (it computes one whole layer; expert parallelism runs through "
+                "mok::Team)",
                 to_text(problem.ep_size));
   }
   impl_->problem = problem;
   impl_->config = config;
   impl_->options = options;
   impl_->backend = backend;
-  impl_->cpu =
-      std::make_unique<reference::State>(problem, options.activation_dtype, options.num_threads);
+  if (backend == Backend::cpu) {
+    impl_->cpu =
+        std::make_unique<reference::State>(problem, options.activation_dtype, options.num_threads);
+  } else {
+    impl_->gpu = cuda::make_layer(problem, config, options.device_index);
+  }
 }
 
 Workspace::~Workspace() = default;
@@ -78,7 +80,10 @@ const Config& Workspace::config() const { return impl_->config; }
 Backend Workspace::backend() const { return impl_->backend; }
 DType Workspace::activation_dtype() const { return impl_->options.activation_dtype; }
 int Workspace::num_threads() const { return impl_->cpu ? impl_->cpu->pool.size() : 0; }
-std::size_t Workspace::bytes() const { return impl_->cpu ? impl_->cpu->bytes() : 0; }
+std::size_t Workspace::bytes() const {
+  return impl_->cpu ? impl_->cpu->bytes() : impl_->gpu->bytes();
+}
+void Workspace::set_stream(void* stream) { impl_->stream = stream; }
 Workspace::Impl& Workspace::impl() { return *impl_; }
 
 static Device device_of(const Workspace::Impl& ws) {
@@ -95,9 +100,16 @@ static void run_forward(Workspace::Impl& ws, const Inputs& in, const Weights& w,
   const DType act = ws.options.activation_dtype;
   check_inputs(ws.problem, act, device_of(ws), in, w);
   if (out) check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
-  check_expert_ids_host(ws.problem, in.topk_experts);
   ws.has_context = false;
-  reference::forward(*ws.cpu, ws.problem, in, w, out);
+  if (ws.cpu) {
+    check_expert_ids_host(ws.problem, in.topk_experts);
+    reference::forward(*ws.cpu, ws.problem, in, w, out);
+  } else {
+    // Ids are checked on the device (no host synchronization); a bad one from an earlier call
+    // is raised here, at the latest.
+    ws.gpu->check_errors();
+    ws.gpu->forward(in, w, out, ws.stream);
+  }
   ws.has_context = true;
   ws.context_key = key_of(in, w);
 }
@@ -117,14 +129,19 @@ void backward(Workspace& ws_, const Inputs& in, const Weights& w, const TensorVi
   check_inputs(ws.problem, act, device_of(ws), in, w);
   check_view("d_out", d_out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
   check_grads(ws.problem, act, device_of(ws), grads, options);
-  check_expert_ids_host(ws.problem, in.topk_experts);
+  if (ws.cpu) check_expert_ids_host(ws.problem, in.topk_experts);
   if (!ws.has_context || !(ws.context_key == key_of(in, w))) {
     throw Error("forward context",
                 "the context of a forward (or recompute_forward_context) over these x, "
                 "topk_experts and weights",
                 ws.has_context ? "a context from other tensors" : "no forward run yet");
   }
-  reference::backward(*ws.cpu, ws.problem, in, w, d_out, grads, options);
+  if (ws.cpu) {
+    reference::backward(*ws.cpu, ws.problem, in, w, d_out, grads, options);
+  } else {
+    ws.gpu->check_errors();
+    ws.gpu->backward(in, w, d_out, grads, options, ws.stream);
+  }
 }
 
 }  // namespace mok

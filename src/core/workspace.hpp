@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "cuda/runtime.hpp"
 #include "mok/api.hpp"
 #include "reference/reference.hpp"
 
@@ -14,6 +15,8 @@ struct Workspace::Impl {
   WorkspaceOptions options;
   Backend backend = Backend::cpu;
   std::unique_ptr<reference::State> cpu;  // backend == cpu
+  std::unique_ptr<cuda::Layer> gpu;       // backend == cuda
+  void* stream = nullptr;                 // cudaStream_t of the next calls (cuda backend)
 
   // Which inputs the forward context belongs to: backward refuses a context from other tensors.
   struct ContextKey {

@@ -1,7 +1,12 @@
 // The few CUDA runtime facts the host side needs, available whether or not CUDA is compiled in.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
+
+#include "mok/api.hpp"
+#include "reference/synthetic.hpp"
 
 namespace mok::cuda {
 
@@ -12,5 +17,31 @@ std::string device_summary(int index);  // "NVIDIA H200, sm_90, 132 SMs" or the 
 // Launches one small kernel on `index` and checks its result: the GPU smoke test.
 // Returns an empty string on success, else what went wrong.
 std::string smoke_test(int index);
+
+// The CUDA layer behind mok::forward / mok::backward for one GPU (ep_size 1). Defined with the
+// CUDA sources; a build without CUDA cannot make one.
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual void forward(const Inputs& in, const Weights& w, const TensorView* out, void* stream) = 0;
+  virtual void backward(const Inputs& in, const Weights& w, const TensorView& d_out,
+                        const Grads& grads, const BackwardOptions& options, void* stream) = 0;
+  // Raises the device-side errors reported so far (bad expert ids, barrier timeouts).
+  virtual void check_errors() = 0;
+  virtual std::size_t bytes() const = 0;
+};
+std::unique_ptr<Layer> make_layer(const Problem& p, const Config& config, int device);
+
+// Whether the CUDA layer kernels are part of this build.
+bool layer_available();
+
+// `mok run --backend cuda`: the step on the GPU. Uploads `data`, runs `warmup` untimed steps, then
+// `reps` steps timed with CUDA events (median forward and backward milliseconds), and copies the
+// last step's outputs back into `data` for the check.
+struct StepTimes {
+  double fwd_ms = 0, bwd_ms = 0;
+};
+StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, int warmup,
+                             int reps);
 
 }  // namespace mok::cuda

@@ -43,7 +43,15 @@ expect_usage "--backend" run --backend tpu
 expect_usage "--preset" run --preset nope
 expect_usage "unknown option" run --frobnicate 3
 expect_usage "unknown command" fly
-if [ "${MOK_EXPECT_CUDA:-0}" != 1 ]; then
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  # A GPU: the CUDA backend runs the step and passes the same check.
+  out=$("$mok" run --backend cuda --routing skewed --tokens 300 --json 2>&1)
+  if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["backend"]=="cuda" and j["check"]["passed"] is True, j' 2>/dev/null; then
+    pass "run --backend cuda --json"
+  else
+    fail "run --backend cuda: $out"
+  fi
+else
   expect_usage "CUDA backend is not available" run --backend cuda
 fi
 

@@ -165,14 +165,24 @@ TEST(Validation, GradientViews) {
 }
 
 TEST(Validation, BackendChoices) {
-  expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cuda}); },
-               {"CUDA backend is not available", "cpu"});
+  if (backend_available(Backend::cuda)) {
+    EXPECT_EQ(resolve_backend(Backend::automatic), Backend::cuda);
+    Workspace ws(small(), Config{}, {.backend = Backend::cuda});
+    EXPECT_EQ(ws.backend(), Backend::cuda);
+    // bf16 only on the GPU: the exact f64 mode is the CPU reference's.
+    expect_error([&] {
+      Workspace f64(small(), Config{}, {.backend = Backend::cuda, .activation_dtype = DType::f64});
+    }, {"activation_dtype", "float64"});
+  } else {
+    EXPECT_EQ(resolve_backend(Backend::automatic), Backend::cpu);
+    expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cuda}); },
+                 {"CUDA backend is not available", "cpu"});
+  }
   Problem p = small();
   p.ep_size = 2;
   expect_error([&] { Workspace ws(p, Config{}, {.backend = Backend::cpu}); }, {"ep_size", "got 2"});
   expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cpu, .num_threads = -1}); },
                {"num_threads", "got -1"});
-  EXPECT_EQ(resolve_backend(Backend::automatic), Backend::cpu);
 }
 
 }  // namespace

@@ -1,0 +1,122 @@
+// The team barrier exercised on its own: many rounds, random delays, and a payload check that
+// shows whether release/acquire ordered the data with the flags. Used by the tests; also the
+// quickest way to see that a set of external peer pointers forms a working team.
+#include <algorithm>
+#include <vector>
+
+#include "cuda/comm/team.cuh"
+#include "cuda/comm/team.hpp"
+
+namespace mok {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ std::uint32_t payload(int round, int rank, int block, int word) {
+  return (static_cast<std::uint32_t>(round) * 2654435761u) ^
+         (static_cast<std::uint32_t>(rank) << 20) ^ (static_cast<std::uint32_t>(block) << 8) ^
+         static_cast<std::uint32_t>(word);
+}
+
+template <ptx::Scope Scope>
+__global__ void __launch_bounds__(kThreads)
+    team_selftest_kernel(const __grid_constant__ comm::TeamArgs args, int rounds,
+                         const std::uint32_t* delays_ns, int missing_rank,
+                         unsigned long long* mismatches) {
+  comm::RankTeam<Scope> team(args);
+  if (team.rank() == missing_rank) return;  // the deliberately absent rank
+  const plan::Buffer& probe = args.plan.team_probe;
+  const int blocks = static_cast<int>(gridDim.x);
+  for (int round = 1; round <= rounds; ++round) {
+    if (threadIdx.x == 0) {
+      // delays_ns: [rank][round][block]
+      const std::uint32_t delay =
+          delays_ns[(static_cast<std::int64_t>(team.rank()) * rounds + (round - 1)) * blocks +
+                    blockIdx.x];
+      const std::uint64_t until = ptx::globaltimer_ns() + delay;
+      while (ptx::globaltimer_ns() < until) {
+      }
+    }
+    __syncthreads();
+    // payload[parity][block][word]: a peer can be at most one round ahead, so parity suffices.
+    const int parity = round & 1;
+    std::uint32_t* mine = team.template symmetric<std::uint32_t>(team.rank(), probe) +
+                          (parity * plan::kProbeBlocks + blockIdx.x) * plan::kProbeWords;
+    if (threadIdx.x < plan::kProbeWords)
+      mine[threadIdx.x] = payload(round, team.rank(), blockIdx.x, threadIdx.x);
+    if (!team.team_barrier()) return;
+    unsigned long long bad = 0;
+    const int words = args.world_size * blocks * static_cast<int>(plan::kProbeWords);
+    for (int i = threadIdx.x; i < words; i += kThreads) {
+      const int peer = i / (blocks * static_cast<int>(plan::kProbeWords));
+      const int block = (i / static_cast<int>(plan::kProbeWords)) % blocks;
+      const int word = i % static_cast<int>(plan::kProbeWords);
+      if (peer == missing_rank) continue;
+      const std::uint32_t* theirs = team.template symmetric<std::uint32_t>(peer, probe) +
+                                    (parity * plan::kProbeBlocks + block) * plan::kProbeWords;
+      bad += theirs[word] != payload(round, peer, block, word);
+    }
+    if (bad) atomicAdd(mismatches, bad);
+  }
+  team.finish(/*count_launch=*/false);
+}
+
+}  // namespace
+
+std::int64_t team_selftest(Team& team, int rounds, int blocks_per_rank, std::uint32_t max_delay_ns,
+                           std::uint64_t seed, int missing_rank) {
+  Team::Impl& t = team.impl();
+  t.make_current();
+  t.raise_device_errors(nullptr);
+  if (blocks_per_rank < 1 || blocks_per_rank > plan::kProbeBlocks) {
+    throw Error("blocks_per_rank", "in [1, " + to_text(plan::kProbeBlocks) + "]",
+                to_text(blocks_per_rank));
+  }
+  if (rounds < 1) throw Error("rounds", "at least 1", to_text(rounds));
+  // Delays: splitmix64 stream, [rank][round][block].
+  std::vector<std::uint32_t> delays(static_cast<std::size_t>(t.world_size) * rounds *
+                                    blocks_per_rank);
+  std::uint64_t state = seed;
+  for (auto& d : delays) {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    d = max_delay_ns ? static_cast<std::uint32_t>(z % (std::uint64_t{max_delay_ns} + 1)) : 0u;
+  }
+  std::uint32_t* d_delays = nullptr;
+  unsigned long long* d_bad = nullptr;
+  cuda_check(cudaMalloc(&d_delays, delays.size() * sizeof(std::uint32_t)), "cudaMalloc");
+  cuda_check(cudaMalloc(&d_bad, sizeof(unsigned long long)), "cudaMalloc");
+  cudaError_t err = cudaMemcpy(d_delays, delays.data(), delays.size() * sizeof(std::uint32_t),
+                               cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemset(d_bad, 0, sizeof(unsigned long long));
+
+  const comm::TeamArgs args = t.team_args();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks_per_rank, t.num_local_ranks, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  if (err == cudaSuccess) {
+    err =
+        t.virtual_ranks
+            ? cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::gpu>, args, rounds,
+                                 static_cast<const std::uint32_t*>(d_delays), missing_rank, d_bad)
+            : cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::sys>, args, rounds,
+                                 static_cast<const std::uint32_t*>(d_delays), missing_rank, d_bad);
+  }
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  unsigned long long bad = 0;
+  if (err == cudaSuccess) err = cudaMemcpy(&bad, d_bad, sizeof(bad), cudaMemcpyDeviceToHost);
+  cudaFree(d_delays);
+  cudaFree(d_bad);
+  cuda_check(err, "team self-test");
+  t.raise_device_errors(nullptr);
+  return static_cast<std::int64_t>(bad);
+}
+
+}  // namespace mok

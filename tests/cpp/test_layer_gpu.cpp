@@ -1,0 +1,280 @@
+// The CUDA layer (unfused path) end to end: forward and every gradient against the exact f64
+// layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
+// and device-side validation of expert ids. Skipped without a GPU.
+#include "cuda/layer/unfused_layer.hpp"
+#include "cuda/layer/device_layer.hpp"
+#include "gpu_buffer.hpp"
+#include "layer_helpers.hpp"
+
+namespace mok::test {
+namespace {
+
+using cuda::DeviceLayer;
+using cuda::DeviceTensor;
+
+struct GpuCase {
+  const char* name;
+  Problem problem;
+  Routing routing;
+  bool drop_slots;
+};
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
+
+Problem shape(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+              std::int64_t S) {
+  return {.num_tokens = T, .hidden_size = H, .intermediate_size = I, .num_experts = E, .topk = k,
+          .shared_intermediate_size = S};
+}
+
+LayerData make_case(const GpuCase& c, std::uint64_t seed, DType grad_dtype = DType::bf16) {
+  LayerData d = make_layer_data(c.problem, DType::bf16, seed, c.routing, grad_dtype);
+  if (c.drop_slots) {
+    for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5) {
+      d.topk_experts.set(s, -1);
+    }
+  }
+  return d;
+}
+
+// One forward + backward on the GPU; results copied into `d`'s outputs.
+void run_gpu(LayerData& d, const Config& config = {}, BackwardOptions options = {}) {
+  DeviceLayer g(d);
+  Workspace ws(d.problem, config, {.backend = Backend::cuda});
+  forward(ws, g.inputs(), g.weights(), g.out.view());
+  backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(), options);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  g.download(d);
+}
+
+bool all_outputs_same(const LayerData& a, const LayerData& b) {
+  return same_bits(a.out, b.out) && same_bits(a.d_x, b.d_x) &&
+         same_bits(a.d_topk_weights, b.d_topk_weights) && same_bits(a.d_gate, b.d_gate) &&
+         same_bits(a.d_up, b.d_up) && same_bits(a.d_down, b.d_down) &&
+         same_bits(a.d_shared_gate, b.d_shared_gate) && same_bits(a.d_shared_up, b.d_shared_up) &&
+         same_bits(a.d_shared_down, b.d_shared_down);
+}
+
+class LayerGpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase& c = GetParam();
+  const std::uint64_t seed = test_seed();
+  LayerData d = make_case(c, seed);
+  run_gpu(d);
+  const CheckReport r = check_against_f64(d);
+  EXPECT_TRUE(r.passed()) << r.summary();
+  std::printf("[ mok ] %s: out %.2e, grads max %.2e\n", c.name, r.out_rel_err(),
+              r.grad_rel_err_max());
+  for (int run = 0; run < 2; ++run) {
+    LayerData again = make_case(c, seed);
+    run_gpu(again);
+    EXPECT_TRUE(all_outputs_same(d, again)) << "run " << run << " differs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LayerGpu,
+    ::testing::Values(
+        GpuCase{"uniform_shared", shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+        GpuCase{"skewed_no_shared", shape(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+        GpuCase{"one_expert", shape(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+        GpuCase{"unused_slots", shape(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+        GpuCase{"one_token", shape(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+        GpuCase{"top1_one_expert", shape(33, 64, 64, 1, 1, 0), Routing::softmax, false},
+        GpuCase{"wide", shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Several ring passes (backward replays every pass but the first) give the bits of one pass.
+TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"passes", shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
+  const std::uint64_t seed = test_seed();
+  LayerData one = make_case(c, seed);
+  run_gpu(one);
+  for (std::int64_t macro : {128, 256, 384}) {
+    Config small;
+    small.minibatch_size = 128;
+    small.macrobatch_size = macro;
+    LayerData many = make_case(c, seed);
+    run_gpu(many, small);
+    EXPECT_TRUE(all_outputs_same(one, many)) << "macrobatch_size " << macro;
+  }
+  EXPECT_TRUE(check_against_f64(one).passed());
+}
+
+// fp32 weight gradients, written and accumulated (main-grad): accumulate = old + fresh.
+TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"fp32", shape(200, 128, 128, 4, 2, 64), Routing::softmax, false};
+  const std::uint64_t seed = test_seed();
+  for (std::int64_t macro : {4096, 128}) {
+    Config config;
+    config.minibatch_size = 128;
+    config.macrobatch_size = macro;
+    LayerData fresh = make_case(c, seed, DType::f32);
+    run_gpu(fresh, config);
+    EXPECT_TRUE(check_against_f64(fresh).passed());
+    LayerData acc = make_case(c, seed, DType::f32);
+    DeviceLayer g(acc);
+    for (HostTensor* t : {&acc.d_gate, &acc.d_up, &acc.d_down, &acc.d_shared_gate,
+                          &acc.d_shared_up, &acc.d_shared_down}) {
+      for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * (i % 5) - 1.0);
+    }
+    g.d_gate.upload(acc.d_gate), g.d_up.upload(acc.d_up), g.d_down.upload(acc.d_down);
+    g.d_sg.upload(acc.d_shared_gate), g.d_su.upload(acc.d_shared_up), g.d_sd.upload(acc.d_shared_down);
+    Workspace ws(c.problem, config, {.backend = Backend::cuda});
+    forward(ws, g.inputs(), g.weights(), g.out.view());
+    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(), {.accumulate_weight_grads = true});
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    g.download(acc);
+    for (auto [f, a] : {std::pair{&fresh.d_gate, &acc.d_gate}, {&fresh.d_down, &acc.d_down},
+                        {&fresh.d_shared_up, &acc.d_shared_up}}) {
+      for (std::int64_t i = 0; i < f->numel(); ++i) {
+        const float want = static_cast<float>(0.5 * (i % 5) - 1.0) + static_cast<float>(f->get(i));
+        ASSERT_EQ(static_cast<float>(a->get(i)), want) << "macrobatch " << macro << " element " << i;
+      }
+    }
+  }
+}
+
+// A whole step (schedule, forward, backward) captured once, replayed with new inputs and
+// routings: proves that nothing in the step synchronizes with the host.
+TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"graph", shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
+  const std::uint64_t seed = test_seed();
+  LayerData first = make_case(c, seed);
+  DeviceLayer g(first);
+  cudaStream_t stream;
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
+  ws.set_stream(stream);
+  auto step = [&] {
+    forward(ws, g.inputs(), g.weights(), g.out.view());
+    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads());
+  };
+  step();  // eager warm-up: one-time set-up stays out of the capture
+  MOK_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  step();
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const Routing routings[] = {Routing::softmax, Routing::skewed, Routing::one_expert};
+  for (int i = 0; i < 3; ++i) {
+    LayerData d = make_case({c.name, c.problem, routings[i], i == 1}, seed + 1 + i);
+    g.upload_inputs(d);
+    g.poison();
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MOK_CUDA_OK(cudaStreamSynchronize(stream));
+    g.download(d);
+    const CheckReport r = check_against_f64(d);
+    EXPECT_TRUE(r.passed()) << "replay " << i << "\n" << r.summary();
+    LayerData eager = make_case({c.name, c.problem, routings[i], i == 1}, seed + 1 + i);
+    run_gpu(eager);
+    EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an eager step";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// An id outside [-1, E) never writes out of bounds; the call after it raises an error naming it.
+TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"bad", shape(40, 64, 64, 4, 2, 0), Routing::softmax, false};
+  LayerData d = make_case(c, test_seed());
+  d.topk_experts.set(13 * 2 + 1, 4);  // E = 4: out of range
+  DeviceLayer g(d);
+  Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
+  forward(ws, g.inputs(), g.weights(), g.out.view());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_error([&] { forward(ws, g.inputs(), g.weights(), g.out.view()); },
+               {"topk_experts[13, 1]", "got 4"});
+}
+
+// Expert parallelism over W virtual ranks on one GPU (one launch covers every rank wherever ranks
+// wait on each other): every rank's output and gradients are bitwise those of one GPU running the
+// whole layer. NOTES: bitwise, because each expert sees its rows in the same order either way
+// (src_rank, t, j) = (global token, j), every GEMM row and every reduction runs the same
+// operations in the same order, and segments start on tile boundaries in both layouts.
+TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::int64_t T = 64, H = 128, I = 128, E = 16, k = 4, S = 64;
+  const std::uint64_t seed = test_seed();
+  for (int W : {2, 4, 8}) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      const Problem global = shape(W * T, H, I, E, k, S);
+      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
+      for (std::int64_t s = 3; s < W * T * k; s += 11) one.topk_experts.set(s, -1);
+      LayerData many = one;
+      run_gpu(one);
+
+      DeviceLayer g(many);
+      Problem p = global;
+      p.num_tokens = T;
+      p.ep_size = W;
+      cuda::UnfusedLayer layer(p, Config{}, 0);
+      std::vector<cuda::RankTensors> ranks(W);
+      auto rows = [](const TensorView& v, std::int64_t first, std::int64_t count) {
+        TensorView r = v;
+        r.data = static_cast<char*>(v.data) + first * v.strides[0] * dtype_size(v.dtype);
+        r.shape[0] = count;
+        return r;
+      };
+      const std::int64_t E_l = E / W;
+      for (int r = 0; r < W; ++r) {
+        cuda::RankTensors& t = ranks[r];
+        t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T), rows(g.w.view(), r * T, T)};
+        t.w = {rows(g.gate.view(), r * E_l, E_l), rows(g.up.view(), r * E_l, E_l),
+               rows(g.down.view(), r * E_l, E_l), g.sg.view(), g.su.view(), g.sd.view()};
+        t.out = rows(g.out.view(), r * T, T);
+        t.d_out = rows(g.d_out.view(), r * T, T);
+        // Shared-expert gradients are per rank (a data-parallel sum, not the layer's): rank 0's
+        // land in the global buffers, the others in scratch.
+        t.grads = {rows(g.d_x.view(), r * T, T), rows(g.d_w.view(), r * T, T),
+                   rows(g.d_gate.view(), r * E_l, E_l), rows(g.d_up.view(), r * E_l, E_l),
+                   rows(g.d_down.view(), r * E_l, E_l), g.d_sg.view(), g.d_su.view(), g.d_sd.view()};
+      }
+      std::vector<std::unique_ptr<DeviceTensor>> scratch;
+      for (int r = 1; r < W; ++r) {
+        for (TensorView* v : {&ranks[r].grads.d_shared_gate, &ranks[r].grads.d_shared_up,
+                              &ranks[r].grads.d_shared_down}) {
+          HostTensor h(DType::bf16, {v->shape[0], v->shape[1]});
+          scratch.push_back(std::make_unique<DeviceTensor>(h));
+          *v = scratch.back()->view();
+        }
+      }
+      layer.forward(ranks, true, nullptr);
+      layer.backward(ranks, BackwardOptions{}, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      layer.check_errors();
+      g.download(many);
+      const char* what = routing == Routing::softmax ? "uniform" : "skewed";
+      EXPECT_TRUE(same_bits(one.out, many.out)) << "W " << W << " " << what << ": out";
+      EXPECT_TRUE(same_bits(one.d_x, many.d_x)) << "W " << W << " " << what << ": d_x";
+      EXPECT_TRUE(same_bits(one.d_topk_weights, many.d_topk_weights)) << "W " << W << ": d_w";
+      EXPECT_TRUE(same_bits(one.d_gate, many.d_gate)) << "W " << W << " " << what << ": d_gate";
+      EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << "W " << W << " " << what << ": d_up";
+      EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << "W " << W << " " << what << ": d_down";
+      // Rank 0's shared-expert gradients: those of one GPU running rank 0's tokens alone.
+      LayerData rank0 = make_layer_data(shape(T, H, I, E, k, S), DType::bf16, seed + W, routing);
+      for (HostTensor* t : {&rank0.x, &rank0.topk_experts, &rank0.topk_weights, &rank0.d_out}) {
+        const HostTensor& src = t == &rank0.x ? one.x : t == &rank0.topk_experts ? one.topk_experts
+                                : t == &rank0.topk_weights ? one.topk_weights : one.d_out;
+        for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, src.get(i));
+      }
+      rank0.gate = one.gate, rank0.up = one.up, rank0.down = one.down;
+      rank0.shared_gate = one.shared_gate, rank0.shared_up = one.shared_up;
+      rank0.shared_down = one.shared_down;
+      run_gpu(rank0);
+      EXPECT_TRUE(same_bits(rank0.d_shared_gate, many.d_shared_gate)) << "W " << W << ": shared";
+      EXPECT_TRUE(same_bits(rank0.d_shared_down, many.d_shared_down)) << "W " << W << ": shared";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mok::test

@@ -1,0 +1,256 @@
+// The schedule's host side: layout, workspace plan, ring plan, the host twin against a direct
+// re-derivation over the grid of routings, and the CPU entry point.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+#include "core/schedule_host.hpp"
+#include "core/workspace_plan.hpp"
+#include "layer_helpers.hpp"
+#include "mok/schedule.hpp"
+#include "schedule_test_helpers.hpp"
+
+namespace mok::test {
+namespace {
+
+using namespace mok::schedule;
+
+// The layout is constexpr: these hold at compile time.
+static_assert(kExpertSegmentAlignment == 128);
+static_assert(padded_rows(0) == 0 && padded_rows(1) == 128 && padded_rows(128) == 128 &&
+              padded_rows(129) == 256);
+static_assert(max_schedule_rows(Shape{4096, 8, 256, 8}) == 8 * 4096 * 8 + 32 * 127);
+static_assert(encode_row(3, 17, 100) == 317 && row_src_rank(317, 100) == 3 &&
+              row_slot(317, 100) == 17);
+static_assert(staged_expert_id(-1, 8) == -1 && staged_expert_id(7, 8) == 7 &&
+              staged_expert_id(8, 8) == kUnusedSlot && staged_expert_id(-2, 8) == kUnusedSlot &&
+              staged_expert_id((std::int64_t{1} << 32) + 1, 8) == kUnusedSlot);
+static_assert(local_expert_of(5, 1, 4) == 1 && local_expert_of(3, 1, 4) == -1 &&
+              local_expert_of(-1, 0, 4) == -1);
+static_assert(make_ring_plan(0, 1024, 256).num_passes == 0);
+static_assert(make_ring_plan(2560, 1024, 256).num_passes == 3 &&
+              make_ring_plan(2560, 1024, 256).last_pass_rows == 512 &&
+              make_ring_plan(2560, 1024, 256).num_minibatches == 10);
+static_assert(plan::make_workspace_plan({.num_tokens = 4096,
+                                         .hidden_size = 7168,
+                                         .topk = 8,
+                                         .num_experts = 256,
+                                         .ep_size = 8,
+                                         .macrobatch_size = 131072,
+                                         .minibatch_size = 4096})
+                  .combine.bytes == std::int64_t{4096} * 8 * 7168 * 2);
+
+TEST(ScheduleLayout, RingPlanCoversEveryRowOnce) {
+  for (std::int64_t total : {0, 1, 127, 128, 1000, 4096, 40000}) {
+    for (auto [macro, mini] : {std::pair<std::int64_t, std::int64_t>{1024, 256},
+                               {384, 128},
+                               {300, 100},
+                               {131072, 4096}}) {
+      const RingPlan p = make_ring_plan(total, macro, mini);
+      EXPECT_TRUE(same_ring_plan(p, derive_ring_plan(total, macro, mini))) << total << " " << macro;
+      std::int64_t next = 0, minibatches = 0;
+      for (int pass = 0; pass < p.num_passes; ++pass) {
+        const RowRange pr = pass_rows(p, pass);
+        EXPECT_EQ(pr.begin, next);
+        EXPECT_GT(pr.size(), 0);
+        for (int m = 0; m < minibatches_in_pass(p, pass); ++m) {
+          const RowRange mr = minibatch_rows(p, pass, m);
+          EXPECT_EQ(mr.begin, next);
+          EXPECT_GT(mr.size(), 0);
+          for (std::int32_t row : {mr.begin, mr.end - 1}) {
+            const RingPosition at = ring_position(p, row);
+            EXPECT_EQ(at.pass, pass);
+            EXPECT_EQ(at.minibatch, m);
+            EXPECT_EQ(at.ring_row, row - pr.begin);
+          }
+          next = mr.end;
+          ++minibatches;
+        }
+        EXPECT_EQ(next, pr.end);
+      }
+      EXPECT_EQ(next, total);
+      EXPECT_EQ(minibatches, p.num_minibatches);
+    }
+  }
+}
+
+TEST(ScheduleLayout, ExpertOfRow) {
+  const std::int32_t starts[] = {0, 128, 128, 384, 512};
+  EXPECT_EQ(expert_of_row(starts, 4, 0), 0);
+  EXPECT_EQ(expert_of_row(starts, 4, 127), 0);
+  EXPECT_EQ(expert_of_row(starts, 4, 128), 2);  // expert 1 is empty
+  EXPECT_EQ(expert_of_row(starts, 4, 383), 2);
+  EXPECT_EQ(expert_of_row(starts, 4, 511), 3);
+}
+
+TEST(WorkspacePlan, BuffersAlignedDisjointAndSized) {
+  const plan::PlanShape s{.num_tokens = 7,
+                          .hidden_size = 128,
+                          .topk = 3,
+                          .num_experts = 12,
+                          .ep_size = 3,
+                          .macrobatch_size = 1024,
+                          .minibatch_size = 256};
+  const plan::WorkspacePlan p = plan::make_workspace_plan(s);
+  for (plan::Region region : {plan::Region::symmetric, plan::Region::local}) {
+    std::int64_t end = 0;
+    for (const plan::BufferInfo& b : plan::kBuffers) {
+      if (b.region != region) continue;
+      const plan::Buffer buf = p.*(b.member);
+      EXPECT_EQ(buf.offset % plan::kBufferAlignment, 0) << b.name;
+      EXPECT_GE(buf.offset, end) << b.name << " overlaps the buffer before it";
+      end = buf.offset + buf.bytes;
+    }
+    EXPECT_LE(end, region == plan::Region::symmetric ? p.symmetric_bytes : p.local_bytes);
+  }
+  EXPECT_EQ(p.x_staging.bytes, 7 * 128 * 2);
+  EXPECT_EQ(p.combine.bytes, 7 * 3 * 128 * 2);
+  EXPECT_EQ(p.dx_routed.bytes, 7 * 3 * 128 * 2);
+  EXPECT_EQ(p.router_weights.bytes, 7 * 3 * 4);
+  EXPECT_EQ(p.expert_ids.bytes, 2 * 7 * 3 * 4);
+  EXPECT_EQ(p.schedule_table.bytes, (3 * 7 * 3 + 4 * 127) * 4);
+  EXPECT_EQ(p.segment_starts.bytes, 5 * 4);
+  EXPECT_EQ(p.ring_buffer.bytes, 1024 * 128 * 2);
+  EXPECT_EQ(p.ready_counters.bytes, 2 * 4 * 4);
+}
+
+// Host twin vs direct re-derivation, every rank, over the whole grid.
+TEST(ScheduleHost, TwinMatchesDirectDerivation) {
+  std::mt19937_64 rng(test_seed());
+  int checked = 0;
+  for (const GridCase& c : schedule_grid()) {
+    for (RoutingKind kind : kAllRoutings) {
+      const std::int64_t one = std::uniform_int_distribution<std::int64_t>(0, c.E - 1)(rng);
+      std::vector<std::vector<std::int64_t>> ids;
+      std::vector<const std::int64_t*> ptrs;
+      for (int r = 0; r < c.W; ++r) ids.push_back(make_routing(kind, c.T, c.k, c.E, one, rng));
+      for (auto& v : ids) ptrs.push_back(v.data());
+      const Shape shape{c.T, c.k, c.E, c.W};
+      for (int rank = 0; rank < c.W; ++rank) {
+        const HostSchedule s = build_schedule_host(shape, c.macrobatch, c.minibatch, rank, ptrs);
+        const DirectSchedule d = derive_schedule(ids, c.T, c.k, c.E, rank);
+        const std::string what = case_name(c, kind) + " rank " + std::to_string(rank);
+        ASSERT_EQ(first_difference(s.table, d.table), "") << what << ": table";
+        ASSERT_EQ(s.expert_counts, d.expert_counts) << what;
+        ASSERT_EQ(s.expert_src_counts, d.expert_src_counts) << what;
+        ASSERT_EQ(s.segment_starts, d.segment_starts) << what;
+        ASSERT_TRUE(
+            same_ring_plan(s.ring_plan, derive_ring_plan(d.total_rows, c.macrobatch, c.minibatch)))
+            << what;
+        ASSERT_FALSE(s.first_bad.has_value()) << what;
+        ++checked;
+      }
+    }
+  }
+  std::printf("[ mok ] %d (case, routing, rank) schedules checked\n", checked);
+}
+
+// Bad ids: treated as unused slots; the first one (smallest rank, t, j) is reported.
+TEST(ScheduleHost, BadIdsAreUnusedAndReported) {
+  const std::int64_t T = 5, k = 2, E = 8;
+  std::vector<std::vector<std::int64_t>> ids = {{0, 1, 2, 3, 4, 5, 6, 7, 0, 1},
+                                                {7, 6, 5, 4, 3, 2, 1, 0, 7, 6}};
+  ids[1][3] = 300;
+  ids[1][6] = (std::int64_t{1} << 32) + 1;  // would alias expert 1 if truncated to int32
+  ids[0][9] = -2;
+  std::vector<std::vector<std::int64_t>> as_unused = ids;
+  for (auto& v : as_unused) {
+    for (auto& id : v) id = id < -1 || id >= E ? -1 : id;
+  }
+  std::vector<const std::int64_t*> ptrs = {ids[0].data(), ids[1].data()};
+  for (int rank = 0; rank < 2; ++rank) {
+    const HostSchedule s = build_schedule_host({T, k, E, 2}, 1024, 256, rank, ptrs);
+    const DirectSchedule d = derive_schedule(as_unused, T, k, E, rank);
+    EXPECT_EQ(first_difference(s.table, d.table), "");
+    ASSERT_TRUE(s.first_bad.has_value());
+    EXPECT_EQ(s.first_bad->rank, 0);
+    EXPECT_EQ(s.first_bad->token, 4);
+    EXPECT_EQ(s.first_bad->slot, 1);
+    EXPECT_EQ(s.first_bad->value, -2);
+  }
+}
+
+struct CpuSchedule {
+  HostTensor table, counts, src_counts, starts, ring;
+  CpuSchedule(const Problem& p)
+      : table(DType::i32, {schedule_capacity_rows(p)}),
+        counts(DType::i32, {p.num_local_experts()}),
+        src_counts(DType::i32, {p.num_local_experts(), std::int64_t{p.ep_size}}),
+        starts(DType::i32, {p.num_local_experts() + 1}),
+        ring(DType::i32, {kRingPlanInts}) {}
+  ScheduleViews views() {
+    return {table.view(), counts.view(), src_counts.view(), starts.view(), ring.view()};
+  }
+};
+
+TEST(ScheduleCpu, PublicEntryPointWritesViews) {
+  std::mt19937_64 rng(test_seed() + 1);
+  Problem p{.num_tokens = 33,
+            .hidden_size = 64,
+            .intermediate_size = 64,
+            .num_experts = 12,
+            .topk = 3,
+            .ep_size = 3,
+            .ep_rank = 2};
+  Config config;
+  config.macrobatch_size = 256;
+  config.minibatch_size = 128;
+  std::vector<std::vector<std::int64_t>> ids;
+  std::vector<HostTensor> tensors;
+  std::vector<TensorView> views;
+  for (int r = 0; r < 3; ++r) {
+    ids.push_back(make_routing(RoutingKind::zipf, p.num_tokens, p.topk, p.num_experts, 0, rng));
+    tensors.emplace_back(DType::i64, std::initializer_list<std::int64_t>{p.num_tokens, p.topk});
+    std::memcpy(tensors.back().view().data, ids.back().data(), ids.back().size() * 8);
+  }
+  for (auto& t : tensors) views.push_back(t.view());
+  CpuSchedule out(p);
+  out.table.fill_bytes(0x7f);  // poison
+  build_schedule_cpu(p, config, views, out.views());
+  const DirectSchedule d = derive_schedule(ids, p.num_tokens, p.topk, p.num_experts, 2);
+  std::vector<std::int32_t> table(out.table.view().ptr<std::int32_t>(),
+                                  out.table.view().ptr<std::int32_t>() + d.table.size());
+  EXPECT_EQ(first_difference(table, d.table), "");
+  RingPlan ring;
+  std::memcpy(&ring, out.ring.view().data, sizeof(ring));
+  EXPECT_TRUE(same_ring_plan(ring, derive_ring_plan(d.total_rows, 256, 128)));
+  EXPECT_EQ(out.starts.view().ptr<std::int32_t>()[4], d.total_rows);
+
+  // Argument errors name the argument and the value.
+  std::vector<HostTensor> bad_tensors = tensors;
+  bad_tensors[1].view().ptr<std::int64_t>()[7] = 12;  // t = 2, j = 1 on rank 1
+  std::vector<TensorView> bad_views;
+  for (auto& t : bad_tensors) bad_views.push_back(t.view());
+  expect_error([&] { build_schedule_cpu(p, config, bad_views, out.views()); },
+               {"topk_experts[2, 1] of rank 1", "[-1, 12)", "got 12"});
+  expect_error([&] { build_schedule_cpu(p, config, std::span(views).first(2), out.views()); },
+               {"topk_experts", "3 tensors", "got 2"});
+  ScheduleViews wrong = out.views();
+  wrong.table.shape[0] -= 1;
+  expect_error([&] { build_schedule_cpu(p, config, views, wrong); }, {"schedule.table.shape"});
+  Problem huge = p;
+  huge.ep_size = 65;
+  huge.num_experts = 65 * 4;
+  expect_error([&] { (void)local_workspace_bytes(huge, config); }, {"ep_size", "at most 64"});
+}
+
+#if !defined(MOK_HAVE_CUDA)
+// Without CUDA the GPU tests (test_schedule_gpu.cpp, test_team.cpp) are not built: say so.
+TEST(ScheduleGpu, SkippedWithoutCuda) {
+  expect_error(
+      [] {
+        (void)Team::local_virtual(Problem{.num_tokens = 1,
+                                          .hidden_size = 64,
+                                          .intermediate_size = 64,
+                                          .num_experts = 2,
+                                          .topk = 1},
+                                  Config{});
+      },
+      {"no CUDA support", "build_schedule_cpu"});
+  GTEST_SKIP() << "this build has no CUDA support: the GPU schedule and team tests are not built";
+}
+#endif
+
+}  // namespace
+}  // namespace mok::test
