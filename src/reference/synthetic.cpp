@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/bf16.hpp"
+#include "core/thread_pool.hpp"
 
 namespace mok {
 namespace {
@@ -30,8 +31,20 @@ class Rng {
   std::uint64_t state_;
 };
 
+// Element i of a tensor is drawn from its own generator, seeded by (the stream's next value, i):
+// the values do not depend on how the work is split, so large tensors fill on every core.
 void fill_normal(HostTensor& t, Rng& rng, double scale) {
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.normal() * scale);
+  const std::uint64_t base = rng.next();
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  ThreadPool pool(chunks > 1 ? 0 : 1);
+  pool.run(chunks, [&](std::int64_t c) {
+    const std::int64_t end = std::min(n, (c + 1) * kChunk);
+    for (std::int64_t i = c * kChunk; i < end; ++i) {
+      Rng element(base ^ (static_cast<std::uint64_t>(i) * 0xd1b54a32d192ed03ull));
+      t.set(i, element.normal() * scale);
+    }
+  });
 }
 
 }  // namespace
