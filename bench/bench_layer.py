@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from timing import median_ms  # noqa: E402
 from torch_moe import prepare_weights, torch_moe  # noqa: E402
 
 CASES = {  # name: (T, H, I, E, k, S)
@@ -41,15 +42,23 @@ def routing(T, E, k, skewed, gen):
     return ids.to(torch.int64), w.float()
 
 
-def make_inputs(case, skewed, seed):
+def make_weights(case, seed):
     T, H, I, E, k, S = CASES[case]
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s, scale=1.0: (torch.randn(*s, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+    r = lambda *s, scale: (torch.randn(*s, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+    w = dict(w_gate=r(E, I, H, scale=H ** -0.5), w_up=r(E, I, H, scale=H ** -0.5),
+             w_down=r(E, H, I, scale=I ** -0.5))
+    w["shared"] = (r(S, H, scale=H ** -0.5), r(S, H, scale=H ** -0.5), r(H, S, scale=S ** -0.5)) if S else None
+    return w
+
+
+def make_inputs(case, skewed, seed, weights):
+    """Fresh activations and routing per set; the weights (many times the L2) are shared."""
+    T, H, I, E, k, S = CASES[case]
+    gen = torch.Generator(device="cuda").manual_seed(1000 + seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(torch.bfloat16)
     ids, w = routing(T, E, k, skewed, gen)
-    inp = dict(x=r(T, H), ids=ids, w=w, w_gate=r(E, I, H, scale=H ** -0.5), w_up=r(E, I, H, scale=H ** -0.5),
-               w_down=r(E, H, I, scale=I ** -0.5), d_out=r(T, H))
-    inp["shared"] = (r(S, H, scale=H ** -0.5), r(S, H, scale=H ** -0.5), r(H, S, scale=S ** -0.5)) if S else None
-    return inp
+    return dict(weights, x=r(T, H), ids=ids, w=w, d_out=r(T, H))
 
 
 def fp32_reference_tokens(inp, tokens):
@@ -71,8 +80,14 @@ def fp32_reference_tokens(inp, tokens):
 class TorchImpl:
     name = "torch"
 
+    prepared = {}  # the baseline's weight layouts, made once per weight set (outside the timing)
+
     def setup(self, inp):
-        gate_up, down = prepare_weights(inp["w_gate"], inp["w_up"], inp["w_down"])
+        key = id(inp["w_gate"])
+        if key not in TorchImpl.prepared:
+            TorchImpl.prepared.clear()
+            TorchImpl.prepared[key] = prepare_weights(inp["w_gate"], inp["w_up"], inp["w_down"])
+        gate_up, down = TorchImpl.prepared[key]
         self.leaves = [inp["x"], gate_up, down] + (list(inp["shared"]) if inp["shared"] else [])
         self.leaves = [t.detach().requires_grad_(True) for t in self.leaves]
         self.w = inp["w"].detach().requires_grad_(True)
@@ -83,22 +98,42 @@ class TorchImpl:
         return torch_moe(x, self.inp["ids"], self.w, gate_up, down, tuple(shared) if shared else None)
 
     def backward(self, out):
+        for leaf in self.leaves + [self.w]:
+            leaf.grad = None  # as after optimizer.zero_grad(): no accumulation into old grads
         out.backward(self.inp["d_out"])
 
 
-def median_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+class MokImpl:
+    """mok's functional API (MoK's argument order): build_schedule, forward, backward."""
+    name = "mok"
+
+    def setup(self, inp):
+        import mok.functional as mf
+        T, H = inp["x"].shape
+        k = inp["ids"].shape[1]
+        E = inp["w_gate"].shape[0]
+        self.mf = mf
+        self.config = mf.MoKConfig()
+        self.ws = mf.get_workspace(self.config, None, device=inp["x"].device, num_local_tokens=T,
+                                   hidden_size=H, topk=k)
+        self.inp = inp
+        self.E = E
+        sg, su, sd = inp["shared"] if inp["shared"] is not None else (None, None, None)
+        self.shared = (sg, su, sd)
+
+    def forward(self):
+        mf, inp = self.mf, self.inp
+        sg, su, sd = self.shared
+        self.schedule = mf.build_schedule(self.ws, self.config, inp["ids"], num_local_experts=self.E)
+        out, self.ctx = mf.forward(self.config, self.ws, self.schedule, inp["x"], inp["w"], sg, su, sd,
+                                   inp["w_gate"], inp["w_up"], inp["w_down"])
+        return out
+
+    def backward(self, out):
+        mf, inp = self.mf, self.inp
+        sg, su, sd = self.shared
+        mf.backward(self.config, self.ws, self.schedule, self.ctx, inp["d_out"], inp["x"], inp["w"],
+                    sg, su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
 
 
 def floors_ms(case):
@@ -112,7 +147,7 @@ def main():
     global BF16_TFLOPS, HBM_TBPS
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--impls", default="torch")
+    ap.add_argument("--impls", default="mok,torch")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="docs/perf/layer.json")
     args = ap.parse_args()
@@ -120,13 +155,14 @@ def main():
     if ceil.exists():
         c = json.loads(ceil.read_text())["ceilings"]
         BF16_TFLOPS, HBM_TBPS = c["bf16_tflops"], c["hbm_tbps"]
-    impls = {"torch": TorchImpl}
+    impls = {"torch": TorchImpl, "mok": MokImpl}
     results = []
     for case in args.cases.split(","):
         flops, floor = floors_ms(case)
         for skewed in (False, True):
             routing_name = "skewed" if skewed else "uniform"
-            sets = [make_inputs(case, skewed, seed) for seed in range(3)]
+            weights = make_weights(case, 7)
+            sets = [make_inputs(case, skewed, seed, weights) for seed in range(3)]
             for impl_name in args.impls.split(","):
                 impl = impls[impl_name]()
                 # Correctness before timing, on a sample of tokens of the first input set.
@@ -164,7 +200,8 @@ def main():
                     print(f"{case:15s} {routing_name:7s} {impl_name:6s} {pass_:6s} {ms:9.3f} ms "
                           f"{fl / (ms * 1e9):7.1f} TFLOP/s  floor {fm:7.3f} ms", flush=True)
                 del rot, impl
-            del sets
+            del sets, weights
+            TorchImpl.prepared.clear()
             torch.cuda.empty_cache()
     doc = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("MOK_COMMIT", "unknown"),
            "date": datetime.date.today().isoformat(), "cases": results}

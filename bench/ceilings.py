@@ -5,36 +5,25 @@ torch) and device-to-device copy bandwidth (bytes read + written). Writes docs/p
 import datetime
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import torch
 
-
-def median_ms(fn, reps=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from timing import median_ms  # noqa: E402
 
 
 def main(out_path):
     n = 8192
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = median_ms(lambda: x @ y)
+    ms = median_ms(lambda: x @ y, reps=30, warmup=5)
     tflops = 2 * n**3 / (ms * 1e9)
     src = torch.randn(1 << 30, device="cuda", dtype=torch.float32)  # 4 GiB
     dst = torch.empty_like(src)
-    ms_copy = median_ms(lambda: dst.copy_(src), reps=20)
+    ms_copy = median_ms(lambda: dst.copy_(src), reps=20, warmup=5)
     tbps = 2 * src.numel() * 4 / (ms_copy * 1e9)
     # The device machine gets a copy of the tree without .git: the caller passes MOK_COMMIT.
     commit = os.environ.get("MOK_COMMIT") or subprocess.run(

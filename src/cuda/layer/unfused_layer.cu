@@ -62,6 +62,153 @@ struct RankBuffers {
   float *acc_gate = nullptr, *acc_up = nullptr, *acc_down = nullptr;
 };
 
+// One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
+// by the pass's segments) or the shared expert over the rank's tokens (dense). Both run the same
+// GEMM forms in the same order, forward and backward.
+struct ExpertRows {
+  gemm::RowSegments segments;
+  std::int64_t hidden;  // H
+  std::int64_t width;   // N: I (routed) or S (shared)
+  const bf16* w_gate;   // [G, N, H]
+  const bf16* w_up;     // [G, N, H]
+  const bf16* w_down;   // [G, H, N]
+  cudaStream_t stream;
+};
+
+// g = bf16(x W_gate^T), u = bf16(x W_up^T), h = bf16(silu(g) * u), in one GEMM.
+void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
+  gemm::GateUpForwardArgs a;
+  a.segments = e.segments;
+  a.x = x;
+  a.ld_x = e.hidden;
+  a.w_gate = e.w_gate;
+  a.w_up = e.w_up;
+  a.hidden = h;
+  a.gate = g;
+  a.up = u;
+  a.ld_out = e.width;
+  a.hidden_size = static_cast<int>(e.hidden);
+  a.intermediate_size = static_cast<int>(e.width);
+  a.stream = e.stream;
+  gemm::gate_up_forward(a);
+}
+
+// y = bf16(h W_down^T).
+void down_forward(const ExpertRows& e, const bf16* h, bf16* y) {
+  gemm::RowsTimesWeightTArgs a;
+  a.segments = e.segments;
+  a.a = h;
+  a.ld_a = e.width;
+  a.w = e.w_down;
+  a.out = y;
+  a.ld_out = e.hidden;
+  a.n = static_cast<int>(e.hidden);
+  a.k = static_cast<int>(e.width);
+  a.stream = e.stream;
+  gemm::rows_times_weight_t(a);
+}
+
+// dh = bf16(dy W_down).
+void down_dgrad(const ExpertRows& e, const bf16* dy, bf16* dh) {
+  gemm::RowsTimesWeightArgs a;
+  a.segments = e.segments;
+  a.a = dy;
+  a.ld_a = e.hidden;
+  a.w = e.w_down;
+  a.out = dh;
+  a.ld_out = e.width;
+  a.n = static_cast<int>(e.width);
+  a.k = static_cast<int>(e.hidden);
+  a.stream = e.stream;
+  gemm::rows_times_weight(a);
+}
+
+// dx = bf16(dg W_gate + du W_up), one fp32 accumulator (the reference's order).
+void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx) {
+  gemm::RowsTimesWeightArgs a;
+  a.segments = e.segments;
+  a.a = dg;
+  a.ld_a = e.width;
+  a.w = e.w_gate;
+  a.a2 = du;
+  a.ld_a2 = e.width;
+  a.w2 = e.w_up;
+  a.out = dx;
+  a.ld_out = e.hidden;
+  a.n = static_cast<int>(e.hidden);
+  a.k = static_cast<int>(e.width);
+  a.stream = e.stream;
+  gemm::rows_times_weight(a);
+}
+
+// Where one weight gradient goes: the caller's view (bf16, or fp32 written or added to), or, when
+// the rows come in several ring passes, an fp32 reduction carried across the passes and written
+// to the view once, after the last.
+struct GradTarget {
+  const TensorView* view;
+  bool add_to_view;   // fp32 main-grad accumulation
+  float* carried;     // several passes: the fp32 partial sums, else null
+  bool first_pass;
+  bool last_pass;
+};
+
+// out[G, m, n] = a[rows]^T b[rows] per group.
+void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b,
+                 std::int64_t n, const GradTarget& t) {
+  const bool view_fp32 = t.view->dtype == DType::f32;
+  gemm::WeightGradArgs w;
+  w.segments = e.segments;
+  w.a = a;
+  w.ld_a = m;
+  w.b = b;
+  w.ld_b = n;
+  w.ld_out = n;
+  w.m = static_cast<int>(m);
+  w.n = static_cast<int>(n);
+  w.stream = e.stream;
+  if (t.carried == nullptr) {
+    w.out = t.view->data;
+    w.out_fp32 = view_fp32;
+    w.accumulate = t.add_to_view;  // out + the fresh sum
+    gemm::weight_grad(w);
+    return;
+  }
+  w.out = t.carried;
+  w.out_fp32 = true;
+  w.continue_reduction = !t.first_pass;
+  gemm::weight_grad(w);
+  if (t.last_pass) {
+    FinalizeGradParams f{t.carried, t.view->data, view_fp32, t.add_to_view, t.view->numel()};
+    check(launch_finalize_grad(f, e.stream), "weight gradient");
+  }
+}
+
+// Backward through one expert family, given dy (and x, g, u, h of the forward):
+//   dh = dy W_down, dg/du = SwiGLU backward, dx = dg W_gate + du W_up,
+//   dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
+struct ExpertBackward {
+  const bf16 *x, *gate, *up, *hidden, *dy;  // forward rows and the output gradient
+  bf16 *dh, *dg, *du, *dx;                  // scratch rows and the input gradient
+  SwigluBackwardParams swiglu_rows;         // which rows the SwiGLU backward covers
+  GradTarget d_gate, d_up, d_down;
+};
+
+void expert_backward(const ExpertRows& e, const ExpertBackward& b) {
+  down_dgrad(e, b.dy, b.dh);
+  SwigluBackwardParams sb = b.swiglu_rows;
+  sb.width = e.width;
+  sb.dh = b.dh;
+  sb.gate = b.gate;
+  sb.up = b.up;
+  sb.d_gate = b.dg;
+  sb.d_up = b.du;
+  check(launch_swiglu_backward(sb, e.stream), "SwiGLU backward");
+  gate_up_dgrad(e, b.dg, b.du, b.dx);
+  weight_grad(e, b.dy, e.hidden, b.hidden, e.width, b.d_down);
+  weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate);
+  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up);
+}
+
 }  // namespace
 
 struct UnfusedLayer::Impl {
@@ -123,26 +270,23 @@ struct UnfusedLayer::Impl {
     check(launch_pass_segments(p, s), "pass segments");
   }
 
+  // The routed experts of rank r over the current pass (its segments), and its shared expert.
+  ExpertRows routed(int r, const RankTensors& t, cudaStream_t s) const {
+    return {pass_segments(r), problem.hidden_size, problem.intermediate_size,
+            t.w.gate.ptr<const bf16>(), t.w.up.ptr<const bf16>(), t.w.down.ptr<const bf16>(), s};
+  }
+  ExpertRows shared(const RankTensors& t, cudaStream_t s) const {
+    return {dense_segments(), problem.hidden_size, problem.shared_intermediate_size,
+            t.w.shared_gate.ptr<const bf16>(), t.w.shared_up.ptr<const bf16>(),
+            t.w.shared_down.ptr<const bf16>(), s};
+  }
+
   // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`.
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
-    const std::int64_t H = problem.hidden_size, I = problem.intermediate_size;
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     check(launch_pull_rows(pull, s), "dispatch of x");
-    gemm::GateUpForwardArgs g;
-    g.segments = pass_segments(r);
-    g.x = set.x;
-    g.ld_x = H;
-    g.w_gate = t.w.gate.ptr<const bf16>();
-    g.w_up = t.w.up.ptr<const bf16>();
-    g.hidden = set.hidden;
-    g.gate = set.gate;
-    g.up = set.up;
-    g.ld_out = I;
-    g.hidden_size = static_cast<int>(H);
-    g.intermediate_size = static_cast<int>(I);
-    g.stream = s;
-    gemm::gate_up_forward(g);
+    gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
   }
 };
 
@@ -279,32 +423,9 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch in the megakernel).
   for (int r = 0; r < W && S > 0; ++r) {
     RankBuffers& b = m.ranks[r];
-    gemm::GateUpForwardArgs g;
-    g.segments = m.dense_segments();
-    g.x = ranks[r].in.x.ptr<const bf16>();
-    g.ld_x = H;
-    g.w_gate = ranks[r].w.shared_gate.ptr<const bf16>();
-    g.w_up = ranks[r].w.shared_up.ptr<const bf16>();
-    g.hidden = b.s_hidden;
-    g.gate = b.s_gate;
-    g.up = b.s_up;
-    g.ld_out = S;
-    g.hidden_size = static_cast<int>(H);
-    g.intermediate_size = static_cast<int>(S);
-    g.stream = s;
-    gemm::gate_up_forward(g);
-    if (!write_output) continue;  // only `out` needs the shared expert's output
-    gemm::RowsTimesWeightTArgs d;
-    d.segments = m.dense_segments();
-    d.a = b.s_hidden;
-    d.ld_a = S;
-    d.w = ranks[r].w.shared_down.ptr<const bf16>();
-    d.out = b.s_out;
-    d.ld_out = H;
-    d.n = static_cast<int>(H);
-    d.k = static_cast<int>(S);
-    d.stream = s;
-    gemm::rows_times_weight_t(d);
+    const ExpertRows e = m.shared(ranks[r], s);
+    gate_up_forward(e, ranks[r].in.x.ptr<const bf16>(), b.s_gate, b.s_up, b.s_hidden);
+    if (write_output) down_forward(e, b.s_hidden, b.s_out);  // only `out` needs it
   }
 
   for (int pass = 0; pass < m.passes; ++pass) {
@@ -315,17 +436,7 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
       m.gate_up_pass(r, pass, ranks[r], set, s);
       // NOTES: recompute_forward_context runs the down GEMM and the combine too: backward takes
       // d_w = <d_out, y> from the expert outputs in `combine`.
-      gemm::RowsTimesWeightTArgs d;
-      d.segments = m.pass_segments(r);
-      d.a = set.hidden;
-      d.ld_a = p.intermediate_size;
-      d.w = ranks[r].w.down.ptr<const bf16>();
-      d.out = b.y;
-      d.ld_out = H;
-      d.n = static_cast<int>(H);
-      d.k = static_cast<int>(p.intermediate_size);
-      d.stream = s;
-      gemm::rows_times_weight_t(d);
+      down_forward(m.routed(r, ranks[r], s), set.hidden, b.y);
       PushParams push{m.pass_rows(r, pass), m.geometry(), b.y, m.combine_peers};
       check(launch_push_rows(push, s), "combine");
     }
@@ -339,28 +450,12 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   }
 }
 
-namespace {
-
-// A weight gradient into the caller's view: fp32 views take the reduction directly (adding to
-// it when asked); bf16 views get one rounding at the end.
-struct GradTarget {
-  void* out;
-  bool out_fp32;
-  bool accumulate;
-};
-
-GradTarget target_of(const TensorView& v, bool accumulate) {
-  return {v.data, v.dtype == DType::f32, accumulate && v.dtype == DType::f32};
-}
-
-}  // namespace
-
 void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOptions& options,
                             cudaStream_t s) {
   Impl& m = *impl_;
   const Problem& p = m.problem;
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size, k = p.topk,
-                     S = p.shared_intermediate_size, E = p.num_local_experts();
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk,
+                     S = p.shared_intermediate_size;
   const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
 
@@ -374,130 +469,42 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
     check(launch_router_grad(rg, s), "router weight gradient");
   }
 
-  // Shared expert (dense): dh, SwiGLU backward, dx, three weight gradients.
+  const bool add = options.accumulate_weight_grads;
+  // Shared expert (dense, every token): one pass.
   for (int r = 0; r < W && S > 0; ++r) {
     RankBuffers& b = m.ranks[r];
     const RankTensors& t = ranks[r];
-    gemm::RowsTimesWeightArgs dh;
-    dh.segments = m.dense_segments();
-    dh.a = t.d_out.ptr<const bf16>();
-    dh.ld_a = H;
-    dh.w = t.w.shared_down.ptr<const bf16>();
-    dh.out = b.s_dh;
-    dh.ld_out = S;
-    dh.n = static_cast<int>(S);
-    dh.k = static_cast<int>(H);
-    dh.stream = s;
-    gemm::rows_times_weight(dh);
-    SwigluBackwardParams sb{m.dense_rows, 0, T, S, b.s_dh, b.s_gate, b.s_up, b.s_dg, b.s_du};
-    check(launch_swiglu_backward(sb, s), "shared SwiGLU backward");
-    gemm::RowsTimesWeightArgs dx;
-    dx.segments = m.dense_segments();
-    dx.a = b.s_dg;
-    dx.ld_a = S;
-    dx.w = t.w.shared_gate.ptr<const bf16>();
-    dx.a2 = b.s_du;
-    dx.ld_a2 = S;
-    dx.w2 = t.w.shared_up.ptr<const bf16>();
-    dx.out = b.s_out;  // the shared expert's d_x
-    dx.ld_out = H;
-    dx.n = static_cast<int>(H);
-    dx.k = static_cast<int>(S);
-    dx.stream = s;
-    gemm::rows_times_weight(dx);
-    auto wgrad = [&](const bf16* a, std::int64_t m_, const bf16* bm, std::int64_t n_,
-                     const TensorView& out) {
-      const GradTarget g = target_of(out, options.accumulate_weight_grads);
-      gemm::WeightGradArgs w;
-      w.segments = m.dense_segments();
-      w.a = a;
-      w.ld_a = m_;
-      w.b = bm;
-      w.ld_b = n_;
-      w.out = g.out;
-      w.ld_out = n_;
-      w.out_fp32 = g.out_fp32;
-      w.accumulate = g.accumulate;  // main-grad: out + the fresh sum
-      w.m = static_cast<int>(m_);
-      w.n = static_cast<int>(n_);
-      w.stream = s;
-      gemm::weight_grad(w);
-    };
-    wgrad(t.d_out.ptr<const bf16>(), H, b.s_hidden, S, t.grads.d_shared_down);
-    wgrad(b.s_dg, S, t.in.x.ptr<const bf16>(), H, t.grads.d_shared_gate);
-    wgrad(b.s_du, S, t.in.x.ptr<const bf16>(), H, t.grads.d_shared_up);
+    ExpertBackward eb{t.in.x.ptr<const bf16>(), b.s_gate, b.s_up, b.s_hidden,
+                      t.d_out.ptr<const bf16>(), b.s_dh, b.s_dg, b.s_du, b.s_out /* its d_x */,
+                      {m.dense_rows, 0, T},
+                      {&t.grads.d_shared_gate, add, nullptr, true, true},
+                      {&t.grads.d_shared_up, add, nullptr, true, true},
+                      {&t.grads.d_shared_down, add, nullptr, true, true}};
+    expert_backward(m.shared(t, s), eb);
   }
 
+  // Routed experts, pass by pass. Weight gradients reduce straight into the caller's views when
+  // one pass holds every row; else in fp32 carried across the passes.
+  const bool multi = m.passes > 1;
   for (int pass = 0; pass < m.passes; ++pass) {
+    const bool first = pass == 0, last = pass == m.passes - 1;
     for (int r = 0; r < W; ++r) {
       RankBuffers& b = m.ranks[r];
       const RankTensors& t = ranks[r];
-      const RankBuffers::PassSet& set = pass == 0 ? b.context : b.scratch;
+      const RankBuffers::PassSet& set = first ? b.context : b.scratch;
       m.compute_pass_segments(r, pass, s);
-      if (pass > 0) m.gate_up_pass(r, pass, t, set, s);  // replay: only pass 0 was kept
+      if (!first) m.gate_up_pass(r, pass, t, set, s);  // replay: only pass 0 was kept
       // dy = bf16(w * d_out), pulled from the home ranks.
       PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y};
       check(launch_pull_rows(pull, s), "dispatch of d_out");
-      gemm::RowsTimesWeightArgs dh;
-      dh.segments = m.pass_segments(r);
-      dh.a = b.y;
-      dh.ld_a = H;
-      dh.w = t.w.down.ptr<const bf16>();
-      dh.out = b.dh;
-      dh.ld_out = I;
-      dh.n = static_cast<int>(I);
-      dh.k = static_cast<int>(H);
-      dh.stream = s;
-      gemm::rows_times_weight(dh);
-      SwigluBackwardParams sb{m.total_rows(r), std::int64_t{pass} * m.config.macrobatch_size,
-                              m.ring, I, b.dh, set.gate, set.up, b.dg, b.du};
-      check(launch_swiglu_backward(sb, s), "SwiGLU backward");
-      gemm::RowsTimesWeightArgs dx;
-      dx.segments = m.pass_segments(r);
-      dx.a = b.dg;
-      dx.ld_a = I;
-      dx.w = t.w.gate.ptr<const bf16>();
-      dx.a2 = b.du;
-      dx.ld_a2 = I;
-      dx.w2 = t.w.up.ptr<const bf16>();
-      dx.out = b.dx;
-      dx.ld_out = H;
-      dx.n = static_cast<int>(H);
-      dx.k = static_cast<int>(I);
-      dx.stream = s;
-      gemm::rows_times_weight(dx);
+      ExpertBackward eb{set.x, set.gate, set.up, set.hidden, b.y, b.dh, b.dg, b.du, b.dx,
+                        {m.total_rows(r), std::int64_t{pass} * m.config.macrobatch_size, m.ring},
+                        {&t.grads.d_gate, add, multi ? b.acc_gate : nullptr, first, last},
+                        {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
+                        {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last}};
+      expert_backward(m.routed(r, t, s), eb);
       PushParams push{m.pass_rows(r, pass), m.geometry(), b.dx, m.dx_peers};
       check(launch_push_rows(push, s), "combine of d_x");
-
-      // Routed weight gradients: straight into the caller's view when one pass holds every row;
-      // else reduced in fp32 across passes (pass p > 0 continues from the partial sums).
-      const bool multi = m.passes > 1;
-      auto wgrad = [&](const bf16* a, std::int64_t m_, const bf16* bm, std::int64_t n_,
-                       const TensorView& out, float* acc) {
-        const GradTarget g = target_of(out, options.accumulate_weight_grads);
-        gemm::WeightGradArgs w;
-        w.segments = m.pass_segments(r);
-        w.a = a;
-        w.ld_a = m_;
-        w.b = bm;
-        w.ld_b = n_;
-        w.out = multi ? acc : g.out;
-        w.ld_out = n_;
-        w.out_fp32 = multi ? true : g.out_fp32;
-        w.accumulate = !multi && g.accumulate;
-        w.continue_reduction = multi && pass > 0;
-        w.m = static_cast<int>(m_);
-        w.n = static_cast<int>(n_);
-        w.stream = s;
-        gemm::weight_grad(w);
-        if (multi && pass == m.passes - 1) {
-          FinalizeGradParams f{acc, g.out, g.out_fp32, g.accumulate, E * m_ * n_};
-          check(launch_finalize_grad(f, s), "weight gradient");
-        }
-      };
-      wgrad(b.y, H, set.hidden, I, t.grads.d_down, b.acc_down);
-      wgrad(b.dg, I, set.x, H, t.grads.d_gate, b.acc_gate);
-      wgrad(b.du, I, set.x, H, t.grads.d_up, b.acc_up);
     }
   }
 
