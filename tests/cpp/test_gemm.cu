@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -463,6 +464,15 @@ TEST(GemmDown, DenseSharedExpert) {
   run_rows({{999}, 512, 256, 300, false, false, true}, true);
 }
 
+// An odd number of tiles (5 M tiles x 3 N tiles) in groups of 1, 3 and 1 M tiles: with clusters of
+// two CTAs, neighbour tiles fall in different N tiles and groups (no shared weight tile), and the
+// last cluster step has a single tile.
+TEST(GemmDown, OddTileCountAcrossGroupsAndPanels) {
+  REQUIRE_HOPPER();
+  run_rows({{1, 300, 1}, 768, 128, 40, false}, true);
+  run_rows({{1, 300, 1}, 768, 128, 40, true}, true);
+}
+
 TEST(GemmDgrad, SmallOddGroups) {
   REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, true}, true);
@@ -646,6 +656,18 @@ TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
   run_wgrad({{5000, 0, 3, 1}, 320, 256, 16, false}, true);
 }
 
+// Heavy-first tile order: the heaviest group is the last one, short and empty groups before it,
+// and more tiles than CTAs.
+TEST(GemmWgrad, HeavyGroupLastManyGroups) {
+  REQUIRE_HOPPER();
+  std::vector<int> counts(40, 70);
+  counts[3] = 0;
+  counts[17] = 1;
+  counts[39] = 6000;
+  run_wgrad({counts, 256, 512, 2, false}, true);
+  run_wgrad({counts, 256, 512, 2, true}, true);
+}
+
 TEST(GemmWgrad, Dsv3Ep8SliceDown) {
   REQUIRE_HOPPER();
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
@@ -713,6 +735,69 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   for (std::size_t i = std::size_t(1) * m * n; i < std::size_t(2) * m * n; ++i) {
     ASSERT_EQ(w[i], 0.0f) << "empty group";
   }
+}
+
+// wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of
+// a single launch (tile tickets: every launch draws from its own counter, reset at its end).
+TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
+  REQUIRE_HOPPER();
+  Layout l({900, 0, 77, 2000, 128, 1, 640});
+  const int G = l.groups(), m = 192, n = 320;
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(b, 1.0f);
+  l.poison_padding(a, m);
+  l.poison_padding(b, n);
+  const std::size_t elems = std::size_t(G) * m * n;
+  constexpr int kCopies = 6;
+  std::vector<std::unique_ptr<Buffer<__nv_bfloat16>>> outs;
+  for (int i = 0; i <= kCopies; ++i) outs.push_back(std::make_unique<Buffer<__nv_bfloat16>>(elems));
+  cudaStream_t streams[2];
+  for (auto& st : streams) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto launch = [&](__nv_bfloat16* out, cudaStream_t stream) {
+    mok::gemm::WeightGradArgs args;
+    args.segments = l.segments();
+    args.a = a.p;
+    args.ld_a = m;
+    args.b = b.p;
+    args.ld_b = n;
+    args.out = out;
+    args.ld_out = n;
+    args.m = m;
+    args.n = n;
+    args.stream = stream;
+    mok::gemm::weight_grad(args);
+  };
+  for (auto& o : outs) o->poison();
+  CUDA_OK(cudaDeviceSynchronize());
+  launch(outs[0]->p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int i = 1; i <= 4; ++i) launch(outs[i]->p, streams[i % 2]);
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeGlobal));
+  launch(outs[5]->p, streams[0]);
+  launch(outs[6]->p, streams[0]);
+  CUDA_OK(cudaStreamEndCapture(streams[0], &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    outs[5]->poison();
+    outs[6]->poison();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGraphLaunch(exec, streams[0]));
+    CUDA_OK(cudaStreamSynchronize(streams[0]));
+    for (int i = 1; i <= kCopies; ++i) {
+      EXPECT_TRUE(bitwise_equal(*outs[0], *outs[i])) << "copy " << i << ", replay " << replay;
+    }
+  }
+  const auto h = outs[0]->host();
+  long long nan = 0;
+  for (const auto v : h) nan += std::isnan(__bfloat162float(v));
+  EXPECT_EQ(nan, 0) << "unwritten output elements";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (auto& st : streams) cudaStreamDestroy(st);
 }
 
 // ---------------------------------------------------------------------------------------------

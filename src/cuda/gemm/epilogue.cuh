@@ -174,4 +174,26 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], cons
   }
 }
 
+// The accumulators of a tile before its K loop: zeros, or the fp32 output's values when a
+// reduction continues.
+template <class F>
+__device__ __forceinline__ void init_accumulators(float (&acc)[kTileN / 2], const TileInfo& t,
+                                                  const KernelParams& p, int wg, int warp,
+                                                  int lane) {
+#pragma unroll
+  for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
+  if constexpr (F::kSeeded) load_fp32_accumulators(acc, t, p, wg, warp, lane);
+}
+
+// The form's epilogue for one consumer warpgroup's 64 x 256 accumulators.
+template <class F>
+__device__ __forceinline__ void store_tile(const float (&acc)[kTileN / 2], const TileInfo& t,
+                                           const KernelParams& p, int wg, int warp, int lane) {
+  if constexpr (F::kind == FormKind::kGateUp) {
+    store_swiglu(acc, t, p, wg, warp, lane);
+  } else {
+    store_plain<F::kKGrouped>(acc, t, p, wg, warp, lane);
+  }
+}
+
 }  // namespace mok::gemm

@@ -9,10 +9,10 @@
 namespace mok::gemm {
 
 enum class FormKind {
-  kGateUp,      // M-grouped rows x [W_gate; W_up]^T, SwiGLU epilogue
-  kRowsWT,      // M-grouped rows x W^T (down forward, dense), optional row scale
-  kRowsW,       // M-grouped rows x W (dgrad): B is N-major in memory
-  kWeightGrad,  // K-grouped A^T B over each group's rows (wgrad): A and B M/N-major
+  kGateUp,               // M-grouped rows x [W_gate; W_up]^T, SwiGLU epilogue
+  kRowsWT,               // M-grouped rows x W^T (down forward, dense), optional row scale
+  kRowsW,                // M-grouped rows x W (dgrad): B is N-major in memory
+  kWeightGrad,           // K-grouped A^T B over each group's rows (wgrad): A and B M/N-major
   kWeightGradContinued,  // the same, accumulators seeded from the fp32 output
 };
 
@@ -28,7 +28,10 @@ struct Form {
   static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
   static constexpr int kOutTileN = kKind == FormKind::kGateUp ? kTileN / 2 : kTileN;
   static constexpr int kBoxRowsA = kTransA ? kTileK : kTileM;
-  static constexpr int kBoxRowsB = kTransB ? kTileK : kOutTileN;
+  // M-grouped forms load B in two halves (mainloop.cuh, load_b_half): 128 K-major rows a box.
+  static constexpr int kBoxRowsB = kTransB ? kTileK : kTileN / 2;
+  static constexpr int kCluster = kKGrouped ? 1 : kClusterM;
+  static constexpr bool kTickets = kKGrouped && kWgradTickets;
 };
 
 struct KernelParams {
@@ -45,6 +48,7 @@ struct KernelParams {
   const float* row_scale;                  // RowsWT: optional
   int k_blocks_first;                      // RowsW with a second product: its first K block
   int accumulate;                          // K-grouped fp32: out += the sum
+  int ticket_slot;                         // K-grouped with tickets: its counter pair
   ptx::WaitTimeoutReport* timeout_report;  // mapped host memory, or null
 };
 

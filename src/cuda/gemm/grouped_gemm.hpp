@@ -74,11 +74,11 @@ struct RowsTimesWeightArgs {
   RowSegments segments;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
-  const __nv_bfloat16* w = nullptr;  // [G, k, n] contiguous
+  const __nv_bfloat16* w = nullptr;   // [G, k, n] contiguous
   const __nv_bfloat16* a2 = nullptr;  // optional second product: [capacity_rows, k], ld_a2
   std::int64_t ld_a2 = 0;
   const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
-  __nv_bfloat16* out = nullptr;      // [capacity_rows, n], ld_out
+  __nv_bfloat16* out = nullptr;       // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
   int n = 0;
   int k = 0;
@@ -89,6 +89,9 @@ struct RowsTimesWeightArgs {
 // increasing order by one CTA per output tile: deterministic; an empty group gives exact zeros;
 // padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
 // b = h, n = I). Output bf16 or fp32 (`out_fp32`), [G, m, n] with ld_out and group stride m*ld_out.
+// CTAs take tiles from an integer ticket counter (which CTA runs a tile never changes its bits);
+// launches use kTicketSlots counters (config.hpp) round robin, so launches N and N + kTicketSlots
+// (64) of this process must not run at the same time.
 struct WeightGradArgs {
   RowSegments segments;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, m], ld_a

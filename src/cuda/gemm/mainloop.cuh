@@ -1,7 +1,17 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
 // kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on its
-// 64-row half of the tile). Full barriers: one arrival + the stage's TMA bytes. Empty barriers: one
-// arrival per consumer warp once its wgmma have read the stage.
+// 64-row half of the tile). Full barriers: one arrival from the Producer of every CTA of the
+// cluster + the stage's TMA bytes. Empty barriers: one arrival per consumer warp of every CTA of
+// the cluster once its wgmma have read the stage.
+// NOTES (clusters of two): both CTAs walk the same number of K blocks, so stage s is in the same
+// round in both. A Producer may multicast into its peer's stage, so it waits until the consumers
+// of both CTAs released the stage (empty). It also arrives on its peer's full barrier once past
+// that wait, even when it sends the peer no bytes: so a consumer can reach round r + 1 of a stage
+// only after both Producers saw round r released everywhere, which keeps any arrival for round
+// r + 1 from landing on a barrier whose round r is not yet complete.
+// The tile queue (K-grouped with tickets): the Producer draws a ticket, writes it to a slot and
+// arrives on the slot's full barrier; every consumer thread reads it, and each consumer warp then
+// arrives on the slot's empty barrier.
 #pragma once
 
 #include <cuda.h>
@@ -9,6 +19,7 @@
 #include <cstdint>
 
 #include "cuda/gemm/forms.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -30,23 +41,49 @@ struct PipelineState {
   }
 };
 
+// The tile queue's position as one counter (slot = count mod depth, parity = (count / depth) mod
+// 2): the Consumers carry it across a tile's K loop and epilogue, where registers are scarce.
+struct TileQueueState {
+  static_assert((kTileQueueDepth & (kTileQueueDepth - 1)) == 0, "depth a power of two");
+  unsigned count = 0;
+  __device__ int slot() const { return static_cast<int>(count % kTileQueueDepth); }
+  __device__ std::uint32_t phase() const { return (count / kTileQueueDepth) & 1u; }
+  __device__ void advance() { ++count; }
+};
+inline constexpr int kNoTile = -1;  // the ticket slot's value once the tiles are all taken
+
+// Dynamic shared memory: kStages x {A tile, B tile}, then the barriers and ticket slots
+// (config.hpp, kBarrierBytes).
 struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
   __device__ std::uint8_t* a(int s) const { return base + s * kStageBytes; }
   __device__ std::uint8_t* b(int s) const { return base + s * kStageBytes + kTileABytes; }
-  __device__ std::uint64_t* full(int s) const {
-    return reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes) + s;
+  __device__ std::uint64_t* barriers() const {
+    return reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes);
   }
-  __device__ std::uint64_t* empty(int s) const {
-    return reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes) + kStages + s;
+  __device__ std::uint64_t* full(int s) const { return barriers() + s; }
+  __device__ std::uint64_t* empty(int s) const { return barriers() + kStages + s; }
+  __device__ std::uint64_t* tile_full(int q) const { return barriers() + 2 * kStages + q; }
+  __device__ std::uint64_t* tile_empty(int q) const {
+    return barriers() + 2 * kStages + kTileQueueDepth + q;
   }
-  __device__ void init_barriers() const {
+  __device__ volatile int* tile_slot(int q) const {
+    return reinterpret_cast<volatile int*>(barriers() + 2 * kStages + 2 * kTileQueueDepth) + q;
+  }
+  __device__ void init_barriers(int cluster_size) const {
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full(s), 1);
-      ptx::mbarrier_init(empty(s), kConsumerWarps);
+      ptx::mbarrier_init(full(s), cluster_size);
+      ptx::mbarrier_init(empty(s), kConsumerWarps * cluster_size);
+    }
+    for (int q = 0; q < kTileQueueDepth; ++q) {
+      ptx::mbarrier_init(tile_full(q), 1);
+      ptx::mbarrier_init(tile_empty(q), kConsumerWarps);
     }
   }
 };
+
+// Ids of the barriers in timeout reports.
+enum : int { kBarrierFull = 0, kBarrierEmpty = 1, kBarrierTileFull = 2, kBarrierTileEmpty = 3 };
 
 struct TensorMaps {
   const CUtensorMap* a;
@@ -55,16 +92,76 @@ struct TensorMaps {
   const CUtensorMap* b2;  // gate/up: W_up; RowsW with a second product: its W
 };
 
-// Producer: the TMA loads of one K block of one tile into stage `s`.
+// A TMA load into this CTA's stage, or multicast into the same offsets of both CTAs of the
+// cluster.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std::uint64_t* bar,
+                                         int c0, int c1, bool multicast) {
+  if (multicast) {
+    ptx::tma_load_2d_multicast(dst, map, bar, c0, c1, 0x3);
+  } else {
+    ptx::tma_load_2d(dst, map, bar, c0, c1);
+  }
+}
+
+// Producer, M-grouped forms: half `h` of the 256 x 64 B tile of K block `kb` (B rows or N chunks
+// [128h, 128h + 128)); the halves together give the same bytes as one 256-row box.
+template <class F>
+__device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing& ring, int s,
+                                            const TileInfo& tile, int kb, const KernelParams& p,
+                                            int h, bool multicast) {
+  std::uint64_t* bar = ring.full(s);
+  std::uint8_t* dst = ring.b(s) + h * (kTileBBytes / 2);
+  const int k0 = kb * kTileK;
+  const int n0 = tile.n0 * F::kOutTileN;
+  const int w_row = tile.group * p.b_rows_per_group;
+  if constexpr (F::kind == FormKind::kGateUp) {
+    // Half 0: W_gate's 128 rows, half 1: W_up's, for the same output columns.
+    tma_load(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0, multicast);
+  } else if constexpr (F::kTransB) {
+    // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
+    // (a2, W2).
+    const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
+    const CUtensorMap* map_b = second ? maps.b2 : maps.b;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      tma_load(dst + c * kChunkBytes, map_b, bar, n0 + (2 * h + c) * kSwizzleChunk, w_row + kk0,
+               multicast);
+    }
+  } else {
+    tma_load(dst, maps.b, bar, k0, w_row + n0 + h * (kTileN / 2), multicast);
+  }
+}
+
+// Consumer, tile queue: waits for the slot's ticket (kNoTile at the end), reads it and frees the
+// slot (one arrival per warp, once all its lanes have read it). NOTES: not inlined: inlined, its
+// bounded wait loop made ptxas spill registers in the Consumers' epilogue (the consumer code is
+// allocated within the 168-register entry cap). Called between tiles, with no wgmma in flight; the
+// HGMMA pipelining (DEPBAR.LE gsb0, 0x1) is unchanged.
+__device__ __noinline__ inline int take_queued_ticket(std::uint64_t* full, std::uint32_t parity,
+                                                      const volatile int* slot,
+                                                      std::uint64_t* empty, int lane,
+                                                      ptx::WaitTimeoutReport* report) {
+  ptx::mbarrier_wait(full, parity, kBarrierTileFull, report);
+  const int ticket = *slot;
+  __syncwarp();
+  if (lane == 0) ptx::mbarrier_arrive(empty);
+  return ticket;
+}
+
+// Producer: the TMA loads of one K block of one tile into stage `s`. With `shared_b` (the
+// cluster's two tiles use the same B tile) this CTA loads only half `rank` of B and multicasts it;
+// its peer sends the other half. Either way the stage receives kStageBytes.
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing& ring, int s,
-                                             const TileInfo& tile, int kb, const KernelParams& p) {
+                                             const TileInfo& tile, int kb, const KernelParams& p,
+                                             bool shared_b, int rank) {
   std::uint64_t* bar = ring.full(s);
   ptx::mbarrier_arrive_expect_tx(bar, kStageBytes);
   const int k0 = kb * kTileK;
-  const int n0 = tile.n0 * F::kOutTileN;
   if constexpr (F::kKGrouped) {
     const int row = tile.row_base + k0;
+    const int n0 = tile.n0 * F::kOutTileN;
 #pragma unroll
     for (int c = 0; c < kTileM / kSwizzleChunk; ++c) {
       ptx::tma_load_2d(ring.a(s) + c * kChunkBytes, maps.a, bar, tile.m0 + c * kSwizzleChunk, row);
@@ -73,35 +170,51 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
     for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
       ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, maps.b, bar, n0 + c * kSwizzleChunk, row);
     }
-  } else if constexpr (F::kind == FormKind::kRowsW) {
-    // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
-    // (a2, W2).
-    const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
-    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
-    const CUtensorMap* map_a = second ? maps.a2 : maps.a;
-    const CUtensorMap* map_b = second ? maps.b2 : maps.b;
-    ptx::tma_load_2d(ring.a(s), map_a, bar, kk0, tile.row_base + tile.m0);
-    const int w_row = tile.group * p.b_rows_per_group;
-#pragma unroll
-    for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
-      ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, map_b, bar, n0 + c * kSwizzleChunk,
-                       w_row + kk0);
-    }
   } else {
-    ptx::tma_load_2d(ring.a(s), maps.a, bar, k0, tile.row_base + tile.m0);
-    const int w_row = tile.group * p.b_rows_per_group;
-    if constexpr (F::kind == FormKind::kGateUp) {
-      ptx::tma_load_2d(ring.b(s), maps.b, bar, k0, w_row + n0);
-      ptx::tma_load_2d(ring.b(s) + kTileBBytes / 2, maps.b2, bar, k0, w_row + n0);
-    } else if constexpr (F::kTransB) {
-#pragma unroll
-      for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
-        ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, maps.b, bar, n0 + c * kSwizzleChunk,
-                         w_row + k0);
-      }
+    const bool second =
+        F::kind == FormKind::kRowsW && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
+    ptx::tma_load_2d(ring.a(s), second ? maps.a2 : maps.a, bar, kk0, tile.row_base + tile.m0);
+    if (shared_b) {
+      load_b_half<F>(maps, ring, s, tile, kb, p, rank, true);
     } else {
-      ptx::tma_load_2d(ring.b(s), maps.b, bar, k0, w_row + n0);
+      load_b_half<F>(maps, ring, s, tile, kb, p, 0, false);
+      load_b_half<F>(maps, ring, s, tile, kb, p, 1, false);
     }
+  }
+}
+
+// Producer: every K block of one tile, each into the next free stage of the ring.
+template <class F>
+__device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRing& ring,
+                                          PipelineState& state, const TileInfo& tile,
+                                          const KernelParams& p, bool shared_b, int rank) {
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
+    if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.full(state.stage), rank ^ 1);
+    load_k_block<F>(maps, ring, state.stage, tile, kb, p, shared_b, rank);
+    state.advance();
+  }
+}
+
+// Producer, clusters: before the CTA exits, every stage it filled has been released by the
+// consumers of both CTAs, so no arrival from the peer is still on its way to this CTA's barriers.
+__device__ __forceinline__ void drain_ring(const SharedRing& ring, PipelineState& state,
+                                           const KernelParams& p) {
+  for (int i = 0; i < kStages; ++i) {
+    ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
+    state.advance();
+  }
+}
+
+// Consumer, lane 0 of each warp: stage `s` has been read; with clusters, tell both CTAs' Producers.
+template <int kCluster>
+__device__ __forceinline__ void release_stage(const SharedRing& ring, int s) {
+  if constexpr (kCluster == 1) {
+    ptx::mbarrier_arrive(ring.empty(s));
+  } else {
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) ptx::mbarrier_arrive_cluster(ring.empty(s), r);
   }
 }
 
@@ -148,6 +261,32 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[kTileN / 2], const Shar
     ptx::wgmma_m64n256k16_bf16<F::kTransA, F::kTransB>(acc, da, db, 1);
   }
   ptx::wgmma_commit_group();
+}
+
+// Consumer: the whole K loop of one tile into `acc` (already zeroed or seeded). NOTES: one wgmma
+// group stays in flight: block kb is issued before block kb-1 is waited for, and stage kb-1 is
+// released only then, so the tensor cores never wait for the issue.
+template <class F>
+__device__ __forceinline__ void mma_tile(float (&acc)[kTileN / 2], const SharedRing& ring,
+                                         PipelineState& state, const TileInfo& tile,
+                                         const KernelParams& p, int consumer_wg, int lane,
+                                         int consumer_thread) {
+  int previous_stage = -1;
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    ptx::mbarrier_wait(ring.full(state.stage), state.phase, kBarrierFull, p.timeout_report);
+    if constexpr (F::kKGrouped) {
+      const int valid = tile.row_count - kb * kTileK;
+      if (valid < kTileK) zero_tail_rows(ring, state.stage, valid, consumer_thread);
+    }
+    mma_k_block<F>(acc, ring, state.stage, consumer_wg);
+    ptx::wgmma_wait_group<1>();
+    if (previous_stage >= 0 && lane == 0) release_stage<F::kCluster>(ring, previous_stage);
+    previous_stage = state.stage;
+    state.advance();
+  }
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_registers(acc);
+  if (previous_stage >= 0 && lane == 0) release_stage<F::kCluster>(ring, previous_stage);
 }
 
 }  // namespace mok::gemm

@@ -1,12 +1,17 @@
 // Persistent tile scheduler over groups whose sizes live in device memory.
 //
-// Every CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... of one linear order: group-major;
-// within a group, panels of kPanelM M tiles; within a panel, N tile outer and M tile inner. So the
-// CTAs running at one time cover about kPanelM x (grid / kPanelM) tiles of one group and share
-// both their A rows and their weight columns in L2 (with N fastest, a wide N, e.g. mixtral's
-// I = 14336, re-streamed the whole weight from HBM once per M tile).
+// The linear tile order: group-major; within a group, panels of kPanelM M tiles; within a panel,
+// N tile outer and M tile inner. So the CTAs running at one time cover about kPanelM x
+// (grid / kPanelM) tiles of one group and share both their A rows and their weight columns in L2
+// (with N fastest, a wide N, e.g. mixtral's I = 14336, re-streamed the whole weight from HBM once
+// per M tile).
 // M-grouped forms: group g has ceil(rows_g / kTileM) x n_tiles tiles, each with a fixed K loop.
-// K-grouped form (wgrad): every group has m_tiles x n_tiles tiles; the K loop covers rows_g.
+// Clusters of kCluster CTAs walk tiles kCluster at a time: cluster c runs tiles [kCluster q,
+// kCluster q + kCluster) for q = c, c + clusters, ..., rank r the r-th of them, so the two CTAs of
+// a cluster hold consecutive M tiles of one panel (the same weight tile) most of the time.
+// K-grouped form (wgrad): every group has m_tiles x n_tiles tiles; the K loop covers rows_g. With
+// tickets, tile t is the (t mod tiles-per-group)-th tile of the (t / tiles-per-group)-th group in
+// heavy-first order (most K blocks first, ties by group index), and CTAs draw t from a counter.
 #pragma once
 
 #include "cuda/gemm/config.hpp"
@@ -33,12 +38,34 @@ struct TileInfo {
   int k_blocks;
 };
 
+// One CTA's share of a cluster step: its tile, whether it stores it (the last step of an odd tile
+// count gives rank 1 a copy of rank 0's tile, computed for the shared loads but not stored), and
+// whether the cluster's tiles share one weight tile (then each CTA loads half and multicasts it).
+struct ClusterTile {
+  TileInfo tile;
+  bool store;
+  bool shared_b;
+};
+
 // Shared-memory tables, filled once per CTA by one warp.
 struct SchedulerTables {
   int start[kMaxGroups];
   int count[kMaxGroups];
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
+  int order[kMaxGroups];       // K-grouped with tickets: groups, heaviest first
+  int bucket[kOrderBuckets];   // scratch of the heavy-first sort
 };
+static_assert(kSharedBytes + sizeof(SchedulerTables) <= 227 * 1024, "shared memory overflow");
+
+// Sort key of a group's K length: non-decreasing in k_blocks, exact up to 15 blocks, then the
+// leading bit and 3 more (groups in one bucket differ by less than 1/8), so a counting sort over
+// kOrderBuckets buckets orders groups heavy first up to ties that cost within 12.5%.
+__device__ __forceinline__ int order_key(int k_blocks) {
+  if (k_blocks <= 0) return 0;
+  const int e = 31 - __clz(k_blocks);
+  const int m = e >= 3 ? (k_blocks >> (e - 3)) & 7 : (k_blocks << (3 - e)) & 7;
+  return 1 + e * 8 + m;  // <= 1 + 30 * 8 + 7 < kOrderBuckets
+}
 
 template <bool kKGrouped>
 struct TileScheduler {
@@ -78,18 +105,64 @@ struct TileScheduler {
     if (lane == 0) t.prefix[0] = 0;
   }
 
+  // Warp-cooperative, after prepare (same warp): t.order = the groups by decreasing order_key of
+  // their K blocks, ties in increasing group index (a stable counting sort; integer atomics only
+  // count, the placement is fixed by group index).
+  __device__ static void order_heavy_first(const SchedulerParams& p, SchedulerTables& t, int lane) {
+    static_assert(kKGrouped, "only K-grouped tiles differ in cost");
+    __syncwarp();
+    for (int b = lane; b < kOrderBuckets; b += 32) t.bucket[b] = 0;
+    __syncwarp();
+    auto bucket_of = [&](int g) {
+      return kOrderBuckets - 1 - order_key((t.count[g] + kTileK - 1) / kTileK);
+    };
+    for (int g = lane; g < p.num_groups; g += 32) atomicAdd(&t.bucket[bucket_of(g)], 1);
+    __syncwarp();
+    // Exclusive scan of the histogram: lane l owns buckets [8l, 8l + 8).
+    constexpr int kPerLane = kOrderBuckets / 32;
+    int local[kPerLane], sum = 0;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      local[i] = sum;
+      sum += t.bucket[lane * kPerLane + i];
+    }
+    int inclusive = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += v;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) t.bucket[lane * kPerLane + i] = inclusive - sum + local[i];
+    __syncwarp();
+    // Placement, 32 groups at a time in increasing index: a group's position is its bucket's
+    // running base plus the lanes below it with the same bucket.
+    for (int base = 0; base < p.num_groups; base += 32) {
+      const int g = base + lane;
+      const unsigned active = __ballot_sync(0xffffffffu, g < p.num_groups);
+      if (g < p.num_groups) {
+        const int b = bucket_of(g);
+        const unsigned peers = __match_any_sync(active, b);
+        const unsigned below = peers & ((1u << lane) - 1u);
+        t.order[t.bucket[b] + __popc(below)] = g;
+        __syncwarp(active);
+        if (below == 0) t.bucket[b] += __popc(peers);
+      }
+      __syncwarp();
+    }
+  }
+
   __device__ int num_tiles() const {
     return t.prefix[p.num_groups];
   }
 
-  // Tiles must be asked for in increasing order (the cursor only moves forward).
-  __device__ TileInfo tile(int index) {
-    while (t.prefix[cursor + 1] <= index) ++cursor;
-    const int local = index - t.prefix[cursor];
+  // Tile `local` of group `g` in the group's panel order.
+  __device__ TileInfo tile_in_group(int g, int local) const {
     TileInfo info;
-    info.group = cursor;
-    info.row_base = t.start[cursor];
-    info.row_count = t.count[cursor];
+    info.group = g;
+    info.row_base = t.start[g];
+    info.row_count = t.count[g];
     const int m_tiles = kKGrouped ? p.m_tiles : (info.row_count + kTileM - 1) / kTileM;
     const int panel = local / (kPanelM * p.n_tiles);
     const int rem = local - panel * kPanelM * p.n_tiles;
@@ -98,6 +171,56 @@ struct TileScheduler {
     info.n0 = rem / panel_m;
     info.k_blocks = kKGrouped ? (info.row_count + kTileK - 1) / kTileK : p.k_blocks;
     return info;
+  }
+
+  // Tile `index` of the linear order. Tiles must be asked for in increasing order (the cursor only
+  // moves forward).
+  __device__ TileInfo tile(int index) {
+    while (t.prefix[cursor + 1] <= index) ++cursor;
+    return tile_in_group(cursor, index - t.prefix[cursor]);
+  }
+
+  // Tile `ticket` of the heavy-first order (K-grouped with tickets).
+  __device__ TileInfo tile_of_ticket(int ticket) const {
+    const int per_group = p.m_tiles * p.n_tiles;
+    const int j = ticket / per_group;
+    return tile_in_group(t.order[j], ticket - j * per_group);
+  }
+
+  // Rank `rank`'s tile of cluster step `step` (steps in increasing order; step * kCluster <
+  // num_tiles).
+  template <int kCluster>
+  __device__ ClusterTile cluster_tile(int step, int rank) {
+    const int first = step * kCluster;
+    if constexpr (kCluster == 1) {
+      return ClusterTile{tile(first), true, false};
+    } else {
+      static_assert(kCluster == 2, "clusters of two CTAs");
+      const int last = num_tiles() - 1;
+      const TileInfo t0 = tile(first);
+      const TileInfo t1 = first + 1 <= last ? tile(first + 1) : t0;
+      const bool shared = t0.group == t1.group && t0.n0 == t1.n0;
+      return ClusterTile{rank == 0 ? t0 : t1, rank == 0 || first + 1 <= last, shared};
+    }
+  }
+};
+
+// A launch's ticket counter pair {next ticket, CTAs done} in device memory, zero between launches:
+// the last CTA to finish puts both back to zero.
+struct TicketCounter {
+  unsigned* counters;
+
+  __device__ int take() const { return static_cast<int>(atomicAdd(counters, 1u)); }
+
+  // Once per CTA, after its last take(): the last CTA of the grid resets the pair for the next
+  // launch that uses it. NOTES: the fence orders this CTA's last take before its done count, so
+  // when the count reaches gridDim.x no take of this launch is still to come.
+  __device__ void retire() const {
+    __threadfence();
+    if (atomicAdd(counters + 1, 1u) == gridDim.x - 1) {
+      atomicExch(counters, 0u);
+      atomicExch(counters + 1, 0u);
+    }
   }
 };
 

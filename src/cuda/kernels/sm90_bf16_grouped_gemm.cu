@@ -6,9 +6,16 @@
 //   Consumer0/1        : setmaxnreg up; each walks the same tiles, waits on `full`, issues
 //                        wgmma on its 64 rows, releases the stage, then runs the epilogue while
 //                        the producer already fills the ring for the next tile.
+//
+// Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order in clusters of
+// F::kCluster CTAs (sharing the weight tile through multicast where both tiles use it);
+// the K-grouped form with tickets draws tiles from a counter, the Producer passing each ticket to
+// the Consumers through the tile queue.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -18,13 +25,16 @@
 #include "cuda/gemm/mainloop.cuh"
 #include "cuda/gemm/scheduler.cuh"
 #include "cuda/gemm/tensor_map.hpp"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "mok/error.hpp"
 
 namespace mok::gemm {
 namespace {
 
-enum : int { kBarrierFull = 0, kBarrierEmpty = 1 };  // ids in timeout reports
+// Ticket counter pairs {next ticket, CTAs done}; zero when no launch uses them (scheduler.cuh,
+// TicketCounter). One copy per device, as every __device__ variable.
+__device__ unsigned g_tile_tickets[2 * kTicketSlots];
 
 template <class F>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -43,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    ring.init_barriers();
+    ring.init_barriers(F::kCluster);
     ptx::fence_barrier_init();
     ptx::tma_prefetch_descriptor(&map_a);
     ptx::tma_prefetch_descriptor(&map_b);
@@ -55,26 +65,51 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (threadIdx.x < 32) TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
+  if (threadIdx.x < 32) {
+    TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
+    if constexpr (F::kTickets)
+      TileScheduler<F::kKGrouped>::order_heavy_first(p.sched, tables, lane);
+  }
   __syncthreads();
+  // NOTES: the peer's multicast loads and arrivals target this CTA's barriers: both CTAs'
+  // barriers are initialised before either CTA issues any.
+  if constexpr (F::kCluster > 1) ptx::cluster_sync();
 
   TileScheduler<F::kKGrouped> scheduler{p.sched, tables};
   const int num_tiles = scheduler.num_tiles();
+  const int rank = F::kCluster > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  const int cluster = blockIdx.x / F::kCluster;  // clusters are consecutive blocks along x
+  const int num_clusters = gridDim.x / F::kCluster;
+  const TicketCounter tickets{g_tile_tickets + 2 * p.ticket_slot};
   PipelineState state;
+  TileQueueState queue;
 
   if (warpgroup == 0) {
     // Producer.
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (warp == 0 && lane == 0) {
       const TensorMaps maps{&map_a, &map_b, &map_a2, &map_b2};
-      for (int index = blockIdx.x; index < num_tiles; index += gridDim.x) {
-        const TileInfo tile = scheduler.tile(index);
-        for (int kb = 0; kb < tile.k_blocks; ++kb) {
-          ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty,
+      if constexpr (F::kTickets) {
+        for (;;) {
+          // NOTES: the ticket is drawn once a slot is free and the previous tile's loads are
+          // issued, about kStages K blocks before this CTA can start it: late enough that a CTA
+          // busy with a long tile leaves the next ones to others.
+          ptx::mbarrier_wait(ring.tile_empty(queue.slot()), queue.phase() ^ 1u, kBarrierTileEmpty,
                              p.timeout_report);
-          load_k_block<F>(maps, ring, state.stage, tile, kb, p);
-          state.advance();
+          const int ticket = tickets.take();
+          *ring.tile_slot(queue.slot()) = ticket < num_tiles ? ticket : kNoTile;
+          ptx::mbarrier_arrive(ring.tile_full(queue.slot()));
+          queue.advance();
+          if (ticket >= num_tiles) break;
+          load_tile<F>(maps, ring, state, scheduler.tile_of_ticket(ticket), p, false, 0);
         }
+        tickets.retire();
+      } else {
+        for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters) {
+          const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
+          load_tile<F>(maps, ring, state, ct.tile, p, ct.shared_b, rank);
+        }
+        if constexpr (F::kCluster > 1) drain_ring(ring, state, p);
       }
     }
   } else {
@@ -82,34 +117,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegisters>();
     const int wg = warpgroup - 1;
     const int consumer_thread = threadIdx.x - 128;
-    for (int index = blockIdx.x; index < num_tiles; index += gridDim.x) {
-      const TileInfo tile = scheduler.tile(index);
+    auto run_tile = [&](const TileInfo& tile, bool store) {
       float acc[kTileN / 2];
-#pragma unroll
-      for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
-      if constexpr (F::kSeeded) load_fp32_accumulators(acc, tile, p, wg, warp, lane);
-      // NOTES: one wgmma group stays in flight: block kb is issued before block kb-1 is waited
-      // for, and stage kb-1 is released only then, so the tensor cores never wait for the issue.
-      int previous_stage = -1;
-      for (int kb = 0; kb < tile.k_blocks; ++kb) {
-        ptx::mbarrier_wait(ring.full(state.stage), state.phase, kBarrierFull, p.timeout_report);
-        if constexpr (F::kKGrouped) {
-          const int valid = tile.row_count - kb * kTileK;
-          if (valid < kTileK) zero_tail_rows(ring, state.stage, valid, consumer_thread);
-        }
-        mma_k_block<F>(acc, ring, state.stage, wg);
-        ptx::wgmma_wait_group<1>();
-        if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
-        previous_stage = state.stage;
-        state.advance();
+      init_accumulators<F>(acc, tile, p, wg, warp, lane);
+      mma_tile<F>(acc, ring, state, tile, p, wg, lane, consumer_thread);
+      if (store) store_tile<F>(acc, tile, p, wg, warp, lane);
+    };
+    if constexpr (F::kTickets) {
+      for (;;) {
+        const int ticket = take_queued_ticket(
+            ring.tile_full(queue.slot()), queue.phase(), ring.tile_slot(queue.slot()),
+            ring.tile_empty(queue.slot()), lane, p.timeout_report);
+        queue.advance();
+        if (ticket == kNoTile) break;
+        run_tile(scheduler.tile_of_ticket(ticket), true);
       }
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_registers(acc);
-      if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
-      if constexpr (F::kind == FormKind::kGateUp) {
-        store_swiglu(acc, tile, p, wg, warp, lane);
-      } else {
-        store_plain<F::kKGrouped>(acc, tile, p, wg, warp, lane);
+    } else {
+      for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters) {
+        const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
+        run_tile(ct.tile, ct.store);
       }
     }
   }
@@ -151,6 +177,34 @@ SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles,
                          s.dense_rows, m_tiles, n_tiles,      k_blocks};
 }
 
+// CTAs of a persistent launch: one per SM, in whole clusters, no more clusters than can be
+// resident at once (asked of the driver once per form and device).
+template <class F>
+int grid_size(cudaLaunchConfig_t config) {
+  const int sms = persistent_grid_size();
+  if constexpr (F::kCluster == 1) {
+    return sms;
+  } else {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> resident[kMaxDevices] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) throw Error("cannot query the current device");
+    int clusters = device < kMaxDevices ? resident[device].load() : 0;
+    if (clusters == 0) {
+      config.gridDim = dim3(sms / F::kCluster * F::kCluster);
+      if (cudaOccupancyMaxActiveClusters(&clusters, sm90_bf16_grouped_gemm_kernel<F>, &config) !=
+              cudaSuccess ||
+          clusters <= 0) {
+        (void)cudaGetLastError();
+        throw Error("grouped GEMM: no cluster of " + to_text(F::kCluster) +
+                    " CTAs fits on this device (cudaOccupancyMaxActiveClusters)");
+      }
+      if (device < kMaxDevices) resident[device].store(clusters);
+    }
+    return std::min(clusters, sms / F::kCluster) * F::kCluster;
+  }
+}
+
 template <class F>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
             const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream) {
@@ -160,9 +214,21 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
                                 static_cast<int>(kSharedBytes)) == cudaSuccess;
   }();
   if (!configured) throw Error("cudaFuncSetAttribute(max dynamic shared memory) failed");
-  sm90_bf16_grouped_gemm_kernel<F>
-      <<<persistent_grid_size(), kThreads, kSharedBytes, stream>>>(a, b, a2, b2, p);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  cudaLaunchAttribute attributes[1] = {};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = F::kCluster;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSharedBytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = F::kCluster > 1 ? 1 : 0;
+  config.gridDim = dim3(grid_size<F>(config));
+  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F>, a, b, a2, b2, p);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) {
     throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
   }
 }
@@ -201,7 +267,9 @@ KernelParams base_params(const RowSegments& s) {
 std::string last_wait_timeout() {
   const ptx::WaitTimeoutReport* r = timeout_report_host();
   if (r == nullptr || *reinterpret_cast<const volatile int*>(&r->timed_out) == 0) return {};
-  return std::string("grouped GEMM barrier ") + (r->barrier_id == kBarrierFull ? "full" : "empty") +
+  const char* names[] = {"full", "empty", "tile queue full", "tile queue empty"};
+  const bool known = r->barrier_id >= 0 && r->barrier_id < 4;
+  return std::string("grouped GEMM barrier ") + (known ? names[r->barrier_id] : "?") +
          " (smem offset " + to_text(r->smem_address) + ") parity " + to_text(r->parity) +
          " timed out in block " + to_text(r->block) + ", thread " + to_text(r->thread);
 }
@@ -345,6 +413,12 @@ void weight_grad_form(const WeightGradArgs& args) {
   check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
         "at most one of them", "both");
   p.accumulate = args.accumulate ? 1 : 0;
+  if constexpr (F::kTickets) {
+    // NOTES: launches take counter pairs round robin; two launches share one only when
+    // kTicketSlots launches are in flight at once.
+    static std::atomic<unsigned> next_slot{0};
+    p.ticket_slot = static_cast<int>(next_slot.fetch_add(1u) % kTicketSlots);
+  }
   launch<F>(a, b, a, b, p, args.stream);
 }
 
