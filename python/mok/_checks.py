@@ -1,0 +1,170 @@
+"""Argument checks shared by the real and the fake (meta) implementations of mok's ops.
+
+They run on tensor metadata only (dtype, shape, strides, device), so they also run while
+torch.compile traces with fake tensors, and never read data (no host synchronization). Messages
+follow mok's C++ format, ``mok: invalid <argument>: expected <what>, got <what>``: a dtype problem
+raises TypeError, every other problem (shape, strides, device, a value) ValueError. The C++ core
+repeats its own checks behind these (and owns the data-dependent one, expert ids in [-1, E)).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from mok import _C
+
+# Activation dtypes: bf16 (every backend) and float64 (the CPU backend's exact mode).
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float64)
+
+
+def fail(argument, expected, actual, error=ValueError):
+    raise error(f"mok: invalid {argument}: expected {expected}, got {actual}")
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def device_name(device):
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else 0}"
+    return str(device)
+
+
+def shape_text(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def router_dtype(activation_dtype):
+    """The dtype of router weights (and their gradient) for an activation dtype."""
+    return torch.float64 if activation_dtype == torch.float64 else torch.float32
+
+
+def require_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        fail(name, "a torch.Tensor", type(t).__name__, TypeError)
+
+
+def check_tensor(name, t, dtype, shape, device):
+    """dtype, then device, then shape, then strides: the order of mok's C++ checks."""
+    require_tensor(name, t)
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in dtypes:
+        fail(f"{name}.dtype", " or ".join(dtype_name(d) for d in dtypes), dtype_name(t.dtype),
+             TypeError)
+    if t.device != device:
+        fail(f"{name}.device", device_name(device), device_name(t.device))
+    if t.dim() != len(shape) or any(a != b for a, b in zip(t.shape, shape)):
+        fail(f"{name}.shape", shape_text(shape), shape_text(t.shape))
+    if not t.is_contiguous():
+        fail(f"{name}.strides", "row-major contiguous strides", shape_text(t.stride()))
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The problem one call describes (DESIGN.md section 1), read off its tensors."""
+
+    num_tokens: int
+    hidden_size: int
+    intermediate_size: int
+    num_experts: int  # local experts (the CPU backend holds them all)
+    topk: int
+    shared_intermediate_size: int
+    activation_dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def has_shared_expert(self):
+        return self.shared_intermediate_size > 0
+
+
+def _static(value, stand_in):
+    """A plain int for mok's C++ validation; `stand_in` for a symbolic size (checked at run
+    time)."""
+    return int(value) if not isinstance(value, torch.SymInt) else stand_in
+
+
+def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
+                shared_down, *, with_topk_weights=True):
+    """Checks one layer call's inputs and weights; returns its LayerShape."""
+    require_tensor("x", x)
+    if x.dtype not in ACTIVATION_DTYPES:
+        fail("x.dtype", "bfloat16 (or float64 on the cpu backend)", dtype_name(x.dtype), TypeError)
+    if x.dim() != 2:
+        fail("x.shape", "[num_tokens, hidden_size]", shape_text(x.shape))
+    act, device = x.dtype, x.device
+    T, H = x.shape
+    check_tensor("x", x, act, (T, H), device)
+
+    require_tensor("topk_experts", topk_experts)
+    if topk_experts.dim() != 2:
+        fail("topk_experts.shape", f"[{T}, topk]", shape_text(topk_experts.shape))
+    k = topk_experts.shape[1]
+    check_tensor("topk_experts", topk_experts, torch.int64, (T, k), device)
+    if with_topk_weights:
+        check_tensor("topk_weights", topk_weights, router_dtype(act), (T, k), device)
+
+    require_tensor("routed_gate_weights", gate)
+    if gate.dim() != 3:
+        fail("routed_gate_weights.shape", f"[num_experts, intermediate_size, {H}]",
+             shape_text(gate.shape))
+    E, I = gate.shape[0], gate.shape[1]
+    check_tensor("routed_gate_weights", gate, act, (E, I, H), device)
+    check_tensor("routed_up_weights", up, act, (E, I, H), device)
+    check_tensor("routed_down_weights", down, act, (E, H, I), device)
+
+    shared = {"shared_gate_weights": shared_gate, "shared_up_weights": shared_up,
+              "shared_down_weights": shared_down}
+    given = [n for n, t in shared.items() if t is not None]
+    if given and len(given) != 3:
+        missing = next(n for n, t in shared.items() if t is None)
+        fail(missing, f"a tensor ({given[0]} is given: the shared expert needs all three)", "None")
+    S = 0
+    if given:
+        require_tensor("shared_gate_weights", shared_gate)
+        if shared_gate.dim() != 2:
+            fail("shared_gate_weights.shape", f"[shared_intermediate_size, {H}]",
+                 shape_text(shared_gate.shape))
+        S = shared_gate.shape[0]
+        check_tensor("shared_gate_weights", shared_gate, act, (S, H), device)
+        check_tensor("shared_up_weights", shared_up, act, (S, H), device)
+        check_tensor("shared_down_weights", shared_down, act, (H, S), device)
+
+    # Sizes, alignment (bf16: H, I, S multiples of 64) and topk <= num_experts: mok's own rules.
+    _C.validate_problem(
+        num_tokens=_static(T, 1), hidden_size=_static(H, 64), intermediate_size=_static(I, 64),
+        num_experts=_static(E, 1 << 20), topk=_static(k, 1),
+        shared_intermediate_size=_static(S, 64 if given else 0), ep_size=1, ep_rank=0,
+        activation_dtype=dtype_name(act))
+    return LayerShape(T, H, I, E, k, S, act, device)
+
+
+def check_d_out(d_out, shape: LayerShape):
+    check_tensor("d_out", d_out, shape.activation_dtype, (shape.num_tokens, shape.hidden_size),
+                 shape.device)
+
+
+def check_main_grads(shape: LayerShape, grads):
+    """fp32 (float64 in the exact mode) weight-gradient buffers that backward accumulates into."""
+    wide = router_dtype(shape.activation_dtype)
+    E, I, H, S = (shape.num_experts, shape.intermediate_size, shape.hidden_size,
+                  shape.shared_intermediate_size)
+    expected = {"main_routed_gate": (E, I, H), "main_routed_up": (E, I, H),
+                "main_routed_down": (E, H, I), "main_shared_gate": (S, H),
+                "main_shared_up": (S, H), "main_shared_down": (H, S)}
+    for (name, shp), g in zip(expected.items(), grads):
+        if name.startswith("main_shared") and not shape.has_shared_expert:
+            if g is not None:
+                fail(name, "None (the layer has no shared expert)",
+                     f"a tensor {shape_text(g.shape)}")
+            continue
+        check_tensor(name, g, wide, shp, shape.device)
+
+
+def view_of(t):
+    """The view tuple mok._C takes (src/python/binding.cpp), or None for an absent tensor."""
+    if t is None:
+        return None
+    d = t.device
+    return (t.data_ptr(), dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()), d.type,
+            d.index if d.index is not None else 0)

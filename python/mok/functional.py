@@ -1,0 +1,297 @@
+"""mok's functional layer, with MoK's names and argument order.
+
+    config = functional.MoKConfig()
+    workspace = functional.get_workspace(config, None, device=x.device, num_local_tokens=T,
+                                         hidden_size=H, topk=k)
+    schedule = functional.build_schedule(workspace, config, topk_experts,
+                                         num_local_experts=E)
+    out, ctx = functional.forward(config, workspace, schedule, x, router_weights,
+                                  w_shared_gate, w_shared_up, w_shared_down,
+                                  w_routed_gate, w_routed_up, w_routed_down)
+    (d_x, d_router_weights, d_w_routed_gate, d_w_routed_up, d_w_routed_down,
+     d_w_shared_gate, d_w_shared_up, d_w_shared_down) = functional.backward(
+        config, workspace, schedule, ctx, d_out, x, router_weights,
+        w_shared_gate, w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+
+Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
+expert's weights may be None (its gradients are then None); any number of tokens; `-1` slots;
+bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported yet: MXFP8 weight
+tuples and `swiglu_limit` (both raise).
+
+The forward context lives inside the workspace (mok's C++ core keeps it there); MoKForwardContext
+names it. When the workspace holds another call's context by the time backward runs (several layers
+sharing one cached workspace, or recompute_forward_context called without the down weights),
+backward rebuilds it first from its own arguments, with the same bits.
+"""
+
+import dataclasses
+import math
+import threading
+
+import torch
+
+from mok import _C, _checks, _workspace, ops
+
+Workspace = _workspace.Workspace
+MoKWorkspace = Workspace
+
+
+@dataclasses.dataclass(frozen=True)
+class MoKConfig:
+    """MoK's tuning knobs, with MoK's defaults. None of them changes the result."""
+
+    fwd_num_comm_sms: int = 40
+    bwd_num_comm_sms: int = 28
+    minibatch_size: int = 4096
+    macrobatch_size: int = 131072
+    schedule_capacity_multiplier: float = 0.5
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in (int, "int"):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+                expected = "an int"
+            else:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                expected = "a number"
+            if not ok:
+                _checks.fail(f"config.{field.name}", expected, type(value).__name__, TypeError)
+        if not math.isfinite(self.schedule_capacity_multiplier):
+            _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
+                         self.schedule_capacity_multiplier)
+        _C.validate_config(self.fwd_num_comm_sms, self.bwd_num_comm_sms, self.minibatch_size,
+                           self.macrobatch_size, float(self.schedule_capacity_multiplier))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoKSchedule:
+    """This rank's routing, validated. On the CPU backend the schedule is the routing itself plus
+    the rows per local expert; the C++ schedule table (issue 4) will live here on CUDA."""
+
+    topk_experts: torch.Tensor       # int64 [num_local_tokens, topk]; -1 marks an unused slot
+    tokens_per_expert: torch.Tensor  # int32 [num_local_experts]: routed rows per local expert
+    num_experts: int
+    num_local_experts: int
+    workspace_handle: int
+
+    @property
+    def top_experts(self):  # MoK's field name
+        return self.topk_experts
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoKForwardContext:
+    """Names the forward context a workspace holds (see the module docstring)."""
+
+    workspace_handle: int
+    context: "torch.Tensor | None"  # the token mok.ops returned; None: backward rebuilds it
+
+    @property
+    def built(self):
+        return self.context is not None
+
+
+_cache: "dict[tuple, Workspace]" = {}
+_cache_lock = threading.Lock()
+
+
+def _group_rank_size(group):
+    if group is None:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        _checks.fail("group", "None (one device) or a process group of an initialized "
+                     "torch.distributed", "a group while torch.distributed is not initialized")
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
+
+
+def _normalize_device(device):
+    if device is None:
+        _checks.fail("device", "a torch.device", "None")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available()
+                              else 0)
+    if device.type not in ("cpu", "cuda"):
+        _checks.fail("device", "cpu or cuda", str(device))
+    return device
+
+
+def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
+    if not isinstance(config, MoKConfig):
+        _checks.fail("config", "a MoKConfig", type(config).__name__, TypeError)
+    device = _normalize_device(device)
+    for name, value in (("num_local_tokens", num_local_tokens), ("hidden_size", hidden_size),
+                        ("topk", topk)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _checks.fail(name, "a positive int", repr(value))
+    rank, size = _group_rank_size(group)
+    if size != 1:
+        _checks.fail("group", "None or a group of one rank (expert parallelism needs the CUDA "
+                     "backend, not available yet)", f"a group of {size} ranks")
+    if device.type == "cuda":
+        _C.require_backend("cuda")  # mok's own error while the CUDA backend is not available
+    return device, rank, size
+
+
+def create_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
+    """A new workspace owned by the caller (not cached)."""
+    device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
+                                         topk)
+    return Workspace(config, group=group, ep_rank=rank, ep_size=size, device=device,
+                     num_local_tokens=num_local_tokens, hidden_size=hidden_size, topk=topk)
+
+
+def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
+    """The cached workspace for (config, group, device, shapes), created on first use.
+
+    MoK shares one workspace between layers of equal shape; so does mok."""
+    device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
+                                         topk)
+    key = (config, id(group) if group is not None else None, device, num_local_tokens,
+           hidden_size, topk)
+    with _cache_lock:
+        ws = _cache.get(key)
+        if ws is None:
+            ws = _cache[key] = Workspace(config, group=group, ep_rank=rank, ep_size=size,
+                                         device=device, num_local_tokens=num_local_tokens,
+                                         hidden_size=hidden_size, topk=topk)
+        return ws
+
+
+def clear_workspace_cache():
+    """Drops the cached workspaces (their memory goes when nothing else refers to them)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _require(name, value, kind):
+    if not isinstance(value, kind):
+        _checks.fail(name, f"a {kind.__name__}", type(value).__name__, TypeError)
+
+
+def _common(config, workspace, schedule, swiglu_limit):
+    _require("config", config, MoKConfig)
+    _require("workspace", workspace, Workspace)
+    if schedule is not None:
+        _require("schedule", schedule, MoKSchedule)
+        if schedule.workspace_handle != workspace.handle:
+            _checks.fail("schedule", "a schedule built with this workspace",
+                         "one from another workspace")
+    if swiglu_limit is not None:
+        _checks.fail("swiglu_limit", "None (mok has no clamped SwiGLU yet)", swiglu_limit)
+    if config != workspace.config:
+        _checks.fail("config", f"the workspace's config {workspace.config}", config)
+
+
+def _weights(routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down):
+    for name, w in (("routed_gate_weights", routed_gate), ("routed_up_weights", routed_up),
+                    ("routed_down_weights", routed_down)):
+        if isinstance(w, tuple):
+            _checks.fail(name, "a tensor (mok has no MXFP8 weights yet)", "a tuple", TypeError)
+    return routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down
+
+
+def _check_experts(schedule, routed_gate):
+    if isinstance(routed_gate, torch.Tensor) and routed_gate.dim() == 3 \
+            and routed_gate.shape[0] != schedule.num_local_experts:
+        _checks.fail("routed_gate_weights.shape[0]",
+                     f"{schedule.num_local_experts} (the schedule's num_local_experts)",
+                     routed_gate.shape[0])
+
+
+def build_schedule(workspace, config, topk_experts, *, num_local_experts):
+    """Validates the routing (every id in [-1, num_experts)) and counts rows per local expert."""
+    _common(config, workspace, None, None)
+    _checks.require_tensor("topk_experts", topk_experts)
+    if not isinstance(num_local_experts, int) or num_local_experts < 1:
+        _checks.fail("num_local_experts", "a positive int", repr(num_local_experts))
+    if topk_experts.dim() == 2:
+        if workspace.device is not None and topk_experts.device != workspace.device:
+            _checks.fail("topk_experts.device",
+                         f"{_checks.device_name(workspace.device)} (the workspace's device)",
+                         _checks.device_name(topk_experts.device))
+        want = (workspace.num_local_tokens, workspace.topk)
+        if tuple(topk_experts.shape) != want:
+            _checks.fail("topk_experts.shape",
+                         f"{_checks.shape_text(want)} (the workspace's num_local_tokens, topk)",
+                         _checks.shape_text(topk_experts.shape))
+    if topk_experts.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
+        topk_experts = topk_experts.to(torch.int64)
+    num_experts = num_local_experts * workspace.ep_size
+    counts = ops.build_schedule(topk_experts, num_experts, num_local_experts,
+                                num_local_experts * workspace.ep_rank)
+    return MoKSchedule(topk_experts, counts, num_experts, num_local_experts, workspace.handle)
+
+
+def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
+            shared_up_weights, shared_down_weights, routed_gate_weights, routed_up_weights,
+            routed_down_weights, swiglu_limit=None):
+    """out = shared(x) + sum_j router_weights[:, j] * expert_{topk_experts[:, j]}(x).
+
+    Returns (out, forward_context)."""
+    _common(config, workspace, schedule, swiglu_limit)
+    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
+                       shared_gate_weights, shared_up_weights, shared_down_weights)
+    _check_experts(schedule, routed_gate_weights)
+    out, context = ops.forward(x, schedule.topk_experts, router_weights, *weights,
+                               workspace.handle)
+    return out, MoKForwardContext(workspace.handle, context)
+
+
+def recompute_forward_context(config, workspace, schedule, x, shared_gate_weights,
+                              shared_up_weights, routed_gate_weights, routed_up_weights,
+                              swiglu_limit=None, *, shared_down_weights=None,
+                              routed_down_weights=None):
+    """Rebuilds the forward context (activation checkpointing).
+
+    mok's context also holds the expert outputs, which need the down weights: pass them
+    (keywords) to rebuild now; without them backward rebuilds the context itself."""
+    _common(config, workspace, schedule, swiglu_limit)
+    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
+                       shared_gate_weights, shared_up_weights, shared_down_weights)
+    _check_experts(schedule, routed_gate_weights)
+    if routed_down_weights is None or (shared_gate_weights is not None
+                                       and shared_down_weights is None):
+        return MoKForwardContext(workspace.handle, None)
+    context = ops.recompute_forward_context(x, schedule.topk_experts, *weights, workspace.handle)
+    return MoKForwardContext(workspace.handle, context)
+
+
+def backward(config, workspace, schedule, forward_context, grad_output, x, router_weights,
+             shared_gate_weights, shared_up_weights, shared_down_weights, routed_gate_weights,
+             routed_up_weights, routed_down_weights, swiglu_limit=None, main_grads=None):
+    """All gradients, in MoK's order:
+
+        (d_x, d_router_weights, d_w_routed_gate, d_w_routed_up, d_w_routed_down,
+         d_w_shared_gate, d_w_shared_up, d_w_shared_down)
+
+    The shared ones are None without a shared expert. `main_grads` (MoK's order: shared gate,
+    routed gate, shared up, routed up, shared down, routed down; fp32, shared ones None when
+    absent) are accumulated into in place and returned in the weight-gradient places."""
+    _common(config, workspace, schedule, swiglu_limit)
+    _require("forward_context", forward_context, MoKForwardContext)
+    if forward_context.workspace_handle != workspace.handle:
+        _checks.fail("forward_context", "a context from this workspace",
+                     "one from another workspace")
+    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
+                       shared_gate_weights, shared_up_weights, shared_down_weights)
+    _check_experts(schedule, routed_gate_weights)
+    has_shared = shared_gate_weights is not None
+    if main_grads is None:
+        d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.backward(
+            grad_output, x, schedule.topk_experts, router_weights, *weights,
+            forward_context.context, workspace.handle)
+        if not has_shared:
+            dsg = dsu = dsd = None
+        return d_x, d_w, dg, du, dd, dsg, dsu, dsd
+    if not isinstance(main_grads, (tuple, list)) or len(main_grads) != 6:
+        _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
+                     "routed up, shared down, routed down)", repr(type(main_grads).__name__))
+    msg, mrg, msu, mru, msd, mrd = main_grads
+    d_x, d_w = ops.backward_main_grad(grad_output, x, schedule.topk_experts, router_weights,
+                                      *weights, mrg, mru, mrd, msg, msu, msd,
+                                      forward_context.context, workspace.handle)
+    return d_x, d_w, mrg, mru, mrd, msg, msu, msd

@@ -1,0 +1,184 @@
+"""The autograd-aware layer: `mok.moe(...)` and the module `mok.nn.MoE`.
+
+    layer = mok.nn.MoE(hidden_size=1024, intermediate_size=512, num_experts=64, topk=6,
+                       shared_intermediate_size=1024, router="sigmoid")
+    out, stats = layer(x)                # x [..., hidden_size], bf16
+    loss = task_loss(out) + 1e-3 * stats.load_balancing_loss
+    loss.backward()                      # gradients reach x, the experts and the router
+    layer.update_balancing_bias(stats.tokens_per_expert)   # sigmoid router: after optimizer.step()
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from mok import _checks, _workspace, ops, reference
+
+
+def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+        routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
+        shared_down_weights=None, *, workspace=None):
+    """One MoE layer, differentiable in x, topk_weights and every weight.
+
+        out[t] = S(x[t]) + sum_{j, topk_experts[t, j] >= 0} topk_weights[t, j] * F_e(x[t])
+        F_e(v) = W_down[e] (silu(W_gate[e] v) * (W_up[e] v))
+
+    x [T, H] bf16 (or float64 on the CPU backend), topk_experts int64 [T, k] (ids in [0, E) or -1),
+    topk_weights [T, k] fp32 (float64 with float64 x), routed weights [E, I, H], [E, I, H],
+    [E, H, I], shared [S, H], [S, H], [H, S] or None. `workspace`: a mok.functional workspace, or
+    None for the automatic one. Works under torch.compile(fullgraph=True): it is one custom op
+    (mok::forward) whose gradient is another (mok::backward).
+    """
+    handle = 0 if workspace is None else workspace.handle
+    out, _context = ops.forward(x, topk_experts, topk_weights, routed_gate_weights,
+                                routed_up_weights, routed_down_weights, shared_gate_weights,
+                                shared_up_weights, shared_down_weights, handle)
+    return out
+
+
+class MoEStats(NamedTuple):
+    """The router's load statistics for one call."""
+
+    tokens_per_expert: torch.Tensor    # [E] float32: routed rows per expert (no gradient)
+    router_probs: torch.Tensor         # [E]: mean routing probability per expert (differentiable)
+    load_balancing_loss: torch.Tensor  # []: E * sum_e f_e * P_e (Switch-style; differentiable)
+
+
+_ROUTERS = ("softmax", "sigmoid")
+_BACKENDS = ("mok", "torch")
+
+
+class MoE(torch.nn.Module):
+    """A drop-in MoE block: a PyTorch router, then mok's expert layer.
+
+    router="softmax": probabilities softmax(x W_r^T), the top-k of them, renormalised to sum to 1.
+    router="sigmoid": DeepSeek-V3 routing: scores sigmoid(x W_r^T); the top-k are chosen on
+      scores + a balancing bias (selection only: the bias never scales an output and gets no
+      gradient; update it with update_balancing_bias); the chosen scores, renormalised, times
+      `route_scale`, weight the experts.
+    The router runs in fp32 (float64 for a float64 module); its gradient flows through the router
+    weights into W_r. Experts and shared expert are SwiGLU, in `dtype` (bf16, or float64 for the
+    CPU backend's exact mode). Initialisation as torch.nn.Linear (uniform in +-1/sqrt(fan_in)).
+
+    forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
+    backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
+    """
+
+    def __init__(self, hidden_size, intermediate_size, num_experts, topk,
+                 shared_intermediate_size=0, router="softmax", *, route_scale=1.0,
+                 bias_update_rate=1e-3, config=None, backend="mok", device=None,
+                 dtype=torch.bfloat16):
+        super().__init__()
+        if router not in _ROUTERS:
+            _checks.fail("router", " or ".join(repr(r) for r in _ROUTERS), repr(router))
+        if backend not in _BACKENDS:
+            _checks.fail("backend", " or ".join(repr(b) for b in _BACKENDS), repr(backend))
+        if dtype not in _checks.ACTIVATION_DTYPES:
+            _checks.fail("dtype", "torch.bfloat16 (or torch.float64 on the cpu backend)",
+                         str(dtype), TypeError)
+        for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
+                            ("num_experts", num_experts), ("topk", topk)):
+            if not isinstance(value, int) or value < 1:
+                _checks.fail(name, "a positive int", repr(value))
+        if not 1 <= topk <= num_experts:
+            _checks.fail("topk", f"in [1, num_experts = {num_experts}]", topk)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_experts, self.topk = num_experts, topk
+        self.shared_intermediate_size = shared_intermediate_size
+        self.router, self.route_scale, self.bias_update_rate = router, route_scale, bias_update_rate
+        self.backend = backend
+        router_dtype = _checks.router_dtype(dtype)
+        E, I, H, S = num_experts, intermediate_size, hidden_size, shared_intermediate_size
+        p = dict(device=device, dtype=dtype)
+        self.router_weight = torch.nn.Parameter(
+            torch.empty(E, H, device=device, dtype=router_dtype))
+        if router == "sigmoid":
+            self.register_buffer("router_bias", torch.zeros(E, device=device, dtype=router_dtype))
+        else:
+            self.router_bias = None
+        self.routed_gate_weights = torch.nn.Parameter(torch.empty(E, I, H, **p))
+        self.routed_up_weights = torch.nn.Parameter(torch.empty(E, I, H, **p))
+        self.routed_down_weights = torch.nn.Parameter(torch.empty(E, H, I, **p))
+        if S > 0:
+            self.shared_gate_weights = torch.nn.Parameter(torch.empty(S, H, **p))
+            self.shared_up_weights = torch.nn.Parameter(torch.empty(S, H, **p))
+            self.shared_down_weights = torch.nn.Parameter(torch.empty(H, S, **p))
+        else:
+            for name in ("shared_gate_weights", "shared_up_weights", "shared_down_weights"):
+                self.register_parameter(name, None)
+        if config is None:
+            from mok.functional import MoKConfig
+
+            config = MoKConfig()
+        # A workspace of this layer's own, so that its forward context stays until its backward.
+        self._workspace = _workspace.Workspace(config)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        def linear_init(w):  # torch.nn.Linear's default, drawn in fp32 then rounded once
+            bound = 1.0 / math.sqrt(w.shape[-1])
+            w.copy_(torch.empty(w.shape, device=w.device).uniform_(-bound, bound))
+
+        for w in (self.router_weight, self.routed_gate_weights, self.routed_up_weights,
+                  self.routed_down_weights, self.shared_gate_weights, self.shared_up_weights,
+                  self.shared_down_weights):
+            if w is not None:
+                linear_init(w)
+        if self.router_bias is not None:
+            self.router_bias.zero_()
+
+    def extra_repr(self):
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"num_experts={self.num_experts}, topk={self.topk}, "
+                f"shared_intermediate_size={self.shared_intermediate_size}, "
+                f"router={self.router!r}, backend={self.backend!r}")
+
+    def route(self, x):
+        """x [T, H] -> (topk_experts int64 [T, k], topk_weights [T, k], MoEStats)."""
+        E, k = self.num_experts, self.topk
+        logits = F.linear(x.to(self.router_weight.dtype), self.router_weight)
+        if self.router == "softmax":
+            probs = logits.softmax(dim=-1)
+            chosen, topk_experts = probs.topk(k, dim=-1)
+            topk_weights = chosen / chosen.sum(dim=-1, keepdim=True)
+        else:
+            scores = logits.sigmoid()
+            _, topk_experts = (scores + self.router_bias).topk(k, dim=-1)
+            chosen = scores.gather(1, topk_experts)
+            topk_weights = chosen / chosen.sum(dim=-1, keepdim=True) * self.route_scale
+            probs = scores / scores.sum(dim=-1, keepdim=True)
+        with torch.no_grad():
+            counts = torch.zeros(E, device=x.device, dtype=torch.float32)
+            counts.scatter_add_(0, topk_experts.reshape(-1),
+                                torch.ones(topk_experts.numel(), device=x.device))
+        router_probs = probs.mean(dim=0)
+        fraction = counts / topk_experts.numel()
+        balance = E * (fraction.to(router_probs.dtype) * router_probs).sum()
+        return topk_experts, topk_weights.contiguous(), MoEStats(counts, router_probs, balance)
+
+    def forward(self, x):
+        shape = x.shape
+        if x.shape[-1] != self.hidden_size:
+            _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
+        x2 = x.reshape(-1, self.hidden_size).contiguous()
+        topk_experts, topk_weights, stats = self.route(x2)
+        weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
+                   self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
+        if self.backend == "mok":
+            out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace)
+        else:
+            out = reference.moe(x2, topk_experts, topk_weights, *weights)
+        return out.reshape(shape), stats
+
+    @torch.no_grad()
+    def update_balancing_bias(self, tokens_per_expert, rate=None):
+        """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts and
+        lower it for over-loaded ones by `rate` (default bias_update_rate). Sigmoid router only."""
+        if self.router_bias is None:
+            _checks.fail("router", "'sigmoid' (only it has a balancing bias)", repr(self.router))
+        load = tokens_per_expert.to(self.router_bias.dtype)
+        rate = self.bias_update_rate if rate is None else rate
+        self.router_bias.add_(rate * torch.sign(load.mean() - load))

@@ -1,0 +1,269 @@
+"""mok's kernels as torch.library custom ops (namespace ``mok::``).
+
+Every op checks its arguments (mok/_checks.py: ValueError / TypeError naming the argument and the
+expected vs actual dtype, shape, device or strides), has a fake implementation (mok/_fake.py) for
+torch.compile and meta tensors, and runs mok's C++ core: CPU tensors on the CPU reference backend,
+CUDA tensors on the CUDA backend, on PyTorch's current stream, without waiting for the device
+(where that backend cannot run, mok's own error says why; nothing here falls back to anything
+else).
+
+Ops and their tensors (row-major contiguous; T tokens, H hidden, I and S intermediate sizes,
+E local experts, k slots; bf16 activations with fp32 router weights, or all float64 on the CPU
+backend's exact mode):
+
+  build_schedule(topk_experts [T, k] int64, num_experts, num_local_experts, first_local_expert)
+      -> tokens_per_expert [num_local_experts] int32      validates every id in [-1, num_experts)
+  forward(x [T, H], topk_experts, topk_weights [T, k], routed gate/up [E, I, H], down [E, H, I],
+          shared gate/up [S, H], down [H, S] (or None), workspace) -> (out [T, H], context)
+  backward(d_out [T, H], <forward's inputs>, context, workspace)
+      -> (d_x, d_topk_weights, d_routed_gate, d_routed_up, d_routed_down,
+          d_shared_gate, d_shared_up, d_shared_down)     the shared ones empty [0] when absent
+  backward_main_grad(d_out, <forward's inputs>, main_routed_gate, main_routed_up, main_routed_down,
+                     main_shared_gate, main_shared_up, main_shared_down, context, workspace)
+      -> (d_x, d_topk_weights)          weight gradients added into fp32 buffers (main grads)
+  recompute_forward_context(x, topk_experts, <weights>, workspace) -> context
+
+`workspace` is a workspace handle (mok.functional.Workspace.handle, or 0 for the automatic
+workspace). `context` names the forward context the workspace keeps (an int64 [1] CPU tensor, see
+mok/_workspace.py); backward rebuilds the context from its inputs when the workspace holds another
+one, or when `context` is None. `forward` is differentiable: its gradient runs `backward`.
+"""
+
+import torch
+
+from mok import _C, _checks, _workspace
+
+# Tests set this to fill every output mok allocates with NaN (integers with -1) before the kernel
+# writes it, so an element the kernel forgets shows up.
+poison_outputs = False
+
+_LAYER_ARGS = ("Tensor routed_gate_weights, Tensor routed_up_weights, "
+               "Tensor routed_down_weights, Tensor? shared_gate_weights, "
+               "Tensor? shared_up_weights, Tensor? shared_down_weights")
+
+
+def _new(shape, dtype, device):
+    if poison_outputs:
+        fill = float("nan") if dtype.is_floating_point else -1
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _views(*tensors):
+    return [_checks.view_of(t) for t in tensors]
+
+
+def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True):
+    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
+                                with_topk_weights=with_topk_weights)
+    ws = _workspace.resolve(handle)
+    ws.check_shape(shape)
+    return shape, ws.core(shape)
+
+
+def _call(fn, core, device, *args, **kwargs):
+    """Runs a C++ entry point; for CUDA on the device's current PyTorch stream (no waiting)."""
+    if device.type != "cuda":
+        return fn(core.native, *args, **kwargs)
+    with torch.cuda.device(device):
+        core.native.set_stream(torch.cuda.current_stream(device).cuda_stream)
+        return fn(core.native, *args, **kwargs)
+
+
+def _token_tensor(token):
+    # NOTES: a CPU tensor whatever the device of the layer, so reading it never waits for a GPU.
+    # Tokens are drawn in Python at call time: a CUDA-graph replay (no Python) would reuse them, so
+    # the CUDA backend will need its context named on the device instead.
+    return torch.full((1,), token, dtype=torch.int64)
+
+
+def _ensure_context(core, context, x, topk_experts, topk_weights, weights):
+    """Makes `core` hold the forward context named by `context`, rebuilding it from these inputs
+    (the ones that forward saw) when it holds another."""
+    token = int(context[0]) if context is not None else None
+    tensors = _workspace.tensors_key(x, topk_experts, *weights)
+    if token is None or core.context_token != token or core.context_tensors != tensors:
+        core.context_token = None
+        _call(_C.recompute_forward_context, core, x.device,
+              *_views(x, topk_experts, topk_weights, *weights))
+        core.context_token = token if token is not None else _workspace.new_token()
+        core.context_tensors = tensors
+
+
+@torch.library.custom_op(
+    "mok::build_schedule", mutates_args=(),
+    schema="(Tensor topk_experts, int num_experts, int num_local_experts, int first_local_expert)"
+           " -> Tensor")
+def build_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):
+    _checks.require_tensor("topk_experts", topk_experts)
+    device = topk_experts.device
+    _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert)
+    if device.type == "cpu":
+        _C.check_expert_ids(_checks.view_of(topk_experts), num_experts)
+    else:
+        # Raises mok's error where the CUDA backend cannot run. Ids on the GPU are checked by the
+        # layer on the device (no host synchronization), raised at the latest on the next call.
+        _C.require_backend("cuda")
+    # Rows per local expert. NOTES: fixed-size scatter (no data-dependent shapes, no host
+    # synchronization); the C++ schedule table (include/mok/schedule.hpp) can replace this seam.
+    local = topk_experts.reshape(-1) - first_local_expert
+    valid = (topk_experts.reshape(-1) >= 0) & (local >= 0) & (local < num_local_experts)
+    slot = torch.where(valid, local, torch.full_like(local, num_local_experts))
+    counts = torch.zeros(num_local_experts + 1, dtype=torch.int32, device=device)
+    counts.scatter_add_(0, slot, torch.ones_like(slot, dtype=torch.int32))
+    out = _new((num_local_experts,), torch.int32, device)
+    out.copy_(counts[:num_local_experts])
+    return out
+
+
+def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):
+    if topk_experts.dim() != 2:
+        _checks.fail("topk_experts.shape", "[num_local_tokens, topk]",
+                     _checks.shape_text(topk_experts.shape))
+    _checks.check_tensor("topk_experts", topk_experts, torch.int64, tuple(topk_experts.shape),
+                         topk_experts.device)
+    if num_experts < 1:
+        _checks.fail("num_experts", "a positive integer", num_experts)
+    if num_local_experts < 1 or num_experts % num_local_experts != 0:
+        _checks.fail("num_local_experts", f"a positive divisor of num_experts = {num_experts}",
+                     num_local_experts)
+    if first_local_expert < 0 or first_local_expert + num_local_experts > num_experts:
+        _checks.fail("first_local_expert", f"in [0, {num_experts - num_local_experts}]",
+                     first_local_expert)
+    if topk_experts.shape[1] > num_experts:
+        _checks.fail("topk_experts.shape[1]", f"at most num_experts = {num_experts}",
+                     topk_experts.shape[1])
+
+
+@torch.library.custom_op(
+    "mok::forward", mutates_args=(),
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace)"
+           " -> (Tensor, Tensor)")
+def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+            routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
+            workspace):
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    out = _new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
+    token = _workspace.new_token()
+    with core.lock:
+        core.context_token = None
+        _call(_C.forward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, out))
+        core.context_token = token
+        core.context_tensors = _workspace.tensors_key(x, topk_experts, *weights)
+    return out, _token_tensor(token)
+
+
+@torch.library.custom_op(
+    "mok::recompute_forward_context", mutates_args=(),
+    schema=f"(Tensor x, Tensor topk_experts, {_LAYER_ARGS}, int workspace) -> Tensor")
+def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
+                              routed_down_weights, shared_gate_weights, shared_up_weights,
+                              shared_down_weights, workspace):
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    shape, core = _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False)
+    # The context (g, u, y per slot) does not depend on the router weights; the C++ API takes a
+    # [T, k] view all the same.
+    zeros = torch.zeros((shape.num_tokens, shape.topk), dtype=_checks.router_dtype(x.dtype),
+                        device=x.device)
+    token = _workspace.new_token()
+    with core.lock:
+        _ensure_context(core, _token_tensor(token), x, topk_experts, zeros, weights)
+    return _token_tensor(token)
+
+
+def _grad_buffers(shape, weight_dtype):
+    T, H, I, E, k, S = (shape.num_tokens, shape.hidden_size, shape.intermediate_size,
+                        shape.num_experts, shape.topk, shape.shared_intermediate_size)
+    act, dev = shape.activation_dtype, shape.device
+    d_x = _new((T, H), act, dev)
+    d_w = _new((T, k), _checks.router_dtype(act), dev)
+    if weight_dtype is None:
+        return d_x, d_w
+    routed = [_new((E, I, H), weight_dtype, dev), _new((E, I, H), weight_dtype, dev),
+              _new((E, H, I), weight_dtype, dev)]
+    if shape.has_shared_expert:
+        shared = [_new((S, H), weight_dtype, dev), _new((S, H), weight_dtype, dev),
+                  _new((H, S), weight_dtype, dev)]
+    else:
+        shared = [None, None, None]
+    return d_x, d_w, routed, shared
+
+
+@torch.library.custom_op(
+    "mok::backward", mutates_args=(),
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
+           "Tensor? context, int workspace) -> "
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
+             context, workspace):
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    _check_context(context)
+    d_x, d_w, routed, shared = _grad_buffers(shape, shape.activation_dtype)
+    with core.lock:
+        _ensure_context(core, context, x, topk_experts, topk_weights, weights)
+        _call(_C.backward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, d_out,
+                                                   d_x, d_w, *routed, *shared))
+    shared = [g if g is not None else x.new_empty(0) for g in shared]
+    return (d_x, d_w, *routed, *shared)
+
+
+@torch.library.custom_op(
+    "mok::backward_main_grad",
+    mutates_args=("main_routed_gate", "main_routed_up", "main_routed_down", "main_shared_gate",
+                  "main_shared_up", "main_shared_down"),
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
+           "Tensor(a!) main_routed_gate, Tensor(b!) main_routed_up, Tensor(c!) main_routed_down, "
+           "Tensor(d!)? main_shared_gate, Tensor(e!)? main_shared_up, "
+           "Tensor(f!)? main_shared_down, Tensor? context, int workspace) -> (Tensor, Tensor)")
+def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights,
+                       routed_up_weights, routed_down_weights, shared_gate_weights,
+                       shared_up_weights, shared_down_weights, main_routed_gate, main_routed_up,
+                       main_routed_down, main_shared_gate, main_shared_up, main_shared_down,
+                       context, workspace):
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    main = (main_routed_gate, main_routed_up, main_routed_down, main_shared_gate, main_shared_up,
+            main_shared_down)
+    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    _checks.check_main_grads(shape, main)
+    _check_context(context)
+    d_x, d_w = _grad_buffers(shape, None)
+    with core.lock:
+        _ensure_context(core, context, x, topk_experts, topk_weights, weights)
+        _call(_C.backward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, d_out,
+                                                   d_x, d_w, *main), accumulate_weight_grads=True)
+    return d_x, d_w
+
+
+def _check_context(context):
+    if context is not None:
+        _checks.check_tensor("context", context, torch.int64, (1,), torch.device("cpu"))
+
+
+# Autograd for `forward`: one backward launch gives every gradient.
+def _setup_context(ctx, inputs, output):
+    *tensors, workspace = inputs
+    ctx.save_for_backward(*tensors, output[1])
+    ctx.workspace = workspace
+
+
+def _backward_formula(ctx, d_out, _d_context):
+    x, topk_experts, topk_weights, *weights, context = ctx.saved_tensors
+    grads = backward(d_out.contiguous(), x, topk_experts, topk_weights, *weights, context,
+                     ctx.workspace)
+    d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
+    shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)
+    return (d_x, None, d_w, d_gate, d_up, d_down, *shared, None)
+
+
+torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
+
+from mok import _fake  # noqa: E402,F401  (registers the fake implementations)

@@ -1,0 +1,46 @@
+"""The same layer in plain PyTorch: the baseline a user would write today.
+
+Rows are sorted by expert, gathered, run through each expert's SwiGLU with ordinary matmuls and
+scattered back; the k slots are weighted and summed in fp32 and rounded once, like mok. It reads
+routing data on the host (per-expert row counts), so it is a baseline, not a graph-friendly kernel.
+Autograd gives every gradient. mok.nn.MoE(backend="torch") uses it; mok's tests have their own,
+independent reference.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def swiglu_expert(x, gate, up, down):
+    """down (silu(gate x) * (up x)) for rows x [n, H]; weights [N, H], [N, H], [H, N]."""
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+        routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
+        shared_down_weights=None):
+    """Same arguments and result as mok.moe."""
+    T, H = x.shape
+    k = topk_experts.shape[1]
+    E = routed_gate_weights.shape[0]
+    flat = topk_experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # slots grouped by expert; -1 slots first
+    counts = torch.bincount(flat + 1, minlength=E + 1).tolist()
+    rows = x.index_select(0, order[counts[0]:] // k)
+    outputs, start = [], 0
+    for e in range(E):
+        n = counts[e + 1]
+        if n:
+            outputs.append(swiglu_expert(rows[start:start + n], routed_gate_weights[e],
+                                         routed_up_weights[e], routed_down_weights[e]))
+        start += n
+    y = x.new_zeros(T * k, H)
+    if outputs:
+        y = y.index_copy(0, order[counts[0]:], torch.cat(outputs))
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    w = topk_weights.masked_fill(topk_experts < 0, 0).to(acc_dtype)
+    out = (w.unsqueeze(-1) * y.view(T, k, H).to(acc_dtype)).sum(dim=1)
+    if shared_gate_weights is not None:
+        out = out + swiglu_expert(x, shared_gate_weights, shared_up_weights,
+                                  shared_down_weights).to(acc_dtype)
+    return out.to(x.dtype)

@@ -1,0 +1,286 @@
+// mok._C: the torch-free C++ API as seen from Python (nanobind).
+//
+// Tensors cross this boundary as plain tuples describing a view, built in Python from a tensor's
+// metadata (mok/_checks.py, `view_of`):
+//
+//   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int)
+//
+// or None for an absent tensor (no shared expert). So the extension never includes torch headers
+// and one build works with any torch version. The binding does no layer maths: it builds
+// mok::TensorView values and calls mok::forward / backward / recompute_forward_context.
+//
+// Errors: mok::Error becomes TypeError when the rejected argument is a dtype, ValueError for any
+// other argument (shape, strides, device, value), and RuntimeError when it names no argument (a
+// backend that is not available). The message is mok's own text, unchanged.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/validate.hpp"
+#include "mok/mok.hpp"
+
+namespace nb = nanobind;
+
+namespace mok {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+PyObject* python_type_of(const Error& e) {
+  const std::string& arg = e.argument();
+  if (arg.empty()) return PyExc_RuntimeError;
+  if (ends_with(arg, ".dtype") || ends_with(arg, "dtype")) return PyExc_TypeError;
+  return PyExc_ValueError;
+}
+
+DType parse_dtype(const std::string& name, const std::string& arg) {
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float32") return DType::f32;
+  if (name == "float64") return DType::f64;
+  if (name == "int32") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw Error(arg + ".dtype", "one of bfloat16, float32, float64, int32, int64", name);
+}
+
+Device parse_device(const std::string& type, int index, const std::string& arg) {
+  if (type == "cpu") return {DeviceKind::cpu, 0};
+  if (type == "cuda") return {DeviceKind::cuda, index};
+  throw Error(arg + ".device", "cpu or cuda", type);
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "cpu") return Backend::cpu;
+  if (name == "cuda") return Backend::cuda;
+  if (name == "auto") return Backend::automatic;
+  throw Error("backend", "cpu, cuda or auto", name);
+}
+
+// A view tuple (see the top of this file), or None for "absent".
+TensorView view_of(nb::handle h, const char* name) {
+  TensorView v;
+  if (h.is_none()) return v;
+  const std::string arg = name;
+  auto t = nb::cast<nb::tuple>(h);
+  if (t.size() != 6) throw Error(arg, "a 6-field view tuple", to_text(t.size()) + " fields");
+  auto shape = nb::cast<nb::tuple>(t[2]);
+  auto strides = nb::cast<nb::tuple>(t[3]);
+  if (shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {
+    throw Error(arg + ".ndim", "at most " + to_text(TensorView::kMaxDims), to_text(shape.size()));
+  }
+  if (strides.size() != shape.size()) {
+    throw Error(arg + ".strides", to_text(shape.size()) + " strides", to_text(strides.size()));
+  }
+  v.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(t[0]));
+  v.dtype = parse_dtype(nb::cast<std::string>(t[1]), arg);
+  v.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < v.ndim; ++d) {
+    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
+  }
+  v.device = parse_device(nb::cast<std::string>(t[4]), nb::cast<int>(t[5]), arg);
+  return v;
+}
+
+Inputs inputs_of(nb::handle x, nb::handle topk_experts, nb::handle topk_weights) {
+  return {view_of(x, "x"), view_of(topk_experts, "topk_experts"),
+          view_of(topk_weights, "topk_weights")};
+}
+
+Weights weights_of(nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+                   nb::handle shared_up, nb::handle shared_down) {
+  return {view_of(gate, "routed_gate_weights"),    view_of(up, "routed_up_weights"),
+          view_of(down, "routed_down_weights"),    view_of(shared_gate, "shared_gate_weights"),
+          view_of(shared_up, "shared_up_weights"), view_of(shared_down, "shared_down_weights")};
+}
+
+Problem problem_of(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+                   std::int64_t S, int ep_size, int ep_rank) {
+  Problem p;
+  p.num_tokens = T;
+  p.hidden_size = H;
+  p.intermediate_size = I;
+  p.num_experts = E;
+  p.topk = k;
+  p.shared_intermediate_size = S;
+  p.ep_size = ep_size;
+  p.ep_rank = ep_rank;
+  return p;
+}
+
+Config config_of(int fwd_sms, int bwd_sms, std::int64_t minibatch, std::int64_t macrobatch,
+                 double capacity_multiplier) {
+  Config c;
+  c.fwd_num_comm_sms = fwd_sms;
+  c.bwd_num_comm_sms = bwd_sms;
+  c.minibatch_size = minibatch;
+  c.macrobatch_size = macrobatch;
+  c.schedule_capacity_multiplier = capacity_multiplier;
+  return c;
+}
+
+}  // namespace
+}  // namespace mok
+
+NB_MODULE(_C, m) {
+  using namespace mok;
+  m.doc() = "mok's torch-free C++ API (internal: use mok.functional, mok.ops, mok.nn)";
+  m.attr("__version__") = kVersion;
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(python_type_of(e), e.what());
+    }
+  });
+
+  m.def("backend_available",
+        [](const std::string& b) { return backend_available(parse_backend(b)); });
+  m.def(
+      "require_backend", [](const std::string& b) { require_backend(parse_backend(b)); },
+      "Raises mok's error saying why the backend cannot run here.");
+
+  m.def(
+      "validate_problem",
+      [](std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+         std::int64_t S, int ep_size, int ep_rank, const std::string& activation_dtype) {
+        problem_of(T, H, I, E, k, S, ep_size, ep_rank)
+            .validate(parse_dtype(activation_dtype, "activation"));
+      },
+      nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
+      nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
+      nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("activation_dtype"));
+
+  m.def(
+      "validate_config",
+      [](int fwd, int bwd, std::int64_t mini, std::int64_t macro, double mult) {
+        config_of(fwd, bwd, mini, macro, mult).validate();
+      },
+      nb::arg("fwd_num_comm_sms"), nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"),
+      nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"));
+
+  // Every id of a host-readable topk_experts in [-1, num_experts); the error names the entry.
+  m.def(
+      "check_expert_ids",
+      [](nb::handle topk_experts, std::int64_t num_experts) {
+        const TensorView v = view_of(topk_experts, "topk_experts");
+        if (v.ndim != 2) throw Error("topk_experts.ndim", "2", to_text(v.ndim));
+        check_view("topk_experts", v, DType::i64, {v.shape[0], v.shape[1]}, Device{});
+        Problem p;
+        p.num_tokens = v.shape[0];
+        p.topk = v.shape[1];
+        p.num_experts = num_experts;
+        nb::gil_scoped_release release;
+        check_expert_ids_host(p, v);
+      },
+      nb::arg("topk_experts"), nb::arg("num_experts"));
+
+  nb::class_<Workspace>(m, "Workspace")
+      .def(
+          "__init__",
+          [](Workspace* self, std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E,
+             std::int64_t k, std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms,
+             std::int64_t mini, std::int64_t macro, double mult, const std::string& backend,
+             const std::string& activation_dtype, int num_threads, int device_index) {
+            WorkspaceOptions o;
+            o.backend = parse_backend(backend);
+            o.activation_dtype = parse_dtype(activation_dtype, "activation");
+            o.num_threads = num_threads;
+            o.device_index = device_index;
+            new (self) Workspace(problem_of(T, H, I, E, k, S, ep_size, ep_rank),
+                                 config_of(fwd_sms, bwd_sms, mini, macro, mult), o);
+          },
+          nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"),
+          nb::arg("intermediate_size"), nb::arg("num_experts"), nb::arg("topk"),
+          nb::arg("shared_intermediate_size"), nb::arg("ep_size"), nb::arg("ep_rank"),
+          nb::arg("fwd_num_comm_sms"), nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"),
+          nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"), nb::arg("backend"),
+          nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"))
+      .def_prop_ro("backend",
+                   [](const Workspace& ws) { return std::string(backend_name(ws.backend())); })
+      .def_prop_ro(
+          "activation_dtype",
+          [](const Workspace& ws) { return std::string(dtype_name(ws.activation_dtype())); })
+      .def_prop_ro("num_threads", &Workspace::num_threads)
+      .def_prop_ro("bytes", &Workspace::bytes)
+      .def_prop_ro("problem", [](const Workspace& ws) { return ws.problem().to_string(); })
+      .def_prop_ro("config", [](const Workspace& ws) { return ws.config().to_string(); })
+      // CUDA backend: the cudaStream_t (as an int, e.g. torch.cuda.current_stream().cuda_stream)
+      // that the next calls enqueue on.
+      .def(
+          "set_stream",
+          [](Workspace& ws, std::uintptr_t stream) {
+            ws.set_stream(reinterpret_cast<void*>(stream));
+          },
+          nb::arg("stream"));
+
+  m.def(
+      "forward",
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down, nb::handle out) {
+        const Inputs in = inputs_of(x, topk_experts, topk_weights);
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const TensorView o = view_of(out, "out");
+        nb::gil_scoped_release release;
+        forward(ws, in, w, o);
+      },
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
+      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
+      nb::arg("shared_down_weights").none(), nb::arg("out"));
+
+  m.def(
+      "recompute_forward_context",
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down) {
+        const Inputs in = inputs_of(x, topk_experts, topk_weights);
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        nb::gil_scoped_release release;
+        recompute_forward_context(ws, in, w);
+      },
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
+      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
+      nb::arg("shared_down_weights").none());
+
+  m.def(
+      "backward",
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down, nb::handle d_out, nb::handle d_x,
+         nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
+         nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
+         bool accumulate_weight_grads) {
+        const Inputs in = inputs_of(x, topk_experts, topk_weights);
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const TensorView g_out = view_of(d_out, "d_out");
+        Grads g;
+        g.d_x = view_of(d_x, "d_x");
+        g.d_topk_weights = view_of(d_topk_weights, "d_topk_weights");
+        g.d_gate = view_of(d_gate, "d_routed_gate_weights");
+        g.d_up = view_of(d_up, "d_routed_up_weights");
+        g.d_down = view_of(d_down, "d_routed_down_weights");
+        g.d_shared_gate = view_of(d_shared_gate, "d_shared_gate_weights");
+        g.d_shared_up = view_of(d_shared_up, "d_shared_up_weights");
+        g.d_shared_down = view_of(d_shared_down, "d_shared_down_weights");
+        BackwardOptions options;
+        options.accumulate_weight_grads = accumulate_weight_grads;
+        nb::gil_scoped_release release;
+        backward(ws, in, w, g_out, g, options);
+      },
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
+      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
+      nb::arg("shared_down_weights").none(), nb::arg("d_out"), nb::arg("d_x"),
+      nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
+      nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
+      nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
+      nb::arg("accumulate_weight_grads") = false);
+}

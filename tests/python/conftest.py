@@ -1,0 +1,112 @@
+"""Shared fixtures: a fresh random seed each run (printed; MOK_TEST_SEED=N replays it), poisoned
+outputs, and random layer data drawn the way mok's C++ tests draw it (well scaled: unit-variance
+activations, weights uniform in +-1/sqrt(fan_in), router weights positive and summing to 1)."""
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import mok.ops
+
+SEED = int(os.environ.get("MOK_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+
+# bf16 stores round with relative error at most u = 2^-8. As in src/reference/check.hpp, the bound
+# on the relative Frobenius error is u times the number of bf16 stores on the longest path: 4 for
+# the output (g/u, h, y, out), at most 5 for a gradient (plus one for fp32 accumulation): 6.
+BF16_U = 2.0**-8
+OUT_TOLERANCE = 4 * BF16_U
+GRAD_TOLERANCE = 6 * BF16_U
+# float64 mode: no rounding to bf16; only the order of fp64 sums differs from the reference. The
+# first-order bound n * 2^-53 with reductions of at most n = 10^4 terms here.
+F64_TOLERANCE = 1e4 * 2.0**-53
+
+
+def pytest_report_header(config):
+    return f"mok test seed: {SEED} (MOK_TEST_SEED={SEED} replays this run)"
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"mok test seed: {SEED} (MOK_TEST_SEED={SEED} replays this run)")
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    mok.ops.poison_outputs = True
+    yield
+    mok.ops.poison_outputs = False
+
+
+@pytest.fixture
+def gen(request):
+    """A generator seeded from the run's seed and the test's id."""
+    g = torch.Generator().manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
+    return g
+
+
+@dataclass
+class LayerData:
+    x: torch.Tensor
+    topk_experts: torch.Tensor
+    topk_weights: torch.Tensor
+    weights: tuple  # routed gate, up, down, shared gate, up, down (None when absent)
+    d_out: torch.Tensor
+
+    @property
+    def has_shared(self):
+        return self.weights[3] is not None
+
+    def args(self):
+        return (self.x, self.topk_experts, self.topk_weights, *self.weights)
+
+    def requiring_grad(self):
+        """Copies of the float inputs that require grad, for autograd through mok.moe."""
+        leaves = [t.detach().clone().requires_grad_(True) if t is not None else None
+                  for t in (self.x, self.topk_weights, *self.weights)]
+        return leaves
+
+
+def uniform(gen, shape, bound, dtype):
+    return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound).to(dtype)
+
+
+def make_layer(gen, T, H, I, E, k, S, *, dtype=torch.bfloat16, routing="random",
+               unused_fraction=0.2):
+    """routing: "random" (distinct experts per token, some slots -1), "one_expert" (every slot on
+    one expert), "none" (every slot -1)."""
+    x = torch.randn(T, H, generator=gen, dtype=torch.float64).to(dtype)
+    if routing == "random":
+        ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+        ids[torch.rand(T, k, generator=gen) < unused_fraction] = -1
+    elif routing == "one_expert":
+        ids = torch.full((T, k), int(torch.randint(E, (1,), generator=gen)))
+    elif routing == "none":
+        ids = torch.full((T, k), -1)
+    else:
+        raise ValueError(routing)
+    w = torch.rand(T, k, generator=gen, dtype=torch.float64) + 0.1
+    w = (w / w.sum(dim=1, keepdim=True)).to(torch.float64 if dtype == torch.float64
+                                            else torch.float32)
+    routed = (uniform(gen, (E, I, H), H**-0.5, dtype), uniform(gen, (E, I, H), H**-0.5, dtype),
+              uniform(gen, (E, H, I), I**-0.5, dtype))
+    if S > 0:
+        shared = (uniform(gen, (S, H), H**-0.5, dtype), uniform(gen, (S, H), H**-0.5, dtype),
+                  uniform(gen, (H, S), S**-0.5, dtype))
+    else:
+        shared = (None, None, None)
+    d_out = torch.randn(T, H, generator=gen, dtype=torch.float64).to(dtype)
+    return LayerData(x, ids.to(torch.int64).contiguous(), w.contiguous(), (*routed, *shared), d_out)
+
+
+def rel_error(got, ref, scale=None):
+    """Relative Frobenius error ||got - ref|| / ||scale|| (scale: ref unless given); a zero scale
+    demands an exact result."""
+    got, ref = got.detach().to(torch.float64), ref.detach().to(torch.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert torch.isfinite(got).all(), "non-finite values (an unwritten, poisoned output?)"
+    den = (ref if scale is None else scale).norm()
+    if den == 0:
+        return float("inf") if bool((got != ref).any()) else 0.0
+    return float((got - ref).norm() / den)

@@ -1,0 +1,211 @@
+"""Bad input: one test per check, each asserting on the message (argument, expected, actual)."""
+
+import re
+
+import pytest
+import torch
+from conftest import make_layer
+
+import mok
+from mok import functional
+
+T, H, I, E, K, S = 6, 64, 64, 4, 2, 64
+
+
+@pytest.fixture
+def data(gen):
+    return make_layer(gen, T, H, I, E, K, S)
+
+
+def call(data, **replace):
+    """mok.moe with some arguments replaced."""
+    args = dict(zip(("x", "topk_experts", "topk_weights", "routed_gate_weights",
+                     "routed_up_weights", "routed_down_weights", "shared_gate_weights",
+                     "shared_up_weights", "shared_down_weights"), data.args()))
+    args.update(replace)
+    return mok.moe(*args.values())
+
+
+def raises(error, message):
+    return pytest.raises(error, match=re.escape(message))
+
+
+def test_activation_dtype(data):
+    with raises(TypeError, "mok: invalid x.dtype: expected bfloat16 (or float64 on the cpu "
+                           "backend), got float32"):
+        call(data, x=data.x.float())
+
+
+def test_weight_dtype(data):
+    with raises(TypeError, "mok: invalid routed_gate_weights.dtype: expected bfloat16, got "
+                           "float32"):
+        call(data, routed_gate_weights=data.weights[0].float())
+
+
+def test_router_weights_dtype(data):
+    with raises(TypeError, "mok: invalid topk_weights.dtype: expected float32, got bfloat16"):
+        call(data, topk_weights=data.topk_weights.to(torch.bfloat16))
+
+
+def test_expert_ids_dtype(data):
+    with raises(TypeError, "mok: invalid topk_experts.dtype: expected int64, got int32"):
+        call(data, topk_experts=data.topk_experts.int())
+
+
+def test_device_mismatch(data):
+    up = torch.empty(data.weights[1].shape, dtype=torch.bfloat16, device="meta")
+    with raises(ValueError, "mok: invalid routed_up_weights.device: expected cpu, got meta"):
+        call(data, routed_up_weights=up)
+
+
+def test_weight_shape(data):
+    with raises(ValueError, f"mok: invalid routed_up_weights.shape: expected [{E}, {I}, {H}], "
+                            f"got [{E}, {I}, {2 * H}]"):
+        call(data, routed_up_weights=torch.zeros(E, I, 2 * H, dtype=torch.bfloat16))
+
+
+def test_router_weights_shape(data):
+    with raises(ValueError, f"mok: invalid topk_weights.shape: expected [{T}, {K}], "
+                            f"got [{T}, {K + 1}]"):
+        call(data, topk_weights=torch.ones(T, K + 1))
+
+
+def test_non_contiguous_weights(data):
+    down = data.weights[2].transpose(1, 2)  # same shape (H == I), wrong strides
+    with raises(ValueError, f"mok: invalid routed_down_weights.strides: expected row-major "
+                            f"contiguous strides, got [{H * I}, 1, {I}]"):
+        call(data, routed_down_weights=down)
+
+
+def test_non_contiguous_activations(data):
+    x = torch.zeros(H, T, dtype=torch.bfloat16).t()
+    with raises(ValueError, "mok: invalid x.strides: expected row-major contiguous strides"):
+        call(data, x=x)
+
+
+@pytest.mark.parametrize("bad", [E, -2])
+def test_expert_id_out_of_range(data, bad):
+    ids = data.topk_experts.clone()
+    ids[2, 1] = bad
+    with raises(ValueError, f"mok: invalid topk_experts[2, 1]: expected an expert id in "
+                            f"[-1, {E}), got {bad}"):
+        call(data, topk_experts=ids)
+
+
+def test_expert_id_out_of_range_in_build_schedule(data):
+    ids = data.topk_experts.clone()
+    ids[5, 0] = 99
+    config = functional.MoKConfig()
+    ws = functional.get_workspace(config, None, device="cpu", num_local_tokens=T,
+                                  hidden_size=H, topk=K)
+    with raises(ValueError, f"mok: invalid topk_experts[5, 0]: expected an expert id in "
+                            f"[-1, {E}), got 99"):
+        functional.build_schedule(ws, config, ids, num_local_experts=E)
+
+
+def test_bf16_alignment(gen):
+    d = make_layer(gen, T, 48, I, E, K, 0)
+    with raises(ValueError, "mok: invalid hidden_size: expected a multiple of 64 for bfloat16, "
+                            "got 48"):
+        call(d)
+
+
+def test_topk_above_num_experts(gen):
+    d = make_layer(gen, T, H, I, 2, 2, 0)
+    ids = torch.zeros(T, 3, dtype=torch.int64)
+    with raises(ValueError, "mok: invalid topk: expected at most num_experts = 2, got 3"):
+        call(d, topk_experts=ids, topk_weights=torch.ones(T, 3))
+
+
+def test_partial_shared_expert(data):
+    with raises(ValueError, "mok: invalid shared_up_weights: expected a tensor "
+                            "(shared_gate_weights is given: the shared expert needs all three), "
+                            "got None"):
+        call(data, shared_up_weights=None)
+
+
+def test_d_out_dtype(data):
+    with raises(TypeError, "mok: invalid d_out.dtype: expected bfloat16, got float32"):
+        torch.ops.mok.backward(data.d_out.float(), *data.args(), None, 0)
+
+
+def test_main_grad_dtype(data):
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=T,
+                                     hidden_size=H, topk=K)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    main = tuple(torch.zeros(w.shape) for w in (sg, g, su, u, sd, d))
+    main = (main[0], main[1].to(torch.bfloat16), *main[2:])
+    _, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, g, u,
+                                d)
+    with raises(TypeError, "mok: invalid main_routed_gate.dtype: expected float32, got bfloat16"):
+        functional.backward(config, ws, schedule, ctx, data.d_out, data.x, data.topk_weights,
+                            sg, su, sd, g, u, d, main_grads=main)
+
+
+def test_workspace_shape_mismatch(data):
+    config = functional.MoKConfig()
+    ws = functional.get_workspace(config, None, device="cpu", num_local_tokens=T + 1,
+                                  hidden_size=H, topk=K)
+    with raises(ValueError, f"mok: invalid x.shape[0]: expected {T + 1} (the workspace's "
+                            f"num_local_tokens), got {T}"):
+        mok.moe(*data.args(), workspace=ws)
+    with raises(ValueError, f"mok: invalid topk_experts.shape: expected [{T + 1}, {K}] (the "
+                            f"workspace's num_local_tokens, topk), got [{T}, {K}]"):
+        functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+
+
+def test_config_values():
+    with raises(ValueError, "mok: invalid config.macrobatch_size: expected a multiple of "
+                            "config.minibatch_size = 4096, got 5000"):
+        functional.MoKConfig(macrobatch_size=5000)
+    with raises(ValueError, "mok: invalid config.fwd_num_comm_sms: expected at least 1, got 0"):
+        functional.MoKConfig(fwd_num_comm_sms=0)
+    with raises(TypeError, "mok: invalid config.minibatch_size: expected an int, got float"):
+        functional.MoKConfig(minibatch_size=4096.0)
+    with pytest.raises(AttributeError):  # frozen
+        functional.MoKConfig().minibatch_size = 1
+
+
+def test_unsupported_mok_features(data):
+    config = functional.MoKConfig()
+    ws = functional.get_workspace(config, None, device="cpu", num_local_tokens=T, hidden_size=H,
+                                  topk=K)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    with raises(TypeError, "mok: invalid routed_gate_weights: expected a tensor (mok has no "
+                           "MXFP8 weights yet), got a tuple"):
+        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g), u,
+                           d)
+    with raises(ValueError, "mok: invalid swiglu_limit: expected None (mok has no clamped SwiGLU "
+                            "yet), got 7.0"):
+        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, g, u, d,
+                           swiglu_limit=7.0)
+
+
+def test_cuda_workspace_without_cuda_backend():
+    """Where the CUDA backend cannot run, asking for it raises mok's own error (no fallback)."""
+    if mok.backend_available("cuda"):
+        pytest.skip("the CUDA backend is available here: nothing to refuse")
+    with raises(RuntimeError, "mok: the CUDA backend is not available ("):
+        functional.get_workspace(functional.MoKConfig(), None, device="cuda", num_local_tokens=T,
+                                 hidden_size=H, topk=K)
+
+
+def test_error_while_compiling(data):
+    """The fake implementations check too: torch.compile reports the bad call while tracing."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: mok.moe(*a), fullgraph=True)
+    args = list(data.args())
+    args[2] = args[2].double()
+    with pytest.raises(Exception, match=re.escape(
+            "mok: invalid topk_weights.dtype: expected float32, got float64")):
+        fn(*args)
+
+
+def test_nn_module_arguments():
+    with raises(ValueError, "mok: invalid router: expected 'softmax' or 'sigmoid', got 'relu'"):
+        mok.nn.MoE(64, 64, 4, 2, router="relu")
+    with raises(ValueError, "mok: invalid topk: expected in [1, num_experts = 4], got 5"):
+        mok.nn.MoE(64, 64, 4, 5)

@@ -1,0 +1,246 @@
+"""mok's layer (mok.moe and mok.functional) against the independent fp64 reference."""
+
+import random
+
+import pytest
+import torch
+from conftest import (F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, make_layer, rel_error)
+from moe_reference import forward_and_grads, slot_outputs
+
+import mok
+from mok import functional
+
+GRAD_NAMES = ("d_x", "d_topk_weights", "d_routed_gate", "d_routed_up", "d_routed_down",
+              "d_shared_gate", "d_shared_up", "d_shared_down")
+
+# (T, H, I, E, k, S, routing): the odd shapes of issue 3, then two drawn anew each run.
+FIXED_SHAPES = [
+    (1, 64, 64, 1, 1, 0, "random"),         # one token, one expert, k = 1, no shared expert
+    (3, 64, 128, 4, 2, 64, "random"),       # three tokens, -1 slots
+    (257, 128, 64, 8, 3, 128, "random"),    # T not a multiple of anything
+    (257, 64, 64, 6, 2, 0, "one_expert"),   # every row on one expert, the others empty
+    (33, 64, 64, 5, 1, 64, "random"),       # k = 1 with a shared expert
+    (4, 64, 64, 4, 2, 64, "none"),          # every slot -1: only the shared expert contributes
+]
+
+
+def _random_shapes(n):
+    rng = random.Random(SEED)
+    shapes = []
+    for _ in range(n):
+        E = rng.randint(1, 8)
+        shapes.append((rng.randint(1, 300), rng.choice([64, 128]), rng.choice([64, 128, 192]), E,
+                       rng.randint(1, min(E, 4)), rng.choice([0, 64]), "random"))
+    return shapes
+
+
+SHAPES = FIXED_SHAPES + _random_shapes(2)
+
+
+def _ids(shape):
+    T, H, I, E, k, S, routing = shape
+    return f"T{T}-H{H}-I{I}-E{E}-k{k}-S{S}-{routing}"
+
+
+def run_moe(data):
+    """mok.moe forward + backward: (out, gradients in mok's order, None when absent)."""
+    x, w, *weights = data.requiring_grad()
+    out = mok.moe(x, data.topk_experts, w, *weights)
+    out.backward(data.d_out)
+    return out.detach(), (x.grad, w.grad, *[t.grad if t is not None else None for t in weights])
+
+
+def check_against_reference(data, out, grads, out_tol, grad_tol):
+    ref_out, *ref_grads = forward_and_grads(data.x, data.topk_experts, data.topk_weights,
+                                            data.weights, data.d_out)
+    errors = {"out": (rel_error(out, ref_out), out_tol)}
+    for name, got, ref in zip(GRAD_NAMES, grads, ref_grads):
+        if ref is None:
+            assert got is None, f"{name}: expected None (no shared expert)"
+            continue
+        errors[name] = (rel_error(got, ref), grad_tol)
+    # d_topk_weights[t, j] = <d_out[t], y[t, j]> is one dot product per entry: with few entries
+    # (T = 1) a cancelling sum makes the error relative to |ref| meaningless. The rounding bound
+    # holds relative to sum_h |d_out[t, h] * y[t, j, h]| instead: measure it against that.
+    y = slot_outputs(data.x, data.topk_experts, *data.weights[:3])
+    scale = (data.d_out.to(torch.float64).abs().unsqueeze(1) * y.abs()).sum(dim=-1)
+    errors["d_topk_weights"] = (rel_error(grads[1], ref_grads[1], scale=scale), grad_tol)
+    bad = {n: e for n, (e, tol) in errors.items() if not e <= tol}
+    assert not bad, f"seed {SEED}: relative errors over tolerance: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_bf16_matches_fp64_reference(gen, shape):
+    data = make_layer(gen, *shape[:6], routing=shape[6])
+    out, grads = run_moe(data)
+    assert out.dtype == torch.bfloat16
+    assert grads[1].dtype == torch.float32
+    check_against_reference(data, out, grads, OUT_TOLERANCE, GRAD_TOLERANCE)
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 9, 3, 2, 5, "random"), (1, 3, 2, 1, 1, 0, "random"),
+                                   (64, 24, 40, 6, 3, 0, "one_expert")], ids=_ids)
+def test_float64_mode_is_exact(gen, shape):
+    """The CPU backend's float64 mode: no bf16 alignment rules, fp64 everywhere."""
+    data = make_layer(gen, *shape[:6], routing=shape[6], dtype=torch.float64)
+    out, grads = run_moe(data)
+    assert out.dtype == torch.float64
+    check_against_reference(data, out, grads, F64_TOLERANCE, F64_TOLERANCE)
+
+
+def test_functional_matches_moe_bitwise(gen):
+    data = make_layer(gen, 37, 64, 64, 6, 2, 64)
+    out, grads = run_moe(data)
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=37,
+                                     hidden_size=64, topk=2)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=6)
+    g, u, d, sg, su, sd = data.weights
+    f_out, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd,
+                                    g, u, d)
+    f_grads = functional.backward(config, ws, schedule, ctx, data.d_out, data.x,
+                                  data.topk_weights, sg, su, sd, g, u, d)
+    assert torch.equal(out, f_out)
+    for name, a, b in zip(GRAD_NAMES, grads, f_grads):
+        assert torch.equal(a, b), name
+
+
+def test_readme_example_round_trip(gen):
+    """MoK's README example (functional layer, with the shared expert), in bf16 on CPU tensors,
+    then its manual activation-checkpointing variant."""
+    T, H, I, E, k = 96, 128, 64, 8, 4
+    data = make_layer(gen, T, H, I, E, k, 128)
+    x, topk_experts, router_weights, d_output = (data.x, data.topk_experts, data.topk_weights,
+                                                 data.d_out)
+    w_routed_gate, w_routed_up, w_routed_down, w_shared_gate, w_shared_up, w_shared_down = \
+        data.weights
+
+    config = functional.MoKConfig()
+    workspace = functional.get_workspace(config, None, device=x.device, num_local_tokens=T,
+                                         hidden_size=H, topk=k)
+    schedule = functional.build_schedule(workspace, config, topk_experts, num_local_experts=E)
+    output, forward_context = functional.forward(
+        config, workspace, schedule, x, router_weights, w_shared_gate, w_shared_up,
+        w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+    gradients = functional.backward(
+        config, workspace, schedule, forward_context, d_output, x, router_weights, w_shared_gate,
+        w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+    assert len(gradients) == 8
+    check_against_reference(data, output, gradients, OUT_TOLERANCE, GRAD_TOLERANCE)
+
+    # Manual activation checkpointing: discard the context, rebuild it before backward.
+    _, discarded_forward_context = functional.forward(
+        config, workspace, schedule, x, router_weights, w_shared_gate, w_shared_up,
+        w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+    del discarded_forward_context
+    other = make_layer(gen, T, H, I, E, k, 128)  # another layer overwrites the workspace
+    functional.forward(config, workspace, functional.build_schedule(
+        workspace, config, other.topk_experts, num_local_experts=E), other.x, other.topk_weights,
+        *other.weights[3:], *other.weights[:3])
+    forward_context = functional.recompute_forward_context(
+        config, workspace, schedule, x, w_shared_gate, w_shared_up, w_routed_gate, w_routed_up)
+    again = functional.backward(
+        config, workspace, schedule, forward_context, d_output, x, router_weights, w_shared_gate,
+        w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+    for name, a, b in zip(GRAD_NAMES, gradients, again):
+        assert torch.equal(a, b), name
+    # With the down weights the context is rebuilt at once; same bits.
+    forward_context = functional.recompute_forward_context(
+        config, workspace, schedule, x, w_shared_gate, w_shared_up, w_routed_gate, w_routed_up,
+        shared_down_weights=w_shared_down, routed_down_weights=w_routed_down)
+    assert forward_context.built
+    again = functional.backward(
+        config, workspace, schedule, forward_context, d_output, x, router_weights, w_shared_gate,
+        w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
+    for name, a, b in zip(GRAD_NAMES, gradients, again):
+        assert torch.equal(a, b), name
+
+
+def test_run_to_run_and_thread_count_bitwise(gen):
+    data = make_layer(gen, 129, 64, 128, 7, 3, 64)
+    first_out, first_grads = run_moe(data)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            ws = functional.create_workspace(functional.MoKConfig(), None, device="cpu",
+                                             num_local_tokens=129, hidden_size=64, topk=3)
+            x, w, *weights = data.requiring_grad()
+            out = mok.moe(x, data.topk_experts, w, *weights, workspace=ws)
+            out.backward(data.d_out)
+            assert torch.equal(out, first_out), f"out differs with {n} threads"
+            got = (x.grad, w.grad, *[t.grad for t in weights])
+            for name, a, b in zip(GRAD_NAMES, got, first_grads):
+                assert torch.equal(a, b), f"{name} differs with {n} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_layers_sharing_a_workspace_get_their_own_context(gen):
+    """Two layers of one shape through one workspace: forward A, forward B, backward A, backward B
+    gives the bits of running each alone."""
+    a, b = make_layer(gen, 50, 64, 64, 4, 2, 64), make_layer(gen, 50, 64, 64, 4, 2, 64)
+    alone = [run_moe(d) for d in (a, b)]
+    leaves = [d.requiring_grad() for d in (a, b)]
+    outs = [mok.moe(l[0], d.topk_experts, l[1], *l[2:]) for l, d in zip(leaves, (a, b))]
+    outs[0].backward(a.d_out)
+    outs[1].backward(b.d_out)
+    for (out_alone, grads_alone), out, l in zip(alone, outs, leaves):
+        assert torch.equal(out, out_alone)
+        for name, g, ref in zip(GRAD_NAMES, [t.grad for t in l[:2]] + [t.grad for t in l[2:]],
+                                grads_alone):
+            assert torch.equal(g, ref), name
+
+
+def test_context_follows_the_call_not_the_tensors(gen):
+    """A forward over the same tensor objects, changed in place behind autograd's back (as
+    gradcheck does through .data) and restored, must not leave its context to the first call's
+    backward."""
+    data = make_layer(gen, 21, 64, 64, 4, 2, 64)
+    alone_out, alone_grads = run_moe(data)
+    x, w, *weights = data.requiring_grad()
+    out = mok.moe(x, data.topk_experts, w, *weights)
+    saved = weights[2].data.clone()
+    weights[2].data.mul_(2)  # down weights; .data: no version bump
+    mok.moe(x, data.topk_experts, w, *weights)
+    weights[2].data.copy_(saved)
+    out.backward(data.d_out)
+    assert torch.equal(out, alone_out)
+    for name, g, ref in zip(GRAD_NAMES, [x.grad, w.grad] + [t.grad for t in weights], alone_grads):
+        assert torch.equal(g, ref), name
+
+
+def test_main_grads_accumulate_in_fp32(gen):
+    T, H, I, E, k, S = 40, 64, 64, 4, 2, 64
+    data = make_layer(gen, T, H, I, E, k, S)
+    g, u, d, sg, su, sd = data.weights
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=T,
+                                     hidden_size=H, topk=k)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    out, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd,
+                                  g, u, d)
+    # MoK's order: shared gate, routed gate, shared up, routed up, shared down, routed down.
+    start = [torch.randn(t.shape, generator=gen) for t in (sg, g, su, u, sd, d)]
+    main = [t.clone() for t in start]
+    grads = functional.backward(config, ws, schedule, ctx, data.d_out, data.x, data.topk_weights,
+                                sg, su, sd, g, u, d, main_grads=tuple(main))
+    assert grads[2] is main[1] and grads[5] is main[0]
+    assert all(t.dtype == torch.float32 for t in grads[2:])
+    s_sg, s_g, s_su, s_u, s_sd, s_d = start
+    added = (grads[2] - s_g, grads[3] - s_u, grads[4] - s_d, grads[5] - s_sg, grads[6] - s_su,
+             grads[7] - s_sd)
+    check_against_reference(data, out, (grads[0], grads[1], *added), OUT_TOLERANCE,
+                            GRAD_TOLERANCE)
+
+
+def test_schedule_counts_rows_per_expert(gen):
+    data = make_layer(gen, 77, 64, 64, 9, 3, 0)
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=77,
+                                     hidden_size=64, topk=3)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=9)
+    ids = data.topk_experts.reshape(-1)
+    expected = torch.stack([(ids == e).sum() for e in range(9)]).to(torch.int32)
+    assert torch.equal(schedule.tokens_per_expert, expected)
+    assert schedule.top_experts is data.topk_experts
