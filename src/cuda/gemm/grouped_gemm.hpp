@@ -19,9 +19,13 @@
 #include <cstdint>
 #include <string>
 
+#include "core/schedule_layout.hpp"
+
 namespace mok::gemm {
 
-inline constexpr int kExpertSegmentAlignment = 128;  // == the GEMM tile height
+// The schedule pads every expert segment to this (one definition: core/schedule_layout.hpp); the
+// engine's tile height equals it (config.hpp asserts so).
+inline constexpr int kExpertSegmentAlignment = schedule::kExpertSegmentAlignment;
 inline constexpr int kMaxGroups = 1024;
 
 // Which rows belong to which group. Dense form: starts == rows == nullptr, num_groups == 1,
