@@ -157,6 +157,13 @@ def main():
         BF16_TFLOPS, HBM_TBPS = c["bf16_tflops"], c["hbm_tbps"]
     impls = {"torch": TorchImpl, "mok": MokImpl}
     results = []
+    failures = 0
+
+    def write(cases):
+        doc = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("MOK_COMMIT", "unknown"),
+               "date": datetime.date.today().isoformat(), "cases": cases}
+        pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+
     for case in args.cases.split(","):
         flops, floor = floors_ms(case)
         for skewed in (False, True):
@@ -172,8 +179,12 @@ def main():
                 tokens = torch.tensor([0, 1, out.shape[0] // 2, out.shape[0] - 1], device="cuda")
                 ref = fp32_reference_tokens(sets[0], tokens)
                 err = ((out[tokens].float() - ref).norm() / ref.norm()).item()
-                assert err < 4 * 2 ** -8, f"{impl_name} {case} {routing_name}: out rel err {err}"
                 del out
+                if not err < 4 * 2 ** -8:  # NaN fails too
+                    print(f"{case} {routing_name} {impl_name}: WRONG output (rel err {err}); not timed",
+                          flush=True)
+                    failures += 1
+                    continue
                 rot = [impls[impl_name]() for _ in sets]
                 for r, s in zip(rot, sets):
                     r.setup(s)
@@ -199,14 +210,14 @@ def main():
                                     "out_rel_err": err if pass_ == "fwd" else None})
                     print(f"{case:15s} {routing_name:7s} {impl_name:6s} {pass_:6s} {ms:9.3f} ms "
                           f"{fl / (ms * 1e9):7.1f} TFLOP/s  floor {fm:7.3f} ms", flush=True)
-                del rot, impl
+                rot = impl = None  # free their buffers before the next implementation
+                write(results)  # after every measurement: a run cut short keeps what it measured
             del sets, weights
             TorchImpl.prepared.clear()
             torch.cuda.empty_cache()
-    doc = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("MOK_COMMIT", "unknown"),
-           "date": datetime.date.today().isoformat(), "cases": results}
-    pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write(results)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
