@@ -61,7 +61,16 @@ for args in "--routing skewed --tokens 33" "--routing one-expert --topk 1 --shar
   if "$mok" run --backend cpu $args >/dev/null 2>&1; then pass "run $args"; else fail "run $args"; fi
 done
 
-# 4. Help.
+# 4. The workspace plan: every buffer with its bytes, sized from the shape and config only.
+plan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$plan" | grep -q "schedule_table" && printf '%s' "$plan" | grep -q "ring_buffer"; then
+  pass "run --plan"
+else
+  fail "run --plan: $plan"
+fi
+expect_usage "minibatch_size" run --minibatch 100 --plan
+
+# 5. Help.
 if "$mok" --help | grep -q "usage:"; then pass "--help"; else fail "--help"; fi
 
 rm -f /tmp/mok_cli_err.$$
