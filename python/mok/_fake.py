@@ -7,7 +7,7 @@ call while tracing, with the same message. Expert ids are data and are checked a
 import torch
 
 from mok import _checks, _workspace
-from mok.ops import _check_context, _checks_schedule
+from mok.ops import _check_context, _checks_schedule, _schedule_outputs
 
 
 def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True):
@@ -22,6 +22,11 @@ def _build_schedule(topk_experts, num_experts, num_local_experts, first_local_ex
     _checks.require_tensor("topk_experts", topk_experts)
     _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert)
     return topk_experts.new_empty((num_local_experts,), dtype=torch.int32)
+
+
+@torch.library.register_fake("mok::schedule_table")
+def _schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatch_size):
+    return _schedule_outputs(topk_experts, num_experts)
 
 
 @torch.library.register_fake("mok::forward")

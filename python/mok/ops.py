@@ -116,6 +116,46 @@ def build_schedule(topk_experts, num_experts, num_local_experts, first_local_exp
     return out
 
 
+_SCHEDULE_OUT = "(Tensor table, Tensor expert_counts, Tensor expert_src_counts, " \
+                "Tensor segment_starts, Tensor ring_plan)"
+
+
+@torch.library.custom_op(
+    "mok::schedule_table", mutates_args=(),
+    schema="(Tensor[] topk_experts, int num_experts, int ep_rank, int minibatch_size, "
+           "int macrobatch_size) -> " + _SCHEDULE_OUT)
+def schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatch_size):
+    """The schedule table of rank `ep_rank` from every rank's topk_experts (int64 [T, k] CPU
+    tensors, one per rank of the EP group), by the schedule's host twin: the oracle of the device
+    build. Returns int32 tensors (include/mok/schedule.hpp has the format): table [capacity],
+    expert_counts [E_local], expert_src_counts [E_local, W], segment_starts [E_local + 1],
+    ring_plan [8]."""
+    outs = _schedule_outputs(topk_experts, num_experts)
+    if topk_experts[0].device.type != "cpu":
+        _checks.fail("topk_experts.device", "cpu (the host twin; on the GPU the layer builds its "
+                     "schedule on the device)", _checks.device_name(topk_experts[0].device))
+    _C.schedule_table([_checks.view_of(t) for t in topk_experts], num_experts, ep_rank,
+                      minibatch_size, macrobatch_size, *[_checks.view_of(t) for t in outs])
+    return outs
+
+
+def _schedule_outputs(topk_experts, num_experts):
+    if not isinstance(topk_experts, (list, tuple)) or not topk_experts:
+        _checks.fail("topk_experts", "a list with one tensor per rank", repr(topk_experts))
+    first = topk_experts[0]
+    for r, t in enumerate(topk_experts):
+        _checks.require_tensor(f"topk_experts[{r}]", t)
+        _checks.check_tensor(f"topk_experts[{r}]", t, torch.int64, tuple(first.shape), first.device)
+    W = len(topk_experts)
+    T, k = first.shape
+    if num_experts < 1 or num_experts % W != 0:
+        _checks.fail("num_experts", f"a positive multiple of the rank count {W}", num_experts)
+    E_local = num_experts // W
+    rows = _C.schedule_capacity_rows(T, k, num_experts, W)
+    shapes = ((rows,), (E_local,), (E_local, W), (E_local + 1,), (8,))
+    return tuple(_new(s, torch.int32, first.device) for s in shapes)
+
+
 def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):
     if topk_experts.dim() != 2:
         _checks.fail("topk_experts.shape", "[num_local_tokens, topk]",

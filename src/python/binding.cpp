@@ -14,12 +14,15 @@
 // backend that is not available). The message is mok's own text, unchanged.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/validate.hpp"
 #include "mok/mok.hpp"
+#include "mok/schedule.hpp"
 
 namespace nb = nanobind;
 
@@ -163,6 +166,40 @@ NB_MODULE(_C, m) {
       },
       nb::arg("fwd_num_comm_sms"), nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"),
       nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"));
+
+  // The schedule's host twin (include/mok/schedule.hpp) on CPU tensors: rank `ep_rank`'s table
+  // from every rank's topk_experts. Only T, k, E and W matter; H and I are placeholders.
+  m.def(
+      "schedule_capacity_rows",
+      [](std::int64_t T, std::int64_t k, std::int64_t E, int ep_size) {
+        return schedule_capacity_rows(problem_of(T, 1, 1, E, k, 0, ep_size, 0));
+      },
+      nb::arg("num_tokens"), nb::arg("topk"), nb::arg("num_experts"), nb::arg("ep_size"));
+  m.def(
+      "schedule_table",
+      [](const std::vector<nb::handle>& topk_experts, std::int64_t num_experts, int ep_rank,
+         std::int64_t minibatch, std::int64_t macrobatch, nb::handle table, nb::handle counts,
+         nb::handle src_counts, nb::handle starts, nb::handle plan) {
+        std::vector<TensorView> ids;
+        for (std::size_t r = 0; r < topk_experts.size(); ++r) {
+          ids.push_back(view_of(topk_experts[r], "topk_experts"));
+        }
+        if (ids.empty()) throw Error("topk_experts", "one tensor per rank", "an empty list");
+        const Problem p = problem_of(ids[0].shape[0], 1, 1, num_experts, ids[0].shape[1], 0,
+                                     static_cast<int>(ids.size()), ep_rank);
+        Config c;
+        c.minibatch_size = minibatch;
+        c.macrobatch_size = macrobatch;
+        const ScheduleViews out{view_of(table, "table"), view_of(counts, "expert_counts"),
+                                view_of(src_counts, "expert_src_counts"),
+                                view_of(starts, "segment_starts"), view_of(plan, "ring_plan")};
+        nb::gil_scoped_release release;
+        build_schedule_cpu(p, c, ids, out);
+      },
+      nb::arg("topk_experts"), nb::arg("num_experts"), nb::arg("ep_rank"),
+      nb::arg("minibatch_size"), nb::arg("macrobatch_size"), nb::arg("table"),
+      nb::arg("expert_counts"), nb::arg("expert_src_counts"), nb::arg("segment_starts"),
+      nb::arg("ring_plan"));
 
   // Every id of a host-readable topk_experts in [-1, num_experts); the error names the entry.
   m.def(
