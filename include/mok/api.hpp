@@ -8,8 +8,8 @@
 //
 // Views are row-major and contiguous:
 //   x [T, H], topk_experts int64 [T, k] (ids in [0, E) or -1), topk_weights [T, k],
-//   gate, up [E_local, I, H], down [E_local, H, I], shared_gate, shared_up [S, H], shared_down [H, S],
-//   out, d_out, d_x [T, H], d_topk_weights [T, k], weight gradients shaped like their weights.
+//   gate, up [E_local, I, H], down [E_local, H, I], shared_gate, shared_up [S, H], shared_down [H,
+//   S], out, d_out, d_x [T, H], d_topk_weights [T, k], weight gradients shaped like their weights.
 // Activations and weights are bf16 with fp32 router weights; the CPU backend also runs everything
 // in f64 (activation_dtype = f64), which the tests use as the exact reference.
 #pragma once

@@ -15,11 +15,16 @@ enum class DeviceKind : std::uint8_t { cpu, cuda };
 
 constexpr std::size_t dtype_size(DType d) {
   switch (d) {
-    case DType::bf16: return 2;
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }

@@ -40,7 +40,8 @@ struct RunArgs {
 
 int run(const RunArgs& args);
 
-// `mok run --plan`: every workspace buffer's bytes for the shape and config (src/core/workspace_plan.hpp).
+// `mok run --plan`: every workspace buffer's bytes for the shape and config
+// (src/core/workspace_plan.hpp).
 int print_plan(const RunArgs& args);
 
 }  // namespace mok::cli

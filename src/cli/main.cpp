@@ -13,21 +13,46 @@ namespace mok::cli {
 namespace {
 
 constexpr Preset kPresets[] = {
-    {"tiny", "a small layer for a quick check (the default)",
-     {.num_tokens = 256, .hidden_size = 256, .intermediate_size = 128, .num_experts = 8,
-      .topk = 2, .shared_intermediate_size = 128}},
-    {"dsv3-ep8slice", "one rank's work in DeepSeek-V3 at EP=8",
-     {.num_tokens = 4096, .hidden_size = 7168, .intermediate_size = 2048, .num_experts = 32,
-      .topk = 8, .shared_intermediate_size = 2048}},
-    {"dsv3-ep1", "all 256 DeepSeek-V3 experts on one GPU",
-     {.num_tokens = 4096, .hidden_size = 7168, .intermediate_size = 2048, .num_experts = 256,
-      .topk = 8, .shared_intermediate_size = 2048}},
-    {"qwen3-30b-a3b", "Qwen3-30B-A3B",
-     {.num_tokens = 16384, .hidden_size = 2048, .intermediate_size = 768, .num_experts = 128,
-      .topk = 8, .shared_intermediate_size = 0}},
-    {"mixtral-8x7b", "Mixtral 8x7B",
-     {.num_tokens = 8192, .hidden_size = 4096, .intermediate_size = 14336, .num_experts = 8,
-      .topk = 2, .shared_intermediate_size = 0}},
+    {"tiny",
+     "a small layer for a quick check (the default)",
+     {.num_tokens = 256,
+      .hidden_size = 256,
+      .intermediate_size = 128,
+      .num_experts = 8,
+      .topk = 2,
+      .shared_intermediate_size = 128}},
+    {"dsv3-ep8slice",
+     "one rank's work in DeepSeek-V3 at EP=8",
+     {.num_tokens = 4096,
+      .hidden_size = 7168,
+      .intermediate_size = 2048,
+      .num_experts = 32,
+      .topk = 8,
+      .shared_intermediate_size = 2048}},
+    {"dsv3-ep1",
+     "all 256 DeepSeek-V3 experts on one GPU",
+     {.num_tokens = 4096,
+      .hidden_size = 7168,
+      .intermediate_size = 2048,
+      .num_experts = 256,
+      .topk = 8,
+      .shared_intermediate_size = 2048}},
+    {"qwen3-30b-a3b",
+     "Qwen3-30B-A3B",
+     {.num_tokens = 16384,
+      .hidden_size = 2048,
+      .intermediate_size = 768,
+      .num_experts = 128,
+      .topk = 8,
+      .shared_intermediate_size = 0}},
+    {"mixtral-8x7b",
+     "Mixtral 8x7B",
+     {.num_tokens = 8192,
+      .hidden_size = 4096,
+      .intermediate_size = 14336,
+      .num_experts = 8,
+      .topk = 2,
+      .shared_intermediate_size = 0}},
 };
 
 constexpr const char* kHelp = R"(mok %s: a Mixture-of-Experts training layer for NVIDIA Hopper GPUs.
@@ -125,15 +150,23 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
       if (n < 1 || n > 4096) throw UsageError("--threads: expected 1..4096, got " + value);
       a.threads = static_cast<int>(n);
     } else if (flag == "--backend") {
-      if (value == "auto") a.backend = Backend::automatic;
-      else if (value == "cpu") a.backend = Backend::cpu;
-      else if (value == "cuda") a.backend = Backend::cuda;
-      else throw UsageError("--backend: expected auto, cpu or cuda, got '" + value + "'");
+      if (value == "auto")
+        a.backend = Backend::automatic;
+      else if (value == "cpu")
+        a.backend = Backend::cpu;
+      else if (value == "cuda")
+        a.backend = Backend::cuda;
+      else
+        throw UsageError("--backend: expected auto, cpu or cuda, got '" + value + "'");
     } else if (flag == "--routing") {
-      if (value == "uniform") a.routing = Routing::softmax;
-      else if (value == "skewed") a.routing = Routing::skewed;
-      else if (value == "one-expert") a.routing = Routing::one_expert;
-      else throw UsageError("--routing: expected uniform, skewed or one-expert, got '" + value + "'");
+      if (value == "uniform")
+        a.routing = Routing::softmax;
+      else if (value == "skewed")
+        a.routing = Routing::skewed;
+      else if (value == "one-expert")
+        a.routing = Routing::one_expert;
+      else
+        throw UsageError("--routing: expected uniform, skewed or one-expert, got '" + value + "'");
     } else {
       throw UsageError("unknown option '" + flag + "' (see mok --help)");
     }

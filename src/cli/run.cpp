@@ -6,9 +6,9 @@
 #include <string>
 
 #include "cli/cli.hpp"
-#include "cuda/runtime.hpp"
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
+#include "cuda/runtime.hpp"
 #include "reference/check.hpp"
 
 namespace mok::cli {
@@ -42,7 +42,8 @@ int run(const RunArgs& args) {
 
   LayerData data = make_layer_data(p, DType::bf16, args.seed, args.routing);
   std::int64_t routed_rows = 0;
-  for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s) routed_rows += data.topk_experts.get(s) >= 0;
+  for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s)
+    routed_rows += data.topk_experts.get(s) >= 0;
 
   double fwd_ms = 0, bwd_ms = 0;
   int threads = 0;
@@ -97,11 +98,11 @@ int run(const RunArgs& args) {
     j << "]}}";
     std::printf("%s\n", j.str().c_str());
   } else {
-    const std::string where = backend == Backend::cuda ? cuda::device_summary(0)
-                                                       : std::to_string(threads) + " threads";
-    std::printf("mok run: preset %s, backend %s (%s), %s routing, seed %llu\n",
-                args.preset.c_str(), backend_name(backend), where.c_str(),
-                routing_name(args.routing), static_cast<unsigned long long>(args.seed));
+    const std::string where =
+        backend == Backend::cuda ? cuda::device_summary(0) : std::to_string(threads) + " threads";
+    std::printf("mok run: preset %s, backend %s (%s), %s routing, seed %llu\n", args.preset.c_str(),
+                backend_name(backend), where.c_str(), routing_name(args.routing),
+                static_cast<unsigned long long>(args.seed));
     std::printf("  shape     %s, %lld routed rows\n", p.to_string().c_str(),
                 static_cast<long long>(routed_rows));
     std::printf("  forward   %10.3f ms  %8.4f TFLOP/s\n", fwd_ms, fwd_flops / (fwd_ms * 1e9));
@@ -139,19 +140,21 @@ int print_plan(const RunArgs& args) {
     return 0;
   }
   std::printf("mok workspace plan: preset %s, %s\n", args.preset.c_str(), p.to_string().c_str());
-  std::printf("  config: minibatch_size=%lld macrobatch_size=%lld; schedule capacity %lld rows, "
-              "segments aligned to %d rows\n",
-              static_cast<long long>(args.config.minibatch_size),
-              static_cast<long long>(args.config.macrobatch_size),
-              static_cast<long long>(schedule::max_schedule_rows(schedule_shape_of(p))),
-              schedule::kExpertSegmentAlignment);
+  std::printf(
+      "  config: minibatch_size=%lld macrobatch_size=%lld; schedule capacity %lld rows, "
+      "segments aligned to %d rows\n",
+      static_cast<long long>(args.config.minibatch_size),
+      static_cast<long long>(args.config.macrobatch_size),
+      static_cast<long long>(schedule::max_schedule_rows(schedule_shape_of(p))),
+      schedule::kExpertSegmentAlignment);
   std::printf("  %-10s %-20s %-34s %14s %14s %10s\n", "region", "buffer", "layout", "offset",
               "bytes", "MiB");
   for (const plan::BufferInfo& b : plan::kBuffers) {
     const plan::Buffer buf = wp.*(b.member);
     std::printf("  %-10s %-20s %-34s %14lld %14lld %10.3f\n",
                 b.region == plan::Region::symmetric ? "symmetric" : "local", b.name, b.what,
-                static_cast<long long>(buf.offset), static_cast<long long>(buf.bytes), mib(buf.bytes));
+                static_cast<long long>(buf.offset), static_cast<long long>(buf.bytes),
+                mib(buf.bytes));
   }
   std::printf("  symmetric region %lld bytes (%.3f MiB) per rank, same on every rank\n",
               static_cast<long long>(wp.symmetric_bytes), mib(wp.symmetric_bytes));

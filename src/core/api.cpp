@@ -9,9 +9,12 @@ namespace mok {
 
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::automatic: return "auto";
-    case Backend::cpu: return "cpu";
-    case Backend::cuda: return "cuda";
+    case Backend::automatic:
+      return "auto";
+    case Backend::cpu:
+      return "cpu";
+    case Backend::cuda:
+      return "cuda";
   }
   return "unknown";
 }
@@ -19,8 +22,10 @@ const char* backend_name(Backend b) {
 bool backend_available(Backend b) {
   switch (b) {
     case Backend::automatic:
-    case Backend::cpu: return true;
-    case Backend::cuda: return cuda::layer_available() && cuda::device_count() > 0;
+    case Backend::cpu:
+      return true;
+    case Backend::cuda:
+      return cuda::layer_available() && cuda::device_count() > 0;
   }
   return false;
 }
@@ -75,16 +80,30 @@ Workspace::~Workspace() = default;
 Workspace::Workspace(Workspace&&) noexcept = default;
 Workspace& Workspace::operator=(Workspace&&) noexcept = default;
 
-const Problem& Workspace::problem() const { return impl_->problem; }
-const Config& Workspace::config() const { return impl_->config; }
-Backend Workspace::backend() const { return impl_->backend; }
-DType Workspace::activation_dtype() const { return impl_->options.activation_dtype; }
-int Workspace::num_threads() const { return impl_->cpu ? impl_->cpu->pool.size() : 0; }
+const Problem& Workspace::problem() const {
+  return impl_->problem;
+}
+const Config& Workspace::config() const {
+  return impl_->config;
+}
+Backend Workspace::backend() const {
+  return impl_->backend;
+}
+DType Workspace::activation_dtype() const {
+  return impl_->options.activation_dtype;
+}
+int Workspace::num_threads() const {
+  return impl_->cpu ? impl_->cpu->pool.size() : 0;
+}
 std::size_t Workspace::bytes() const {
   return impl_->cpu ? impl_->cpu->bytes() : impl_->gpu->bytes();
 }
-void Workspace::set_stream(void* stream) { impl_->stream = stream; }
-Workspace::Impl& Workspace::impl() { return *impl_; }
+void Workspace::set_stream(void* stream) {
+  impl_->stream = stream;
+}
+Workspace::Impl& Workspace::impl() {
+  return *impl_;
+}
 
 static Device device_of(const Workspace::Impl& ws) {
   return ws.backend == Backend::cpu ? Device{DeviceKind::cpu, 0}
@@ -99,7 +118,8 @@ static void run_forward(Workspace::Impl& ws, const Inputs& in, const Weights& w,
                         const TensorView* out) {
   const DType act = ws.options.activation_dtype;
   check_inputs(ws.problem, act, device_of(ws), in, w);
-  if (out) check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
+  if (out)
+    check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
   ws.has_context = false;
   if (ws.cpu) {
     check_expert_ids_host(ws.problem, in.topk_experts);

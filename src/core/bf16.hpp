@@ -25,6 +25,8 @@ inline bf16_t float_to_bf16(float f) {
 }
 
 // The value a float takes once stored as bf16.
-inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_to_bf16(float f) {
+  return bf16_to_float(float_to_bf16(f));
+}
 
 }  // namespace mok

@@ -21,9 +21,10 @@ void Config::validate() const {
   // NOTES: GEMM tiles (and expert segments) are kExpertSegmentAlignment rows; with minibatches
   // and passes made of whole tiles, no tile straddles two of them.
   if (minibatch_size % schedule::kExpertSegmentAlignment != 0) {
-    throw Error("config.minibatch_size",
-                "a multiple of " + to_text(schedule::kExpertSegmentAlignment) + " rows (the GEMM tile)",
-                to_text(minibatch_size));
+    throw Error(
+        "config.minibatch_size",
+        "a multiple of " + to_text(schedule::kExpertSegmentAlignment) + " rows (the GEMM tile)",
+        to_text(minibatch_size));
   }
   if (macrobatch_size < minibatch_size) {
     throw Error("config.macrobatch_size",

@@ -38,12 +38,14 @@ void Problem::validate(DType activation_dtype) const {
   }
   if (activation_dtype == DType::bf16) {
     const std::string multiple = "a multiple of " + to_text(kBf16SizeAlignment) + " for bfloat16";
-    if (hidden_size % kBf16SizeAlignment) throw Error("hidden_size", multiple, to_text(hidden_size));
+    if (hidden_size % kBf16SizeAlignment)
+      throw Error("hidden_size", multiple, to_text(hidden_size));
     if (intermediate_size % kBf16SizeAlignment) {
       throw Error("intermediate_size", multiple, to_text(intermediate_size));
     }
     if (shared_intermediate_size % kBf16SizeAlignment) {
-      throw Error("shared_intermediate_size", "0 or " + multiple, to_text(shared_intermediate_size));
+      throw Error("shared_intermediate_size", "0 or " + multiple,
+                  to_text(shared_intermediate_size));
     }
   } else if (activation_dtype != DType::f64) {
     throw Error("activation dtype", "bfloat16 (or float64 on the CPU backend)",

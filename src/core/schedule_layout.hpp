@@ -12,7 +12,8 @@
 //                     -1  = padding (segment ends, and every row at or after total_rows)
 //   expert_counts   int32 [E_local]             unpadded rows of each local expert
 //   expert_src_counts int32 [E_local, W]        rows of expert e that come from src_rank s
-//   segment_starts  int32 [E_local + 1]         first row of each expert's segment; every entry is a
+//   segment_starts  int32 [E_local + 1]         first row of each expert's segment; every entry is
+//   a
 //                                               multiple of kExpertSegmentAlignment;
 //                                               segment_starts[E_local] = total_rows
 //   ring_plan       RingPlan                    total rows, passes and minibatches (below)
@@ -111,8 +112,10 @@ MOK_HOST_DEVICE inline std::int32_t expert_of_row(const std::int32_t* segment_st
   std::int32_t lo = 0, hi = num_local_experts - 1;
   while (lo < hi) {
     const std::int32_t mid = (lo + hi + 1) / 2;
-    if (segment_starts[mid] <= row) lo = mid;
-    else hi = mid - 1;
+    if (segment_starts[mid] <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }

@@ -8,11 +8,16 @@ namespace mok {
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::bf16: return "bfloat16";
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
   }
   return "unknown";
 }
@@ -64,7 +69,11 @@ static std::string list_text(const std::array<std::int64_t, TensorView::kMaxDims
   return s.str();
 }
 
-std::string TensorView::shape_text() const { return list_text(shape, ndim); }
-std::string TensorView::strides_text() const { return list_text(strides, ndim); }
+std::string TensorView::shape_text() const {
+  return list_text(shape, ndim);
+}
+std::string TensorView::strides_text() const {
+  return list_text(strides, ndim);
+}
 
 }  // namespace mok

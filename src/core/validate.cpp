@@ -41,17 +41,20 @@ void check_view(const char* name, const TensorView& v, DType dtype,
 void check_view_either(const char* name, const TensorView& v, DType a, DType b,
                        std::initializer_list<std::int64_t> shape, Device device) {
   if (v.defined() && v.dtype != a && v.dtype != b) {
-    throw Error(std::string(name) + ".dtype",
-                std::string(dtype_name(a)) + " or " + dtype_name(b), dtype_name(v.dtype));
+    throw Error(std::string(name) + ".dtype", std::string(dtype_name(a)) + " or " + dtype_name(b),
+                dtype_name(v.dtype));
   }
   check_layout(name, v, shape, device);
 }
 
 void check_absent(const char* name, const TensorView& v, const char* why) {
-  if (v.defined()) throw Error(name, std::string("none (") + why + ")", "a tensor " + v.shape_text());
+  if (v.defined())
+    throw Error(name, std::string("none (") + why + ")", "a tensor " + v.shape_text());
 }
 
-static DType router_dtype(DType act) { return act == DType::f64 ? DType::f64 : DType::f32; }
+static DType router_dtype(DType act) {
+  return act == DType::f64 ? DType::f64 : DType::f32;
+}
 
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
@@ -80,9 +83,9 @@ void check_expert_ids_host(const Problem& p, const TensorView& topk_experts) {
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t e = ids[i];
     if (e < -1 || e >= p.num_experts) {
-      throw Error("topk_experts[" + std::to_string(i / p.topk) + ", " +
-                      std::to_string(i % p.topk) + "]",
-                  "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(e));
+      throw Error(
+          "topk_experts[" + std::to_string(i / p.topk) + ", " + std::to_string(i % p.topk) + "]",
+          "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(e));
     }
   }
 }

@@ -21,7 +21,9 @@ std::string error_text(const char* what, cudaError_t e) {
 
 }  // namespace
 
-bool compiled() { return true; }
+bool compiled() {
+  return true;
+}
 
 int device_count() {
   int n = 0;

@@ -10,8 +10,8 @@
 
 namespace mok::cuda {
 
-bool compiled();                // this build has the CUDA backend's sources
-int device_count();             // 0 when not compiled or no device
+bool compiled();                        // this build has the CUDA backend's sources
+int device_count();                     // 0 when not compiled or no device
 std::string device_summary(int index);  // "NVIDIA H200, sm_90, 132 SMs" or the reason it failed
 
 // Launches one small kernel on `index` and checks its result: the GPU smoke test.

@@ -33,7 +33,8 @@ double scaled_error(const std::vector<double>& got, const std::vector<double>& r
 }
 
 bool CheckReport::passed() const {
-  return std::all_of(entries.begin(), entries.end(), [](const ErrorEntry& e) { return e.passed(); });
+  return std::all_of(entries.begin(), entries.end(),
+                     [](const ErrorEntry& e) { return e.passed(); });
 }
 
 double CheckReport::out_rel_err() const {
@@ -82,8 +83,9 @@ double dw_scale_norm(const LayerData& d, const std::vector<std::int64_t>& tokens
 
 CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   LayerData ref = convert_layer_data(got, DType::f64);
-  Workspace ws(got.problem, Config{},
-               {.backend = Backend::cpu, .activation_dtype = DType::f64, .num_threads = o.num_threads});
+  Workspace ws(
+      got.problem, Config{},
+      {.backend = Backend::cpu, .activation_dtype = DType::f64, .num_threads = o.num_threads});
   forward(ws, ref.inputs(), ref.weights(), ref.out.view());
   CheckReport r;
   r.entries.push_back(compare_full("out", got.out, ref.out, kForwardTolerance));
@@ -101,9 +103,11 @@ CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   r.entries.push_back(compare_full("d_routed_up_weights", got.d_up, ref.d_up, tol));
   r.entries.push_back(compare_full("d_routed_down_weights", got.d_down, ref.d_down, tol));
   if (got.problem.has_shared_expert()) {
-    r.entries.push_back(compare_full("d_shared_gate_weights", got.d_shared_gate, ref.d_shared_gate, tol));
+    r.entries.push_back(
+        compare_full("d_shared_gate_weights", got.d_shared_gate, ref.d_shared_gate, tol));
     r.entries.push_back(compare_full("d_shared_up_weights", got.d_shared_up, ref.d_shared_up, tol));
-    r.entries.push_back(compare_full("d_shared_down_weights", got.d_shared_down, ref.d_shared_down, tol));
+    r.entries.push_back(
+        compare_full("d_shared_down_weights", got.d_shared_down, ref.d_shared_down, tol));
   }
   return r;
 }
@@ -179,7 +183,8 @@ void expert_row(const ExpertMats& m, const std::vector<double>& x, const std::ve
   if (dy && dx) {
     std::vector<double> dh(g.size(), 0.0), dg(g.size()), du(g.size());
     matvec_t_add(m.down, *dy, dh);
-    for (std::size_t i = 0; i < g.size(); ++i) numerics::swiglu_backward(g[i], u[i], dh[i], &dg[i], &du[i]);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      numerics::swiglu_backward(g[i], u[i], dh[i], &dg[i], &du[i]);
     matvec_t_add(m.gate, dg, *dx);
     matvec_t_add(m.up, du, *dx);
   }
@@ -269,7 +274,8 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
   CheckReport r;
   r.sampled = true;
   auto add_tokens = [&](const char* name, const HostTensor& got,
-                        const std::vector<std::vector<double>>& ref, std::int64_t width, double tol) {
+                        const std::vector<std::vector<double>>& ref, std::int64_t width,
+                        double tol) {
     std::vector<double> g, f;
     for (std::int64_t i = 0; i < n_tok; ++i) {
       const auto row = row_of(got, tokens[i] * width, width);
@@ -288,7 +294,8 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
       g.insert(g.end(), row.begin(), row.end());
       f.insert(f.end(), dw_ref[i].begin(), dw_ref[i].end());
     }
-    r.entries.push_back({"d_topk_weights", scaled_error(g, f, dw_scale_norm(d, tokens, o.num_threads)),
+    r.entries.push_back({"d_topk_weights",
+                         scaled_error(g, f, dw_scale_norm(d, tokens, o.num_threads)),
                          kGradientTolerance, static_cast<std::int64_t>(g.size())});
   }
 

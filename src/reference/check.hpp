@@ -33,7 +33,7 @@ struct ErrorEntry {
   std::string name;  // "out", "d_x", "d_routed_gate_weights", ...
   double rel_err = 0;
   double tolerance = 0;
-  std::int64_t compared = 0;  // elements compared
+  std::int64_t compared = 0;                            // elements compared
   bool passed() const { return rel_err <= tolerance; }  // false for NaN
 };
 
@@ -64,6 +64,7 @@ CheckReport check_against_f64(const LayerData& got, const CheckOptions& options 
 // Relative Frobenius error of two equally long sequences.
 double relative_error(const std::vector<double>& got, const std::vector<double>& ref);
 // ||got - ref|| / scale_norm (NaN-propagating; 0/0 = 0).
-double scaled_error(const std::vector<double>& got, const std::vector<double>& ref, double scale_norm);
+double scaled_error(const std::vector<double>& got, const std::vector<double>& ref,
+                    double scale_norm);
 
 }  // namespace mok

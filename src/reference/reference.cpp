@@ -11,7 +11,8 @@
 namespace mok::reference {
 namespace {
 
-// bf16 mode computes in float and rounds where a bf16 tensor would be stored; f64 mode never rounds.
+// bf16 mode computes in float and rounds where a bf16 tensor would be stored; f64 mode never
+// rounds.
 template <typename Real>
 Real store_round(Real v) {
   if constexpr (std::is_same_v<Real, float>) {
@@ -24,17 +25,23 @@ Real store_round(Real v) {
 template <typename Real>
 Real load(const TensorView& v, std::int64_t i) {
   switch (v.dtype) {
-    case DType::bf16: return static_cast<Real>(bf16_to_float(v.ptr<const bf16_t>()[i]));
-    case DType::f32: return static_cast<Real>(v.ptr<const float>()[i]);
-    case DType::f64: return static_cast<Real>(v.ptr<const double>()[i]);
-    default: throw Error("internal: load from a non-floating view");
+    case DType::bf16:
+      return static_cast<Real>(bf16_to_float(v.ptr<const bf16_t>()[i]));
+    case DType::f32:
+      return static_cast<Real>(v.ptr<const float>()[i]);
+    case DType::f64:
+      return static_cast<Real>(v.ptr<const double>()[i]);
+    default:
+      throw Error("internal: load from a non-floating view");
   }
 }
 
 template <typename Real>
 void store(const TensorView& v, std::int64_t i, Real value, bool accumulate = false) {
   switch (v.dtype) {
-    case DType::bf16: v.ptr<bf16_t>()[i] = float_to_bf16(static_cast<float>(value)); return;
+    case DType::bf16:
+      v.ptr<bf16_t>()[i] = float_to_bf16(static_cast<float>(value));
+      return;
     case DType::f32: {
       float* p = v.ptr<float>() + i;
       *p = accumulate ? *p + static_cast<float>(value) : static_cast<float>(value);
@@ -45,7 +52,8 @@ void store(const TensorView& v, std::int64_t i, Real value, bool accumulate = fa
       *p = accumulate ? *p + static_cast<double>(value) : static_cast<double>(value);
       return;
     }
-    default: throw Error("internal: store to a non-floating view");
+    default:
+      throw Error("internal: store to a non-floating view");
   }
 }
 
@@ -123,7 +131,8 @@ void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::i
   gemm<Real>(pool, {rows, H, N, dg.data(), N, 1, w_gate, H, 1, dx, H});
   gemm<Real>(pool, {rows, H, N, du.data(), N, 1, w_up, H, 1, dx, H, /*accumulate=*/true});
   for (std::int64_t i = 0; i < rows * H; ++i) dx[i] = store_round(dx[i]);
-  // Weight gradients, reduced over rows in order: dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
+  // Weight gradients, reduced over rows in order: dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T
+  // x.
   gemm<Real>(pool, {H, N, rows, dy, 1, H, h.data(), N, 1, d_down, N});
   gemm<Real>(pool, {N, H, rows, dg.data(), 1, N, xr, H, 1, d_gate, H});
   gemm<Real>(pool, {N, H, rows, du.data(), 1, N, xr, H, 1, d_up, H});
@@ -181,8 +190,7 @@ void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& 
     const auto wu = load_range<Real>(w.shared_up, 0, S * H);
     const auto wd = load_range<Real>(w.shared_down, 0, H * S);
     expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(),
-                         ctx.shared_gate.data(), ctx.shared_up.data(), h.data(),
-                         shared_out.data());
+                         ctx.shared_gate.data(), ctx.shared_up.data(), h.data(), shared_out.data());
   }
   if (out == nullptr) return;
 
@@ -254,9 +262,9 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
     const auto wu = load_range<Real>(w.shared_up, 0, S * H);
     const auto wd = load_range<Real>(w.shared_down, 0, H * S);
     std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
-    expert_backward<Real>(st.pool, T, H, S, x.data(), ctx.shared_gate.data(),
-                          ctx.shared_up.data(), d_out.data(), wg.data(), wu.data(), wd.data(),
-                          shared_dx.data(), d_gate.data(), d_up.data(), d_down.data());
+    expert_backward<Real>(st.pool, T, H, S, x.data(), ctx.shared_gate.data(), ctx.shared_up.data(),
+                          d_out.data(), wg.data(), wu.data(), wd.data(), shared_dx.data(),
+                          d_gate.data(), d_up.data(), d_down.data());
     write_weight_grad<Real>(grads.d_shared_gate, 0, d_gate, acc_w);
     write_weight_grad<Real>(grads.d_shared_up, 0, d_up, acc_w);
     write_weight_grad<Real>(grads.d_shared_down, 0, d_down, acc_w);
@@ -299,7 +307,8 @@ void Context<Real>::allocate(const Problem& p) {
 
 template <typename Real>
 std::size_t Context<Real>::bytes() const {
-  return sizeof(Real) * (gate.size() + up.size() + y.size() + shared_gate.size() + shared_up.size());
+  return sizeof(Real) *
+         (gate.size() + up.size() + y.size() + shared_gate.size() + shared_up.size());
 }
 
 template struct Context<float>;

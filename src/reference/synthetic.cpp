@@ -22,7 +22,7 @@ class Rng {
     return z ^ (z >> 31);
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller
+  double normal() {                                                           // Box-Muller
     const double u1 = 1.0 - uniform(), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
@@ -58,22 +58,37 @@ HostTensor::HostTensor(DType dtype, std::initializer_list<std::int64_t> shape) {
 
 double HostTensor::get(std::int64_t i) const {
   switch (view_.dtype) {
-    case DType::bf16: return bf16_to_float(view_.ptr<const bf16_t>()[i]);
-    case DType::f32: return view_.ptr<const float>()[i];
-    case DType::f64: return view_.ptr<const double>()[i];
-    case DType::i32: return view_.ptr<const std::int32_t>()[i];
-    case DType::i64: return static_cast<double>(view_.ptr<const std::int64_t>()[i]);
+    case DType::bf16:
+      return bf16_to_float(view_.ptr<const bf16_t>()[i]);
+    case DType::f32:
+      return view_.ptr<const float>()[i];
+    case DType::f64:
+      return view_.ptr<const double>()[i];
+    case DType::i32:
+      return view_.ptr<const std::int32_t>()[i];
+    case DType::i64:
+      return static_cast<double>(view_.ptr<const std::int64_t>()[i]);
   }
   return 0;
 }
 
 void HostTensor::set(std::int64_t i, double v) {
   switch (view_.dtype) {
-    case DType::bf16: view_.ptr<bf16_t>()[i] = float_to_bf16(static_cast<float>(v)); return;
-    case DType::f32: view_.ptr<float>()[i] = static_cast<float>(v); return;
-    case DType::f64: view_.ptr<double>()[i] = v; return;
-    case DType::i32: view_.ptr<std::int32_t>()[i] = static_cast<std::int32_t>(v); return;
-    case DType::i64: view_.ptr<std::int64_t>()[i] = static_cast<std::int64_t>(v); return;
+    case DType::bf16:
+      view_.ptr<bf16_t>()[i] = float_to_bf16(static_cast<float>(v));
+      return;
+    case DType::f32:
+      view_.ptr<float>()[i] = static_cast<float>(v);
+      return;
+    case DType::f64:
+      view_.ptr<double>()[i] = v;
+      return;
+    case DType::i32:
+      view_.ptr<std::int32_t>()[i] = static_cast<std::int32_t>(v);
+      return;
+    case DType::i64:
+      view_.ptr<std::int64_t>()[i] = static_cast<std::int64_t>(v);
+      return;
   }
 }
 
@@ -87,14 +102,19 @@ void HostTensor::fill_bytes(unsigned char byte) {
 
 const char* routing_name(Routing r) {
   switch (r) {
-    case Routing::softmax: return "uniform";
-    case Routing::skewed: return "skewed";
-    case Routing::one_expert: return "one-expert";
+    case Routing::softmax:
+      return "uniform";
+    case Routing::skewed:
+      return "skewed";
+    case Routing::one_expert:
+      return "one-expert";
   }
   return "unknown";
 }
 
-Inputs LayerData::inputs() const { return {x.view(), topk_experts.view(), topk_weights.view()}; }
+Inputs LayerData::inputs() const {
+  return {x.view(), topk_experts.view(), topk_weights.view()};
+}
 
 Weights LayerData::weights() const {
   return {gate.view(),        up.view(),        down.view(),
@@ -102,7 +122,7 @@ Weights LayerData::weights() const {
 }
 
 Grads LayerData::grads() const {
-  return {d_x.view(),    d_topk_weights.view(), d_gate.view(),        d_up.view(),
+  return {d_x.view(),    d_topk_weights.view(), d_gate.view(),      d_up.view(),
           d_down.view(), d_shared_gate.view(),  d_shared_up.view(), d_shared_down.view()};
 }
 
@@ -175,8 +195,8 @@ LayerData make_layer_data(const Problem& p, DType act, std::uint64_t seed, Routi
     double sum = 0;
     for (std::int64_t j = 0; j < k; ++j) sum += std::exp(logits[order[j]]);
     for (std::int64_t j = 0; j < k; ++j) {
-      const bool to_zero = routing == Routing::one_expert ||
-                           (routing == Routing::skewed && (t * k + j) % 2 == 0);
+      const bool to_zero =
+          routing == Routing::one_expert || (routing == Routing::skewed && (t * k + j) % 2 == 0);
       const std::int64_t e = to_zero ? 0 : order[j];
       d.topk_experts.set(t * k + j, static_cast<double>(e));
       d.topk_weights.set(t * k + j, std::exp(logits[order[j]]) / sum);
@@ -196,10 +216,17 @@ LayerData convert_layer_data(const LayerData& src, DType act) {
     const TensorView& v = from.view();
     HostTensor to;
     switch (v.ndim) {
-      case 1: to = HostTensor(dtype, {v.shape[0]}); break;
-      case 2: to = HostTensor(dtype, {v.shape[0], v.shape[1]}); break;
-      case 3: to = HostTensor(dtype, {v.shape[0], v.shape[1], v.shape[2]}); break;
-      default: throw Error("internal: convert_layer_data rank " + std::to_string(v.ndim));
+      case 1:
+        to = HostTensor(dtype, {v.shape[0]});
+        break;
+      case 2:
+        to = HostTensor(dtype, {v.shape[0], v.shape[1]});
+        break;
+      case 3:
+        to = HostTensor(dtype, {v.shape[0], v.shape[1], v.shape[2]});
+        break;
+      default:
+        throw Error("internal: convert_layer_data rank " + std::to_string(v.ndim));
     }
     for (std::int64_t i = 0; i < from.numel(); ++i) to.set(i, from.get(i));
     return to;

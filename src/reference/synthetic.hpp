@@ -43,9 +43,9 @@ class HostTensor {
 };
 
 enum class Routing : std::uint8_t {
-  softmax,  // random logits, softmax, top-k, renormalised: roughly uniform load
-  skewed,   // as softmax, but every other row (slot t*k+j even) goes to expert 0: expert 0 takes
-            // half of all rows, as PERF.md's skewed cases ask; a token may then repeat expert 0
+  softmax,     // random logits, softmax, top-k, renormalised: roughly uniform load
+  skewed,      // as softmax, but every other row (slot t*k+j even) goes to expert 0: expert 0 takes
+               // half of all rows, as PERF.md's skewed cases ask; a token may then repeat expert 0
   one_expert,  // every slot of every token goes to expert 0 (repeated ids: allowed by design)
 };
 
@@ -69,7 +69,8 @@ struct LayerData {
 // Seeded data: x, d_out ~ N(0, 1); weights ~ N(0, 1/fan_in); routing as asked. In bf16 every value
 // is rounded to bf16 once, so an f64 copy holds exactly the same numbers.
 LayerData make_layer_data(const Problem& p, DType act, std::uint64_t seed,
-                          Routing routing = Routing::softmax, DType weight_grad_dtype = DType::bf16);
+                          Routing routing = Routing::softmax,
+                          DType weight_grad_dtype = DType::bf16);
 
 // The same numbers in another dtype (bf16 -> f64 is exact); outputs are allocated, not copied.
 LayerData convert_layer_data(const LayerData& src, DType act);

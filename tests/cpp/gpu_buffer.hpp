@@ -15,8 +15,8 @@
     ASSERT_EQ(mok_err_, cudaSuccess) << #call << ": " << cudaGetErrorString(mok_err_); \
   } while (0)
 
-#define MOK_SKIP_WITHOUT_GPU()                                                      \
-  do {                                                                              \
+#define MOK_SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                            \
     if (mok::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
   } while (0)
 

@@ -47,7 +47,8 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
     ADD_FAILURE() << "expected mok::Error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
 }
 

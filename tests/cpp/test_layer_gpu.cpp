@@ -1,8 +1,8 @@
 // The CUDA layer (unfused path) end to end: forward and every gradient against the exact f64
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
-#include "cuda/layer/unfused_layer.hpp"
 #include "cuda/layer/device_layer.hpp"
+#include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_helpers.hpp"
 
@@ -18,11 +18,17 @@ struct GpuCase {
   Routing routing;
   bool drop_slots;
 };
-void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const GpuCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 Problem shape(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
               std::int64_t S) {
-  return {.num_tokens = T, .hidden_size = H, .intermediate_size = I, .num_experts = E, .topk = k,
+  return {.num_tokens = T,
+          .hidden_size = H,
+          .intermediate_size = I,
+          .num_experts = E,
+          .topk = k,
           .shared_intermediate_size = S};
 }
 
@@ -117,22 +123,26 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
     EXPECT_TRUE(check_against_f64(fresh).passed());
     LayerData acc = make_case(c, seed, DType::f32);
     DeviceLayer g(acc);
-    for (HostTensor* t : {&acc.d_gate, &acc.d_up, &acc.d_down, &acc.d_shared_gate,
-                          &acc.d_shared_up, &acc.d_shared_down}) {
+    for (HostTensor* t : {&acc.d_gate, &acc.d_up, &acc.d_down, &acc.d_shared_gate, &acc.d_shared_up,
+                          &acc.d_shared_down}) {
       for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * (i % 5) - 1.0);
     }
     g.d_gate.upload(acc.d_gate), g.d_up.upload(acc.d_up), g.d_down.upload(acc.d_down);
-    g.d_sg.upload(acc.d_shared_gate), g.d_su.upload(acc.d_shared_up), g.d_sd.upload(acc.d_shared_down);
+    g.d_sg.upload(acc.d_shared_gate), g.d_su.upload(acc.d_shared_up),
+        g.d_sd.upload(acc.d_shared_down);
     Workspace ws(c.problem, config, {.backend = Backend::cuda});
     forward(ws, g.inputs(), g.weights(), g.out.view());
-    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(), {.accumulate_weight_grads = true});
+    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(),
+             {.accumulate_weight_grads = true});
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     g.download(acc);
-    for (auto [f, a] : {std::pair{&fresh.d_gate, &acc.d_gate}, {&fresh.d_down, &acc.d_down},
+    for (auto [f, a] : {std::pair{&fresh.d_gate, &acc.d_gate},
+                        {&fresh.d_down, &acc.d_down},
                         {&fresh.d_shared_up, &acc.d_shared_up}}) {
       for (std::int64_t i = 0; i < f->numel(); ++i) {
         const float want = static_cast<float>(0.5 * (i % 5) - 1.0) + static_cast<float>(f->get(i));
-        ASSERT_EQ(static_cast<float>(a->get(i)), want) << "macrobatch " << macro << " element " << i;
+        ASSERT_EQ(static_cast<float>(a->get(i)), want)
+            << "macrobatch " << macro << " element " << i;
       }
     }
   }
@@ -227,16 +237,26 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       const std::int64_t E_l = E / W;
       for (int r = 0; r < W; ++r) {
         cuda::RankTensors& t = ranks[r];
-        t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T), rows(g.w.view(), r * T, T)};
-        t.w = {rows(g.gate.view(), r * E_l, E_l), rows(g.up.view(), r * E_l, E_l),
-               rows(g.down.view(), r * E_l, E_l), g.sg.view(), g.su.view(), g.sd.view()};
+        t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T),
+                rows(g.w.view(), r * T, T)};
+        t.w = {rows(g.gate.view(), r * E_l, E_l),
+               rows(g.up.view(), r * E_l, E_l),
+               rows(g.down.view(), r * E_l, E_l),
+               g.sg.view(),
+               g.su.view(),
+               g.sd.view()};
         t.out = rows(g.out.view(), r * T, T);
         t.d_out = rows(g.d_out.view(), r * T, T);
         // Shared-expert gradients are per rank (a data-parallel sum, not the layer's): rank 0's
         // land in the global buffers, the others in scratch.
-        t.grads = {rows(g.d_x.view(), r * T, T), rows(g.d_w.view(), r * T, T),
-                   rows(g.d_gate.view(), r * E_l, E_l), rows(g.d_up.view(), r * E_l, E_l),
-                   rows(g.d_down.view(), r * E_l, E_l), g.d_sg.view(), g.d_su.view(), g.d_sd.view()};
+        t.grads = {rows(g.d_x.view(), r * T, T),
+                   rows(g.d_w.view(), r * T, T),
+                   rows(g.d_gate.view(), r * E_l, E_l),
+                   rows(g.d_up.view(), r * E_l, E_l),
+                   rows(g.d_down.view(), r * E_l, E_l),
+                   g.d_sg.view(),
+                   g.d_su.view(),
+                   g.d_sd.view()};
       }
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
       for (int r = 1; r < W; ++r) {
@@ -262,8 +282,10 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       // Rank 0's shared-expert gradients: those of one GPU running rank 0's tokens alone.
       LayerData rank0 = make_layer_data(shape(T, H, I, E, k, S), DType::bf16, seed + W, routing);
       for (HostTensor* t : {&rank0.x, &rank0.topk_experts, &rank0.topk_weights, &rank0.d_out}) {
-        const HostTensor& src = t == &rank0.x ? one.x : t == &rank0.topk_experts ? one.topk_experts
-                                : t == &rank0.topk_weights ? one.topk_weights : one.d_out;
+        const HostTensor& src = t == &rank0.x              ? one.x
+                                : t == &rank0.topk_experts ? one.topk_experts
+                                : t == &rank0.topk_weights ? one.topk_weights
+                                                           : one.d_out;
         for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, src.get(i));
       }
       rank0.gate = one.gate, rank0.up = one.up, rank0.down = one.down;

@@ -94,11 +94,13 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
   }
   DeviceBuffer<const float*> w_peers(w_ptrs);
   Ranks combine(W, g.tokens * g.topk * g.hidden, rng, /*poison=*/true);
-  DeviceBuffer<std::int32_t> d_table(table), d_total(std::vector<std::int32_t>{std::int32_t(total)});
+  DeviceBuffer<std::int32_t> d_table(table),
+      d_total(std::vector<std::int32_t>{std::int32_t(total)});
   DeviceBuffer<bf16_t> ring(ring_rows * g.hidden);
 
   std::vector<bool> written(W * g.tokens * g.topk, false);
-  for (std::int64_t offset = 0; offset < total + ring_rows; offset += ring_rows) {  // one pass past the end
+  for (std::int64_t offset = 0; offset < total + ring_rows;
+       offset += ring_rows) {  // one pass past the end
     ring.poison();
     PassRows pass{d_table.get(), d_total.get(), offset, ring_rows};
     PullParams pull{pass, g, reinterpret_cast<const void* const*>(x.peers.get()),
@@ -117,7 +119,8 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
           want = x.host[r][t * g.hidden + c];
           if (backward) want = float_to_bf16(w_host[r][slot] * bf16_to_float(want));
         }
-        ASSERT_EQ(got[i * g.hidden + c], want) << "pass at " << offset << " ring row " << i << " col " << c;
+        ASSERT_EQ(got[i * g.hidden + c], want)
+            << "pass at " << offset << " ring row " << i << " col " << c;
       }
     }
     for (std::int64_t i = rows * g.hidden; i < ring_rows * g.hidden; ++i) {
@@ -142,7 +145,8 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
           want = x.host[r][t * g.hidden + c];
           if (backward) want = float_to_bf16(w_host[r][slot] * bf16_to_float(want));
         }
-        ASSERT_EQ(got[slot * g.hidden + c], want) << "rank " << r << " slot " << slot << " col " << c;
+        ASSERT_EQ(got[slot * g.hidden + c], want)
+            << "rank " << r << " slot " << slot << " col " << c;
       }
     }
   }
@@ -167,8 +171,11 @@ TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  PullParams pull{{d_table.get(), d_total.get(), 0, 128}, g,
-                  reinterpret_cast<const void* const*>(x.peers.get()), nullptr, ring.get()};
+  PullParams pull{{d_table.get(), d_total.get(), 0, 128},
+                  g,
+                  reinterpret_cast<const void* const*>(x.peers.get()),
+                  nullptr,
+                  ring.get()};
   MOK_CUDA_OK(cuda::launch_pull_rows(pull, stream));
   MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -180,7 +187,8 @@ TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {
     const auto got = ring.download();
     for (std::int64_t i = 0; i < 128 * g.hidden; ++i) {
       const std::int64_t row = i / g.hidden;
-      const bf16_t want = row < total ? x.host[0][(row / 2) * g.hidden + i % g.hidden] : bf16_t(0xffff);
+      const bf16_t want =
+          row < total ? x.host[0][(row / 2) * g.hidden + i % g.hidden] : bf16_t(0xffff);
       ASSERT_EQ(got[i], want) << "total " << total << " element " << i;
     }
   }
@@ -217,12 +225,14 @@ TEST_P(HomeReduceGpu, BitwiseTheReferenceOrder) {
   const auto d_out = random_bf16(c.T * c.H, rng);
   DeviceBuffer<std::int64_t> d_ids(ids);
   DeviceBuffer<float> d_w(w), d_dw(c.T * c.k);
-  DeviceBuffer<bf16_t> d_slots(slots), d_shared(shared), d_dout(d_out), out(c.T * c.H), dx(c.T * c.H);
+  DeviceBuffer<bf16_t> d_slots(slots), d_shared(shared), d_dout(d_out), out(c.T * c.H),
+      dx(c.T * c.H);
   out.poison();
   dx.poison();
   d_dw.poison();
-  HomeReduceParams p{c.T, c.k, c.H, c.E, d_ids.get(), d_w.get(), d_slots.get(),
-                     c.shared ? d_shared.get() : nullptr, out.get()};
+  HomeReduceParams p{c.T,         c.k,       c.H,           c.E,
+                     d_ids.get(), d_w.get(), d_slots.get(), c.shared ? d_shared.get() : nullptr,
+                     out.get()};
   MOK_CUDA_OK(cuda::launch_combine_reduce(p, nullptr));
   p.topk_weights = nullptr;
   p.out = dx.get();
@@ -263,8 +273,10 @@ TEST_P(HomeReduceGpu, BitwiseTheReferenceOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HomeReduceGpu,
-                         ::testing::Values(HomeCase{1, 1, 64, 1, false}, HomeCase{257, 8, 192, 16, true},
-                                           HomeCase{33, 2, 7168, 4, true}, HomeCase{100, 3, 64, 2, false}));
+                         ::testing::Values(HomeCase{1, 1, 64, 1, false},
+                                           HomeCase{257, 8, 192, 16, true},
+                                           HomeCase{33, 2, 7168, 4, true},
+                                           HomeCase{100, 3, 64, 2, false}));
 
 TEST(HomeReduceGpu, RunToRunBitwise) {
   MOK_SKIP_WITHOUT_GPU();
@@ -284,7 +296,8 @@ TEST(HomeReduceGpu, RunToRunBitwise) {
     MOK_CUDA_OK(cudaDeviceSynchronize());
     const auto got = dw.download();
     if (run == 0) first = got;
-    ASSERT_EQ(std::memcmp(first.data(), got.data(), first.size() * sizeof(float)), 0) << "run " << run;
+    ASSERT_EQ(std::memcmp(first.data(), got.data(), first.size() * sizeof(float)), 0)
+        << "run " << run;
   }
 }
 
@@ -301,8 +314,8 @@ TEST(SwigluBackwardGpu, MatchesTheHostExpressionAndStopsAtTheRowCount) {
   DeviceBuffer<std::int32_t> d_total(std::vector<std::int32_t>{total});
   dg.poison();
   du.poison();
-  cuda::SwigluBackwardParams p{d_total.get(), offset, ring_rows, I, d_dh.get(), d_g.get(),
-                               d_u.get(), dg.get(), du.get()};
+  cuda::SwigluBackwardParams p{d_total.get(), offset,    ring_rows, I,       d_dh.get(),
+                               d_g.get(),     d_u.get(), dg.get(),  du.get()};
   MOK_CUDA_OK(cuda::launch_swiglu_backward(p, nullptr));
   MOK_CUDA_OK(cudaDeviceSynchronize());
   const auto got_g = dg.download(), got_u = du.download();
@@ -322,8 +335,10 @@ TEST(SwigluBackwardGpu, MatchesTheHostExpressionAndStopsAtTheRowCount) {
     float want_g, want_u;
     numerics::swiglu_backward(bf16_to_float(g[i]), bf16_to_float(u[i]), bf16_to_float(dh[i]),
                               &want_g, &want_u);
-    ASSERT_TRUE(close(got_g[i], want_g)) << i << ": " << bf16_to_float(got_g[i]) << " vs " << want_g;
-    ASSERT_TRUE(close(got_u[i], want_u)) << i << ": " << bf16_to_float(got_u[i]) << " vs " << want_u;
+    ASSERT_TRUE(close(got_g[i], want_g))
+        << i << ": " << bf16_to_float(got_g[i]) << " vs " << want_g;
+    ASSERT_TRUE(close(got_u[i], want_u))
+        << i << ": " << bf16_to_float(got_u[i]) << " vs " << want_u;
   }
   EXPECT_LT(off_by_one_ulp, (total - offset) * I / 100) << "more boundary cases than expf explains";
 }
@@ -345,7 +360,8 @@ TEST(PassSegmentsGpu, ClipsTheScheduleToEachPass) {
     for (std::int64_t offset = 0; offset < starts[E] + M; offset += M) {
       p_starts.poison();
       p_rows.poison();
-      cuda::PassSegmentsParams p{d_starts.get(), d_counts.get(), E, offset, M, p_starts.get(), p_rows.get()};
+      cuda::PassSegmentsParams p{d_starts.get(), d_counts.get(), E, offset, M,
+                                 p_starts.get(), p_rows.get()};
       MOK_CUDA_OK(cuda::launch_pass_segments(p, nullptr));
       MOK_CUDA_OK(cudaDeviceSynchronize());
       const auto got_s = p_starts.download(), got_r = p_rows.download();

@@ -9,7 +9,11 @@ namespace mok::test {
 namespace {
 
 Problem tiny_f64(std::int64_t T, std::int64_t E, std::int64_t k, std::int64_t S) {
-  return {.num_tokens = T, .hidden_size = 5, .intermediate_size = 4, .num_experts = E, .topk = k,
+  return {.num_tokens = T,
+          .hidden_size = 5,
+          .intermediate_size = 4,
+          .num_experts = E,
+          .topk = k,
           .shared_intermediate_size = S};
 }
 
@@ -89,7 +93,9 @@ struct Bf16Case {
   bool drop_slots;
 };
 
-void PrintTo(const Bf16Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Bf16Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ReferenceBf16 : public ::testing::TestWithParam<Bf16Case> {};
 
@@ -97,7 +103,8 @@ TEST_P(ReferenceBf16, MatchesF64WithinBf16Tolerance) {
   const Bf16Case& c = GetParam();
   LayerData d = make_layer_data(c.problem, DType::bf16, test_seed(), c.routing);
   if (c.drop_slots) {
-    for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5) d.topk_experts.set(s, -1);
+    for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5)
+      d.topk_experts.set(s, -1);
   }
   run_layer(d);
   for (const HostTensor* t : {&d.out, &d.d_x, &d.d_topk_weights, &d.d_gate, &d.d_up, &d.d_down}) {
@@ -116,20 +123,25 @@ TEST_P(ReferenceBf16, MatchesF64WithinBf16Tolerance) {
               full.out_rel_err(), full.grad_rel_err_max(), kForwardTolerance, kGradientTolerance);
 }
 
-Problem bf16_problem(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E,
-                     std::int64_t k, std::int64_t S) {
-  return {.num_tokens = T, .hidden_size = H, .intermediate_size = I, .num_experts = E, .topk = k,
+Problem bf16_problem(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+                     std::int64_t S) {
+  return {.num_tokens = T,
+          .hidden_size = H,
+          .intermediate_size = I,
+          .num_experts = E,
+          .topk = k,
           .shared_intermediate_size = S};
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ReferenceBf16,
-    ::testing::Values(Bf16Case{"uniform_shared", bf16_problem(257, 128, 192, 8, 2, 64), Routing::softmax, false},
-                      Bf16Case{"skewed_no_shared", bf16_problem(131, 192, 128, 6, 3, 0), Routing::skewed, false},
-                      Bf16Case{"one_expert", bf16_problem(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
-                      Bf16Case{"unused_slots", bf16_problem(97, 64, 128, 4, 4, 128), Routing::softmax, true},
-                      Bf16Case{"one_token", bf16_problem(1, 64, 64, 3, 1, 64), Routing::softmax, false},
-                      Bf16Case{"top1_one_expert", bf16_problem(33, 64, 64, 1, 1, 0), Routing::softmax, false}),
+    ::testing::Values(
+        Bf16Case{"uniform_shared", bf16_problem(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+        Bf16Case{"skewed_no_shared", bf16_problem(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+        Bf16Case{"one_expert", bf16_problem(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+        Bf16Case{"unused_slots", bf16_problem(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+        Bf16Case{"one_token", bf16_problem(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+        Bf16Case{"top1_one_expert", bf16_problem(33, 64, 64, 1, 1, 0), Routing::softmax, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A broken layer must fail the check: the tolerances are tight enough to catch a wrong result.
@@ -159,13 +171,16 @@ TEST(ReferenceDeterminism, BitwiseAcrossThreadCountsAndRuns) {
   for (int threads : {1, 2, 3, 8}) {
     LayerData d = make_layer_data(p, DType::bf16, seed, Routing::skewed);
     run_layer(d, threads);
-    const char* names[] = {"out", "d_x", "d_topk_weights", "d_gate", "d_up", "d_down",
-                           "d_shared_gate", "d_shared_up", "d_shared_down"};
-    const HostTensor* a[] = {&base.out, &base.d_x, &base.d_topk_weights, &base.d_gate, &base.d_up,
-                             &base.d_down, &base.d_shared_gate, &base.d_shared_up, &base.d_shared_down};
-    const HostTensor* b[] = {&d.out, &d.d_x, &d.d_topk_weights, &d.d_gate, &d.d_up,
-                             &d.d_down, &d.d_shared_gate, &d.d_shared_up, &d.d_shared_down};
-    for (int i = 0; i < 9; ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << names[i] << " threads " << threads;
+    const char* names[] = {"out",    "d_x",           "d_topk_weights", "d_gate",       "d_up",
+                           "d_down", "d_shared_gate", "d_shared_up",    "d_shared_down"};
+    const HostTensor* a[] = {&base.out,           &base.d_x,         &base.d_topk_weights,
+                             &base.d_gate,        &base.d_up,        &base.d_down,
+                             &base.d_shared_gate, &base.d_shared_up, &base.d_shared_down};
+    const HostTensor* b[] = {&d.out,           &d.d_x,         &d.d_topk_weights,
+                             &d.d_gate,        &d.d_up,        &d.d_down,
+                             &d.d_shared_gate, &d.d_shared_up, &d.d_shared_down};
+    for (int i = 0; i < 9; ++i)
+      EXPECT_TRUE(same_bits(*a[i], *b[i])) << names[i] << " threads " << threads;
   }
 }
 
@@ -192,7 +207,8 @@ TEST(ReferenceEdgeCases, AllSlotsUnusedLeavesOnlyTheSharedExpert) {
   with.topk_experts.fill(-1);
   run_layer(with);
   EXPECT_TRUE(check_against_f64(with).passed());
-  for (std::int64_t i = 0; i < with.d_topk_weights.numel(); ++i) EXPECT_EQ(with.d_topk_weights.get(i), 0.0);
+  for (std::int64_t i = 0; i < with.d_topk_weights.numel(); ++i)
+    EXPECT_EQ(with.d_topk_weights.get(i), 0.0);
 }
 
 TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
@@ -207,13 +223,15 @@ TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
   }
   Workspace ws(p, Config{}, {.backend = Backend::cpu});
   forward(ws, acc.inputs(), acc.weights(), acc.out.view());
-  backward(ws, acc.inputs(), acc.weights(), acc.d_out.view(), acc.grads(), {.accumulate_weight_grads = true});
+  backward(ws, acc.inputs(), acc.weights(), acc.d_out.view(), acc.grads(),
+           {.accumulate_weight_grads = true});
   for (std::int64_t i = 0; i < fresh.d_gate.numel(); ++i) {
     const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_gate.get(i));
     ASSERT_EQ(static_cast<float>(acc.d_gate.get(i)), want) << i;
   }
   for (std::int64_t i = 0; i < fresh.d_shared_down.numel(); ++i) {
-    const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_shared_down.get(i));
+    const float want =
+        static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_shared_down.get(i));
     ASSERT_EQ(static_cast<float>(acc.d_shared_down.get(i)), want) << i;
   }
 }
@@ -255,7 +273,10 @@ TEST(ReferenceGemm, Avx2PathIsBitwiseTheBaseline) {
   const std::int64_t M = 37, K = 300, N = 64;
   std::vector<float> a(M * K), packed(kTileK * kTileN);
   std::uint64_t s = test_seed();
-  auto next = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return float(int(s >> 40) % 2001 - 1000) / 977.0f; };
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return float(int(s >> 40) % 2001 - 1000) / 977.0f;
+  };
   for (auto& v : a) v = next();
   for (auto& v : packed) v = next();
   GemmArgs<float> g{M, N, K, a.data(), K, 1, nullptr, 0, 0, nullptr, 0};

@@ -14,7 +14,8 @@ std::uint64_t test_seed() {
   }();
   static bool printed = false;
   if (!printed) {
-    std::printf("[ mok ] random inputs from MOK_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+    std::printf("[ mok ] random inputs from MOK_TEST_SEED=%llu\n",
+                static_cast<unsigned long long>(seed));
     printed = true;
   }
   return seed;

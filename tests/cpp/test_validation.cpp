@@ -6,8 +6,12 @@ namespace mok::test {
 namespace {
 
 Problem small() {
-  return {.num_tokens = 10, .hidden_size = 64, .intermediate_size = 128, .num_experts = 4,
-          .topk = 2, .shared_intermediate_size = 64};
+  return {.num_tokens = 10,
+          .hidden_size = 64,
+          .intermediate_size = 128,
+          .num_experts = 4,
+          .topk = 2,
+          .shared_intermediate_size = 64};
 }
 
 void run_forward(const LayerData& d) {
@@ -37,7 +41,8 @@ TEST(Validation, TopkLargerThanExperts) {
   Problem p = small();
   p.num_experts = 4;
   p.topk = 5;
-  expect_error([&] { p.validate(DType::bf16); }, {"invalid topk", "at most num_experts = 4", "got 5"});
+  expect_error([&] { p.validate(DType::bf16); },
+               {"invalid topk", "at most num_experts = 4", "got 5"});
 }
 
 TEST(Validation, Bf16Alignment) {
@@ -56,7 +61,8 @@ TEST(Validation, Bf16Alignment) {
   p = small();
   p.num_experts = 6;
   p.ep_size = 4;
-  expect_error([&] { p.validate(DType::bf16); }, {"num_experts", "multiple of ep_size = 4", "got 6"});
+  expect_error([&] { p.validate(DType::bf16); },
+               {"num_experts", "multiple of ep_size = 4", "got 6"});
 }
 
 TEST(Validation, ConfigKnobs) {
@@ -67,7 +73,8 @@ TEST(Validation, ConfigKnobs) {
       {"config.minibatch_size", [](Config& c) { c.minibatch_size = 100; }},
       {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 100; }},
       {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 4096 * 3 + 1; }},
-      {"config.schedule_capacity_multiplier", [](Config& c) { c.schedule_capacity_multiplier = 0; }},
+      {"config.schedule_capacity_multiplier",
+       [](Config& c) { c.schedule_capacity_multiplier = 0; }},
   };
   for (const auto& [name, mutate] : cases) {
     Config c;
@@ -112,7 +119,8 @@ TEST(Validation, ShapesDtypesStridesDevices) {
     LayerData e = d;
     e.down.view().shape[1] = 128;
     e.down.view().shape[2] = 64;
-    expect_error([&] { run_forward(e); }, {"routed_down_weights.shape", "[4, 64, 128]", "[4, 128, 64]"});
+    expect_error([&] { run_forward(e); },
+                 {"routed_down_weights.shape", "[4, 64, 128]", "[4, 128, 64]"});
   }
   {
     LayerData e = d;
@@ -153,9 +161,12 @@ TEST(Validation, GradientViews) {
     expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), e.grads()); },
                  {"d_routed_up_weights.dtype", "bfloat16 or float32", "float64"});
   }
-  expect_error([&] {
-    backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads(), {.accumulate_weight_grads = true});
-  }, {"accumulate_weight_grads", "float32"});
+  expect_error(
+      [&] {
+        backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads(),
+                 {.accumulate_weight_grads = true});
+      },
+      {"accumulate_weight_grads", "float32"});
   {
     LayerData e = d;
     e.d_topk_weights.view().shape[1] = 3;
@@ -170,9 +181,12 @@ TEST(Validation, BackendChoices) {
     Workspace ws(small(), Config{}, {.backend = Backend::cuda});
     EXPECT_EQ(ws.backend(), Backend::cuda);
     // bf16 only on the GPU: the exact f64 mode is the CPU reference's.
-    expect_error([&] {
-      Workspace f64(small(), Config{}, {.backend = Backend::cuda, .activation_dtype = DType::f64});
-    }, {"activation_dtype", "float64"});
+    expect_error(
+        [&] {
+          Workspace f64(small(), Config{},
+                        {.backend = Backend::cuda, .activation_dtype = DType::f64});
+        },
+        {"activation_dtype", "float64"});
   } else {
     EXPECT_EQ(resolve_backend(Backend::automatic), Backend::cpu);
     expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cuda}); },
@@ -181,8 +195,9 @@ TEST(Validation, BackendChoices) {
   Problem p = small();
   p.ep_size = 2;
   expect_error([&] { Workspace ws(p, Config{}, {.backend = Backend::cpu}); }, {"ep_size", "got 2"});
-  expect_error([&] { Workspace ws(small(), Config{}, {.backend = Backend::cpu, .num_threads = -1}); },
-               {"num_threads", "got -1"});
+  expect_error(
+      [&] { Workspace ws(small(), Config{}, {.backend = Backend::cpu, .num_threads = -1}); },
+      {"num_threads", "got -1"});
 }
 
 }  // namespace

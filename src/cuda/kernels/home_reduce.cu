@@ -94,15 +94,15 @@ int blocks_for(std::int64_t work, std::int64_t per_block) {
 
 cudaError_t launch_combine_reduce(const HomeReduceParams& p, cudaStream_t stream) {
   if (p.tokens <= 0) return cudaSuccess;
-  home_reduce_kernel<true><<<blocks_for(p.tokens * p.hidden / kBf16PerVector, kThreads), kThreads, 0,
-                             stream>>>(p);
+  home_reduce_kernel<true>
+      <<<blocks_for(p.tokens * p.hidden / kBf16PerVector, kThreads), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t launch_dx_reduce(const HomeReduceParams& p, cudaStream_t stream) {
   if (p.tokens <= 0) return cudaSuccess;
-  home_reduce_kernel<false><<<blocks_for(p.tokens * p.hidden / kBf16PerVector, kThreads), kThreads,
-                              0, stream>>>(p);
+  home_reduce_kernel<false>
+      <<<blocks_for(p.tokens * p.hidden / kBf16PerVector, kThreads), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -15,8 +15,8 @@ __global__ void __launch_bounds__(kThreads) pass_segments_kernel(PassSegmentsPar
     const std::int64_t start = clamp_row(p.segment_starts[e] - p.row_offset, p.ring_rows);
     p.pass_starts[e] = static_cast<std::int32_t>(start);
     if (e == p.num_experts) continue;
-    const std::int64_t end =
-        clamp_row(std::int64_t{p.segment_starts[e]} + p.expert_counts[e] - p.row_offset, p.ring_rows);
+    const std::int64_t end = clamp_row(
+        std::int64_t{p.segment_starts[e]} + p.expert_counts[e] - p.row_offset, p.ring_rows);
     p.pass_rows[e] = static_cast<std::int32_t>(end - start);
   }
 }

@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) pull_rows_kernel(PullPara
       continue;
     }
     const RowSource s = decode(src, p.geo);
-    const std::int64_t t = static_cast<std::uint32_t>(s.slot) / static_cast<std::uint32_t>(p.geo.topk);
+    const std::int64_t t =
+        static_cast<std::uint32_t>(s.slot) / static_cast<std::uint32_t>(p.geo.topk);
     const uint4* from = reinterpret_cast<const uint4*>(p.src_peers[s.rank]) + t * vectors;
     if (p.scale_peers == nullptr) {
       for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = from[v];

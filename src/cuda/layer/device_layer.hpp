@@ -22,7 +22,9 @@ class DeviceTensor {
     upload(h);
   }
   ~DeviceTensor() { cudaFree(view_.data); }
-  DeviceTensor(DeviceTensor&& o) noexcept : view_(o.view_), bytes_(o.bytes_) { o.view_.data = nullptr; }
+  DeviceTensor(DeviceTensor&& o) noexcept : view_(o.view_), bytes_(o.bytes_) {
+    o.view_.data = nullptr;
+  }
   DeviceTensor& operator=(DeviceTensor&& o) noexcept {
     std::swap(view_, o.view_);
     std::swap(bytes_, o.bytes_);
@@ -49,10 +51,25 @@ struct DeviceLayer {
   DeviceTensor d_x, d_w, d_gate, d_up, d_down, d_sg, d_su, d_sd;
 
   explicit DeviceLayer(const LayerData& d)
-      : x(d.x), ids(d.topk_experts), w(d.topk_weights), gate(d.gate), up(d.up), down(d.down),
-        sg(d.shared_gate), su(d.shared_up), sd(d.shared_down), out(d.out), d_out(d.d_out),
-        d_x(d.d_x), d_w(d.d_topk_weights), d_gate(d.d_gate), d_up(d.d_up), d_down(d.d_down),
-        d_sg(d.d_shared_gate), d_su(d.d_shared_up), d_sd(d.d_shared_down) {
+      : x(d.x),
+        ids(d.topk_experts),
+        w(d.topk_weights),
+        gate(d.gate),
+        up(d.up),
+        down(d.down),
+        sg(d.shared_gate),
+        su(d.shared_up),
+        sd(d.shared_down),
+        out(d.out),
+        d_out(d.d_out),
+        d_x(d.d_x),
+        d_w(d.d_topk_weights),
+        d_gate(d.d_gate),
+        d_up(d.d_up),
+        d_down(d.d_down),
+        d_sg(d.d_shared_gate),
+        d_su(d.d_shared_up),
+        d_sd(d.d_shared_down) {
     poison();
   }
   Inputs inputs() const { return {x.view(), ids.view(), w.view()}; }

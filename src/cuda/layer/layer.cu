@@ -29,7 +29,9 @@ class UnfusedSingleRank final : public Layer {
 
 }  // namespace
 
-bool layer_available() { return true; }
+bool layer_available() {
+  return true;
+}
 
 std::unique_ptr<Layer> make_layer(const Problem& p, const Config& config, int device) {
   return std::make_unique<UnfusedSingleRank>(p, config, device);

@@ -18,7 +18,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-void check(cudaError_t e, const char* what) { mok::cuda_check(e, what); }
+void check(cudaError_t e, const char* what) {
+  mok::cuda_check(e, what);
+}
 
 // One device allocation carved into 256-byte aligned buffers.
 class Arena {
@@ -48,16 +50,16 @@ struct RankBuffers {
     bf16 *x = nullptr, *gate = nullptr, *up = nullptr, *hidden = nullptr;
   };
   PassSet context, scratch;
-  bf16 *y = nullptr;    // [R, H]: down output (forward), dy (backward)
-  bf16 *dh = nullptr;   // [R, I]
-  bf16 *dg = nullptr;   // [R, I]
-  bf16 *du = nullptr;   // [R, I]
-  bf16 *dx = nullptr;   // [R, H]
+  bf16* y = nullptr;   // [R, H]: down output (forward), dy (backward)
+  bf16* dh = nullptr;  // [R, I]
+  bf16* dg = nullptr;  // [R, I]
+  bf16* du = nullptr;  // [R, I]
+  bf16* dx = nullptr;  // [R, H]
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
   // shared expert
   bf16 *s_gate = nullptr, *s_up = nullptr, *s_hidden = nullptr;  // [T, S] context
-  bf16 *s_out = nullptr;                                          // [T, H]: output, then dx
-  bf16 *s_dh = nullptr, *s_dg = nullptr, *s_du = nullptr;         // [T, S]
+  bf16* s_out = nullptr;                                         // [T, H]: output, then dx
+  bf16 *s_dh = nullptr, *s_dg = nullptr, *s_du = nullptr;        // [T, S]
   // fp32 reductions of the routed weight gradients over several passes (max_passes > 1 only)
   float *acc_gate = nullptr, *acc_up = nullptr, *acc_down = nullptr;
 };
@@ -146,15 +148,15 @@ void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx
 // to the view once, after the last.
 struct GradTarget {
   const TensorView* view;
-  bool add_to_view;   // fp32 main-grad accumulation
-  float* carried;     // several passes: the fp32 partial sums, else null
+  bool add_to_view;  // fp32 main-grad accumulation
+  float* carried;    // several passes: the fp32 partial sums, else null
   bool first_pass;
   bool last_pass;
 };
 
 // out[G, m, n] = a[rows]^T b[rows] per group.
-void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b,
-                 std::int64_t n, const GradTarget& t) {
+void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
+                 const GradTarget& t) {
   const bool view_fp32 = t.view->dtype == DType::f32;
   gemm::WeightGradArgs w;
   w.segments = e.segments;
@@ -230,16 +232,23 @@ struct UnfusedLayer::Impl {
   void** dx_peers = nullptr;
 
   Impl(const Problem& p, const Config& c, int dev)
-      : problem(p), config(c), device(dev), team(Team::local_virtual(p, c, {.device_index = dev})) {}
+      : problem(p),
+        config(c),
+        device(dev),
+        team(Team::local_virtual(p, c, {.device_index = dev})) {}
   ~Impl() { cudaFree(arena); }
 
   const plan::WorkspacePlan& plan() const { return team.impl().plan; }
   std::uint8_t* symmetric(int r) const { return team.impl().symmetric[r]; }
   std::uint8_t* local(int r) const { return team.impl().local[r]; }
   template <typename T>
-  T* sym(int r, const plan::Buffer& b) const { return reinterpret_cast<T*>(symmetric(r) + b.offset); }
+  T* sym(int r, const plan::Buffer& b) const {
+    return reinterpret_cast<T*>(symmetric(r) + b.offset);
+  }
   template <typename T>
-  T* loc(int r, const plan::Buffer& b) const { return reinterpret_cast<T*>(local(r) + b.offset); }
+  T* loc(int r, const plan::Buffer& b) const {
+    return reinterpret_cast<T*>(local(r) + b.offset);
+  }
 
   const std::int32_t* table(int r) const { return loc<std::int32_t>(r, plan().schedule_table); }
   const std::int32_t* total_rows(int r) const {
@@ -253,8 +262,8 @@ struct UnfusedLayer::Impl {
     return {table(r), total_rows(r), std::int64_t{pass} * config.macrobatch_size, ring};
   }
   gemm::RowSegments pass_segments(int r) const {
-    return {ranks[r].pass_starts, ranks[r].pass_rows,
-            static_cast<int>(problem.num_local_experts()), static_cast<int>(ring), 0};
+    return {ranks[r].pass_starts, ranks[r].pass_rows, static_cast<int>(problem.num_local_experts()),
+            static_cast<int>(ring), 0};
   }
   gemm::RowSegments dense_segments() const {
     const int T = static_cast<int>(problem.num_tokens);
@@ -265,20 +274,31 @@ struct UnfusedLayer::Impl {
     PassSegmentsParams p{loc<std::int32_t>(r, plan().segment_starts),
                          loc<std::int32_t>(r, plan().expert_counts),
                          static_cast<std::int32_t>(problem.num_local_experts()),
-                         std::int64_t{pass} * config.macrobatch_size, ring, ranks[r].pass_starts,
+                         std::int64_t{pass} * config.macrobatch_size,
+                         ring,
+                         ranks[r].pass_starts,
                          ranks[r].pass_rows};
     check(launch_pass_segments(p, s), "pass segments");
   }
 
   // The routed experts of rank r over the current pass (its segments), and its shared expert.
   ExpertRows routed(int r, const RankTensors& t, cudaStream_t s) const {
-    return {pass_segments(r), problem.hidden_size, problem.intermediate_size,
-            t.w.gate.ptr<const bf16>(), t.w.up.ptr<const bf16>(), t.w.down.ptr<const bf16>(), s};
+    return {pass_segments(r),
+            problem.hidden_size,
+            problem.intermediate_size,
+            t.w.gate.ptr<const bf16>(),
+            t.w.up.ptr<const bf16>(),
+            t.w.down.ptr<const bf16>(),
+            s};
   }
   ExpertRows shared(const RankTensors& t, cudaStream_t s) const {
-    return {dense_segments(), problem.hidden_size, problem.shared_intermediate_size,
-            t.w.shared_gate.ptr<const bf16>(), t.w.shared_up.ptr<const bf16>(),
-            t.w.shared_down.ptr<const bf16>(), s};
+    return {dense_segments(),
+            problem.hidden_size,
+            problem.shared_intermediate_size,
+            t.w.shared_gate.ptr<const bf16>(),
+            t.w.shared_up.ptr<const bf16>(),
+            t.w.shared_down.ptr<const bf16>(),
+            s};
   }
 
   // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`.
@@ -294,15 +314,13 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     : impl_(std::make_unique<Impl>(p, config, device)) {
   Impl& m = *impl_;
   check(cudaSetDevice(device), "cudaSetDevice");
-  const std::int64_t W = p.ep_size, T = p.num_tokens, H = p.hidden_size,
-                     I = p.intermediate_size, S = p.shared_intermediate_size,
-                     E = p.num_local_experts();
+  const std::int64_t W = p.ep_size, T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
+                     S = p.shared_intermediate_size, E = p.num_local_experts();
   const std::int64_t max_rows = schedule_capacity_rows(p);
   // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
   // (so passes keep their alignment); the Config's macrobatch_size only caps it.
-  m.ring = std::min<std::int64_t>(
-      config.macrobatch_size,
-      schedule::round_up(max_rows, config.minibatch_size));
+  m.ring = std::min<std::int64_t>(config.macrobatch_size,
+                                  schedule::round_up(max_rows, config.minibatch_size));
   m.passes = static_cast<int>((max_rows + config.macrobatch_size - 1) / config.macrobatch_size);
 
   Arena a;
@@ -387,25 +405,32 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   check(cudaMemcpy(m.x_peers, xs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(m.d_out_peers, ds.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(m.w_peers, ws.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(m.combine_peers, cs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(m.combine_peers, cs.data(), W * sizeof(void*), cudaMemcpyHostToDevice),
+        "upload");
   check(cudaMemcpy(m.dx_peers, dxs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
 }
 
 UnfusedLayer::~UnfusedLayer() = default;
 
-std::int64_t UnfusedLayer::ring_rows() const { return impl_->ring; }
-int UnfusedLayer::max_passes() const { return impl_->passes; }
+std::int64_t UnfusedLayer::ring_rows() const {
+  return impl_->ring;
+}
+int UnfusedLayer::max_passes() const {
+  return impl_->passes;
+}
 std::size_t UnfusedLayer::bytes() const {
   const auto& t = impl_->team.impl();
   return static_cast<std::size_t>(impl_->arena_bytes + t.allocation_bytes);
 }
-void UnfusedLayer::check_errors() { impl_->team.check_errors(); }
+void UnfusedLayer::check_errors() {
+  impl_->team.check_errors();
+}
 
-void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output,
-                           cudaStream_t s) {
+void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output, cudaStream_t s) {
   Impl& m = *impl_;
   const Problem& p = m.problem;
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk, S = p.shared_intermediate_size;
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk,
+                     S = p.shared_intermediate_size;
   const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
 
@@ -413,9 +438,11 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   std::vector<TensorView> ids;
   for (int r = 0; r < W; ++r) {
     check(cudaMemcpyAsync(m.sym<void>(r, pl.x_staging), ranks[r].in.x.data, T * H * 2,
-                          cudaMemcpyDeviceToDevice, s), "staging x");
+                          cudaMemcpyDeviceToDevice, s),
+          "staging x");
     check(cudaMemcpyAsync(m.sym<void>(r, pl.router_weights), ranks[r].in.topk_weights.data,
-                          T * k * 4, cudaMemcpyDeviceToDevice, s), "staging router weights");
+                          T * k * 4, cudaMemcpyDeviceToDevice, s),
+          "staging router weights");
     ids.push_back(ranks[r].in.topk_experts);
   }
   build_schedule(m.team, ids, {.stream = s});
@@ -443,9 +470,15 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   }
   if (!write_output) return;
   for (int r = 0; r < W; ++r) {
-    HomeReduceParams h{T, k, H, p.num_experts, ranks[r].in.topk_experts.ptr<const std::int64_t>(),
-                       ranks[r].in.topk_weights.ptr<const float>(), m.sym<const void>(r, pl.combine),
-                       S > 0 ? m.ranks[r].s_out : nullptr, ranks[r].out.data};
+    HomeReduceParams h{T,
+                       k,
+                       H,
+                       p.num_experts,
+                       ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                       ranks[r].in.topk_weights.ptr<const float>(),
+                       m.sym<const void>(r, pl.combine),
+                       S > 0 ? m.ranks[r].s_out : nullptr,
+                       ranks[r].out.data};
     check(launch_combine_reduce(h, s), "home reduction of out");
   }
 }
@@ -461,10 +494,16 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
 
   for (int r = 0; r < W; ++r) {
     check(cudaMemcpyAsync(m.sym<void>(r, pl.d_out_staging), ranks[r].d_out.data, T * H * 2,
-                          cudaMemcpyDeviceToDevice, s), "staging d_out");
+                          cudaMemcpyDeviceToDevice, s),
+          "staging d_out");
     // d_w at home, from the forward's expert outputs still in `combine`.
-    RouterGradParams rg{T, k, H, p.num_experts, ranks[r].in.topk_experts.ptr<const std::int64_t>(),
-                        ranks[r].d_out.data, m.sym<const void>(r, pl.combine),
+    RouterGradParams rg{T,
+                        k,
+                        H,
+                        p.num_experts,
+                        ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                        ranks[r].d_out.data,
+                        m.sym<const void>(r, pl.combine),
                         ranks[r].grads.d_topk_weights.ptr<float>()};
     check(launch_router_grad(rg, s), "router weight gradient");
   }
@@ -474,8 +513,15 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   for (int r = 0; r < W && S > 0; ++r) {
     RankBuffers& b = m.ranks[r];
     const RankTensors& t = ranks[r];
-    ExpertBackward eb{t.in.x.ptr<const bf16>(), b.s_gate, b.s_up, b.s_hidden,
-                      t.d_out.ptr<const bf16>(), b.s_dh, b.s_dg, b.s_du, b.s_out /* its d_x */,
+    ExpertBackward eb{t.in.x.ptr<const bf16>(),
+                      b.s_gate,
+                      b.s_up,
+                      b.s_hidden,
+                      t.d_out.ptr<const bf16>(),
+                      b.s_dh,
+                      b.s_dg,
+                      b.s_du,
+                      b.s_out /* its d_x */,
                       {m.dense_rows, 0, T},
                       {&t.grads.d_shared_gate, add, nullptr, true, true},
                       {&t.grads.d_shared_up, add, nullptr, true, true},
@@ -497,7 +543,15 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
       // dy = bf16(w * d_out), pulled from the home ranks.
       PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y};
       check(launch_pull_rows(pull, s), "dispatch of d_out");
-      ExpertBackward eb{set.x, set.gate, set.up, set.hidden, b.y, b.dh, b.dg, b.du, b.dx,
+      ExpertBackward eb{set.x,
+                        set.gate,
+                        set.up,
+                        set.hidden,
+                        b.y,
+                        b.dh,
+                        b.dg,
+                        b.du,
+                        b.dx,
                         {m.total_rows(r), std::int64_t{pass} * m.config.macrobatch_size, m.ring},
                         {&t.grads.d_gate, add, multi ? b.acc_gate : nullptr, first, last},
                         {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
@@ -509,9 +563,15 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   }
 
   for (int r = 0; r < W; ++r) {
-    HomeReduceParams h{T, k, H, p.num_experts, ranks[r].in.topk_experts.ptr<const std::int64_t>(),
-                       nullptr, m.sym<const void>(r, pl.dx_routed),
-                       S > 0 ? m.ranks[r].s_out : nullptr, ranks[r].grads.d_x.data};
+    HomeReduceParams h{T,
+                       k,
+                       H,
+                       p.num_experts,
+                       ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                       nullptr,
+                       m.sym<const void>(r, pl.dx_routed),
+                       S > 0 ? m.ranks[r].s_out : nullptr,
+                       ranks[r].grads.d_x.data};
     check(launch_dx_reduce(h, s), "home reduction of d_x");
   }
 }
