@@ -32,6 +32,24 @@ inline bool same_bits(const HostTensor& a, const HostTensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.view().data, b.view().data, n) == 0;
 }
 
+inline bool all_outputs_same(const LayerData& a, const LayerData& b) {
+  return same_bits(a.out, b.out) && same_bits(a.d_x, b.d_x) &&
+         same_bits(a.d_topk_weights, b.d_topk_weights) && same_bits(a.d_gate, b.d_gate) &&
+         same_bits(a.d_up, b.d_up) && same_bits(a.d_down, b.d_down) &&
+         same_bits(a.d_shared_gate, b.d_shared_gate) && same_bits(a.d_shared_up, b.d_shared_up) &&
+         same_bits(a.d_shared_down, b.d_shared_down);
+}
+
+inline Problem layer_shape(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E,
+                           std::int64_t k, std::int64_t S) {
+  return {.num_tokens = T,
+          .hidden_size = H,
+          .intermediate_size = I,
+          .num_experts = E,
+          .topk = k,
+          .shared_intermediate_size = S};
+}
+
 inline bool all_finite(const HostTensor& t) {
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     if (!std::isfinite(t.get(i))) return false;

@@ -22,16 +22,6 @@ void PrintTo(const GpuCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-Problem shape(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
-              std::int64_t S) {
-  return {.num_tokens = T,
-          .hidden_size = H,
-          .intermediate_size = I,
-          .num_experts = E,
-          .topk = k,
-          .shared_intermediate_size = S};
-}
-
 LayerData make_case(const GpuCase& c, std::uint64_t seed, DType grad_dtype = DType::bf16) {
   LayerData d = make_layer_data(c.problem, DType::bf16, seed, c.routing, grad_dtype);
   if (c.drop_slots) {
@@ -50,14 +40,6 @@ void run_gpu(LayerData& d, const Config& config = {}, BackwardOptions options = 
   backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(), options);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   g.download(d);
-}
-
-bool all_outputs_same(const LayerData& a, const LayerData& b) {
-  return same_bits(a.out, b.out) && same_bits(a.d_x, b.d_x) &&
-         same_bits(a.d_topk_weights, b.d_topk_weights) && same_bits(a.d_gate, b.d_gate) &&
-         same_bits(a.d_up, b.d_up) && same_bits(a.d_down, b.d_down) &&
-         same_bits(a.d_shared_gate, b.d_shared_gate) && same_bits(a.d_shared_up, b.d_shared_up) &&
-         same_bits(a.d_shared_down, b.d_shared_down);
 }
 
 class LayerGpu : public ::testing::TestWithParam<GpuCase> {};
@@ -82,19 +64,19 @@ TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, LayerGpu,
     ::testing::Values(
-        GpuCase{"uniform_shared", shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
-        GpuCase{"skewed_no_shared", shape(131, 192, 128, 6, 3, 0), Routing::skewed, false},
-        GpuCase{"one_expert", shape(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
-        GpuCase{"unused_slots", shape(97, 64, 128, 4, 4, 128), Routing::softmax, true},
-        GpuCase{"one_token", shape(1, 64, 64, 3, 1, 64), Routing::softmax, false},
-        GpuCase{"top1_one_expert", shape(33, 64, 64, 1, 1, 0), Routing::softmax, false},
-        GpuCase{"wide", shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false}),
+        GpuCase{"uniform_shared", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+        GpuCase{"skewed_no_shared", layer_shape(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+        GpuCase{"one_expert", layer_shape(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+        GpuCase{"unused_slots", layer_shape(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+        GpuCase{"one_token", layer_shape(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+        GpuCase{"top1_one_expert", layer_shape(33, 64, 64, 1, 1, 0), Routing::softmax, false},
+        GpuCase{"wide", layer_shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Several ring passes (backward replays every pass but the first) give the bits of one pass.
 TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
   MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"passes", shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
+  const GpuCase c{"passes", layer_shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
   const std::uint64_t seed = test_seed();
   LayerData one = make_case(c, seed);
   run_gpu(one);
@@ -112,7 +94,7 @@ TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
 // fp32 weight gradients, written and accumulated (main-grad): accumulate = old + fresh.
 TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
   MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"fp32", shape(200, 128, 128, 4, 2, 64), Routing::softmax, false};
+  const GpuCase c{"fp32", layer_shape(200, 128, 128, 4, 2, 64), Routing::softmax, false};
   const std::uint64_t seed = test_seed();
   for (std::int64_t macro : {4096, 128}) {
     Config config;
@@ -152,7 +134,7 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
 // routings: proves that nothing in the step synchronizes with the host.
 TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
   MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"graph", shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
+  const GpuCase c{"graph", layer_shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
   const std::uint64_t seed = test_seed();
   LayerData first = make_case(c, seed);
   DeviceLayer g(first);
@@ -194,7 +176,7 @@ TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
 // An id outside [-1, E) never writes out of bounds; the call after it raises an error naming it.
 TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
   MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"bad", shape(40, 64, 64, 4, 2, 0), Routing::softmax, false};
+  const GpuCase c{"bad", layer_shape(40, 64, 64, 4, 2, 0), Routing::softmax, false};
   LayerData d = make_case(c, test_seed());
   d.topk_experts.set(13 * 2 + 1, 4);  // E = 4: out of range
   DeviceLayer g(d);
@@ -216,7 +198,7 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   const std::uint64_t seed = test_seed();
   for (int W : {2, 4, 8}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
-      const Problem global = shape(W * T, H, I, E, k, S);
+      const Problem global = layer_shape(W * T, H, I, E, k, S);
       LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
       for (std::int64_t s = 3; s < W * T * k; s += 11) one.topk_experts.set(s, -1);
       LayerData many = one;
@@ -280,7 +262,8 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << "W " << W << " " << what << ": d_up";
       EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << "W " << W << " " << what << ": d_down";
       // Rank 0's shared-expert gradients: those of one GPU running rank 0's tokens alone.
-      LayerData rank0 = make_layer_data(shape(T, H, I, E, k, S), DType::bf16, seed + W, routing);
+      LayerData rank0 =
+          make_layer_data(layer_shape(T, H, I, E, k, S), DType::bf16, seed + W, routing);
       for (HostTensor* t : {&rank0.x, &rank0.topk_experts, &rank0.topk_weights, &rank0.d_out}) {
         const HostTensor& src = t == &rank0.x              ? one.x
                                 : t == &rank0.topk_experts ? one.topk_experts

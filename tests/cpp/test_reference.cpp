@@ -123,35 +123,25 @@ TEST_P(ReferenceBf16, MatchesF64WithinBf16Tolerance) {
               full.out_rel_err(), full.grad_rel_err_max(), kForwardTolerance, kGradientTolerance);
 }
 
-Problem bf16_problem(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
-                     std::int64_t S) {
-  return {.num_tokens = T,
-          .hidden_size = H,
-          .intermediate_size = I,
-          .num_experts = E,
-          .topk = k,
-          .shared_intermediate_size = S};
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ReferenceBf16,
     ::testing::Values(
-        Bf16Case{"uniform_shared", bf16_problem(257, 128, 192, 8, 2, 64), Routing::softmax, false},
-        Bf16Case{"skewed_no_shared", bf16_problem(131, 192, 128, 6, 3, 0), Routing::skewed, false},
-        Bf16Case{"one_expert", bf16_problem(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
-        Bf16Case{"unused_slots", bf16_problem(97, 64, 128, 4, 4, 128), Routing::softmax, true},
-        Bf16Case{"one_token", bf16_problem(1, 64, 64, 3, 1, 64), Routing::softmax, false},
-        Bf16Case{"top1_one_expert", bf16_problem(33, 64, 64, 1, 1, 0), Routing::softmax, false}),
+        Bf16Case{"uniform_shared", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+        Bf16Case{"skewed_no_shared", layer_shape(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+        Bf16Case{"one_expert", layer_shape(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+        Bf16Case{"unused_slots", layer_shape(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+        Bf16Case{"one_token", layer_shape(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+        Bf16Case{"top1_one_expert", layer_shape(33, 64, 64, 1, 1, 0), Routing::softmax, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A broken layer must fail the check: the tolerances are tight enough to catch a wrong result.
 TEST(ReferenceCheck, DetectsACorruptedResult) {
-  LayerData d = make_layer_data(bf16_problem(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
+  LayerData d = make_layer_data(layer_shape(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
   run_layer(d);
   for (std::int64_t c = 0; c < 64; ++c) d.out.set(3 * 64 + c, 0.0);  // lose one token's output
   const CheckReport r = check_against_f64(d);
   EXPECT_FALSE(r.passed()) << r.summary();
-  LayerData e = make_layer_data(bf16_problem(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
+  LayerData e = make_layer_data(layer_shape(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
   run_layer(e);
   for (std::int64_t c = 0; c < 64; ++c) e.d_gate.set(5 * 64 + c, 0.0);  // expert 0 loses one row
   CheckOptions sampled;
@@ -164,30 +154,21 @@ TEST(ReferenceCheck, DetectsACorruptedResult) {
 // ---- determinism ----
 
 TEST(ReferenceDeterminism, BitwiseAcrossThreadCountsAndRuns) {
-  const Problem p = bf16_problem(203, 128, 128, 7, 3, 64);
+  const Problem p = layer_shape(203, 128, 128, 7, 3, 64);
   const std::uint64_t seed = test_seed();
   LayerData base = make_layer_data(p, DType::bf16, seed, Routing::skewed);
   run_layer(base, 1);
   for (int threads : {1, 2, 3, 8}) {
     LayerData d = make_layer_data(p, DType::bf16, seed, Routing::skewed);
     run_layer(d, threads);
-    const char* names[] = {"out",    "d_x",           "d_topk_weights", "d_gate",       "d_up",
-                           "d_down", "d_shared_gate", "d_shared_up",    "d_shared_down"};
-    const HostTensor* a[] = {&base.out,           &base.d_x,         &base.d_topk_weights,
-                             &base.d_gate,        &base.d_up,        &base.d_down,
-                             &base.d_shared_gate, &base.d_shared_up, &base.d_shared_down};
-    const HostTensor* b[] = {&d.out,           &d.d_x,         &d.d_topk_weights,
-                             &d.d_gate,        &d.d_up,        &d.d_down,
-                             &d.d_shared_gate, &d.d_shared_up, &d.d_shared_down};
-    for (int i = 0; i < 9; ++i)
-      EXPECT_TRUE(same_bits(*a[i], *b[i])) << names[i] << " threads " << threads;
+    EXPECT_TRUE(all_outputs_same(base, d)) << "threads " << threads;
   }
 }
 
 // ---- edge cases ----
 
 TEST(ReferenceEdgeCases, EmptyExpertsGetExactlyZeroGradients) {
-  const Problem p = bf16_problem(40, 64, 64, 6, 2, 0);
+  const Problem p = layer_shape(40, 64, 64, 6, 2, 0);
   LayerData d = make_layer_data(p, DType::bf16, test_seed());
   for (std::int64_t s = 0; s < 80; ++s) d.topk_experts.set(s, s % 2 == 0 ? 1 : 4);  // only 1 and 4
   run_layer(d);
@@ -202,7 +183,7 @@ TEST(ReferenceEdgeCases, EmptyExpertsGetExactlyZeroGradients) {
 }
 
 TEST(ReferenceEdgeCases, AllSlotsUnusedLeavesOnlyTheSharedExpert) {
-  const Problem p = bf16_problem(9, 64, 64, 3, 2, 64);
+  const Problem p = layer_shape(9, 64, 64, 3, 2, 64);
   LayerData with = make_layer_data(p, DType::bf16, test_seed());
   with.topk_experts.fill(-1);
   run_layer(with);
@@ -212,7 +193,7 @@ TEST(ReferenceEdgeCases, AllSlotsUnusedLeavesOnlyTheSharedExpert) {
 }
 
 TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
-  const Problem p = bf16_problem(50, 64, 64, 4, 2, 64);
+  const Problem p = layer_shape(50, 64, 64, 4, 2, 64);
   const std::uint64_t seed = test_seed();
   LayerData fresh = make_layer_data(p, DType::bf16, seed, Routing::softmax, DType::f32);
   run_layer(fresh);
@@ -237,7 +218,7 @@ TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
 }
 
 TEST(ReferenceContext, BackwardNeedsAForwardOverTheSameTensors) {
-  const Problem p = bf16_problem(8, 64, 64, 2, 1, 0);
+  const Problem p = layer_shape(8, 64, 64, 2, 1, 0);
   LayerData d = make_layer_data(p, DType::bf16, 1);
   Workspace ws(p, Config{}, {.backend = Backend::cpu});
   expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads()); },
