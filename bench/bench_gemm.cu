@@ -228,6 +228,10 @@ int main(int argc, char** argv) {
       wgrad.m = c.h;
       wgrad.n = c.i;
 
+      mok::gemm::WeightGradArgs wgrad_fixed = wgrad, wgrad_tickets = wgrad;
+      wgrad_fixed.order = mok::gemm::TileOrder::fixed;
+      wgrad_tickets.order = mok::gemm::TileOrder::tickets;
+
       // Correctness before timing: a sampled row of expert 0 and of the last expert.
       mok::gemm::rows_times_weight_t(plain);
       mok::gemm::rows_times_weight_t(down);
@@ -255,6 +259,11 @@ int main(int argc, char** argv) {
           {"gemm2", "mok", flops, [&] { mok::gemm::rows_times_weight_t(down); }},
           {"dgrad", "mok", flops, [&] { mok::gemm::rows_times_weight(dgrad); }},
           {"wgrad", "mok", flops, [&] { mok::gemm::weight_grad(wgrad); }},
+          // The automatic tile order against each forced one, in the same run (NOTES.md v4).
+          {"wgrad", "mok-fixed", flops, [&] { mok::gemm::weight_grad(wgrad_fixed); }},
+          {"wgrad", "mok-tickets", flops, [&] { mok::gemm::weight_grad(wgrad_tickets); }},
+          // The automatic order again, last: an order-of-measurement effect shows as a difference.
+          {"wgrad", "mok-repeat", flops, [&] { mok::gemm::weight_grad(wgrad); }},
       };
       for (const Item& it : items) {
         const double ms = time_median_ms(it.fn, flush, flush_bytes, reps);

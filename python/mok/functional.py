@@ -66,14 +66,27 @@ class MoKConfig:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoKSchedule:
-    """This rank's routing, validated. On the CPU backend the schedule is the routing itself plus
-    the rows per local expert; the C++ schedule table (issue 4) will live here on CUDA."""
+    """This rank's routing, validated, and the rows per local expert.
 
-    topk_experts: torch.Tensor       # int64 [num_local_tokens, topk]; -1 marks an unused slot
-    tokens_per_expert: torch.Tensor  # int32 [num_local_experts]: routed rows per local expert
+    On CUDA the layer builds its schedule table on the device inside each call, so the rows per
+    expert (`tokens_per_expert`) are only counted when asked for (a few small kernels, no host
+    synchronization): forward and backward never wait for them."""
+
+    topk_experts: torch.Tensor  # int64 [num_local_tokens, topk]; -1 marks an unused slot
     num_experts: int
     num_local_experts: int
+    first_local_expert: int
     workspace_handle: int
+    _counts: "torch.Tensor | None" = dataclasses.field(default=None, repr=False)
+
+    @property
+    def tokens_per_expert(self):
+        """int32 [num_local_experts]: routed rows per local expert."""
+        if self._counts is None:
+            object.__setattr__(self, "_counts", ops.build_schedule(
+                self.topk_experts, self.num_experts, self.num_local_experts,
+                self.first_local_expert))
+        return self._counts
 
     @property
     def top_experts(self):  # MoK's field name
@@ -221,9 +234,13 @@ def build_schedule(workspace, config, topk_experts, *, num_local_experts):
     if topk_experts.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
         topk_experts = topk_experts.to(torch.int64)
     num_experts = num_local_experts * workspace.ep_size
-    counts = ops.build_schedule(topk_experts, num_experts, num_local_experts,
-                                num_local_experts * workspace.ep_rank)
-    return MoKSchedule(topk_experts, counts, num_experts, num_local_experts, workspace.handle)
+    first = num_local_experts * workspace.ep_rank
+    schedule = MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle)
+    if topk_experts.device.type == "cpu":
+        schedule.tokens_per_expert  # validates every id now (the CPU backend's contract)
+    else:
+        ops.check_schedule_inputs(topk_experts, num_experts, num_local_experts, first)
+    return schedule
 
 
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,

@@ -95,15 +95,8 @@ def _ensure_context(core, context, x, topk_experts, topk_weights, weights):
     schema="(Tensor topk_experts, int num_experts, int num_local_experts, int first_local_expert)"
            " -> Tensor")
 def build_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):
-    _checks.require_tensor("topk_experts", topk_experts)
     device = topk_experts.device
-    _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert)
-    if device.type == "cpu":
-        _C.check_expert_ids(_checks.view_of(topk_experts), num_experts)
-    else:
-        # Raises mok's error where the CUDA backend cannot run. Ids on the GPU are checked by the
-        # layer on the device (no host synchronization), raised at the latest on the next call.
-        _C.require_backend("cuda")
+    check_schedule_inputs(topk_experts, num_experts, num_local_experts, first_local_expert)
     # Rows per local expert. NOTES: fixed-size scatter (no data-dependent shapes, no host
     # synchronization); the C++ schedule table (include/mok/schedule.hpp) can replace this seam.
     local = topk_experts.reshape(-1) - first_local_expert
@@ -154,6 +147,18 @@ def _schedule_outputs(topk_experts, num_experts):
     rows = _C.schedule_capacity_rows(T, k, num_experts, W)
     shapes = ((rows,), (E_local,), (E_local, W), (E_local + 1,), (8,))
     return tuple(_new(s, torch.int32, first.device) for s in shapes)
+
+
+def check_schedule_inputs(topk_experts, num_experts, num_local_experts, first_local_expert):
+    """The checks of build_schedule that need no device data: shapes, dtype, expert ranges; on
+    the CPU every id too. Ids on the GPU are checked by the layer on the device (no host
+    synchronization), raised at the latest by the next call."""
+    _checks.require_tensor("topk_experts", topk_experts)
+    _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert)
+    if topk_experts.device.type == "cpu":
+        _C.check_expert_ids(_checks.view_of(topk_experts), num_experts)
+    else:
+        _C.require_backend("cuda")  # mok's error where the CUDA backend cannot run
 
 
 def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):

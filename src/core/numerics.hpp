@@ -23,6 +23,17 @@ MOK_HOST_DEVICE inline Real swiglu(Real g, Real u) {
   return g * sigmoid(g) * u;
 }
 
+#if defined(__CUDACC__)
+// The GPU gate/up epilogue's SwiGLU: exp through ex2.approx (__expf) and an approximate
+// reciprocal (__fdividef), a relative error of at most ~2^-19 for |g| < 40, against the 2^-9 of
+// the bf16 result it is rounded to. NOTES: the exact expression costs ~3x the instructions, and
+// the epilogue does not overlap the next tile's MMAs (docs/perf/NOTES.md ## gemm, v4). Limits
+// as the exact form: g -> -inf gives -0 * u, g -> +inf gives g * u.
+__device__ inline float swiglu_fast(float g, float u) {
+  return g * __fdividef(1.0f, 1.0f + __expf(-g)) * u;
+}
+#endif
+
 // Given dh = d(loss)/d(silu(g) * u): the gradients with respect to g and u.
 //   d/dg silu(g) = s * (1 + g * (1 - s)),  s = sigmoid(g)
 template <typename Real>

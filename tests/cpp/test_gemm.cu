@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -358,6 +359,59 @@ TEST(GemmGateUp, DenseSharedExpert) {
 // ---------------------------------------------------------------------------------------------
 // rows x W^T (down forward, dense) and rows x W (dgrad)
 
+// The epilogue's row scatter (the layer's combine): every kept row lands, bitwise equal to the
+// plain store `out`, in the slot its table entry names on one of two ranks; rows whose entry is
+// negative (padding, and a random tenth of the real rows) and every other slot stay poisoned.
+template <class Launch>
+void check_scatter(const Layout& l, int n, const Buffer<__nv_bfloat16>& out, Launch&& launch) {
+  std::mt19937_64 rng(fresh_seed());
+  const int ranks = 2;
+  std::vector<int> real;
+  for (int g = 0; g < l.groups(); ++g)
+    for (int i = 0; i < l.counts[g]; ++i) real.push_back(l.starts[g] + i);
+  const long long slots = std::max<long long>(1, static_cast<long long>(real.size()));
+  std::vector<int> places(static_cast<std::size_t>(ranks * slots));
+  std::iota(places.begin(), places.end(), 0);
+  std::shuffle(places.begin(), places.end(), rng);
+  std::vector<int> table(l.capacity, -1);
+  for (std::size_t i = 0; i < real.size(); ++i)
+    if (rng() % 10 != 0) table[real[i]] = places[i];
+  Buffer<int> d_table(l.capacity);
+  d_table.upload(table);
+  Buffer<__nv_bfloat16> dst0(slots * n), dst1(slots * n);
+  dst0.poison();
+  dst1.poison();
+  std::vector<void*> peers = {dst0.p, dst1.p};
+  Buffer<void*> d_peers(ranks);
+  d_peers.upload(peers);
+  launch(mok::gemm::RowScatter{d_table.p, slots, d_peers.p});
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto want = out.host();
+  const std::vector<std::vector<__nv_bfloat16>> got = {dst0.host(), dst1.host()};
+  std::vector<char> landed(static_cast<std::size_t>(ranks * slots), 0);
+  long long wrong = 0, stray = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    if (table[r] < 0) continue;
+    const int rank = table[r] / static_cast<int>(slots), slot = table[r] % static_cast<int>(slots);
+    landed[table[r]] = 1;
+    wrong += std::memcmp(&got[rank][std::size_t(slot) * n], &want[std::size_t(r) * n], n * 2) != 0;
+  }
+  for (std::size_t pl = 0; pl < landed.size(); ++pl) {
+    if (landed[pl]) continue;
+    const auto& g = got[pl / slots];
+    for (int j = 0; j < n; ++j) {
+      std::uint16_t bits;
+      std::memcpy(&bits, &g[(pl % slots) * n + j], 2);
+      stray += bits != 0xffff;
+    }
+  }
+  std::printf("[ mok ] row scatter: %lld rows to %d ranks\n", static_cast<long long>(real.size()),
+              ranks);
+  EXPECT_EQ(wrong, 0) << "scattered rows differ from the plain store";
+  EXPECT_EQ(stray, 0) << "slots that no kept row names were written";
+}
+
 struct RowsCase {
   std::vector<int> counts;
   int n, k;
@@ -383,7 +437,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
   out.poison();
   const RowSegments seg =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
-  auto launch = [&](__nv_bfloat16* dst) {
+  auto launch = [&](__nv_bfloat16* dst, const mok::gemm::RowScatter& to = {}) {
     if (c.trans_b) {
       mok::gemm::RowsTimesWeightArgs args;
       args.segments = seg;
@@ -391,6 +445,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       args.ld_a = c.k;
       args.w = w.p;
       args.out = dst;
+      args.scatter = to;
       args.ld_out = c.n;
       args.n = c.n;
       args.k = c.k;
@@ -402,6 +457,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       args.ld_a = c.k;
       args.w = w.p;
       args.out = dst;
+      args.scatter = to;
       args.ld_out = c.n;
       args.row_scale = c.row_scale ? scale.p : nullptr;
       args.n = c.n;
@@ -437,6 +493,9 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
     launch(out2.p);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
+  }
+  if (check_bitwise && !c.dense && l.capacity * static_cast<long long>(c.n) < (64ll << 20)) {
+    check_scatter(l, c.n, out, [&](const mok::gemm::RowScatter& to) { launch(nullptr, to); });
   }
 }
 
@@ -563,9 +622,10 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   fill_random(b, 1.0f);
   l.poison_padding(a, c.m);  // NaN in padding: must contribute exactly nothing
   l.poison_padding(b, c.n);
-  auto launch = [&](void* dst) {
+  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic) {
     mok::gemm::WeightGradArgs args;
     args.segments = l.segments();
+    args.order = order;
     args.a = a.p;
     args.ld_a = c.m;
     args.b = b.p;
@@ -628,17 +688,24 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   EXPECT_LE(e.rel(), bound);
   EXPECT_EQ(nonzero_empty, 0) << "empty groups must give exact (+0) zeros";
   if (check_bitwise) {
-    if (c.fp32) {
-      out32b.poison();
-      launch(out32b.p);
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto x = out32.host(), y = out32b.host();
-      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << "two runs differ";
-    } else {
-      out16b.poison();
-      launch(out16b.p);
-      CUDA_OK(cudaDeviceSynchronize());
-      EXPECT_TRUE(bitwise_equal(out16, out16b)) << "two runs differ";
+    // A second run, then each tile order forced: the same bits whoever runs which tile.
+    using mok::gemm::TileOrder;
+    for (TileOrder order : {TileOrder::automatic, TileOrder::fixed, TileOrder::tickets}) {
+      const char* name = order == TileOrder::automatic ? "automatic"
+                         : order == TileOrder::fixed   ? "fixed"
+                                                       : "tickets";
+      if (c.fp32) {
+        out32b.poison();
+        launch(out32b.p, order);
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto x = out32.host(), y = out32b.host();
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << "order " << name << " differs";
+      } else {
+        out16b.poison();
+        launch(out16b.p, order);
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_TRUE(bitwise_equal(out16, out16b)) << "order " << name << " differs";
+      }
     }
   }
 }

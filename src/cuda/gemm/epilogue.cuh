@@ -51,7 +51,7 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
 }
 
 // SwiGLU: accumulators 0..63 are the gate tile, 64..127 the up tile of the same 128 columns.
-//   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u)
+//   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
 __device__ __forceinline__ void store_swiglu(const float (&acc)[kTileN / 2], const TileInfo& t,
                                              const KernelParams& p, int wg, int warp, int lane) {
   auto* hidden = static_cast<__nv_bfloat16*>(p.out);
@@ -70,7 +70,7 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[kTileN / 2], con
         const int a = 4 * (4 * c + i) + 2 * h;
         const float g0 = round_bf16(acc[a]), g1 = round_bf16(acc[a + 1]);
         const float u0 = round_bf16(acc[64 + a]), u1 = round_bf16(acc[64 + a + 1]);
-        hv[i] = pack_bf16x2(numerics::swiglu(g0, u0), numerics::swiglu(g1, u1));
+        hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
         gv[i] = pack_bf16x2(g0, g1);
         uv[i] = pack_bf16x2(u0, u1);
       }
@@ -134,6 +134,17 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], cons
       offset = static_cast<long long>(t.row_base + r) * p.ld_out;
       if (row_ok && p.row_scale != nullptr) scale = __ldg(p.row_scale + t.row_base + r);
     }
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + offset;
+    if (!kKGrouped && p.scatter_rows != nullptr) {  // the row's slot on its home rank
+      const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
+      row_ok = src >= 0;
+      if (row_ok) {
+        const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
+        const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
+        dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
+              static_cast<long long>(slot) * p.ld_out;
+      }
+    }
     const bool scaled = !kKGrouped && p.row_scale != nullptr;
     if (p.out_fp32) {
       if (!row_ok) continue;
@@ -167,9 +178,7 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], cons
       }
       const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
       const int col = n0 + 8 * (4 * c + q);
-      if (row_ok && col < p.n) {
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + offset + col) = s;
-      }
+      if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
     }
   }
 }

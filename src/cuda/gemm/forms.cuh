@@ -46,9 +46,13 @@ struct KernelParams {
   __nv_bfloat16* gate_out;  // gate/up: optional pre-activations
   __nv_bfloat16* up_out;
   const float* row_scale;                  // RowsWT: optional
+  const int* scatter_rows;                 // M-grouped bf16: optional RowScatter
+  unsigned scatter_slots;
+  void* const* scatter_peers;
   int k_blocks_first;                      // RowsW with a second product: its first K block
   int accumulate;                          // K-grouped fp32: out += the sum
   int ticket_slot;                         // K-grouped with tickets: its counter pair
+  int tile_order;                          // K-grouped with tickets: a TileOrder
   ptx::WaitTimeoutReport* timeout_report;  // mapped host memory, or null
 };
 

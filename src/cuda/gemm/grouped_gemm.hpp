@@ -38,6 +38,16 @@ struct RowSegments {
   int dense_rows = 0;     // dense form only
 };
 
+// Optional destination of the output rows of an M-grouped plain form: the combine of the layer
+// fused into the epilogue. Row i of the row buffer goes to row `slot` of peers[rank], where
+// rows[i] = rank * slots + slot (the schedule table's source encoding); rows whose entry is
+// negative are not stored. bf16 output only; `out` is then not written (may be null).
+struct RowScatter {
+  const std::int32_t* rows = nullptr;  // [capacity_rows], device; null: store to `out`
+  std::int64_t slots = 0;              // rows of each peer's [slots, ld_out] destination
+  void* const* peers = nullptr;        // device array of destination pointers, one per rank
+};
+
 // hidden = bf16(silu(g) * u), g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T) for the rows of e.
 struct GateUpForwardArgs {
   RowSegments segments;
@@ -64,6 +74,7 @@ struct RowsTimesWeightTArgs {
   __nv_bfloat16* out = nullptr;      // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
   const float* row_scale = nullptr;  // optional, [capacity_rows]
+  RowScatter scatter;                // optional: out's rows scattered to peers instead
   int n = 0;                         // multiple of 64
   int k = 0;                         // multiple of 64
   cudaStream_t stream = nullptr;
@@ -84,6 +95,7 @@ struct RowsTimesWeightArgs {
   const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
   __nv_bfloat16* out = nullptr;       // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
+  RowScatter scatter;                 // optional: out's rows scattered to peers instead
   int n = 0;
   int k = 0;
   cudaStream_t stream = nullptr;
@@ -93,11 +105,17 @@ struct RowsTimesWeightArgs {
 // increasing order by one CTA per output tile: deterministic; an empty group gives exact zeros;
 // padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
 // b = h, n = I). Output bf16 or fp32 (`out_fp32`), [G, m, n] with ld_out and group stride m*ld_out.
-// CTAs take tiles from an integer ticket counter (which CTA runs a tile never changes its bits);
-// launches use kTicketSlots counters (config.hpp) round robin, so launches N and N + kTicketSlots
+// CTAs take tiles round robin or from an integer ticket counter (`order`; which CTA runs a tile
+// never changes its bits); launches use kTicketSlots counters (config.hpp) round robin, so launches N and N + kTicketSlots
 // (64) of this process must not run at the same time.
+// How the K-grouped form hands out its tiles (any choice gives the same bits). automatic: the
+// static round robin when it balances the CTAs' K blocks within a few percent of what a ticket
+// counter would, else the counter (decided on the device from the group sizes).
+enum class TileOrder { automatic, fixed, tickets };
+
 struct WeightGradArgs {
   RowSegments segments;
+  TileOrder order = TileOrder::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, m], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* b = nullptr;  // [capacity_rows, n], ld_b

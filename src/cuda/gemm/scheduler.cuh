@@ -14,6 +14,8 @@
 // heavy-first order (most K blocks first, ties by group index), and CTAs draw t from a counter.
 #pragma once
 
+#include <climits>
+
 #include "cuda/gemm/config.hpp"
 
 namespace mok::gemm {
@@ -54,6 +56,8 @@ struct SchedulerTables {
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
   int order[kMaxGroups];       // K-grouped with tickets: groups, heaviest first
   int bucket[kOrderBuckets];   // scratch of the heavy-first sort
+  long long load[kMaxStaticCtas + 1];  // scratch of choose_static_order: per-CTA cost
+  int static_order;  // K-grouped with tickets: 1 = CTA c takes tickets c, c + grid, ... (no counter)
 };
 static_assert(kSharedBytes + sizeof(SchedulerTables) <= 227 * 1024, "shared memory overflow");
 
@@ -151,6 +155,73 @@ struct TileScheduler {
       }
       __syncwarp();
     }
+  }
+
+  // Warp-cooperative, after order_heavy_first (same warp): whether the static round robin over
+  // the heavy-first order (CTA c takes tickets c, c + P, ...) finishes within kStaticSlack of what
+  // the ticket counter would reach; then every CTA takes its tickets without the counter. Every
+  // CTA computes the same answer from the same tables. A tile costs its K blocks plus
+  // kTileFixedCost (its epilogue and pipeline fill, in K blocks). Static makespan: max over CTAs
+  // of the sum of their tiles' costs (a difference array over CTAs: group i's tickets
+  // [i pg, (i + 1) pg) give each CTA pg / P tiles and a cyclic run of pg % P CTAs one more).
+  // Ticket makespan, estimated: max(longest tile, total / P).
+  __device__ static void choose_static_order(const SchedulerParams& p, SchedulerTables& t,
+                                             int lane, int ctas, TileOrder order) {
+    static_assert(kKGrouped, "only K-grouped tiles differ in cost");
+    if (order != TileOrder::automatic || ctas > kMaxStaticCtas) {
+      if (lane == 0) t.static_order = order == TileOrder::fixed ? 1 : 0;
+      return;
+    }
+    const long long pg = static_cast<long long>(p.m_tiles) * p.n_tiles;
+    for (int c = lane; c <= ctas; c += 32) t.load[c] = 0;
+    __syncwarp();
+    long long base = 0, total = 0, longest = 0;
+    for (int i = lane; i < p.num_groups; i += 32) {
+      const long long cost = (t.count[t.order[i]] + kTileK - 1) / kTileK + kTileFixedCost;
+      const long long q = pg / ctas;
+      const int r = static_cast<int>(pg - q * ctas);
+      const int s = static_cast<int>((i * pg) % ctas);
+      base += cost * q;
+      total += cost * pg;
+      longest = max(longest, pg > 0 ? cost : 0LL);
+      if (r > 0) {  // CTAs s .. s + r - 1 (mod P) take one more tile of this group
+        atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s]), cost);
+        if (s + r <= ctas) {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r]), -cost);
+        } else {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[ctas]), -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[0]), cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r - ctas]), -cost);
+        }
+      }
+    }
+    __syncwarp();
+    // Inclusive scan of the differences over CTAs 0..P-1, lane l owning a run of them; the max.
+    const int per_lane = (ctas + 31) / 32;
+    const int c0 = min(lane * per_lane, ctas), c1 = min(c0 + per_lane, ctas);
+    long long sum = 0, best = LLONG_MIN;
+    for (int c = c0; c < c1; ++c) {
+      sum += t.load[c];
+      best = max(best, sum);  // the run's best prefix from its own start
+    }
+    long long before = sum;  // exclusive prefix of the runs below this lane
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const long long v = __shfl_up_sync(0xffffffffu, before, d);
+      if (lane >= d) before += v;
+    }
+    before -= sum;
+    long long worst = c1 > c0 ? before + best : LLONG_MIN;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      worst = max(worst, __shfl_xor_sync(0xffffffffu, worst, d));
+      base += __shfl_xor_sync(0xffffffffu, base, d);
+      total += __shfl_xor_sync(0xffffffffu, total, d);
+      longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, d));
+    }
+    const long long fixed = base + worst;
+    const long long dynamic = max(longest, (total + ctas - 1) / ctas);
+    if (lane == 0) t.static_order = fixed * 100 <= dynamic * (100 + kStaticSlackPercent) ? 1 : 0;
   }
 
   __device__ int num_tiles() const {

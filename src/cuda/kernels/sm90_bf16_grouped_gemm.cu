@@ -67,8 +67,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (threadIdx.x < 32) {
     TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
-    if constexpr (F::kTickets)
+    if constexpr (F::kTickets) {
       TileScheduler<F::kKGrouped>::order_heavy_first(p.sched, tables, lane);
+      TileScheduler<F::kKGrouped>::choose_static_order(p.sched, tables, lane, gridDim.x,
+                                                        static_cast<TileOrder>(p.tile_order));
+    }
   }
   __syncthreads();
   // NOTES: the peer's multicast loads and arrivals target this CTA's barriers: both CTAs'
@@ -90,20 +93,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0 && lane == 0) {
       const TensorMaps maps{&map_a, &map_b, &map_a2, &map_b2};
       if constexpr (F::kTickets) {
-        for (;;) {
+        // Static round robin over the heavy-first order when it balances (choose_static_order),
+        // else the counter. Either way the Consumers get the tiles through the queue.
+        const bool fixed = tables.static_order != 0;
+        for (int next = blockIdx.x;; next += gridDim.x) {
           // NOTES: the ticket is drawn once a slot is free and the previous tile's loads are
           // issued, about kStages K blocks before this CTA can start it: late enough that a CTA
           // busy with a long tile leaves the next ones to others.
           ptx::mbarrier_wait(ring.tile_empty(queue.slot()), queue.phase() ^ 1u, kBarrierTileEmpty,
                              p.timeout_report);
-          const int ticket = tickets.take();
+          const int ticket = fixed ? next : tickets.take();
           *ring.tile_slot(queue.slot()) = ticket < num_tiles ? ticket : kNoTile;
           ptx::mbarrier_arrive(ring.tile_full(queue.slot()));
           queue.advance();
           if (ticket >= num_tiles) break;
           load_tile<F>(maps, ring, state, scheduler.tile_of_ticket(ticket), p, false, 0);
         }
-        tickets.retire();
+        if (!fixed) tickets.retire();
       } else {
         for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters) {
           const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
@@ -170,6 +176,27 @@ void check_segments(const RowSegments& s) {
     check(s.dense_rows >= 0 && s.dense_rows <= s.capacity_rows, "segments.dense_rows",
           "in [0, capacity_rows]", to_text(s.dense_rows));
   }
+}
+
+// Output checks of the M-grouped plain forms: `out`, or a row scatter in its place.
+void set_output(KernelParams& p, __nv_bfloat16* out, long long ld_out, int n,
+                const RowScatter& scatter) {
+  check(ld_out % 8 == 0 && ld_out >= n, "ld_out", "a multiple of 8 and >= n", to_text(ld_out));
+  if (scatter.rows == nullptr) {
+    check(out != nullptr, "out", "a device pointer", "null");
+    check_aligned(out, "out");
+  } else {
+    check(scatter.peers != nullptr, "scatter.peers", "a device array of destinations", "null");
+    check(scatter.slots > 0 && scatter.slots <= 0x7fffffff, "scatter.slots", "in [1, 2^31)",
+          to_text(scatter.slots));
+    check(ld_out % 8 == 0, "ld_out", "a multiple of 8 (16-byte rows at every slot)",
+          to_text(ld_out));
+  }
+  p.out = out;
+  p.ld_out = ld_out;
+  p.scatter_rows = scatter.rows;
+  p.scatter_slots = static_cast<unsigned>(scatter.slots);
+  p.scatter_peers = scatter.peers;
 }
 
 SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles, int k_blocks) {
@@ -322,10 +349,6 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
-  check(args.out != nullptr, "out", "a device pointer", "null");
-  check_aligned(args.out, "out");
-  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
-        to_text(args.ld_out));
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return;
   const CUtensorMap a =
@@ -337,8 +360,7 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
   p.sched.k_blocks = args.k / kTileK;
   p.n = args.n;
   p.b_rows_per_group = args.n;
-  p.out = args.out;
-  p.ld_out = args.ld_out;
+  set_output(p, args.out, args.ld_out, args.n, args.scatter);
   p.row_scale = args.row_scale;
   launch<F>(a, b, a, b, p, args.stream);
 }
@@ -348,10 +370,6 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
-  check(args.out != nullptr, "out", "a device pointer", "null");
-  check_aligned(args.out, "out");
-  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
-        to_text(args.ld_out));
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return;
   const CUtensorMap a =
@@ -367,8 +385,7 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
   p.k_blocks_first = dual ? args.k / kTileK : 0;
   p.n = args.n;
   p.b_rows_per_group = args.k;
-  p.out = args.out;
-  p.ld_out = args.ld_out;
+  set_output(p, args.out, args.ld_out, args.n, args.scatter);
   if (!dual) {
     launch<F>(a, b, a, b, p, args.stream);
     return;
@@ -418,6 +435,7 @@ void weight_grad_form(const WeightGradArgs& args) {
     // kTicketSlots launches are in flight at once.
     static std::atomic<unsigned> next_slot{0};
     p.ticket_slot = static_cast<int>(next_slot.fetch_add(1u) % kTicketSlots);
+    p.tile_order = static_cast<int>(args.order);
   }
   launch<F>(a, b, a, b, p, args.stream);
 }

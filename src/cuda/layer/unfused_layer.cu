@@ -54,7 +54,6 @@ struct RankBuffers {
   bf16* dh = nullptr;  // [R, I]
   bf16* dg = nullptr;  // [R, I]
   bf16* du = nullptr;  // [R, I]
-  bf16* dx = nullptr;  // [R, H]
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
   // shared expert
   bf16 *s_gate = nullptr, *s_up = nullptr, *s_hidden = nullptr;  // [T, S] context
@@ -95,14 +94,15 @@ void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16*
   gemm::gate_up_forward(a);
 }
 
-// y = bf16(h W_down^T).
-void down_forward(const ExpertRows& e, const bf16* h, bf16* y) {
+// y = bf16(h W_down^T); with `to` its rows go straight to their home slots (the combine).
+void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowScatter& to = {}) {
   gemm::RowsTimesWeightTArgs a;
   a.segments = e.segments;
   a.a = h;
   a.ld_a = e.width;
   a.w = e.w_down;
   a.out = y;
+  a.scatter = to;
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
@@ -125,9 +125,12 @@ void down_dgrad(const ExpertRows& e, const bf16* dy, bf16* dh) {
   gemm::rows_times_weight(a);
 }
 
-// dx = bf16(dg W_gate + du W_up), one fp32 accumulator (the reference's order).
-void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx) {
+// dx = bf16(dg W_gate + du W_up), one fp32 accumulator (the reference's order); with `to` its
+// rows go straight to their home slots (the backward combine).
+void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx,
+                   const gemm::RowScatter& to) {
   gemm::RowsTimesWeightArgs a;
+  a.scatter = to;
   a.segments = e.segments;
   a.a = dg;
   a.ld_a = e.width;
@@ -193,6 +196,7 @@ struct ExpertBackward {
   bf16 *dh, *dg, *du, *dx;                  // scratch rows and the input gradient
   SwigluBackwardParams swiglu_rows;         // which rows the SwiGLU backward covers
   GradTarget d_gate, d_up, d_down;
+  gemm::RowScatter dx_to;                   // routed: dx rows go to their home slots
 };
 
 void expert_backward(const ExpertRows& e, const ExpertBackward& b) {
@@ -205,7 +209,7 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b) {
   sb.d_gate = b.dg;
   sb.d_up = b.du;
   check(launch_swiglu_backward(sb, e.stream), "SwiGLU backward");
-  gate_up_dgrad(e, b.dg, b.du, b.dx);
+  gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
   weight_grad(e, b.dy, e.hidden, b.hidden, e.width, b.d_down);
   weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate);
   weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up);
@@ -260,6 +264,12 @@ struct UnfusedLayer::Impl {
   }
   PassRows pass_rows(int r, int pass) const {
     return {table(r), total_rows(r), std::int64_t{pass} * config.macrobatch_size, ring};
+  }
+  // The combine fused into a GEMM's epilogue: ring row i of the pass goes to the slot that table
+  // row (pass offset + i) names, in `peers` (each rank's [T*k, H] slot buffer).
+  gemm::RowScatter to_home_slots(int r, int pass, void* const* peers) const {
+    const PassRows rows = pass_rows(r, pass);
+    return {rows.table + rows.row_offset, problem.num_tokens * problem.topk, peers};
   }
   gemm::RowSegments pass_segments(int r) const {
     return {ranks[r].pass_starts, ranks[r].pass_rows, static_cast<int>(problem.num_local_experts()),
@@ -339,7 +349,6 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     b.dh = a.take<bf16>(m.ring * I);
     b.dg = a.take<bf16>(m.ring * I);
     b.du = a.take<bf16>(m.ring * I);
-    b.dx = a.take<bf16>(m.ring * H);
     b.pass_starts = a.take<std::int32_t>(E + 1);
     b.pass_rows = a.take<std::int32_t>(E);
     if (S > 0) {
@@ -374,7 +383,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
       if (set == &b.scratch && m.passes == 1) continue;
       place(set->x), place(set->gate), place(set->up), place(set->hidden);
     }
-    place(b.y), place(b.dh), place(b.dg), place(b.du), place(b.dx);
+    place(b.y), place(b.dh), place(b.dg), place(b.du);
     place(b.pass_starts), place(b.pass_rows);
     if (S > 0) {
       place(b.s_gate), place(b.s_up), place(b.s_hidden), place(b.s_out);
@@ -461,11 +470,11 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
       const RankBuffers::PassSet& set = pass == 0 ? b.context : b.scratch;
       m.compute_pass_segments(r, pass, s);
       m.gate_up_pass(r, pass, ranks[r], set, s);
+      // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
       // NOTES: recompute_forward_context runs the down GEMM and the combine too: backward takes
       // d_w = <d_out, y> from the expert outputs in `combine`.
-      down_forward(m.routed(r, ranks[r], s), set.hidden, b.y);
-      PushParams push{m.pass_rows(r, pass), m.geometry(), b.y, m.combine_peers};
-      check(launch_push_rows(push, s), "combine");
+      down_forward(m.routed(r, ranks[r], s), set.hidden, nullptr,
+                   m.to_home_slots(r, pass, m.combine_peers));
     }
   }
   if (!write_output) return;
@@ -551,14 +560,13 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         b.dh,
                         b.dg,
                         b.du,
-                        b.dx,
+                        nullptr /* dx: scattered home (dx_to) */,
                         {m.total_rows(r), std::int64_t{pass} * m.config.macrobatch_size, m.ring},
                         {&t.grads.d_gate, add, multi ? b.acc_gate : nullptr, first, last},
                         {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
-                        {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last}};
+                        {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last},
+                        m.to_home_slots(r, pass, m.dx_peers)};  // the backward combine
       expert_backward(m.routed(r, t, s), eb);
-      PushParams push{m.pass_rows(r, pass), m.geometry(), b.dx, m.dx_peers};
-      check(launch_push_rows(push, s), "combine of d_x");
     }
   }
 
