@@ -3,8 +3,9 @@
 // baselines and the merge into docs/perf/gemm.json are in bench/bench_gemm.py (same row counts).
 //
 // Method (PERF.md): correctness checked on sampled rows before timing (fp32 reference kernel);
-// 5 warm-up runs, then >= 20 timed runs with CUDA events around each launch, L2 flushed (256 MB
-// memset) before each; the median is reported.
+// a warm-up round over all items of a case, then per item 5 warm-up runs and >= 20 timed runs
+// with CUDA events around each launch, L2 flushed (256 MB memset) before each; the median is
+// reported.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -265,6 +266,10 @@ int main(int argc, char** argv) {
           // The automatic order again, last: an order-of-measurement effect shows as a difference.
           {"wgrad", "mok-repeat", flops, [&] { mok::gemm::weight_grad(wgrad); }},
       };
+      // NOTES: a warm-up round over every item before the measured one. Without it the first item
+      // of a kind measured 1-8% slower than the same kernel on the same data measured again after
+      // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
+      for (const Item& it : items) time_median_ms(it.fn, flush, flush_bytes, 5);
       for (const Item& it : items) {
         const double ms = time_median_ms(it.fn, flush, flush_bytes, reps);
         const double tf = it.flops / (ms * 1e-3) / 1e12;

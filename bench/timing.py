@@ -2,7 +2,7 @@
 import torch
 
 
-def median_ms(fn, reps=20, warmup=3):
+def median_ms(fn, reps=20, warmup=5):
     """Median over `reps` calls of fn(), each between two CUDA events, after `warmup` calls."""
     for _ in range(warmup):
         fn()

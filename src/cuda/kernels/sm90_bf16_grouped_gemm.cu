@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/gemm/config.hpp"
@@ -399,6 +400,19 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
 
 namespace {
 
+// NOTES: MOK_GEMM_WGRAD_ORDER=fixed|tickets replaces the automatic choice in every launch that
+// leaves `order` automatic (a diagnostic: the layer's A/B of docs/perf/NOTES.md v4). Read once.
+TileOrder default_wgrad_order() {
+  static const TileOrder order = [] {
+    const char* v = std::getenv("MOK_GEMM_WGRAD_ORDER");
+    if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return TileOrder::automatic;
+    if (std::string(v) == "fixed") return TileOrder::fixed;
+    if (std::string(v) == "tickets") return TileOrder::tickets;
+    throw Error("MOK_GEMM_WGRAD_ORDER", "automatic, fixed or tickets", v);
+  }();
+  return order;
+}
+
 template <class F>
 void weight_grad_form(const WeightGradArgs& args) {
   check_segments(args.segments);
@@ -435,7 +449,9 @@ void weight_grad_form(const WeightGradArgs& args) {
     // kTicketSlots launches are in flight at once.
     static std::atomic<unsigned> next_slot{0};
     p.ticket_slot = static_cast<int>(next_slot.fetch_add(1u) % kTicketSlots);
-    p.tile_order = static_cast<int>(args.order);
+    const TileOrder order =
+        args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
+    p.tile_order = static_cast<int>(order);
   }
   launch<F>(a, b, a, b, p, args.stream);
 }
