@@ -10,8 +10,7 @@ namespace mok::gemm {
 inline constexpr int kTileM = 128;  // two consumer warpgroups x wgmma m64
 inline constexpr int kTileN = 256;  // one wgmma n256 per k16 step (gate/up: 128 gate + 128 up)
 inline constexpr int kTileK = 64;   // 64 bf16 = one 128-byte swizzle row
-inline constexpr int kStages = 4;        // M-grouped forms
-inline constexpr int kStagesStaged = 3;  // K-grouped bf16 form: the staging tile takes a stage
+inline constexpr int kStages = 4;
 inline constexpr int kSwizzleChunk = 64;  // elements per 128-byte swizzle row
 inline constexpr int kPanelM = 16;        // M tiles per raster panel (scheduler.cuh)
 
@@ -42,8 +41,7 @@ inline constexpr int kOrderBuckets = 256;  // heavy-first order: buckets of simi
 // ticket estimate takes them statically (no counter): v3b measured tickets 3-6% slower than the
 // static order on equal tiles (dsv3-ep8slice, mixtral uniform), and 1.4-1.8x faster on skewed
 // rows (qwen3). kTileFixedCost is a tile's epilogue and pipeline fill in K blocks.
-inline constexpr int kMaxStaticCtas = 255;  // the per-CTA costs live in SchedulerTables::bucket
-inline constexpr int kMaxStaticTileCost = 1 << 20;  // K blocks: larger tiles take tickets
+inline constexpr int kMaxStaticCtas = 256;
 inline constexpr int kStaticSlackPercent = 3;
 inline constexpr int kTileFixedCost = 2;
 
@@ -58,22 +56,13 @@ inline constexpr std::uint32_t kTileABytes = kTileM * kTileK * 2;         // 16 
 inline constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;         // 32 KiB
 inline constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes;   // TMA bytes per stage
 inline constexpr std::uint32_t kChunkBytes = kSwizzleChunk * kTileK * 2;  // 64 x 64 MN-major box
-// The K-grouped form's output tile in shared memory, bf16 [kTileM][kTileN] (staged epilogue).
-inline constexpr std::uint32_t kStagingBytes = kTileM * kTileN * 2;  // 64 KiB
-// Ring barriers (full, empty per stage), the tile queue's barriers (full, empty per slot), the
-// staging tile's (full, empty), then the queue's ticket slots and the staging record (4 ints).
-constexpr std::uint32_t barrier_bytes(int stages) {
-  return (2 * stages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 4 + 16;
-}
+// Ring barriers (full, empty per stage), then the tile queue's barriers (full, empty per slot) and
+// its ticket slots.
+inline constexpr std::uint32_t kBarrierBytes =
+    (2 * kStages + 2 * kTileQueueDepth) * 8 + kTileQueueDepth * 4;
 // NOTES: +1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte
 // alignment that 128-byte-swizzled wgmma operands need.
-constexpr std::uint32_t shared_bytes(int stages, bool staged) {
-  return stages * kStageBytes + (staged ? kStagingBytes : 0) + barrier_bytes(stages) + 1024;
-}
-inline constexpr std::uint32_t kSharedBytes =
-    shared_bytes(kStages, false) > shared_bytes(kStagesStaged, true)
-        ? shared_bytes(kStages, false)
-        : shared_bytes(kStagesStaged, true);  // the larger of the two layouts
+inline constexpr std::uint32_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + 1024;
 static_assert(kExpertSegmentAlignment == kTileM, "segments are padded to the tile height");
 static_assert(kTileABytes % 1024 == 0 && kTileBBytes % 1024 == 0, "swizzle atoms misaligned");
 

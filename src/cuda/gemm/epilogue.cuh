@@ -9,7 +9,6 @@
 
 #include "core/numerics.hpp"
 #include "cuda/gemm/forms.cuh"
-#include "cuda/gemm/mainloop.cuh"
 
 namespace mok::gemm {
 
@@ -181,84 +180,6 @@ __device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], cons
       const int col = n0 + 8 * (4 * c + q);
       if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
     }
-  }
-}
-
-// Staged epilogue (K-grouped, bf16 output; forms.cuh kStaged). The staging tile is bf16
-// [kTileM][kTileN], 512 bytes a row, its 16-byte chunks swizzled within the row (chunk c of row r
-// at c ^ (r mod 8)) so that the Consumers' stores (8 rows x 4 chunks a warp instruction) and the
-// store warps' loads (one row a warp instruction) both run at the minimum 4 wavefronts.
-__device__ __forceinline__ int staging_offset(int row, int chunk) {
-  return row * (kTileN * 2) + ((chunk ^ (row & 7)) * 16);
-}
-
-// Consumer: waits until the store warps have taken the previous tile, writes this warpgroup's 64
-// rows of bf16(acc) (the same rounding as store_plain), records the tile and arrives.
-__device__ __forceinline__ void stage_tile(const float (&acc)[kTileN / 2], const TileInfo& t,
-                                           const KernelParams& p, int wg, int warp, int lane,
-                                           std::uint8_t* staging, volatile int* record,
-                                           std::uint64_t* full, std::uint64_t* empty,
-                                           std::uint32_t parity) {
-  ptx::mbarrier_wait(empty, parity ^ 1u, kBarrierStagingEmpty, p.timeout_report);
-  const int q = lane % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = acc_row(wg, warp, lane, h);
-#pragma unroll
-    for (int c = 0; c < kTileN / 32; ++c) {
-      std::uint32_t v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int a = 4 * (4 * c + i) + 2 * h;
-        v[i] = pack_bf16x2(acc[a], acc[a + 1]);
-      }
-      const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
-      *reinterpret_cast<uint4*>(staging + staging_offset(r, 4 * c + q)) = s;
-    }
-  }
-  if (wg == 0 && warp == 0 && lane == 0) {
-    record[0] = t.group;
-    record[1] = t.m0;
-    record[2] = t.n0;
-  }
-  __syncwarp();
-  if (lane == 0) ptx::mbarrier_arrive(full);
-}
-
-// Consumer, after its last tile: tells the store warps there is no more (group kNoTile).
-__device__ __forceinline__ void stage_done(const KernelParams& p, int wg, int warp, int lane,
-                                           volatile int* record, std::uint64_t* full,
-                                           std::uint64_t* empty, std::uint32_t parity) {
-  ptx::mbarrier_wait(empty, parity ^ 1u, kBarrierStagingEmpty, p.timeout_report);
-  if (wg == 0 && warp == 0 && lane == 0) record[0] = kNoTile;
-  __syncwarp();
-  if (lane == 0) ptx::mbarrier_arrive(full);
-}
-
-// Store warps (`thread` in [0, 32 kStoreWarps)): every staged tile to the group's [m, n] bf16
-// output, rows past m and columns past n masked; returns at the Consumers' kNoTile.
-__device__ __forceinline__ void store_staged_tiles(const KernelParams& p, const std::uint8_t* staging,
-                                                   const volatile int* record, std::uint64_t* full,
-                                                   std::uint64_t* empty, int thread, int lane) {
-  for (std::uint32_t parity = 0;; parity ^= 1u) {
-    ptx::mbarrier_wait(full, parity, kBarrierStagingFull, p.timeout_report);
-    const int group = record[0];
-    if (group == kNoTile) return;
-    const int m0 = record[1], n0 = record[2] * kTileN;
-    auto* out = static_cast<__nv_bfloat16*>(p.out) + group * p.out_group_stride;
-    constexpr int kChunksPerRow = kTileN / 8;
-    // NOTES: these warps run under the Producer warpgroup's 40-register budget (setmaxnreg).
-#pragma unroll 2
-    for (int i = thread; i < kTileM * kChunksPerRow; i += kStoreWarps * 32) {
-      const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
-      const uint4 v = *reinterpret_cast<const uint4*>(staging + staging_offset(r, chunk));
-      const int row = m0 + r, col = n0 + chunk * 8;
-      if (row < p.m && col < p.n) {
-        *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * p.ld_out + col) = v;
-      }
-    }
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(empty);
   }
 }
 

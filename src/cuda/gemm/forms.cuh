@@ -32,12 +32,6 @@ struct Form {
   static constexpr int kBoxRowsB = kTransB ? kTileK : kTileN / 2;
   static constexpr int kCluster = kKGrouped ? 1 : kClusterM;
   static constexpr bool kTickets = kKGrouped && kWgradTickets;
-  // NOTES: the K-grouped form with a bf16 output stages each finished tile in shared memory and
-  // the Producer warpgroup's three idle warps store it, while the Consumers go on with the next
-  // tile's K loop (its tiles are short: 2-32 K blocks, so the store is a large share of a tile).
-  // fp32 outputs (main-grad accumulation, ring passes) keep the direct store.
-  static constexpr bool kStaged = kKind == FormKind::kWeightGrad;
-  static constexpr int kStages = kStaged ? kStagesStaged : gemm::kStages;
 };
 
 struct KernelParams {

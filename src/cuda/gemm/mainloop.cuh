@@ -28,16 +28,13 @@ namespace mok::gemm {
 
 inline constexpr int kConsumerWarps = kConsumerThreads / 32;
 inline constexpr int kConsumerBarrierId = 1;  // named barrier among the two consumer warpgroups
-inline constexpr int kStoreWarps = 3;  // staged forms: Producer warpgroup warps 1-3 store tiles
 
-// Stage index and phase parity of a kS-stage ring, advanced identically by producer and
-// consumers.
-template <int kS>
+// Stage index and phase parity of the ring, advanced identically by producer and consumers.
 struct PipelineState {
   int stage = 0;
   std::uint32_t phase = 0;
   __device__ void advance() {
-    if (++stage == kS) {
+    if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
     }
@@ -55,41 +52,26 @@ struct TileQueueState {
 };
 inline constexpr int kNoTile = -1;  // the ticket slot's value once the tiles are all taken
 
-// Dynamic shared memory: `stages` x {A tile, B tile}, the staging tile (staged forms), then the
-// barriers, the ticket slots and the staging record (config.hpp, shared_bytes). The layout is a
-// compile-time constant of the form (SharedRing::of<F>).
+// Dynamic shared memory: kStages x {A tile, B tile}, then the barriers and ticket slots
+// (config.hpp, kBarrierBytes).
 struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
-  int stages;
-  bool staged;
-  template <class F>
-  __device__ static SharedRing of(std::uint8_t* base) {
-    return SharedRing{base, F::kStages, F::kStaged};
-  }
   __device__ std::uint8_t* a(int s) const { return base + s * kStageBytes; }
   __device__ std::uint8_t* b(int s) const { return base + s * kStageBytes + kTileABytes; }
-  __device__ std::uint8_t* staging() const { return base + stages * kStageBytes; }
   __device__ std::uint64_t* barriers() const {
-    return reinterpret_cast<std::uint64_t*>(staging() + (staged ? kStagingBytes : 0));
+    return reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes);
   }
   __device__ std::uint64_t* full(int s) const { return barriers() + s; }
-  __device__ std::uint64_t* empty(int s) const { return barriers() + stages + s; }
-  __device__ std::uint64_t* tile_full(int q) const { return barriers() + 2 * stages + q; }
+  __device__ std::uint64_t* empty(int s) const { return barriers() + kStages + s; }
+  __device__ std::uint64_t* tile_full(int q) const { return barriers() + 2 * kStages + q; }
   __device__ std::uint64_t* tile_empty(int q) const {
-    return barriers() + 2 * stages + kTileQueueDepth + q;
+    return barriers() + 2 * kStages + kTileQueueDepth + q;
   }
-  __device__ std::uint64_t* staging_full() const {
-    return barriers() + 2 * stages + 2 * kTileQueueDepth;
-  }
-  __device__ std::uint64_t* staging_empty() const { return staging_full() + 1; }
   __device__ volatile int* tile_slot(int q) const {
-    return reinterpret_cast<volatile int*>(staging_full() + 2) + q;
+    return reinterpret_cast<volatile int*>(barriers() + 2 * kStages + 2 * kTileQueueDepth) + q;
   }
-  // The staged tile's group, first output row and N tile, or kNoTile as group when the Consumers
-  // are done.
-  __device__ volatile int* staging_record() const { return tile_slot(kTileQueueDepth); }
   __device__ void init_barriers(int cluster_size) const {
-    for (int s = 0; s < stages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(full(s), cluster_size);
       ptx::mbarrier_init(empty(s), kConsumerWarps * cluster_size);
     }
@@ -97,20 +79,11 @@ struct SharedRing {
       ptx::mbarrier_init(tile_full(q), 1);
       ptx::mbarrier_init(tile_empty(q), kConsumerWarps);
     }
-    ptx::mbarrier_init(staging_full(), kConsumerWarps);
-    ptx::mbarrier_init(staging_empty(), kStoreWarps);
   }
 };
 
 // Ids of the barriers in timeout reports.
-enum : int {
-  kBarrierFull = 0,
-  kBarrierEmpty = 1,
-  kBarrierTileFull = 2,
-  kBarrierTileEmpty = 3,
-  kBarrierStagingFull = 4,
-  kBarrierStagingEmpty = 5,
-};
+enum : int { kBarrierFull = 0, kBarrierEmpty = 1, kBarrierTileFull = 2, kBarrierTileEmpty = 3 };
 
 struct TensorMaps {
   const CUtensorMap* a;
@@ -214,7 +187,7 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
 // Producer: every K block of one tile, each into the next free stage of the ring.
 template <class F>
 __device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRing& ring,
-                                          PipelineState<F::kStages>& state, const TileInfo& tile,
+                                          PipelineState& state, const TileInfo& tile,
                                           const KernelParams& p, bool shared_b, int rank) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
@@ -226,10 +199,9 @@ __device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRi
 
 // Producer, clusters: before the CTA exits, every stage it filled has been released by the
 // consumers of both CTAs, so no arrival from the peer is still on its way to this CTA's barriers.
-template <int kS>
-__device__ __forceinline__ void drain_ring(const SharedRing& ring, PipelineState<kS>& state,
+__device__ __forceinline__ void drain_ring(const SharedRing& ring, PipelineState& state,
                                            const KernelParams& p) {
-  for (int i = 0; i < kS; ++i) {
+  for (int i = 0; i < kStages; ++i) {
     ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
     state.advance();
   }
@@ -296,7 +268,7 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[kTileN / 2], const Shar
 // released only then, so the tensor cores never wait for the issue.
 template <class F>
 __device__ __forceinline__ void mma_tile(float (&acc)[kTileN / 2], const SharedRing& ring,
-                                         PipelineState<F::kStages>& state, const TileInfo& tile,
+                                         PipelineState& state, const TileInfo& tile,
                                          const KernelParams& p, int consumer_wg, int lane,
                                          int consumer_thread) {
   int previous_stage = -1;

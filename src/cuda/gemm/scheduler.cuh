@@ -55,10 +55,10 @@ struct SchedulerTables {
   int count[kMaxGroups];
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
   int order[kMaxGroups];       // K-grouped with tickets: groups, heaviest first
-  int bucket[kOrderBuckets];   // scratch of the heavy-first sort, then of choose_static_order
+  int bucket[kOrderBuckets];   // scratch of the heavy-first sort
+  long long load[kMaxStaticCtas + 1];  // scratch of choose_static_order: per-CTA cost
   int static_order;  // K-grouped with tickets: 1 = CTA c takes tickets c, c + grid, ... (no counter)
 };
-static_assert(kMaxStaticCtas + 1 <= kOrderBuckets, "choose_static_order's differences in bucket");
 static_assert(kSharedBytes + sizeof(SchedulerTables) <= 227 * 1024, "shared memory overflow");
 
 // Sort key of a group's K length: non-decreasing in k_blocks, exact up to 15 blocks, then the
@@ -173,40 +173,35 @@ struct TileScheduler {
       return;
     }
     const long long pg = static_cast<long long>(p.m_tiles) * p.n_tiles;
-    int* load = t.bucket;  // differences of the per-CTA cost; |entry| <= groups * max cost < 2^31
-    for (int c = lane; c <= ctas; c += 32) load[c] = 0;
+    for (int c = lane; c <= ctas; c += 32) t.load[c] = 0;
     __syncwarp();
     long long base = 0, total = 0, longest = 0;
-    bool too_long = false;
     for (int i = lane; i < p.num_groups; i += 32) {
-      const int kb = (t.count[t.order[i]] + kTileK - 1) / kTileK;
-      too_long |= kb > kMaxStaticTileCost;
-      const int cost = min(kb, kMaxStaticTileCost) + kTileFixedCost;
+      const long long cost = (t.count[t.order[i]] + kTileK - 1) / kTileK + kTileFixedCost;
       const long long q = pg / ctas;
       const int r = static_cast<int>(pg - q * ctas);
       const int s = static_cast<int>((i * pg) % ctas);
       base += cost * q;
       total += cost * pg;
-      longest = max(longest, pg > 0 ? static_cast<long long>(cost) : 0LL);
+      longest = max(longest, pg > 0 ? cost : 0LL);
       if (r > 0) {  // CTAs s .. s + r - 1 (mod P) take one more tile of this group
-        atomicAdd(&load[s], cost);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s]), cost);
         if (s + r <= ctas) {
-          atomicAdd(&load[s + r], -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r]), -cost);
         } else {
-          atomicAdd(&load[ctas], -cost);
-          atomicAdd(&load[0], cost);
-          atomicAdd(&load[s + r - ctas], -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[ctas]), -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[0]), cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r - ctas]), -cost);
         }
       }
     }
     __syncwarp();
-    too_long = __any_sync(0xffffffffu, too_long);
     // Inclusive scan of the differences over CTAs 0..P-1, lane l owning a run of them; the max.
     const int per_lane = (ctas + 31) / 32;
     const int c0 = min(lane * per_lane, ctas), c1 = min(c0 + per_lane, ctas);
     long long sum = 0, best = LLONG_MIN;
     for (int c = c0; c < c1; ++c) {
-      sum += load[c];
+      sum += t.load[c];
       best = max(best, sum);  // the run's best prefix from its own start
     }
     long long before = sum;  // exclusive prefix of the runs below this lane
@@ -226,10 +221,7 @@ struct TileScheduler {
     }
     const long long fixed = base + worst;
     const long long dynamic = max(longest, (total + ctas - 1) / ctas);
-    __syncwarp();  // every lane has read `load` (bucket) before anyone writes the tables again
-    if (lane == 0) {
-      t.static_order = !too_long && fixed * 100 <= dynamic * (100 + kStaticSlackPercent) ? 1 : 0;
-    }
+    if (lane == 0) t.static_order = fixed * 100 <= dynamic * (100 + kStaticSlackPercent) ? 1 : 0;
   }
 
   __device__ int num_tiles() const {

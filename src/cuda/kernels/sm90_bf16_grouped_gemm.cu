@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
   const std::uint32_t raw = ptx::smem_addr(smem_raw);
-  const SharedRing ring = SharedRing::of<F>(smem_raw + ((raw + 1023u) & ~1023u) - raw);
+  const SharedRing ring{smem_raw + ((raw + 1023u) & ~1023u) - raw};
 
   const int warpgroup = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4;
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cluster = blockIdx.x / F::kCluster;  // clusters are consecutive blocks along x
   const int num_clusters = gridDim.x / F::kCluster;
   const TicketCounter tickets{g_tile_tickets + 2 * p.ticket_slot};
-  PipelineState<F::kStages> state;
+  PipelineState state;
   TileQueueState queue;
 
   if (warpgroup == 0) {
@@ -118,32 +118,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if constexpr (F::kCluster > 1) drain_ring(ring, state, p);
       }
-    } else if constexpr (F::kStaged) {
-      if (warp >= 1) {
-        store_staged_tiles(p, ring.staging(), ring.staging_record(), ring.staging_full(),
-                           ring.staging_empty(), threadIdx.x - 32, lane);
-      }
     }
   } else {
     // Consumer0 / Consumer1.
     ptx::setmaxnreg_inc<kConsumerRegisters>();
     const int wg = warpgroup - 1;
     const int consumer_thread = threadIdx.x - 128;
-    std::uint32_t staging_parity = 0;  // staged forms: the staging tile's phase
     auto run_tile = [&](const TileInfo& tile, bool store) {
       float acc[kTileN / 2];
       init_accumulators<F>(acc, tile, p, wg, warp, lane);
       mma_tile<F>(acc, ring, state, tile, p, wg, lane, consumer_thread);
-      if (!store) return;
-      if constexpr (F::kStaged) {
-        if (!p.out_fp32) {
-          stage_tile(acc, tile, p, wg, warp, lane, ring.staging(), ring.staging_record(),
-                     ring.staging_full(), ring.staging_empty(), staging_parity);
-          staging_parity ^= 1u;
-          return;
-        }
-      }
-      store_tile<F>(acc, tile, p, wg, warp, lane);
+      if (store) store_tile<F>(acc, tile, p, wg, warp, lane);
     };
     if constexpr (F::kTickets) {
       for (;;) {
@@ -159,10 +144,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
         run_tile(ct.tile, ct.store);
       }
-    }
-    if constexpr (F::kStaged) {
-      stage_done(p, wg, warp, lane, ring.staging_record(), ring.staging_full(),
-                 ring.staging_empty(), staging_parity);
     }
   }
 #endif
@@ -255,11 +236,10 @@ int grid_size(cudaLaunchConfig_t config) {
 template <class F>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
             const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream) {
-  constexpr std::uint32_t kBytes = shared_bytes(F::kStages, F::kStaged);
   static const bool configured = [] {
     return cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kBytes)) == cudaSuccess;
+                                static_cast<int>(kSharedBytes)) == cudaSuccess;
   }();
   if (!configured) throw Error("cudaFuncSetAttribute(max dynamic shared memory) failed");
   cudaLaunchAttribute attributes[1] = {};
@@ -269,7 +249,7 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
   attributes[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kBytes;
+  config.dynamicSmemBytes = kSharedBytes;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = F::kCluster > 1 ? 1 : 0;
@@ -315,9 +295,8 @@ KernelParams base_params(const RowSegments& s) {
 std::string last_wait_timeout() {
   const ptx::WaitTimeoutReport* r = timeout_report_host();
   if (r == nullptr || *reinterpret_cast<const volatile int*>(&r->timed_out) == 0) return {};
-  const char* names[] = {"full",          "empty",        "tile queue full",
-                         "tile queue empty", "staging full", "staging empty"};
-  const bool known = r->barrier_id >= 0 && r->barrier_id < 6;
+  const char* names[] = {"full", "empty", "tile queue full", "tile queue empty"};
+  const bool known = r->barrier_id >= 0 && r->barrier_id < 4;
   return std::string("grouped GEMM barrier ") + (known ? names[r->barrier_id] : "?") +
          " (smem offset " + to_text(r->smem_address) + ") parity " + to_text(r->parity) +
          " timed out in block " + to_text(r->block) + ", thread " + to_text(r->thread);
