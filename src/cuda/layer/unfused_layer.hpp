@@ -1,7 +1,8 @@
 // The whole layer on the GPU as a sequence of launches (the unfused path, DESIGN.md sections 1-3):
-// schedule -> per ring pass: dispatch, gate/up + SwiGLU GEMM, down GEMM, combine -> home reduction;
-// backward: dispatch of d_out, down dgrad, SwiGLU backward, gate/up dgrad, combine of d_x, the
-// three routed weight gradients; the shared expert through the dense forms.
+// schedule -> per ring pass: dispatch, gate/up + SwiGLU GEMM, down GEMM whose epilogue is the
+// combine (rows stored into their home slots) -> home reduction; backward: dispatch of d_out, down
+// dgrad, SwiGLU backward, gate/up dgrad whose epilogue is the combine of d_x, the three routed
+// weight gradients; the shared expert through the dense forms.
 //
 // It runs every rank of a local virtual team (W ranks on one GPU, DESIGN.md section 8); W = 1 is
 // the single-GPU layer behind mok::forward / mok::backward. Launches only enqueue work on the given
