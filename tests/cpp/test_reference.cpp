@@ -135,15 +135,31 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // A broken layer must fail the check: the tolerances are tight enough to catch a wrong result.
+// The row (of `cols` values) with the largest norm: zeroing it changes the tensor by at least
+// 1/sqrt(rows) of its norm, above every tolerance here whatever the seed (a fixed row may be tiny).
+std::int64_t largest_row(const HostTensor& t, std::int64_t cols) {
+  std::int64_t best = 0;
+  double best_norm = -1;
+  for (std::int64_t r = 0; r < t.numel() / cols; ++r) {
+    double n = 0;
+    for (std::int64_t c = 0; c < cols; ++c) n += t.get(r * cols + c) * t.get(r * cols + c);
+    if (n > best_norm) best = r, best_norm = n;
+  }
+  return best;
+}
+
 TEST(ReferenceCheck, DetectsACorruptedResult) {
   LayerData d = make_layer_data(layer_shape(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
   run_layer(d);
-  for (std::int64_t c = 0; c < 64; ++c) d.out.set(3 * 64 + c, 0.0);  // lose one token's output
+  const std::int64_t token = largest_row(d.out, 64);  // 64 tokens: at least 1/8 of out's norm
+  for (std::int64_t c = 0; c < 64; ++c) d.out.set(token * 64 + c, 0.0);  // lose one token's output
   const CheckReport r = check_against_f64(d);
   EXPECT_FALSE(r.passed()) << r.summary();
   LayerData e = make_layer_data(layer_shape(64, 64, 64, 4, 2, 64), DType::bf16, test_seed());
   run_layer(e);
-  for (std::int64_t c = 0; c < 64; ++c) e.d_gate.set(5 * 64 + c, 0.0);  // expert 0 loses one row
+  // One row of d_gate [E * I, H] lost: 256 rows, so at least 1/16 of its norm (tolerance 6/256).
+  const std::int64_t row = largest_row(e.d_gate, 64);
+  for (std::int64_t c = 0; c < 64; ++c) e.d_gate.set(row * 64 + c, 0.0);
   CheckOptions sampled;
   sampled.max_full_flops = 0;
   sampled.sample_columns = 64;  // every column, so the wrong element is seen

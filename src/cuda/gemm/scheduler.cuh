@@ -158,7 +158,7 @@ struct TileScheduler {
   }
 
   // Warp-cooperative, after order_heavy_first (same warp): whether the static round robin over
-  // the heavy-first order (CTA c takes tickets c, c + P, ...) finishes within kStaticSlack of what
+  // the heavy-first order (CTA c takes tickets c, c + P, ...) finishes within kStaticSlackPercent of what
   // the ticket counter would reach; then every CTA takes its tickets without the counter. Every
   // CTA computes the same answer from the same tables. A tile costs its K blocks plus
   // kTileFixedCost (its epilogue and pipeline fill, in K blocks). Static makespan: max over CTAs
