@@ -23,6 +23,10 @@ backend's exact mode):
       -> (d_x, d_topk_weights)          weight gradients added into fp32 buffers (main grads)
   recompute_forward_context(x, topk_experts, <weights>, workspace) -> context
 
+The grouped GEMM forms the layer is built from, on CUDA tensors (mok/_grouped_gemm.py has the
+details): grouped_gate_up, grouped_rows_times_weight_t, grouped_rows_times_weight,
+grouped_weight_grad; rows in groups given by int32 device tensors (starts [G + 1], rows [G]).
+
 `workspace` is a workspace handle (mok.functional.Workspace.handle, or 0 for the automatic
 workspace). `context` names the forward context the workspace keeps (an int64 [1] CPU tensor, see
 mok/_workspace.py); backward rebuilds the context from its inputs when the workspace holds another
@@ -312,3 +316,7 @@ def _backward_formula(ctx, d_out, _d_context):
 torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
 
 from mok import _fake  # noqa: E402,F401  (registers the fake implementations)
+# The grouped GEMM forms (issue 5): mok.ops.grouped_gate_up, grouped_rows_times_weight_t,
+# grouped_rows_times_weight, grouped_weight_grad (see mok/_grouped_gemm.py).
+from mok._grouped_gemm import (  # noqa: E402,F401
+    grouped_gate_up, grouped_rows_times_weight, grouped_rows_times_weight_t, grouped_weight_grad)

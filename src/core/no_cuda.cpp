@@ -1,4 +1,5 @@
 // The CUDA runtime facts for a build without CUDA: no devices.
+#include "core/gemm_ops.hpp"
 #include "cuda/runtime.hpp"
 #include "mok/error.hpp"
 
@@ -27,3 +28,30 @@ std::unique_ptr<Layer> make_layer(const Problem&, const Config&, int) {
 }
 
 }  // namespace mok::cuda
+
+namespace mok::gemm_ops {
+
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error("the grouped GEMM forms need the CUDA backend (this build has no CUDA support)");
+}
+}  // namespace
+
+void gate_up(const TensorView&, const TensorView&, const TensorView&, const Groups&,
+             const TensorView&, const TensorView&, const TensorView&, void*) {
+  no_cuda();
+}
+void rows_times_weight_t(const TensorView&, const TensorView&, const Groups&, const TensorView&,
+                         const TensorView&, void*) {
+  no_cuda();
+}
+void rows_times_weight(const TensorView&, const TensorView&, const Groups&, const TensorView&,
+                       void*) {
+  no_cuda();
+}
+void weight_grad(const TensorView&, const TensorView&, const Groups&, const TensorView&, bool,
+                 void*) {
+  no_cuda();
+}
+
+}  // namespace mok::gemm_ops

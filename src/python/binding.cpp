@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gemm_ops.hpp"
 #include "core/validate.hpp"
 #include "mok/mok.hpp"
 #include "mok/schedule.hpp"
@@ -255,6 +256,56 @@ NB_MODULE(_C, m) {
             ws.set_stream(reinterpret_cast<void*>(stream));
           },
           nb::arg("stream"));
+
+  // The grouped GEMM forms (mok.ops.grouped_*): views in, one launch on `stream` (an int
+  // cudaStream_t), GIL released while the launch is enqueued.
+  m.def(
+      "grouped_gate_up",
+      [](nb::handle x, nb::handle w_gate, nb::handle w_up, nb::handle starts, nb::handle rows,
+         nb::handle hidden, nb::handle gate, nb::handle up, std::uintptr_t stream) {
+        const gemm_ops::Groups g{view_of(starts, "starts"), view_of(rows, "rows")};
+        const TensorView xv = view_of(x, "x"), wg = view_of(w_gate, "w_gate"),
+                         wu = view_of(w_up, "w_up"), h = view_of(hidden, "hidden"),
+                         gv = view_of(gate, "gate"), uv = view_of(up, "up");
+        nb::gil_scoped_release release;
+        gemm_ops::gate_up(xv, wg, wu, g, h, gv, uv, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("x"), nb::arg("w_gate"), nb::arg("w_up"), nb::arg("starts"), nb::arg("rows"),
+      nb::arg("hidden"), nb::arg("gate").none(), nb::arg("up").none(), nb::arg("stream"));
+  m.def(
+      "grouped_rows_times_weight_t",
+      [](nb::handle a, nb::handle w, nb::handle starts, nb::handle rows, nb::handle row_scale,
+         nb::handle out, std::uintptr_t stream) {
+        const gemm_ops::Groups g{view_of(starts, "starts"), view_of(rows, "rows")};
+        const TensorView av = view_of(a, "a"), wv = view_of(w, "w"),
+                         sv = view_of(row_scale, "row_scale"), ov = view_of(out, "out");
+        nb::gil_scoped_release release;
+        gemm_ops::rows_times_weight_t(av, wv, g, sv, ov, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("a"), nb::arg("w"), nb::arg("starts"), nb::arg("rows"), nb::arg("row_scale").none(),
+      nb::arg("out"), nb::arg("stream"));
+  m.def(
+      "grouped_rows_times_weight",
+      [](nb::handle a, nb::handle w, nb::handle starts, nb::handle rows, nb::handle out,
+         std::uintptr_t stream) {
+        const gemm_ops::Groups g{view_of(starts, "starts"), view_of(rows, "rows")};
+        const TensorView av = view_of(a, "a"), wv = view_of(w, "w"), ov = view_of(out, "out");
+        nb::gil_scoped_release release;
+        gemm_ops::rows_times_weight(av, wv, g, ov, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("a"), nb::arg("w"), nb::arg("starts"), nb::arg("rows"), nb::arg("out"),
+      nb::arg("stream"));
+  m.def(
+      "grouped_weight_grad",
+      [](nb::handle a, nb::handle b, nb::handle starts, nb::handle rows, nb::handle out,
+         bool accumulate, std::uintptr_t stream) {
+        const gemm_ops::Groups g{view_of(starts, "starts"), view_of(rows, "rows")};
+        const TensorView av = view_of(a, "a"), bv = view_of(b, "b"), ov = view_of(out, "out");
+        nb::gil_scoped_release release;
+        gemm_ops::weight_grad(av, bv, g, ov, accumulate, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("a"), nb::arg("b"), nb::arg("starts"), nb::arg("rows"), nb::arg("out"),
+      nb::arg("accumulate"), nb::arg("stream"));
 
   m.def(
       "forward",
