@@ -19,7 +19,7 @@
 //     segment_starts       i32  [E_local + 1]
 //     ring_plan            RingPlan
 //     schedule_scratch     i32  [E_local, W * tiles_per_rank]   per-tile counts, then offsets
-//     ring_buffer          bf16 [macrobatch_size, H]
+//     ring_buffer          bf16 [ring_rows, H]   pass 0's dispatched x rows (the forward context)
 //     ready_counters       u32  [2, macrobatch_size / minibatch_size]   forward, backward
 //     sync_state           SyncState (rank-local barrier counters and the bases of every counter)
 //     error_record         DeviceErrorRecord
@@ -89,6 +89,14 @@ constexpr Buffer carve(std::int64_t& end, std::int64_t bytes) {
   return b;
 }
 
+// Rows of a ring pass: macrobatch_size, but never more than the worst-case schedule table rounded
+// up to whole minibatches (so a one-pass layer holds only what it can receive).
+constexpr std::int64_t ring_rows(const PlanShape& s) {
+  const std::int64_t table = schedule::round_up(schedule::max_schedule_rows(s.schedule()),
+                                                s.minibatch_size);
+  return table < s.macrobatch_size ? table : s.macrobatch_size;
+}
+
 constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   const schedule::Shape sched = s.schedule();
   const std::int64_t T = s.num_tokens, H = s.hidden_size, k = s.topk, W = s.ep_size;
@@ -114,7 +122,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.segment_starts = carve(end, (E_local + 1) * i32);
   p.ring_plan = carve(end, sizeof(schedule::RingPlan));
   p.schedule_scratch = carve(end, E_local * W * sched.tiles_per_rank() * i32);
-  p.ring_buffer = carve(end, s.macrobatch_size * H * bf16);
+  p.ring_buffer = carve(end, ring_rows(s) * H * bf16);
   p.ready_counters = carve(end, 2 * (s.macrobatch_size / s.minibatch_size) * u32);
   p.sync_state = carve(end, sizeof(SyncState));
   p.error_record = carve(end, sizeof(comm::DeviceErrorRecord));
@@ -149,7 +157,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"ring_plan", Region::local, &WorkspacePlan::ring_plan, "RingPlan (8 x i32)"},
     {"schedule_scratch", Region::local, &WorkspacePlan::schedule_scratch,
      "i32 [E_local, W * ceil(T*k/512)]"},
-    {"ring_buffer", Region::local, &WorkspacePlan::ring_buffer, "bf16 [macrobatch_size, H]"},
+    {"ring_buffer", Region::local, &WorkspacePlan::ring_buffer, "bf16 [ring_rows, H]"},
     {"ready_counters", Region::local, &WorkspacePlan::ready_counters,
      "u32 [2, macrobatch/minibatch]"},
     {"sync_state", Region::local, &WorkspacePlan::sync_state, "SyncState (64 B)"},

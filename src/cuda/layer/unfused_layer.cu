@@ -328,9 +328,9 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
                      S = p.shared_intermediate_size, E = p.num_local_experts();
   const std::int64_t max_rows = schedule_capacity_rows(p);
   // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
-  // (so passes keep their alignment); the Config's macrobatch_size only caps it.
-  m.ring = std::min<std::int64_t>(config.macrobatch_size,
-                                  schedule::round_up(max_rows, config.minibatch_size));
+  // (so passes keep their alignment); the Config's macrobatch_size only caps it. The workspace
+  // plan sizes the team's ring_buffer so (plan::ring_rows); pass 0's x rows live there.
+  m.ring = m.plan().ring_buffer.bytes / (H * 2);
   m.passes = static_cast<int>((max_rows + config.macrobatch_size - 1) / config.macrobatch_size);
 
   Arena a;
@@ -340,7 +340,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
       if (set == &b.scratch && m.passes == 1) {  // one pass: backward never replays
         continue;
       }
-      set->x = a.take<bf16>(m.ring * H);
+      if (set == &b.scratch) set->x = a.take<bf16>(m.ring * H);  // context: the team's ring
       set->gate = a.take<bf16>(m.ring * I);
       set->up = a.take<bf16>(m.ring * I);
       set->hidden = a.take<bf16>(m.ring * I);
@@ -381,7 +381,8 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   for (auto& b : m.ranks) {
     for (RankBuffers::PassSet* set : {&b.context, &b.scratch}) {
       if (set == &b.scratch && m.passes == 1) continue;
-      place(set->x), place(set->gate), place(set->up), place(set->hidden);
+      if (set == &b.scratch) place(set->x);
+      place(set->gate), place(set->up), place(set->hidden);
     }
     place(b.y), place(b.dh), place(b.dg), place(b.du);
     place(b.pass_starts), place(b.pass_rows);
@@ -391,6 +392,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     }
     if (m.passes > 1) place(b.acc_gate), place(b.acc_up), place(b.acc_down);
   }
+  for (int r = 0; r < W; ++r) m.ranks[r].context.x = m.loc<bf16>(r, m.plan().ring_buffer);
   m.dense_rows = rebase(dense_rows, base);
   m.x_peers = rebase(x_peers, base);
   m.d_out_peers = rebase(d_out_peers, base);
