@@ -3,9 +3,12 @@
 // baselines and the merge into docs/perf/gemm.json are in bench/bench_gemm.py (same row counts).
 //
 // Method (PERF.md): correctness checked on sampled rows before timing (fp32 reference kernel);
-// a warm-up round over all items of a case, then per item 5 warm-up runs and >= 20 timed runs
-// with CUDA events around each launch, L2 flushed (256 MB memset) before each; the median is
-// reported.
+// a warm-up round over all items of a case, then `rounds` measured rounds over all items (the
+// items interleaved), each item's round = 5 warm-up runs and `reps` timed runs with CUDA events
+// around each launch, L2 flushed (256 MB memset) before each. Reported: the median over rounds of
+// the rounds' medians, and the smallest and largest round median (the spread).
+// Every form is timed under the automatic consumer schedule ("mok") and each forced one
+// ("mok-cooperative", "mok-ping_pong"); likewise the plain gate/up GEMM ("mok-unfused...").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -136,16 +139,17 @@ double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s out.jsonl [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds]\n", argv[0]);
     return 2;
   }
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 30;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int rounds = argc > 3 ? std::atoi(argv[3]) : 5;
   FILE* json = std::fopen(argv[1], "w");
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
-  std::printf("%-14s %-8s %-7s %-12s %10s %9s %9s\n", "case", "routing", "pass", "impl",
-              "median_ms", "tflops", "rel_err");
+  std::printf("%-14s %-8s %-7s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
+              "median_ms", "tflops", "rel_err", "[round min, max]");
   for (const Case& c : kCases) {
     for (int skew = 0; skew < 2; ++skew) {
       const std::vector<int> counts = routing_counts(c, skew != 0);
@@ -229,58 +233,91 @@ int main(int argc, char** argv) {
       wgrad.m = c.h;
       wgrad.n = c.i;
 
-      mok::gemm::WeightGradArgs wgrad_fixed = wgrad, wgrad_tickets = wgrad;
-      wgrad_fixed.order = mok::gemm::TileOrder::fixed;
-      wgrad_tickets.order = mok::gemm::TileOrder::tickets;
-
-      // Correctness before timing: a sampled row of expert 0 and of the last expert.
-      mok::gemm::rows_times_weight_t(plain);
-      mok::gemm::rows_times_weight_t(down);
-      mok::gemm::rows_times_weight(dgrad);
-      CHECK_CUDA(cudaDeviceSynchronize());
+      // Correctness before timing, under each consumer schedule: a sampled row of expert 0 and of
+      // the last expert (the GEMM tests check every form fully, tests/cpp/test_gemm.cu).
       double err = 0;
-      for (int g : {0, G - 1}) {
-        if (counts[g] == 0) continue;
-        const int row = starts[g] + counts[g] - 1;
-        err = std::max(err, rel_err_row(x, c.h, w13, 0, row, g, 2 * c.i, c.h, out_gu, 2 * c.i));
-        err = std::max(err, rel_err_row(hid, c.i, wd, 0, row, g, c.h, c.i, out_y, c.h));
-        err = std::max(err, rel_err_row(dy, c.h, wd, 1, row, g, c.i, c.h, out_dh, c.i));
+      for (mok::gemm::Consumers consumers :
+           {mok::gemm::Consumers::cooperative, mok::gemm::Consumers::ping_pong}) {
+        mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
+        mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
+        plain_s.consumers = down_s.consumers = dgrad_s.consumers = consumers;
+        CHECK_CUDA(cudaMemset(out_gu, 0xff, size_t(capacity) * 2 * c.i * 2));
+        CHECK_CUDA(cudaMemset(out_y, 0xff, size_t(capacity) * c.h * 2));
+        CHECK_CUDA(cudaMemset(out_dh, 0xff, size_t(capacity) * c.i * 2));
+        mok::gemm::rows_times_weight_t(plain_s);
+        mok::gemm::rows_times_weight_t(down_s);
+        mok::gemm::rows_times_weight(dgrad_s);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (int g : {0, G - 1}) {
+          if (counts[g] == 0) continue;
+          const int row = starts[g] + counts[g] - 1;
+          err = std::max(err, rel_err_row(x, c.h, w13, 0, row, g, 2 * c.i, c.h, out_gu, 2 * c.i));
+          err = std::max(err, rel_err_row(hid, c.i, wd, 0, row, g, c.h, c.i, out_y, c.h));
+          err = std::max(err, rel_err_row(dy, c.h, wd, 1, row, g, c.i, c.h, out_dh, c.i));
+        }
+      }
+      if (!(err < 1.0 / 128)) {  // 2 bf16 ulps relative: a wrong kernel, not rounding
+        std::fprintf(stderr, "%s: relative error %.3g on a checked row; not timing\n", c.name, err);
+        return 1;
       }
       const char* routing = skew ? "skewed" : "uniform";
       const double flops = 2.0 * double(rows) * c.h * c.i;  // one H x I projection
       struct Item {
         const char* pass;
-        const char* impl;
+        std::string impl;
         double flops;
         std::function<void()> fn;
       };
-      const std::vector<Item> items = {
-          {"gemm1", "mok", 2 * flops, [&] { mok::gemm::gate_up_forward(gu); }},
-          {"gemm1", "mok-unfused", 2 * flops, [&] { mok::gemm::rows_times_weight_t(plain); }},
-          {"gemm2", "mok", flops, [&] { mok::gemm::rows_times_weight_t(down); }},
-          {"dgrad", "mok", flops, [&] { mok::gemm::rows_times_weight(dgrad); }},
-          {"wgrad", "mok", flops, [&] { mok::gemm::weight_grad(wgrad); }},
-          // The automatic tile order against each forced one, in the same run (NOTES.md v4).
-          {"wgrad", "mok-fixed", flops, [&] { mok::gemm::weight_grad(wgrad_fixed); }},
-          {"wgrad", "mok-tickets", flops, [&] { mok::gemm::weight_grad(wgrad_tickets); }},
-          // The automatic order again, last: an order-of-measurement effect shows as a difference.
-          {"wgrad", "mok-repeat", flops, [&] { mok::gemm::weight_grad(wgrad); }},
-      };
-      // NOTES: a warm-up round over every item before the measured one. Without it the first item
+      std::vector<Item> items;
+      using mok::gemm::Consumers;
+      const std::pair<Consumers, const char*> schedules[] = {
+          {Consumers::automatic, ""},
+          {Consumers::cooperative, "-cooperative"},
+          {Consumers::ping_pong, "-ping_pong"}};
+      auto name = [](const char* base, const char* suffix) { return std::string(base) + suffix; };
+      for (const auto& [consumers, suffix] : schedules) {
+        mok::gemm::GateUpForwardArgs gu_s = gu;
+        mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
+        mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
+        mok::gemm::WeightGradArgs wgrad_s = wgrad;
+        gu_s.consumers = plain_s.consumers = down_s.consumers = dgrad_s.consumers =
+            wgrad_s.consumers = consumers;
+        items.push_back(
+            {"gemm1", name("mok", suffix), 2 * flops, [=] { mok::gemm::gate_up_forward(gu_s); }});
+        items.push_back({"gemm1", name("mok-unfused", suffix), 2 * flops,
+                         [=] { mok::gemm::rows_times_weight_t(plain_s); }});
+        items.push_back(
+            {"gemm2", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight_t(down_s); }});
+        items.push_back(
+            {"dgrad", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight(dgrad_s); }});
+        items.push_back(
+            {"wgrad", name("mok", suffix), flops, [=] { mok::gemm::weight_grad(wgrad_s); }});
+      }
+      // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
       for (const Item& it : items) time_median_ms(it.fn, flush, flush_bytes, 5);
-      for (const Item& it : items) {
-        const double ms = time_median_ms(it.fn, flush, flush_bytes, reps);
+      std::vector<std::vector<double>> round_ms(items.size());
+      for (int r = 0; r < rounds; ++r) {
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          round_ms[i].push_back(time_median_ms(items[i].fn, flush, flush_bytes, reps));
+        }
+      }
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const Item& it = items[i];
+        std::vector<double> v = round_ms[i];
+        std::sort(v.begin(), v.end());
+        const double ms = v[v.size() / 2];
         const double tf = it.flops / (ms * 1e-3) / 1e12;
-        std::printf("%-14s %-8s %-7s %-12s %10.4f %9.1f %9.2e\n", c.name, routing, it.pass, it.impl,
-                    ms, tf, err);
+        std::printf("%-14s %-8s %-7s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]\n", c.name, routing,
+                    it.pass, it.impl.c_str(), ms, tf, err, v.front(), v.back());
         std::fprintf(
             json,
             "{\"suite\": \"gemm\", \"case\": \"%s\", \"routing\": \"%s\", \"pass\": \"%s\", "
             "\"impl\": \"%s\", \"median_ms\": %.5f, \"tflops\": %.2f, \"rel_err\": %.3e, "
-            "\"rows\": %lld}\n",
-            c.name, routing, it.pass, it.impl, ms, tf, err, rows);
+            "\"rows\": %lld, \"rounds\": %d, \"round_min_ms\": %.5f, \"round_max_ms\": %.5f}\n",
+            c.name, routing, it.pass, it.impl.c_str(), ms, tf, err, rows, rounds, v.front(),
+            v.back());
         std::fflush(json);
       }
       for (void* p : {(void*)x, (void*)w13, (void*)wg, (void*)wu, (void*)wd, (void*)hid, (void*)dy,

@@ -3,8 +3,9 @@
 Usage: python3 bench/bench_gemm.py MOK_JSONL OUT_DIR [--baselines-from GEMM_JSON] [--commit TEXT]
                                     [--note TEXT]
 Runs the same problems as bench_gemm.cu (same cases, same per-expert row counts), times them the
-same way (CUDA events, 5 warm-ups, median of >= 20 runs, 256 MB L2 flush before each), merges the
-mok results, and writes OUT_DIR/gemm.json (PERF.md's schema, suite "gemm") and README-gemm.md.
+same way (CUDA events, 5 warm-ups, median of 20 runs, 256 MB L2 flush before each, ROUNDS rounds
+over all problems of a case and routing, the median of the rounds' medians and their spread),
+merges the mok results, and writes OUT_DIR/gemm.json (PERF.md's schema, suite "gemm") and README-gemm.md.
 --baselines-from takes the torch and dense rows of an earlier gemm.json instead of timing them
 (to merge another mok build measured in that same run); it needs no GPU.
 """
@@ -16,7 +17,8 @@ import subprocess
 CASES = [("dsv3-ep8slice", 4096, 7168, 2048, 32, 8), ("dsv3-ep1", 4096, 7168, 2048, 256, 8),
          ("qwen3-30b-a3b", 16384, 2048, 768, 128, 8), ("mixtral-8x7b", 8192, 4096, 14336, 8, 2)]
 BF16_TFLOPS, HBM_TBPS = 790.0, 4.22  # PERF.md ceilings on one H200
-REPS = 30
+REPS = 20
+ROUNDS = 5
 
 
 def routing_counts(t, e, k, skewed):  # same function as bench_gemm.cu
@@ -106,6 +108,7 @@ def time_baselines():
                           lambda out: rel_err(out[0], dy[:g0].float().t() @ hid[:g0].float()),
                           (h, i, rows), rows * h * 2 + rows * i * 2 + e * h * i * 2),
             }
+            timed = []  # (pass, flops, floor, variant, fn, err): timed in rounds below
             for pss, (flops, variants, check, dense_shape, min_bytes) in forms.items():
                 floor_ms = max(flops / (BF16_TFLOPS * 1e12), min_bytes / (HBM_TBPS * 1e12)) * 1e3
                 try:
@@ -113,12 +116,7 @@ def time_baselines():
                     err = check(out)
                     del out
                     median_ms(fn, 5)  # a warm-up round, as bench_gemm.cu does for mok's items
-                    ms = median_ms(fn)
-                    rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
-                                         median_ms=round(ms, 5), tflops=round(flops / ms / 1e9, 2),
-                                         floor_ms=round(floor_ms, 5), rel_err=err, variant=vname))
-                    print(f"{name:14s} {routing:8s} {pss:6s} torch    {ms:9.4f} ms {flops / ms / 1e9:7.1f} TF/s err {err:.2e}",
-                          flush=True)
+                    timed.append((pss, flops, floor_ms, vname, fn, err))
                 except Exception as ex:  # noqa: BLE001
                     print(f"{name} {routing} {pss} torch FAILED: {ex}", flush=True)
                     rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
@@ -133,6 +131,17 @@ def time_baselines():
                                          impl="cublas-dense", median_ms=round(ms, 5),
                                          tflops=round(2.0 * m_ * n_ * k_ / ms / 1e9, 2), floor_ms=round(floor_ms, 5)))
                     del a, b
+            per_round = [[median_ms(fn) for (_, _, _, _, fn, _) in timed] for _ in range(ROUNDS)]
+            for j, (pss, flops, floor_ms, vname, fn, err) in enumerate(timed):
+                v = sorted(r[j] for r in per_round)
+                ms = v[len(v) // 2]
+                rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
+                                     median_ms=round(ms, 5), tflops=round(flops / ms / 1e9, 2),
+                                     floor_ms=round(floor_ms, 5), rel_err=err, variant=vname, rounds=ROUNDS,
+                                     round_min_ms=round(v[0], 5), round_max_ms=round(v[-1], 5)))
+                print(f"{name:14s} {routing:8s} {pss:6s} torch    {ms:9.4f} ms {flops / ms / 1e9:7.1f} TF/s "
+                      f"err {err:.2e} [{v[0]:.4f}, {v[-1]:.4f}]", flush=True)
+            del timed, per_round
             del x, hid, dy, w13, wd
             torch.cuda.empty_cache()
     return rows_out, torch.cuda.get_device_name(0), torch.__version__
@@ -179,31 +188,39 @@ def main():
 
     # Table: TFLOP/s per case, routing and pass; mok / torch ratio.
     idx = {(r["case"], r["routing"], r["pass"], r["impl"]): r for r in rows_out}
-    lines = ["| case | routing | pass | floor ms | mok ms | mok TFLOP/s | torch._grouped_mm TFLOP/s | mok / torch | dense cuBLAS TFLOP/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def spread(r):
+        lo, hi = r.get("round_min_ms"), r.get("round_max_ms")
+        return f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else ""
+
+    lines = ["| case | routing | pass | floor ms | mok ms (rounds) | mok TFLOP/s | torch ms (rounds) | "
+             "torch._grouped_mm TFLOP/s | mok / torch | cooperative / torch | ping-pong / torch | "
+             "dense cuBLAS TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def ratio(a, b):
+        return f"{a['tflops'] / b['tflops']:.2f}x" if a.get("tflops") and b.get("tflops") else "n/a"
+
     for name, *_ in CASES:
         for routing in ("uniform", "skewed"):
             for pss in ("gemm1", "gemm2", "dgrad", "wgrad"):
                 m = idx.get((name, routing, pss, "mok"), {})
                 tr = idx.get((name, routing, pss, "torch"), {})
+                co = idx.get((name, routing, pss, "mok-cooperative"), {})
+                pp = idx.get((name, routing, pss, "mok-ping_pong"), {})
                 d = idx.get((name, routing, pss, "cublas-dense"), idx.get((name, "uniform", pss, "cublas-dense"), {}))
-                ratio = (m["tflops"] / tr["tflops"]) if m.get("tflops") and tr.get("tflops") else float("nan")
                 label = pss + (" (SwiGLU)" if pss == "gemm1" else "")
                 lines.append(f"| {name} | {routing} | {label} | {m.get('floor_ms', float('nan')):.3f} | "
-                             f"{m.get('median_ms', float('nan')):.3f} | {m.get('tflops', float('nan')):.0f} | "
-                             f"{tr.get('tflops', float('nan')):.0f} | {ratio:.2f}x | {d.get('tflops', float('nan')):.0f} |")
-            u = idx.get((name, routing, "gemm1", "mok-unfused"))
-            m = idx.get((name, routing, "gemm1", "mok"))
-            if u and m:
-                lines.append(f"| {name} | {routing} | gemm1 plain (no SwiGLU) | | {u['median_ms']:.3f} | {u['tflops']:.0f} | | "
-                             f"SwiGLU cost {m['median_ms'] / u['median_ms']:.3f}x | |")
-            tr = idx.get((name, routing, "wgrad", "torch"), {})
-            for impl, label in (("mok-fixed", "static order forced"), ("mok-tickets", "tickets forced"),
-                                ("mok-repeat", "automatic again")):
-                f = idx.get((name, routing, "wgrad", impl))
-                if f and tr.get("tflops"):
-                    lines.append(f"| {name} | {routing} | wgrad, {label} | | {f['median_ms']:.3f} | "
-                                 f"{f['tflops']:.0f} | | {f['tflops'] / tr['tflops']:.2f}x | |")
+                             f"{m.get('median_ms', float('nan')):.3f} ({spread(m)}) | {m.get('tflops', float('nan')):.0f} | "
+                             f"{tr.get('median_ms', float('nan')):.3f} ({spread(tr)}) | "
+                             f"{tr.get('tflops', float('nan')):.0f} | {ratio(m, tr)} | {ratio(co, tr)} | {ratio(pp, tr)} | "
+                             f"{d.get('tflops', float('nan')):.0f} |")
+            for suffix, label in (("", "automatic"), ("-cooperative", "cooperative"), ("-ping_pong", "ping-pong")):
+                u = idx.get((name, routing, "gemm1", "mok-unfused" + suffix))
+                m = idx.get((name, routing, "gemm1", "mok" + suffix))
+                if u and m:
+                    lines.append(f"| {name} | {routing} | gemm1 plain (no SwiGLU), {label} | | "
+                                 f"{u['median_ms']:.3f} ({spread(u)}) | {u['tflops']:.0f} | | | "
+                                 f"SwiGLU cost {m['median_ms'] / u['median_ms']:.3f}x | | | |")
     with open(f"{out_dir}/README-gemm.md", "w") as f:
         f.write(f"# Grouped GEMM benchmark ({doc['gpu']}, torch {torch_version}, {doc['date']})\n\n"
                 "Generated by bench/bench_gemm.py from bench_gemm.cu's results; see docs/perf/NOTES.md (## gemm).\n\n")

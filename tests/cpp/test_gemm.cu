@@ -53,6 +53,27 @@ bool have_gpu() {
 #define REQUIRE_HOPPER() \
   if (!have_gpu()) GTEST_SKIP() << "no Hopper (sm_90) GPU visible"
 
+// Every test runs under both consumer schedules (the suite's parameter); the bitwise checks also
+// compare the two schedules' outputs, which must be identical (same per-element maths: each
+// output element is reduced over k16 steps in the same order by m64n256k16 or m64n128k16).
+using mok::gemm::Consumers;
+Consumers g_consumers = Consumers::cooperative;
+Consumers other_consumers() {
+  return g_consumers == Consumers::ping_pong ? Consumers::cooperative : Consumers::ping_pong;
+}
+class ConsumersTest : public ::testing::TestWithParam<Consumers> {
+ protected:
+  void SetUp() override { g_consumers = GetParam(); }
+};
+std::string consumers_name(const ::testing::TestParamInfo<Consumers>& info) {
+  return info.param == Consumers::ping_pong ? "ping_pong" : "cooperative";
+}
+#define CONSUMER_SUITE(name)                                                                \
+  class name : public ConsumersTest {};                                                     \
+  INSTANTIATE_TEST_SUITE_P(Consumers, name,                                                 \
+                           ::testing::Values(Consumers::cooperative, Consumers::ping_pong), \
+                           consumers_name)
+
 std::uint64_t fresh_seed() {
   static std::uint64_t s = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
   return ++s;
@@ -269,6 +290,7 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   gate.poison();
   up.poison();
   mok::gemm::GateUpForwardArgs args;
+  args.consumers = g_consumers;
   args.segments =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
   args.x = x.p;
@@ -320,20 +342,27 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
     mok::gemm::gate_up_forward(args);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(hid, hid2)) << "two runs differ";
+    hid2.poison();
+    args.consumers = other_consumers();
+    mok::gemm::gate_up_forward(args);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bitwise_equal(hid, hid2)) << "the two consumer schedules differ";
   }
 }
 
-TEST(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
+CONSUMER_SUITE(GemmGateUp);
+
+TEST_P(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
   REQUIRE_HOPPER();
   run_gate_up({{0, 1, 130, 77, 0, 300, 128}, 256, 192, 40}, false, true);
 }
 
-TEST(GemmGateUp, PreActivationsVariant) {
+TEST_P(GemmGateUp, PreActivationsVariant) {
   REQUIRE_HOPPER();
   run_gate_up({{5, 0, 257, 64, 129}, 320, 320, 40}, true, true);
 }
 
-TEST(GemmGateUp, RandomGroupSizes) {
+TEST_P(GemmGateUp, RandomGroupSizes) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   for (int trial = 0; trial < 3; ++trial) {
@@ -341,17 +370,17 @@ TEST(GemmGateUp, RandomGroupSizes) {
   }
 }
 
-TEST(GemmGateUp, OneGroupHoldsAlmostAllRows) {
+TEST_P(GemmGateUp, OneGroupHoldsAlmostAllRows) {
   REQUIRE_HOPPER();
   run_gate_up({{4000, 1, 0, 3, 0}, 384, 256, 64}, false, true);
 }
 
-TEST(GemmGateUp, Dsv3Ep8SliceUniform) {
+TEST_P(GemmGateUp, Dsv3Ep8SliceUniform) {
   REQUIRE_HOPPER();
   run_gate_up({std::vector<int>(32, 1024), 7168, 2048, 3}, true, true);
 }
 
-TEST(GemmGateUp, DenseSharedExpert) {
+TEST_P(GemmGateUp, DenseSharedExpert) {
   REQUIRE_HOPPER();
   run_gate_up({{1000}, 512, 256, 200, true}, false, true);
 }
@@ -437,9 +466,11 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
   out.poison();
   const RowSegments seg =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
-  auto launch = [&](__nv_bfloat16* dst, const mok::gemm::RowScatter& to = {}) {
+  auto launch = [&](__nv_bfloat16* dst, const mok::gemm::RowScatter& to = {},
+                    Consumers consumers = g_consumers) {
     if (c.trans_b) {
       mok::gemm::RowsTimesWeightArgs args;
+      args.consumers = consumers;
       args.segments = seg;
       args.a = a.p;
       args.ld_a = c.k;
@@ -452,6 +483,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       mok::gemm::rows_times_weight(args);
     } else {
       mok::gemm::RowsTimesWeightTArgs args;
+      args.consumers = consumers;
       args.segments = seg;
       args.a = a.p;
       args.ld_a = c.k;
@@ -493,32 +525,38 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
     launch(out2.p);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
+    out2.poison();
+    launch(out2.p, {}, other_consumers());
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bitwise_equal(out, out2)) << "the two consumer schedules differ";
   }
   if (check_bitwise && !c.dense && l.capacity * static_cast<long long>(c.n) < (64ll << 20)) {
     check_scatter(l, c.n, out, [&](const mok::gemm::RowScatter& to) { launch(nullptr, to); });
   }
 }
 
-TEST(GemmDown, SmallOddGroupsRowScale) {
+CONSUMER_SUITE(GemmDown);
+
+TEST_P(GemmDown, SmallOddGroupsRowScale) {
   REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, false, true}, true);
 }
 
-TEST(GemmDown, RandomGroupSizes) {
+TEST_P(GemmDown, RandomGroupSizes) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   for (int trial = 0; trial < 3; ++trial)
     run_rows({random_counts(7, 200, rng), 448, 256, 16, false}, false);
 }
 
-TEST(GemmDown, Qwen3SkewedOneGroupHalf) {
+TEST_P(GemmDown, Qwen3SkewedOneGroupHalf) {
   REQUIRE_HOPPER();
   std::vector<int> counts(128, 16384 * 8 / 2 / 127);
   counts[0] = 16384 * 8 / 2;
   run_rows({counts, 2048, 768, 2, false, true}, true);
 }
 
-TEST(GemmDown, DenseSharedExpert) {
+TEST_P(GemmDown, DenseSharedExpert) {
   REQUIRE_HOPPER();
   run_rows({{999}, 512, 256, 300, false, false, true}, true);
 }
@@ -526,31 +564,33 @@ TEST(GemmDown, DenseSharedExpert) {
 // An odd number of tiles (5 M tiles x 3 N tiles) in groups of 1, 3 and 1 M tiles: with clusters of
 // two CTAs, neighbour tiles fall in different N tiles and groups (no shared weight tile), and the
 // last cluster step has a single tile.
-TEST(GemmDown, OddTileCountAcrossGroupsAndPanels) {
+TEST_P(GemmDown, OddTileCountAcrossGroupsAndPanels) {
   REQUIRE_HOPPER();
   run_rows({{1, 300, 1}, 768, 128, 40, false}, true);
   run_rows({{1, 300, 1}, 768, 128, 40, true}, true);
 }
 
-TEST(GemmDgrad, SmallOddGroups) {
+CONSUMER_SUITE(GemmDgrad);
+
+TEST_P(GemmDgrad, SmallOddGroups) {
   REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, true}, true);
 }
 
-TEST(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
+TEST_P(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   run_rows({random_counts(6, 200, rng), 192, 512, 16, true}, false);
   run_rows({{3000, 0, 2, 1}, 256, 384, 64, true}, true);
 }
 
-TEST(GemmDgrad, Dsv3Ep8SliceUniform) {
+TEST_P(GemmDgrad, Dsv3Ep8SliceUniform) {
   REQUIRE_HOPPER();
   run_rows({std::vector<int>(32, 1024), 2048, 7168, 2, true}, true);
 }
 
 // The gate/up input gradient: dx = bf16(dg W_gate + du W_up) with one fp32 accumulator.
-TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
+TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   Layout l({0, 1, 130, 77, 0, 300});
@@ -564,8 +604,9 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
   fill_random(w2, 2.0f / std::sqrt(float(k)));
   l.poison_padding(a, k);
   l.poison_padding(a2, k);
-  auto launch = [&](__nv_bfloat16* dst) {
+  auto launch = [&](__nv_bfloat16* dst, Consumers consumers = g_consumers) {
     mok::gemm::RowsTimesWeightArgs args;
+    args.consumers = consumers;
     args.segments = l.segments();
     args.a = a.p;
     args.ld_a = k;
@@ -598,6 +639,10 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
   launch(out2.p);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
+  out2.poison();
+  launch(out2.p, other_consumers());
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal(out, out2)) << "the two consumer schedules differ";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -622,8 +667,10 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   fill_random(b, 1.0f);
   l.poison_padding(a, c.m);  // NaN in padding: must contribute exactly nothing
   l.poison_padding(b, c.n);
-  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic) {
+  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic,
+                    Consumers consumers = g_consumers) {
     mok::gemm::WeightGradArgs args;
+    args.consumers = consumers;
     args.segments = l.segments();
     args.order = order;
     args.a = a.p;
@@ -688,35 +735,43 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   EXPECT_LE(e.rel(), bound);
   EXPECT_EQ(nonzero_empty, 0) << "empty groups must give exact (+0) zeros";
   if (check_bitwise) {
-    // A second run, then each tile order forced: the same bits whoever runs which tile.
+    // A second run, then each tile order forced, then the other consumer schedule: the same bits
+    // whoever runs which tile.
     using mok::gemm::TileOrder;
-    for (TileOrder order : {TileOrder::automatic, TileOrder::fixed, TileOrder::tickets}) {
-      const char* name = order == TileOrder::automatic ? "automatic"
-                         : order == TileOrder::fixed   ? "fixed"
-                                                       : "tickets";
+    for (int v = 0; v < 4; ++v) {
+      const TileOrder order = v == 1   ? TileOrder::fixed
+                              : v == 2 ? TileOrder::tickets
+                                       : TileOrder::automatic;
+      const Consumers consumers = v == 3 ? other_consumers() : g_consumers;
+      const char* name = v == 0   ? "automatic order"
+                         : v == 1 ? "fixed order"
+                         : v == 2 ? "tickets order"
+                                  : "the other consumer schedule";
       if (c.fp32) {
         out32b.poison();
-        launch(out32b.p, order);
+        launch(out32b.p, order, consumers);
         CUDA_OK(cudaDeviceSynchronize());
         const auto x = out32.host(), y = out32b.host();
-        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << "order " << name << " differs";
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << name << " differs";
       } else {
         out16b.poison();
-        launch(out16b.p, order);
+        launch(out16b.p, order, consumers);
         CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_TRUE(bitwise_equal(out16, out16b)) << "order " << name << " differs";
+        EXPECT_TRUE(bitwise_equal(out16, out16b)) << name << " differs";
       }
     }
   }
 }
 
-TEST(GemmWgrad, SmallOddGroupsFp32AndBf16) {
+CONSUMER_SUITE(GemmWgrad);
+
+TEST_P(GemmWgrad, SmallOddGroupsFp32AndBf16) {
   REQUIRE_HOPPER();
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, true}, true);
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, false}, true);
 }
 
-TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
+TEST_P(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   run_wgrad({random_counts(5, 300, rng), 256, 384, 8, true}, false);
@@ -725,7 +780,7 @@ TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
 
 // Heavy-first tile order: the heaviest group is the last one, short and empty groups before it,
 // and more tiles than CTAs.
-TEST(GemmWgrad, HeavyGroupLastManyGroups) {
+TEST_P(GemmWgrad, HeavyGroupLastManyGroups) {
   REQUIRE_HOPPER();
   std::vector<int> counts(40, 70);
   counts[3] = 0;
@@ -735,14 +790,14 @@ TEST(GemmWgrad, HeavyGroupLastManyGroups) {
   run_wgrad({counts, 256, 512, 2, true}, true);
 }
 
-TEST(GemmWgrad, Dsv3Ep8SliceDown) {
+TEST_P(GemmWgrad, Dsv3Ep8SliceDown) {
   REQUIRE_HOPPER();
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
 }
 
 // A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
 // sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
-TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
+TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   REQUIRE_HOPPER();
   Layout l({300, 0, 700, 129, 64});
   const int G = l.groups(), m = 192, n = 320;
@@ -769,6 +824,7 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   d_r2.upload(r2);
   auto launch = [&](RowSegments seg, float* out, bool cont, bool acc) {
     mok::gemm::WeightGradArgs args;
+    args.consumers = g_consumers;
     args.segments = seg;
     args.a = a.p;
     args.ld_a = m;
@@ -806,7 +862,7 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
 
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of
 // a single launch (tile tickets: every launch draws from its own counter, reset at its end).
-TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
+TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   REQUIRE_HOPPER();
   Layout l({900, 0, 77, 2000, 128, 1, 640});
   const int G = l.groups(), m = 192, n = 320;
@@ -823,6 +879,7 @@ TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   for (auto& st : streams) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](__nv_bfloat16* out, cudaStream_t stream) {
     mok::gemm::WeightGradArgs args;
+    args.consumers = g_consumers;
     args.segments = l.segments();
     args.a = a.p;
     args.ld_a = m;
@@ -874,7 +931,9 @@ __global__ void set_counts_kernel(int* counts, const int* values, int n) {
   if (threadIdx.x < n) counts[threadIdx.x] = values[threadIdx.x];
 }
 
-TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
+CONSUMER_SUITE(GemmDeviceGroups);
+
+TEST_P(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   const int n = 256, k = 320;
@@ -891,6 +950,7 @@ TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   mok::gemm::RowsTimesWeightTArgs args;
+  args.consumers = g_consumers;
   args.segments = l.segments();
   args.a = a.p;
   args.ld_a = k;

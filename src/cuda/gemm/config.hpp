@@ -7,10 +7,8 @@
 
 namespace mok::gemm {
 
-inline constexpr int kTileM = 128;  // two consumer warpgroups x wgmma m64
-inline constexpr int kTileN = 256;  // one wgmma n256 per k16 step (gate/up: 128 gate + 128 up)
-inline constexpr int kTileK = 64;   // 64 bf16 = one 128-byte swizzle row
-inline constexpr int kStages = 4;
+inline constexpr int kTileM = 128;        // rows of a tile (the schedule's segment alignment)
+inline constexpr int kTileK = 64;         // 64 bf16 = one 128-byte swizzle row
 inline constexpr int kSwizzleChunk = 64;  // elements per 128-byte swizzle row
 inline constexpr int kPanelM = 16;        // M tiles per raster panel (scheduler.cuh)
 
@@ -45,25 +43,31 @@ inline constexpr int kMaxStaticCtas = 256;
 inline constexpr int kStaticSlackPercent = 3;
 inline constexpr int kTileFixedCost = 2;
 
-inline constexpr int kThreads = 384;  // Producer, Consumer0, Consumer1 warpgroups
+inline constexpr int kThreads = 384;           // Producer, Consumer0, Consumer1 warpgroups
+inline constexpr int kConsumerBarrierId = 1;   // named barrier among the two consumer warpgroups
+inline constexpr int kWarpgroupBarrierId = 2;  // + w: named barrier of consumer warpgroup w
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
               "register budgets exceed the register file");
 
+// Two consumer schedules (forms.cuh): cooperative (both consumer warpgroups on one 128 x 256 tile,
+// 64 rows each: 4 stages of 48 KiB, or 3 and a 64 KiB staging tile for the TMA-store epilogue) and
+// ping-pong (each consumer warpgroup owns a whole 128 x 128 tile, the two alternate: 6 stages of
+// 32 KiB). All fit in kRingBytes.
 inline constexpr std::uint32_t kTileABytes = kTileM * kTileK * 2;         // 16 KiB
-inline constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;         // 32 KiB
-inline constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes;   // TMA bytes per stage
 inline constexpr std::uint32_t kChunkBytes = kSwizzleChunk * kTileK * 2;  // 64 x 64 MN-major box
-// Ring barriers (full, empty per stage), then the tile queue's barriers (full, empty per slot) and
-// its ticket slots.
+inline constexpr std::uint32_t kRingBytes = 208 * 1024;
+inline constexpr int kMaxStages = 6;
+// Ring barriers (full, empty per stage), then the tile queue's barriers (full, empty per slot),
+// the ping-pong turn barriers (one per consumer warpgroup) and the queue's ticket slots.
 inline constexpr std::uint32_t kBarrierBytes =
-    (2 * kStages + 2 * kTileQueueDepth) * 8 + kTileQueueDepth * 4;
+    (2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 4;
 // NOTES: +1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte
 // alignment that 128-byte-swizzled wgmma operands need.
-inline constexpr std::uint32_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + 1024;
+inline constexpr std::uint32_t kSharedBytes = kRingBytes + kBarrierBytes + 1024;
 static_assert(kExpertSegmentAlignment == kTileM, "segments are padded to the tile height");
-static_assert(kTileABytes % 1024 == 0 && kTileBBytes % 1024 == 0, "swizzle atoms misaligned");
+static_assert(kTileABytes % 1024 == 0, "swizzle atoms misaligned");
 
 }  // namespace mok::gemm

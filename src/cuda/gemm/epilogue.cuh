@@ -1,4 +1,5 @@
-// Epilogues: from one consumer warpgroup's 64 x 256 fp32 accumulators straight to global memory
+// Epilogues: from one consumer warpgroup's fp32 accumulators (cooperative: its 64 x 256 half of
+// the tile; ping-pong: the whole 128 x 128 tile as two 64-row blocks) straight to global memory
 // (bf16 pairs or fp32 pairs), masking rows past the group and columns past n. Every rounding step
 // is spelled out so the CPU reference can follow it (src/reference/reference.hpp).
 #pragma once
@@ -9,20 +10,20 @@
 
 #include "core/numerics.hpp"
 #include "cuda/gemm/forms.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/tma.cuh"
 
 namespace mok::gemm {
 
-// Row (within the 128-row tile) and column (within the tile) of accumulator 4j + 2h + e, for
-// consumer warpgroup `wg`, warp `warp` of it and `lane` (see ptx/wgmma.cuh for the layout).
-__device__ __forceinline__ int acc_row(int wg, int warp, int lane, int h) {
-  return wg * 64 + warp * 16 + lane / 4 + 8 * h;
+// Row (within the 128-row tile) and column (within the tile) of accumulator
+// b * F::kBlockAcc + 4j + 2h + e of block b, for consumer warpgroup `wg`, warp `warp` of it and
+// `lane` (see ptx/wgmma.cuh for the layout of one block).
+template <class F>
+__device__ __forceinline__ int acc_row(int wg, int b, int warp, int lane, int h) {
+  return (F::kPingPong ? b : wg) * 64 + warp * 16 + lane / 4 + 8 * h;
 }
 __device__ __forceinline__ int acc_col(int lane, int j) {
   return 8 * j + 2 * (lane % 4);
-}
-
-__device__ __forceinline__ float round_bf16(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
 }
 
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
@@ -30,60 +31,81 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
-__device__ __forceinline__ std::uint32_t pick4(std::uint32_t a, std::uint32_t b, std::uint32_t c,
-                                               std::uint32_t d, int i) {
-  return i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+// The two bf16 of a packed pair (low = first) as floats.
+__device__ __forceinline__ float low_bf16(std::uint32_t pair) {
+  return __uint_as_float(pair << 16);
+}
+__device__ __forceinline__ float high_bf16(std::uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
 }
 
 // Within a quad (4 lanes holding the same rows), lane q holds v_i = its bf16 pair of column chunk
 // 4c+i (i = 0..3). Returns chunk 4c+q whole (8 consecutive bf16, pairs from lanes 0..3), so each
 // lane can store 16 bytes: a warp then writes 8 rows x 64 contiguous bytes per instruction instead
-// of 8 rows x 16 bytes. All 32 lanes must call it.
+// of 8 rows x 16 bytes. A 4 x 4 transpose in two butterfly rounds (4 shuffles). All 32 lanes must
+// call it.
 __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1, std::uint32_t v2,
                                              std::uint32_t v3, int q) {
-  const std::uint32_t r0 = pick4(v0, v1, v2, v3, q);
-  const std::uint32_t r1 = __shfl_xor_sync(0xffffffffu, pick4(v0, v1, v2, v3, q ^ 1), 1);
-  const std::uint32_t r2 = __shfl_xor_sync(0xffffffffu, pick4(v0, v1, v2, v3, q ^ 2), 2);
-  const std::uint32_t r3 = __shfl_xor_sync(0xffffffffu, pick4(v0, v1, v2, v3, q ^ 3), 3);
-  // r_s came from lane q^s and is its pair of chunk 4c+q; the pair of lane p sits at r_{p^q}.
-  return make_uint4(pick4(r0, r1, r2, r3, q), pick4(r0, r1, r2, r3, q ^ 1),
-                    pick4(r0, r1, r2, r3, q ^ 2), pick4(r0, r1, r2, r3, q ^ 3));
+  const bool odd = (q & 1) != 0, upper = (q & 2) != 0;
+  // Lanes q and q ^ 2 swap halves: each keeps the chunks 2 (q / 2) and 2 (q / 2) + 1, as its own
+  // pairs (k) and its partner's (r).
+  const std::uint32_t k0 = upper ? v2 : v0, k1 = upper ? v3 : v1;
+  const std::uint32_t r0 = __shfl_xor_sync(0xffffffffu, upper ? v0 : v2, 2);
+  const std::uint32_t r1 = __shfl_xor_sync(0xffffffffu, upper ? v1 : v3, 2);
+  // Lanes q and q ^ 1 swap chunks: each keeps chunk q, from lanes q (m0), q ^ 2 (m1), q ^ 1 (n0)
+  // and q ^ 3 (n1).
+  const std::uint32_t m0 = odd ? k1 : k0, m1 = odd ? r1 : r0;
+  const std::uint32_t n0 = __shfl_xor_sync(0xffffffffu, odd ? k0 : k1, 1);
+  const std::uint32_t n1 = __shfl_xor_sync(0xffffffffu, odd ? r0 : r1, 1);
+  // In lane order: lanes (q & 2), (q & 2) + 1 are {m0, n0} (odd q: swapped), the other two {m1,
+  // n1}.
+  const std::uint32_t a = odd ? n0 : m0, b = odd ? m0 : n0;
+  const std::uint32_t c = odd ? n1 : m1, d = odd ? m1 : n1;
+  return upper ? make_uint4(c, d, a, b) : make_uint4(a, b, c, d);
 }
 
-// SwiGLU: accumulators 0..63 are the gate tile, 64..127 the up tile of the same 128 columns.
+// SwiGLU: in each accumulator block, the first half of the columns is the gate tile, the second
+// the up tile of the same kTileN / 2 output columns.
 //   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
-__device__ __forceinline__ void store_swiglu(const float (&acc)[kTileN / 2], const TileInfo& t,
+template <class F>
+__device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const TileInfo& t,
                                              const KernelParams& p, int wg, int warp, int lane) {
   auto* hidden = static_cast<__nv_bfloat16*>(p.out);
-  const int n0 = t.n0 * (kTileN / 2);
+  const int n0 = t.n0 * F::kOutTileN;
   const int q = lane % 4;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + acc_row(wg, warp, lane, h);
-    const bool row_ok = r < t.row_count;
-    const long long row = static_cast<long long>(t.row_base + r) * p.ld_out;
+  for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
-    for (int c = 0; c < kTileN / 64; ++c) {
-      std::uint32_t hv[4], gv[4], uv[4];
+    for (int h = 0; h < 2; ++h) {
+      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+      const bool row_ok = r < t.row_count;
+      const long long row = static_cast<long long>(t.row_base + r) * p.ld_out;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int a = 4 * (4 * c + i) + 2 * h;
-        const float g0 = round_bf16(acc[a]), g1 = round_bf16(acc[a + 1]);
-        const float u0 = round_bf16(acc[64 + a]), u1 = round_bf16(acc[64 + a + 1]);
-        hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
-        gv[i] = pack_bf16x2(g0, g1);
-        uv[i] = pack_bf16x2(u0, u1);
-      }
-      const int col = n0 + 8 * (4 * c + q);
-      const bool ok = row_ok && col < p.n;
-      const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
-      if (ok) *reinterpret_cast<uint4*>(hidden + row + col) = hs;
-      if (p.gate_out != nullptr) {
-        const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
-        const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
-        if (ok) {
-          *reinterpret_cast<uint4*>(p.gate_out + row + col) = gs;
-          *reinterpret_cast<uint4*>(p.up_out + row + col) = us;
+      for (int c = 0; c < F::kTileN / 64; ++c) {
+        std::uint32_t hv[4], gv[4], uv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int a = b * F::kBlockAcc + 4 * (4 * c + i) + 2 * h;
+          constexpr int kUp = F::kBlockAcc / 2;
+          // NOTES: rounded as bf16 pairs (one packed conversion for two values) and unpacked:
+          // the same bits as two scalar roundings, half the conversion-pipe work (v6).
+          gv[i] = pack_bf16x2(acc[a], acc[a + 1]);
+          uv[i] = pack_bf16x2(acc[kUp + a], acc[kUp + a + 1]);
+          const float g0 = low_bf16(gv[i]), g1 = high_bf16(gv[i]);
+          const float u0 = low_bf16(uv[i]), u1 = high_bf16(uv[i]);
+          hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
+        }
+        const int col = n0 + 8 * (4 * c + q);
+        const bool ok = row_ok && col < p.n;
+        const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
+        if (ok) *reinterpret_cast<uint4*>(hidden + row + col) = hs;
+        if (p.gate_out != nullptr) {
+          const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
+          const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
+          if (ok) {
+            *reinterpret_cast<uint4*>(p.gate_out + row + col) = gs;
+            *reinterpret_cast<uint4*>(p.up_out + row + col) = us;
+          }
         }
       }
     }
@@ -92,116 +114,180 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[kTileN / 2], con
 
 // K-grouped fp32 accumulation: the accumulators start from the output's current values (the
 // exact inverse of store_plain's fp32 path; elements outside [m, n] start at zero).
-__device__ __forceinline__ void load_fp32_accumulators(float (&acc)[kTileN / 2], const TileInfo& t,
+template <class F>
+__device__ __forceinline__ void load_fp32_accumulators(float (&acc)[F::kAcc], const TileInfo& t,
                                                        const KernelParams& p, int wg, int warp,
                                                        int lane) {
-  const int n0 = t.n0 * kTileN;
+  const int n0 = t.n0 * F::kTileN;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + acc_row(wg, warp, lane, h);
-    const long long offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+  for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
-    for (int j = 0; j < kTileN / 8; ++j) {
-      const int col = n0 + acc_col(lane, j);
-      float2 v = make_float2(0.0f, 0.0f);
-      if (r < p.m && col < p.n) {
-        v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.out) + offset + col);
+    for (int h = 0; h < 2; ++h) {
+      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+      const long long offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+#pragma unroll
+      for (int j = 0; j < F::kTileN / 8; ++j) {
+        const int col = n0 + acc_col(lane, j);
+        float2 v = make_float2(0.0f, 0.0f);
+        if (r < p.m && col < p.n) {
+          v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.out) + offset + col);
+        }
+        acc[b * F::kBlockAcc + 4 * j + 2 * h] = v.x;
+        acc[b * F::kBlockAcc + 4 * j + 2 * h + 1] = v.y;
       }
-      acc[4 * j + 2 * h] = v.x;
-      acc[4 * j + 2 * h + 1] = v.y;
     }
   }
 }
 
-// Plain store of a 64 x 256 block: out[row, col] = round(scale_row * acc) (scale only if given).
+// Plain store of the accumulators: out[row, col] = round(scale_row * acc) (scale only if given).
 // M-grouped: rows of the row buffer; K-grouped: rows of the group's [m, n] output.
-template <bool kKGrouped>
-__device__ __forceinline__ void store_plain(const float (&acc)[kTileN / 2], const TileInfo& t,
+template <class F>
+__device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const TileInfo& t,
                                             const KernelParams& p, int wg, int warp, int lane) {
-  const int n0 = t.n0 * kTileN;
+  constexpr bool kKGrouped = F::kKGrouped;
+  const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + acc_row(wg, warp, lane, h);
-    long long offset;
-    float scale = 1.0f;
-    bool row_ok;
-    if constexpr (kKGrouped) {
-      row_ok = r < p.m;
-      offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
-    } else {
-      row_ok = r < t.row_count;
-      offset = static_cast<long long>(t.row_base + r) * p.ld_out;
-      if (row_ok && p.row_scale != nullptr) scale = __ldg(p.row_scale + t.row_base + r);
-    }
-    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + offset;
-    if (!kKGrouped && p.scatter_rows != nullptr) {  // the row's slot on its home rank
-      const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
-      row_ok = src >= 0;
-      if (row_ok) {
-        const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
-        const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
-        dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
-              static_cast<long long>(slot) * p.ld_out;
-      }
-    }
-    const bool scaled = !kKGrouped && p.row_scale != nullptr;
-    if (p.out_fp32) {
-      if (!row_ok) continue;
+  for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
-      for (int j = 0; j < kTileN / 8; ++j) {
-        const int col = n0 + acc_col(lane, j);
-        if (col < p.n) {
-          auto* out = reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + col);
-          float2 v = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-          if (p.accumulate) {
-            const float2 old = *out;
-            v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
+    for (int h = 0; h < 2; ++h) {
+      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+      long long offset;
+      float scale = 1.0f;
+      bool row_ok;
+      if constexpr (kKGrouped) {
+        row_ok = r < p.m;
+        offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+      } else {
+        row_ok = r < t.row_count;
+        offset = static_cast<long long>(t.row_base + r) * p.ld_out;
+        if (row_ok && p.row_scale != nullptr) scale = __ldg(p.row_scale + t.row_base + r);
+      }
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + offset;
+      if (!kKGrouped && p.scatter_rows != nullptr) {  // the row's slot on its home rank
+        const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
+        row_ok = src >= 0;
+        if (row_ok) {
+          const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
+          const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
+          dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
+                static_cast<long long>(slot) * p.ld_out;
+        }
+      }
+      const bool scaled = !kKGrouped && p.row_scale != nullptr;
+      if (p.out_fp32) {
+        if (!row_ok) continue;
+#pragma unroll
+        for (int j = 0; j < F::kTileN / 8; ++j) {
+          const int col = n0 + acc_col(lane, j);
+          if (col < p.n) {
+            auto* out = reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + col);
+            const int a = b * F::kBlockAcc + 4 * j + 2 * h;
+            float2 v = make_float2(acc[a], acc[a + 1]);
+            if (p.accumulate) {
+              const float2 old = *out;
+              v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
+            }
+            *out = v;
           }
-          *out = v;
         }
+        continue;
       }
-      continue;
-    }
 #pragma unroll
-    for (int c = 0; c < kTileN / 32; ++c) {
-      std::uint32_t v[4];
+      for (int c = 0; c < F::kTileN / 32; ++c) {
+        std::uint32_t v[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int a = 4 * (4 * c + i) + 2 * h;
-        float v0 = acc[a], v1 = acc[a + 1];
-        if (scaled) {
-          v0 = __fmul_rn(scale, v0);
-          v1 = __fmul_rn(scale, v1);
+        for (int i = 0; i < 4; ++i) {
+          const int a = b * F::kBlockAcc + 4 * (4 * c + i) + 2 * h;
+          float v0 = acc[a], v1 = acc[a + 1];
+          if (scaled) {
+            v0 = __fmul_rn(scale, v0);
+            v1 = __fmul_rn(scale, v1);
+          }
+          v[i] = pack_bf16x2(v0, v1);
         }
-        v[i] = pack_bf16x2(v0, v1);
+        const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
+        const int col = n0 + 8 * (4 * c + q);
+        if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
       }
-      const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
-      const int col = n0 + 8 * (4 * c + q);
-      if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
     }
+  }
+}
+
+// The bf16 wgrad epilogue through shared memory and TMA (F::kTmaStore). Each consumer warpgroup
+// owns half of the staging tile: its 64 x 256 accumulators as four 64 x 64 boxes in the 128-byte
+// swizzled layout the tensor map expects (16-byte piece k of row r at piece k ^ (r % 8)), written
+// 16 x 16 per warp instruction (stmatrix); then one thread of the warpgroup stores the boxes that
+// lie inside the group's [m, n] output (a 2-D map over [G m, n], box 64 x 64) as one bulk group,
+// and the Consumers go on with the next tile while the copy engine writes. The half is written
+// again only after that group has been read out of shared memory (the wait at the start).
+template <class F>
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const KernelParams& p, int wg, int warp, int lane,
+                                               std::uint8_t* staging, const CUtensorMap* map_out) {
+  static_assert(F::kTmaStore && !F::kPingPong && F::kTileN % 64 == 0, "cooperative bf16 tiles");
+  constexpr std::uint32_t kBoxBytes = 64 * 128;
+  const bool issuer = warp == 0 && lane == 0;
+  const int barrier = kWarpgroupBarrierId + wg;
+  std::uint8_t* half = staging + wg * (F::kStagingBytes / 2);
+  if (issuer) ptx::tma_store_wait_read<0>();
+  ptx::named_barrier_sync(barrier, 128);
+  // Lane l addresses row l % 8 of matrix l / 8: matrices 0, 1 are rows 0-7, 8-15 of n8 block j,
+  // matrices 2, 3 the same rows of block j + 1.
+  const int matrix = lane / 8;
+  const int row = warp * 16 + (matrix & 1) * 8 + lane % 8;  // within the warpgroup's 64 rows
+  const std::uint32_t row_address = ptx::smem_addr(half) + row * 128;
+  const int swizzle = row & 7;
+#pragma unroll
+  for (int j = 0; j < F::kTileN / 8; j += 2) {
+    const int piece = j % 8 + (matrix >> 1);  // 16-byte piece of the box row (8 columns)
+    const std::uint32_t address = row_address + (j / 8) * kBoxBytes + ((piece ^ swizzle) << 4);
+    ptx::stmatrix_x4(address, pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                     pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                     pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                     pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+  }
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(barrier, 128);
+  if (issuer) {
+    const int r0 = t.m0 + wg * 64;
+    if (r0 < p.m) {
+#pragma unroll
+      for (int b = 0; b < F::kTileN / 64; ++b) {
+        const int c0 = t.n0 * F::kTileN + b * 64;
+        if (c0 < p.n) ptx::tma_store_2d(map_out, half + b * kBoxBytes, c0, t.group * p.m + r0);
+      }
+    }
+    ptx::tma_store_commit();
   }
 }
 
 // The accumulators of a tile before its K loop: zeros, or the fp32 output's values when a
 // reduction continues.
 template <class F>
-__device__ __forceinline__ void init_accumulators(float (&acc)[kTileN / 2], const TileInfo& t,
+__device__ __forceinline__ void init_accumulators(float (&acc)[F::kAcc], const TileInfo& t,
                                                   const KernelParams& p, int wg, int warp,
                                                   int lane) {
 #pragma unroll
-  for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
-  if constexpr (F::kSeeded) load_fp32_accumulators(acc, t, p, wg, warp, lane);
+  for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
+  if constexpr (F::kSeeded) load_fp32_accumulators<F>(acc, t, p, wg, warp, lane);
 }
 
-// The form's epilogue for one consumer warpgroup's 64 x 256 accumulators.
+// The form's epilogue for one consumer warpgroup's accumulators.
 template <class F>
-__device__ __forceinline__ void store_tile(const float (&acc)[kTileN / 2], const TileInfo& t,
-                                           const KernelParams& p, int wg, int warp, int lane) {
+__device__ __forceinline__ void store_tile(const float (&acc)[F::kAcc], const TileInfo& t,
+                                           const KernelParams& p, int wg, int warp, int lane,
+                                           std::uint8_t* staging, const CUtensorMap* map_out) {
+  if constexpr (F::kTmaStore) {
+    if (!p.out_fp32) {
+      store_tile_tma<F>(acc, t, p, wg, warp, lane, staging, map_out);
+      return;
+    }
+  }
   if constexpr (F::kind == FormKind::kGateUp) {
-    store_swiglu(acc, t, p, wg, warp, lane);
+    store_swiglu<F>(acc, t, p, wg, warp, lane);
   } else {
-    store_plain<F::kKGrouped>(acc, t, p, wg, warp, lane);
+    store_plain<F>(acc, t, p, wg, warp, lane);
   }
 }
 

@@ -48,9 +48,16 @@ struct RowScatter {
   void* const* peers = nullptr;        // device array of destination pointers, one per rank
 };
 
+// How the two consumer warpgroups of the kernel share the work (the same bits either way).
+// cooperative: both on one 128 x 256 tile; ping_pong: each owns every other 128 x 128 tile and runs
+// its epilogue while the other runs its K loop. automatic: the form's measured default
+// (forms.cuh, kPingPongByDefault), or MOK_GEMM_CONSUMERS when set.
+enum class Consumers { automatic, cooperative, ping_pong };
+
 // hidden = bf16(silu(g) * u), g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T) for the rows of e.
 struct GateUpForwardArgs {
   RowSegments segments;
+  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* x = nullptr;  // [capacity_rows, hidden_size], ld_x
   std::int64_t ld_x = 0;
   const __nv_bfloat16* w_gate = nullptr;  // [G, intermediate_size, hidden_size] contiguous
@@ -68,6 +75,7 @@ struct GateUpForwardArgs {
 // optional fp32 per-row factor (the router weight); row_scale indexes rows of the buffer.
 struct RowsTimesWeightTArgs {
   RowSegments segments;
+  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* w = nullptr;  // [G, n, k] contiguous
@@ -87,6 +95,7 @@ struct RowsTimesWeightTArgs {
 // dx = dg W_gate[e] + du W_up[e] with one rounding, as the reference computes it.
 struct RowsTimesWeightArgs {
   RowSegments segments;
+  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* w = nullptr;   // [G, k, n] contiguous
@@ -95,7 +104,7 @@ struct RowsTimesWeightArgs {
   const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
   __nv_bfloat16* out = nullptr;       // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
-  RowScatter scatter;                 // optional: out's rows scattered to peers instead
+  RowScatter scatter;  // optional: out's rows scattered to peers instead
   int n = 0;
   int k = 0;
   cudaStream_t stream = nullptr;
@@ -106,8 +115,9 @@ struct RowsTimesWeightArgs {
 // padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
 // b = h, n = I). Output bf16 or fp32 (`out_fp32`), [G, m, n] with ld_out and group stride m*ld_out.
 // CTAs take tiles round robin or from an integer ticket counter (`order`; which CTA runs a tile
-// never changes its bits); launches use kTicketSlots counters (config.hpp) round robin, so launches N and N + kTicketSlots
-// (64) of this process must not run at the same time.
+// never changes its bits); launches use kTicketSlots counters (config.hpp) round robin, so launches
+// N and N + kTicketSlots (64) of this process must not run at the same time.
+//
 // How the K-grouped form hands out its tiles (any choice gives the same bits). automatic: the
 // static round robin when it balances the CTAs' K blocks within a few percent of what a ticket
 // counter would, else the counter (decided on the device from the group sizes).
@@ -115,6 +125,7 @@ enum class TileOrder { automatic, fixed, tickets };
 
 struct WeightGradArgs {
   RowSegments segments;
+  Consumers consumers = Consumers::automatic;
   TileOrder order = TileOrder::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, m], ld_a
   std::int64_t ld_a = 0;

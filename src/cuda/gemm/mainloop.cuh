@@ -1,8 +1,13 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
-// kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on its
-// 64-row half of the tile). Full barriers: one arrival from the Producer of every CTA of the
-// cluster + the stage's TMA bytes. Empty barriers: one arrival per consumer warp of every CTA of
-// the cluster once its wgmma have read the stage.
+// F::kStages-deep shared-memory ring) and two Consumer warpgroups, either cooperative (each issues
+// wgmma m64n256k16 on its 64-row half of a 128 x 256 tile) or ping-pong (each owns every other
+// tile of the CTA, 128 x 128, and issues two m64n128k16 per k16 step). Full barriers: one arrival
+// from the Producer of every CTA of the cluster + the stage's TMA bytes. Empty barriers: one
+// arrival per reading consumer warp (F::kReaders) of every CTA of the cluster once its wgmma have
+// read the stage.
+// Ping-pong turns: consumer warpgroup w waits on turn(w) before its K loop and, once the loop's
+// last wgmma is issued, arrives on the other's turn; so the two K loops alternate on the tensor
+// cores in the CTA's tile order and each warpgroup's epilogue overlaps the other's K loop.
 // NOTES (clusters of two): both CTAs walk the same number of K blocks, so stage s is in the same
 // round in both. A Producer may multicast into its peer's stage, so it waits until the consumers
 // of both CTAs released the stage (empty). It also arrives on its peer's full barrier once past
@@ -26,10 +31,8 @@
 
 namespace mok::gemm {
 
-inline constexpr int kConsumerWarps = kConsumerThreads / 32;
-inline constexpr int kConsumerBarrierId = 1;  // named barrier among the two consumer warpgroups
-
 // Stage index and phase parity of the ring, advanced identically by producer and consumers.
+template <int kStages>
 struct PipelineState {
   int stage = 0;
   std::uint32_t phase = 0;
@@ -38,6 +41,12 @@ struct PipelineState {
       stage = 0;
       phase ^= 1u;
     }
+  }
+  // Past `n` stages at once (a ping-pong consumer skipping the other warpgroup's tile).
+  __device__ void advance(int n) {
+    const int s = stage + n;
+    phase ^= static_cast<std::uint32_t>(s / kStages) & 1u;
+    stage = s % kStages;
   }
 };
 
@@ -52,38 +61,52 @@ struct TileQueueState {
 };
 inline constexpr int kNoTile = -1;  // the ticket slot's value once the tiles are all taken
 
-// Dynamic shared memory: kStages x {A tile, B tile}, then the barriers and ticket slots
-// (config.hpp, kBarrierBytes).
+// Dynamic shared memory: F::kStages x {A tile, B tile} within kRingBytes, then the barriers and
+// ticket slots (config.hpp, kBarrierBytes; the same offsets for every form).
+template <class F>
 struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
-  __device__ std::uint8_t* a(int s) const { return base + s * kStageBytes; }
-  __device__ std::uint8_t* b(int s) const { return base + s * kStageBytes + kTileABytes; }
+  __device__ std::uint8_t* a(int s) const { return base + s * F::kStageBytes; }
+  __device__ std::uint8_t* b(int s) const { return base + s * F::kStageBytes + kTileABytes; }
+  // The TMA-store epilogue's staging tile (F::kStagingBytes, 1024-byte aligned), after the stages.
+  __device__ std::uint8_t* staging() const { return base + F::kStages * F::kStageBytes; }
   __device__ std::uint64_t* barriers() const {
-    return reinterpret_cast<std::uint64_t*>(base + kStages * kStageBytes);
+    return reinterpret_cast<std::uint64_t*>(base + kRingBytes);
   }
   __device__ std::uint64_t* full(int s) const { return barriers() + s; }
-  __device__ std::uint64_t* empty(int s) const { return barriers() + kStages + s; }
-  __device__ std::uint64_t* tile_full(int q) const { return barriers() + 2 * kStages + q; }
+  __device__ std::uint64_t* empty(int s) const { return barriers() + kMaxStages + s; }
+  __device__ std::uint64_t* tile_full(int q) const { return barriers() + 2 * kMaxStages + q; }
   __device__ std::uint64_t* tile_empty(int q) const {
-    return barriers() + 2 * kStages + kTileQueueDepth + q;
+    return barriers() + 2 * kMaxStages + kTileQueueDepth + q;
+  }
+  __device__ std::uint64_t* turn(int wg) const {
+    return barriers() + 2 * kMaxStages + 2 * kTileQueueDepth + wg;
   }
   __device__ volatile int* tile_slot(int q) const {
-    return reinterpret_cast<volatile int*>(barriers() + 2 * kStages + 2 * kTileQueueDepth) + q;
+    return reinterpret_cast<volatile int*>(barriers() + 2 * kMaxStages + 2 * kTileQueueDepth + 2) +
+           q;
   }
-  __device__ void init_barriers(int cluster_size) const {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full(s), cluster_size);
-      ptx::mbarrier_init(empty(s), kConsumerWarps * cluster_size);
+  __device__ void init_barriers() const {
+    for (int s = 0; s < F::kStages; ++s) {
+      ptx::mbarrier_init(full(s), F::kCluster);
+      ptx::mbarrier_init(empty(s), F::kReaders * F::kCluster);
     }
     for (int q = 0; q < kTileQueueDepth; ++q) {
       ptx::mbarrier_init(tile_full(q), 1);
-      ptx::mbarrier_init(tile_empty(q), kConsumerWarps);
+      ptx::mbarrier_init(tile_empty(q), kConsumerThreads / 32);  // every consumer warp reads it
     }
+    for (int w = 0; w < 2; ++w) ptx::mbarrier_init(turn(w), 4);  // the other warpgroup's warps
   }
 };
 
 // Ids of the barriers in timeout reports.
-enum : int { kBarrierFull = 0, kBarrierEmpty = 1, kBarrierTileFull = 2, kBarrierTileEmpty = 3 };
+enum : int {
+  kBarrierFull = 0,
+  kBarrierEmpty = 1,
+  kBarrierTileFull = 2,
+  kBarrierTileEmpty = 3,
+  kBarrierTurn = 4
+};
 
 struct TensorMaps {
   const CUtensorMap* a;
@@ -103,19 +126,20 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std:
   }
 }
 
-// Producer, M-grouped forms: half `h` of the 256 x 64 B tile of K block `kb` (B rows or N chunks
-// [128h, 128h + 128)); the halves together give the same bytes as one 256-row box.
+// Producer, M-grouped forms: half `h` of the kTileN x 64 B tile of K block `kb` (B rows or N
+// chunks [h kTileN / 2, (h + 1) kTileN / 2)); the halves together give the same bytes as one box.
 template <class F>
-__device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing& ring, int s,
-                                            const TileInfo& tile, int kb, const KernelParams& p,
-                                            int h, bool multicast) {
+__device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing<F>& ring,
+                                            int s, const TileInfo& tile, int kb,
+                                            const KernelParams& p, int h, bool multicast) {
+  constexpr int kHalfChunks = F::kTileN / 2 / kSwizzleChunk;
   std::uint64_t* bar = ring.full(s);
-  std::uint8_t* dst = ring.b(s) + h * (kTileBBytes / 2);
+  std::uint8_t* dst = ring.b(s) + h * (F::kTileBBytes / 2);
   const int k0 = kb * kTileK;
   const int n0 = tile.n0 * F::kOutTileN;
   const int w_row = tile.group * p.b_rows_per_group;
   if constexpr (F::kind == FormKind::kGateUp) {
-    // Half 0: W_gate's 128 rows, half 1: W_up's, for the same output columns.
+    // Half 0: W_gate's kTileN / 2 rows, half 1: W_up's, for the same output columns.
     tma_load(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0, multicast);
   } else if constexpr (F::kTransB) {
     // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
@@ -124,12 +148,12 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
     const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
     const CUtensorMap* map_b = second ? maps.b2 : maps.b;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      tma_load(dst + c * kChunkBytes, map_b, bar, n0 + (2 * h + c) * kSwizzleChunk, w_row + kk0,
-               multicast);
+    for (int c = 0; c < kHalfChunks; ++c) {
+      tma_load(dst + c * kChunkBytes, map_b, bar, n0 + (kHalfChunks * h + c) * kSwizzleChunk,
+               w_row + kk0, multicast);
     }
   } else {
-    tma_load(dst, maps.b, bar, k0, w_row + n0 + h * (kTileN / 2), multicast);
+    tma_load(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2), multicast);
   }
 }
 
@@ -153,11 +177,11 @@ __device__ __noinline__ inline int take_queued_ticket(std::uint64_t* full, std::
 // cluster's two tiles use the same B tile) this CTA loads only half `rank` of B and multicasts it;
 // its peer sends the other half. Either way the stage receives kStageBytes.
 template <class F>
-__device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing& ring, int s,
-                                             const TileInfo& tile, int kb, const KernelParams& p,
-                                             bool shared_b, int rank) {
+__device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
+                                             int s, const TileInfo& tile, int kb,
+                                             const KernelParams& p, bool shared_b, int rank) {
   std::uint64_t* bar = ring.full(s);
-  ptx::mbarrier_arrive_expect_tx(bar, kStageBytes);
+  ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
   const int k0 = kb * kTileK;
   if constexpr (F::kKGrouped) {
     const int row = tile.row_base + k0;
@@ -167,7 +191,7 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
       ptx::tma_load_2d(ring.a(s) + c * kChunkBytes, maps.a, bar, tile.m0 + c * kSwizzleChunk, row);
     }
 #pragma unroll
-    for (int c = 0; c < kTileN / kSwizzleChunk; ++c) {
+    for (int c = 0; c < F::kTileN / kSwizzleChunk; ++c) {
       ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, maps.b, bar, n0 + c * kSwizzleChunk, row);
     }
   } else {
@@ -186,8 +210,8 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
 
 // Producer: every K block of one tile, each into the next free stage of the ring.
 template <class F>
-__device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRing& ring,
-                                          PipelineState& state, const TileInfo& tile,
+__device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
+                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                           const KernelParams& p, bool shared_b, int rank) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
@@ -199,34 +223,39 @@ __device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRi
 
 // Producer, clusters: before the CTA exits, every stage it filled has been released by the
 // consumers of both CTAs, so no arrival from the peer is still on its way to this CTA's barriers.
-__device__ __forceinline__ void drain_ring(const SharedRing& ring, PipelineState& state,
+template <class F>
+__device__ __forceinline__ void drain_ring(const SharedRing<F>& ring,
+                                           PipelineState<F::kStages>& state,
                                            const KernelParams& p) {
-  for (int i = 0; i < kStages; ++i) {
+  for (int i = 0; i < F::kStages; ++i) {
     ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
     state.advance();
   }
 }
 
 // Consumer, lane 0 of each warp: stage `s` has been read; with clusters, tell both CTAs' Producers.
-template <int kCluster>
-__device__ __forceinline__ void release_stage(const SharedRing& ring, int s) {
-  if constexpr (kCluster == 1) {
+template <class F>
+__device__ __forceinline__ void release_stage(const SharedRing<F>& ring, int s) {
+  if constexpr (F::kCluster == 1) {
     ptx::mbarrier_arrive(ring.empty(s));
   } else {
 #pragma unroll
-    for (int r = 0; r < kCluster; ++r) ptx::mbarrier_arrive_cluster(ring.empty(s), r);
+    for (int r = 0; r < F::kCluster; ++r) ptx::mbarrier_arrive_cluster(ring.empty(s), r);
   }
 }
 
 // K-grouped forms: rows of the last K block past the group's end may hold anything (padding,
-// the next group); zero them in both operands so they contribute exactly nothing. Both consumer
-// warpgroups take part; ends with the consumer named barrier.
-__device__ __forceinline__ void zero_tail_rows(const SharedRing& ring, int s, int valid_rows,
-                                               int consumer_thread) {
+// the next group); zero them in both operands so they contribute exactly nothing. Every consumer
+// thread that reads the stage takes part (both warpgroups when cooperative, the owner when
+// ping-pong); ends with their named barrier.
+template <class F>
+__device__ __forceinline__ void zero_tail_rows(const SharedRing<F>& ring, int s, int valid_rows,
+                                               int reader_thread, int barrier_id) {
+  constexpr int kThreadsReading = F::kReaders * 32;
   const int rows = kTileK - valid_rows;
   const int per_chunk = rows * 8;  // 16-byte pieces
-  constexpr int kChunks = (kTileM + kTileN) / kSwizzleChunk;
-  for (int i = consumer_thread; i < kChunks * per_chunk; i += kConsumerThreads) {
+  constexpr int kChunks = (kTileM + F::kTileN) / kSwizzleChunk;
+  for (int i = reader_thread; i < kChunks * per_chunk; i += kThreadsReading) {
     const int chunk = i / per_chunk;
     const int rem = i - chunk * per_chunk;
     std::uint8_t* base = chunk < kTileM / kSwizzleChunk
@@ -238,55 +267,88 @@ __device__ __forceinline__ void zero_tail_rows(const SharedRing& ring, int s, in
         make_uint4(0, 0, 0, 0);
   }
   ptx::fence_proxy_async_shared();
-  ptx::named_barrier_sync(kConsumerBarrierId, kConsumerThreads);
+  ptx::named_barrier_sync(barrier_id, kThreadsReading);
 }
 
-// Consumer: the 4 wgmma k16 steps of one K block for this warpgroup's 64 rows.
+// Accumulator block `b` (64 rows) of a consumer warpgroup's accumulators.
 template <class F>
-__device__ __forceinline__ void mma_k_block(float (&acc)[kTileN / 2], const SharedRing& ring, int s,
+__device__ __forceinline__ float (&acc_block(float (&acc)[F::kAcc], int b))[F::kBlockAcc] {
+  return *reinterpret_cast<float(*)[F::kBlockAcc]>(acc + b * F::kBlockAcc);
+}
+
+// Consumer: the 4 wgmma k16 steps of one K block: cooperative, this warpgroup's 64 rows x 256;
+// ping-pong, both 64-row blocks x 128 (the B descriptor shared by the two).
+template <class F>
+__device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedRing<F>& ring, int s,
                                             int consumer_wg) {
-  const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
+  const std::uint32_t a_base =
+      ptx::smem_addr(ring.a(s)) + (F::kPingPong ? 0 : consumer_wg * (kTileABytes / 2));
   const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
   // K-major operands step 16 elements (32 bytes) along a swizzled row; M/N-major operands step 16
-  // rows of 128 bytes.
+  // rows of 128 bytes. A's 64-row blocks are 8 KiB apart either way (64 rows of 128 bytes, or one
+  // 64-wide M chunk).
   constexpr std::uint32_t kStepA = F::kTransA ? 16 * 128 : 32;
   constexpr std::uint32_t kStepB = F::kTransB ? 16 * 128 : 32;
   constexpr std::uint32_t kLboA = F::kTransA ? kChunkBytes : 16;
   constexpr std::uint32_t kLboB = F::kTransB ? kChunkBytes : 16;
+  constexpr std::uint32_t kBlockA = kTileABytes / 2;
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kTileK / 16; ++kk) {
-    const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * kStepA, kLboA, 1024);
     const std::uint64_t db = ptx::make_smem_desc_sw128(b_base + kk * kStepB, kLboB, 1024);
-    ptx::wgmma_m64n256k16_bf16<F::kTransA, F::kTransB>(acc, da, db, 1);
+    if constexpr (F::kPingPong) {
+#pragma unroll
+      for (int b = 0; b < F::kBlocks; ++b) {
+        const std::uint64_t da =
+            ptx::make_smem_desc_sw128(a_base + b * kBlockA + kk * kStepA, kLboA, 1024);
+        ptx::wgmma_m64n128k16_bf16<F::kTransA, F::kTransB>(acc_block<F>(acc, b), da, db, 1);
+      }
+    } else {
+      const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * kStepA, kLboA, 1024);
+      ptx::wgmma_m64n256k16_bf16<F::kTransA, F::kTransB>(acc, da, db, 1);
+    }
   }
   ptx::wgmma_commit_group();
 }
 
 // Consumer: the whole K loop of one tile into `acc` (already zeroed or seeded). NOTES: one wgmma
 // group stays in flight: block kb is issued before block kb-1 is waited for, and stage kb-1 is
-// released only then, so the tensor cores never wait for the issue.
+// released only then, so the tensor cores never wait for the issue. Ping-pong: the loop starts
+// once it is this warpgroup's turn (`turn_parity` on turn(wg)) and passes the turn on once its
+// last wgmma is issued. NOTES: the pass is unconditional: turns strictly alternate along the
+// CTA's tiles, so the other warpgroup waits for it exactly when it has a next tile, and a turn
+// barrier is never a whole phase ahead of its waiter (the waiter's previous tile gates it).
 template <class F>
-__device__ __forceinline__ void mma_tile(float (&acc)[kTileN / 2], const SharedRing& ring,
-                                         PipelineState& state, const TileInfo& tile,
+__device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
+                                         PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const KernelParams& p, int consumer_wg, int lane,
-                                         int consumer_thread) {
+                                         int reader_thread, std::uint32_t turn_parity) {
+  if constexpr (F::kPingPong) {
+    ptx::mbarrier_wait(ring.turn(consumer_wg), turn_parity, kBarrierTurn, p.timeout_report);
+  }
   int previous_stage = -1;
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     ptx::mbarrier_wait(ring.full(state.stage), state.phase, kBarrierFull, p.timeout_report);
     if constexpr (F::kKGrouped) {
       const int valid = tile.row_count - kb * kTileK;
-      if (valid < kTileK) zero_tail_rows(ring, state.stage, valid, consumer_thread);
+      if (valid < kTileK) {
+        zero_tail_rows(ring, state.stage, valid, reader_thread,
+                       F::kPingPong ? kWarpgroupBarrierId + consumer_wg : kConsumerBarrierId);
+      }
     }
     mma_k_block<F>(acc, ring, state.stage, consumer_wg);
     ptx::wgmma_wait_group<1>();
-    if (previous_stage >= 0 && lane == 0) release_stage<F::kCluster>(ring, previous_stage);
+    if (previous_stage >= 0 && lane == 0) release_stage<F>(ring, previous_stage);
     previous_stage = state.stage;
     state.advance();
   }
+  if constexpr (F::kPingPong) {
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(ring.turn(consumer_wg ^ 1));
+  }
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
-  if (previous_stage >= 0 && lane == 0) release_stage<F::kCluster>(ring, previous_stage);
+  if (previous_stage >= 0 && lane == 0) release_stage<F>(ring, previous_stage);
 }
 
 }  // namespace mok::gemm

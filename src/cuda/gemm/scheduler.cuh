@@ -55,11 +55,19 @@ struct SchedulerTables {
   int count[kMaxGroups];
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
   int order[kMaxGroups];       // K-grouped with tickets: groups, heaviest first
-  int bucket[kOrderBuckets];   // scratch of the heavy-first sort
-  long long load[kMaxStaticCtas + 1];  // scratch of choose_static_order: per-CTA cost
-  int static_order;  // K-grouped with tickets: 1 = CTA c takes tickets c, c + grid, ... (no counter)
+  int static_order;  // K-grouped with tickets: 1 = CTA c takes tickets c, c + grid, ... (no
+                     // counter)
+};
+// Scratch of the set-up only (heavy-first sort, static-order choice). NOTES: it lives at the start
+// of the dynamic shared memory, which the ring reuses once set-up is over (the writers fence the
+// async proxy before the CTA barrier that precedes the first TMA load), so it costs no shared
+// memory: the TMA-store epilogue's staging tile needs every byte (config.hpp).
+struct SchedulerScratch {
+  int bucket[kOrderBuckets];           // heavy-first sort
+  long long load[kMaxStaticCtas + 1];  // choose_static_order: per-CTA cost
 };
 static_assert(kSharedBytes + sizeof(SchedulerTables) <= 227 * 1024, "shared memory overflow");
+static_assert(sizeof(SchedulerScratch) <= kRingBytes, "scratch larger than the ring");
 
 // Sort key of a group's K length: non-decreasing in k_blocks, exact up to 15 blocks, then the
 // leading bit and 3 more (groups in one bucket differ by less than 1/8), so a counting sort over
@@ -112,15 +120,16 @@ struct TileScheduler {
   // Warp-cooperative, after prepare (same warp): t.order = the groups by decreasing order_key of
   // their K blocks, ties in increasing group index (a stable counting sort; integer atomics only
   // count, the placement is fixed by group index).
-  __device__ static void order_heavy_first(const SchedulerParams& p, SchedulerTables& t, int lane) {
+  __device__ static void order_heavy_first(const SchedulerParams& p, SchedulerTables& t,
+                                           SchedulerScratch& scratch, int lane) {
     static_assert(kKGrouped, "only K-grouped tiles differ in cost");
     __syncwarp();
-    for (int b = lane; b < kOrderBuckets; b += 32) t.bucket[b] = 0;
+    for (int b = lane; b < kOrderBuckets; b += 32) scratch.bucket[b] = 0;
     __syncwarp();
     auto bucket_of = [&](int g) {
       return kOrderBuckets - 1 - order_key((t.count[g] + kTileK - 1) / kTileK);
     };
-    for (int g = lane; g < p.num_groups; g += 32) atomicAdd(&t.bucket[bucket_of(g)], 1);
+    for (int g = lane; g < p.num_groups; g += 32) atomicAdd(&scratch.bucket[bucket_of(g)], 1);
     __syncwarp();
     // Exclusive scan of the histogram: lane l owns buckets [8l, 8l + 8).
     constexpr int kPerLane = kOrderBuckets / 32;
@@ -128,7 +137,7 @@ struct TileScheduler {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       local[i] = sum;
-      sum += t.bucket[lane * kPerLane + i];
+      sum += scratch.bucket[lane * kPerLane + i];
     }
     int inclusive = sum;
 #pragma unroll
@@ -138,7 +147,8 @@ struct TileScheduler {
     }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) t.bucket[lane * kPerLane + i] = inclusive - sum + local[i];
+    for (int i = 0; i < kPerLane; ++i)
+      scratch.bucket[lane * kPerLane + i] = inclusive - sum + local[i];
     __syncwarp();
     // Placement, 32 groups at a time in increasing index: a group's position is its bucket's
     // running base plus the lanes below it with the same bucket.
@@ -149,31 +159,32 @@ struct TileScheduler {
         const int b = bucket_of(g);
         const unsigned peers = __match_any_sync(active, b);
         const unsigned below = peers & ((1u << lane) - 1u);
-        t.order[t.bucket[b] + __popc(below)] = g;
+        t.order[scratch.bucket[b] + __popc(below)] = g;
         __syncwarp(active);
-        if (below == 0) t.bucket[b] += __popc(peers);
+        if (below == 0) scratch.bucket[b] += __popc(peers);
       }
       __syncwarp();
     }
   }
 
   // Warp-cooperative, after order_heavy_first (same warp): whether the static round robin over
-  // the heavy-first order (CTA c takes tickets c, c + P, ...) finishes within kStaticSlackPercent of what
-  // the ticket counter would reach; then every CTA takes its tickets without the counter. Every
-  // CTA computes the same answer from the same tables. A tile costs its K blocks plus
+  // the heavy-first order (CTA c takes tickets c, c + P, ...) finishes within kStaticSlackPercent
+  // of what the ticket counter would reach; then every CTA takes its tickets without the counter.
+  // Every CTA computes the same answer from the same tables. A tile costs its K blocks plus
   // kTileFixedCost (its epilogue and pipeline fill, in K blocks). Static makespan: max over CTAs
   // of the sum of their tiles' costs (a difference array over CTAs: group i's tickets
   // [i pg, (i + 1) pg) give each CTA pg / P tiles and a cyclic run of pg % P CTAs one more).
   // Ticket makespan, estimated: max(longest tile, total / P).
   __device__ static void choose_static_order(const SchedulerParams& p, SchedulerTables& t,
-                                             int lane, int ctas, TileOrder order) {
+                                             SchedulerScratch& scratch, int lane, int ctas,
+                                             TileOrder order) {
     static_assert(kKGrouped, "only K-grouped tiles differ in cost");
     if (order != TileOrder::automatic || ctas > kMaxStaticCtas) {
       if (lane == 0) t.static_order = order == TileOrder::fixed ? 1 : 0;
       return;
     }
     const long long pg = static_cast<long long>(p.m_tiles) * p.n_tiles;
-    for (int c = lane; c <= ctas; c += 32) t.load[c] = 0;
+    for (int c = lane; c <= ctas; c += 32) scratch.load[c] = 0;
     __syncwarp();
     long long base = 0, total = 0, longest = 0;
     for (int i = lane; i < p.num_groups; i += 32) {
@@ -185,13 +196,13 @@ struct TileScheduler {
       total += cost * pg;
       longest = max(longest, pg > 0 ? cost : 0LL);
       if (r > 0) {  // CTAs s .. s + r - 1 (mod P) take one more tile of this group
-        atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s]), cost);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&scratch.load[s]), cost);
         if (s + r <= ctas) {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r]), -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&scratch.load[s + r]), -cost);
         } else {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[ctas]), -cost);
-          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[0]), cost);
-          atomicAdd(reinterpret_cast<unsigned long long*>(&t.load[s + r - ctas]), -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&scratch.load[ctas]), -cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&scratch.load[0]), cost);
+          atomicAdd(reinterpret_cast<unsigned long long*>(&scratch.load[s + r - ctas]), -cost);
         }
       }
     }
@@ -201,7 +212,7 @@ struct TileScheduler {
     const int c0 = min(lane * per_lane, ctas), c1 = min(c0 + per_lane, ctas);
     long long sum = 0, best = LLONG_MIN;
     for (int c = c0; c < c1; ++c) {
-      sum += t.load[c];
+      sum += scratch.load[c];
       best = max(best, sum);  // the run's best prefix from its own start
     }
     long long before = sum;  // exclusive prefix of the runs below this lane

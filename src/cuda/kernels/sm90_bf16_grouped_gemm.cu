@@ -3,9 +3,12 @@
 //
 //   Producer warpgroup : setmaxnreg down; one thread walks the tile sequence and issues TMA
 //                        loads into the kStages ring (waits on `empty`, arms `full`).
-//   Consumer0/1        : setmaxnreg up; each walks the same tiles, waits on `full`, issues
-//                        wgmma on its 64 rows, releases the stage, then runs the epilogue while
-//                        the producer already fills the ring for the next tile.
+//   Consumer0/1        : setmaxnreg up. Cooperative: each walks the same tiles, waits on `full`,
+//                        issues wgmma on its 64 rows, releases the stage, then runs the epilogue
+//                        while the producer already fills the ring for the next tile. Ping-pong:
+//                        consumer w runs tiles w, w + 2, ... of the CTA's sequence whole (skipping
+//                        the other's stages), the two K loops taking turns (mainloop.cuh), so one
+//                        warpgroup's epilogue runs under the other's K loop.
 //
 // Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order in clusters of
 // F::kCluster CTAs (sharing the weight tile through multicast where both tiles use it);
@@ -43,18 +46,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const __grid_constant__ CUtensorMap map_b,
                                   const __grid_constant__ CUtensorMap map_a2,
                                   const __grid_constant__ CUtensorMap map_b2,
+                                  const __grid_constant__ CUtensorMap map_out,
                                   const KernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
   const std::uint32_t raw = ptx::smem_addr(smem_raw);
-  const SharedRing ring{smem_raw + ((raw + 1023u) & ~1023u) - raw};
+  const SharedRing<F> ring{smem_raw + ((raw + 1023u) & ~1023u) - raw};
 
   const int warpgroup = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    ring.init_barriers(F::kCluster);
+    ring.init_barriers();
     ptx::fence_barrier_init();
     ptx::tma_prefetch_descriptor(&map_a);
     ptx::tma_prefetch_descriptor(&map_b);
@@ -69,9 +73,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 32) {
     TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
     if constexpr (F::kTickets) {
-      TileScheduler<F::kKGrouped>::order_heavy_first(p.sched, tables, lane);
-      TileScheduler<F::kKGrouped>::choose_static_order(p.sched, tables, lane, gridDim.x,
-                                                        static_cast<TileOrder>(p.tile_order));
+      auto& scratch = *reinterpret_cast<SchedulerScratch*>(ring.base);
+      TileScheduler<F::kKGrouped>::order_heavy_first(p.sched, tables, scratch, lane);
+      TileScheduler<F::kKGrouped>::choose_static_order(p.sched, tables, scratch, lane, gridDim.x,
+                                                       static_cast<TileOrder>(p.tile_order));
+      ptx::fence_proxy_async_shared();  // the ring's TMA loads overwrite the scratch
     }
   }
   __syncthreads();
@@ -85,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cluster = blockIdx.x / F::kCluster;  // clusters are consecutive blocks along x
   const int num_clusters = gridDim.x / F::kCluster;
   const TicketCounter tickets{g_tile_tickets + 2 * p.ticket_slot};
-  PipelineState state;
+  PipelineState<F::kStages> state;
   TileQueueState queue;
 
   if (warpgroup == 0) {
@@ -116,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
           load_tile<F>(maps, ring, state, ct.tile, p, ct.shared_b, rank);
         }
-        if constexpr (F::kCluster > 1) drain_ring(ring, state, p);
+        if constexpr (F::kCluster > 1) drain_ring<F>(ring, state, p);
       }
     }
   } else {
@@ -124,26 +130,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegisters>();
     const int wg = warpgroup - 1;
     const int consumer_thread = threadIdx.x - 128;
+    const int reader_thread = F::kPingPong ? consumer_thread % 128 : consumer_thread;
+    // Ping-pong: this warpgroup's k-th tile (the CTA's tile 2k + wg) waits for the phase of its
+    // turn barrier that the other warpgroup's previous tile completes; warpgroup 0's first tile
+    // waits for parity 1 of a fresh barrier, which passes at once.
+    unsigned own_tiles = 0;
     auto run_tile = [&](const TileInfo& tile, bool store) {
-      float acc[kTileN / 2];
+      float acc[F::kAcc];
       init_accumulators<F>(acc, tile, p, wg, warp, lane);
-      mma_tile<F>(acc, ring, state, tile, p, wg, lane, consumer_thread);
-      if (store) store_tile<F>(acc, tile, p, wg, warp, lane);
+      const std::uint32_t turn_parity = (own_tiles & 1u) ^ (wg == 0 ? 1u : 0u);
+      mma_tile<F>(acc, ring, state, tile, p, wg, lane, reader_thread, turn_parity);
+      ++own_tiles;
+      if (store) store_tile<F>(acc, tile, p, wg, warp, lane, ring.staging(), &map_out);
     };
     if constexpr (F::kTickets) {
-      for (;;) {
+      for (unsigned i = 0;; ++i) {
         const int ticket = take_queued_ticket(
             ring.tile_full(queue.slot()), queue.phase(), ring.tile_slot(queue.slot()),
             ring.tile_empty(queue.slot()), lane, p.timeout_report);
         queue.advance();
         if (ticket == kNoTile) break;
-        run_tile(scheduler.tile_of_ticket(ticket), true);
+        const TileInfo tile = scheduler.tile_of_ticket(ticket);
+        if (F::kPingPong && (i & 1u) != static_cast<unsigned>(wg)) {
+          state.advance(tile.k_blocks);  // the other warpgroup's tile
+          continue;
+        }
+        run_tile(tile, true);
       }
     } else {
-      for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters) {
+      unsigned i = 0;
+      for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters, ++i) {
+        if (F::kPingPong && (i & 1u) != static_cast<unsigned>(wg)) {
+          state.advance(F::kKGrouped ? scheduler.tile(step).k_blocks : p.sched.k_blocks);
+          continue;
+        }
         const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
         run_tile(ct.tile, ct.store);
       }
+    }
+    // TMA-store epilogue: the CTA's shared memory must outlive its last bulk stores.
+    if constexpr (F::kTmaStore) {
+      if (warp == 0 && lane == 0) ptx::tma_store_wait<0>();
     }
   }
 #endif
@@ -235,7 +262,8 @@ int grid_size(cudaLaunchConfig_t config) {
 
 template <class F>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
-            const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream) {
+            const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream,
+            const CUtensorMap* out = nullptr) {
   static const bool configured = [] {
     return cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -254,7 +282,8 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
   config.attrs = attributes;
   config.numAttrs = F::kCluster > 1 ? 1 : 0;
   config.gridDim = dim3(grid_size<F>(config));
-  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F>, a, b, a2, b2, p);
+  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F>, a, b, a2, b2,
+                                     out != nullptr ? *out : a, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
     throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
@@ -295,8 +324,8 @@ KernelParams base_params(const RowSegments& s) {
 std::string last_wait_timeout() {
   const ptx::WaitTimeoutReport* r = timeout_report_host();
   if (r == nullptr || *reinterpret_cast<const volatile int*>(&r->timed_out) == 0) return {};
-  const char* names[] = {"full", "empty", "tile queue full", "tile queue empty"};
-  const bool known = r->barrier_id >= 0 && r->barrier_id < 4;
+  const char* names[] = {"full", "empty", "tile queue full", "tile queue empty", "ping-pong turn"};
+  const bool known = r->barrier_id >= 0 && r->barrier_id < 5;
   return std::string("grouped GEMM barrier ") + (known ? names[r->barrier_id] : "?") +
          " (smem offset " + to_text(r->smem_address) + ") parity " + to_text(r->parity) +
          " timed out in block " + to_text(r->block) + ", thread " + to_text(r->thread);
@@ -311,8 +340,37 @@ int persistent_grid_size() {
   return sms;
 }
 
-void gate_up_forward(const GateUpForwardArgs& args) {
-  using F = Form<FormKind::kGateUp>;
+namespace {
+
+// NOTES: MOK_GEMM_CONSUMERS=cooperative|ping_pong replaces the automatic choice in every launch
+// that leaves `consumers` automatic (a diagnostic for layer-level A/B runs). Read once.
+Consumers default_consumers() {
+  static const Consumers consumers = [] {
+    const char* v = std::getenv("MOK_GEMM_CONSUMERS");
+    if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return Consumers::automatic;
+    if (std::string(v) == "cooperative") return Consumers::cooperative;
+    if (std::string(v) == "ping_pong") return Consumers::ping_pong;
+    throw Error("MOK_GEMM_CONSUMERS", "automatic, cooperative or ping_pong", v);
+  }();
+  return consumers;
+}
+
+// Runs body(Form<kKind, ping-pong?>{}) for the schedule `requested` resolves to.
+template <FormKind kKind, class Body>
+void with_form(Consumers requested, Body&& body) {
+  Consumers c = requested == Consumers::automatic ? default_consumers() : requested;
+  if (c == Consumers::automatic) {
+    c = kPingPongByDefault[static_cast<int>(kKind)] ? Consumers::ping_pong : Consumers::cooperative;
+  }
+  if (c == Consumers::ping_pong) {
+    body(Form<kKind, true>{});
+  } else {
+    body(Form<kKind, false>{});
+  }
+}
+
+template <class F>
+void gate_up_forward_form(const GateUpForwardArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.hidden_size, "hidden_size");
   check_multiple_of_64(args.intermediate_size, "intermediate_size");
@@ -345,8 +403,8 @@ void gate_up_forward(const GateUpForwardArgs& args) {
   launch<F>(a, bg, a, bu, p, args.stream);
 }
 
-void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
-  using F = Form<FormKind::kRowsWT>;
+template <class F>
+void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
@@ -366,8 +424,8 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
   launch<F>(a, b, a, b, p, args.stream);
 }
 
-void rows_times_weight(const RowsTimesWeightArgs& args) {
-  using F = Form<FormKind::kRowsW>;
+template <class F>
+void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
@@ -397,8 +455,6 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
       args.w2, static_cast<long long>(s.num_groups) * args.k, args.n, args.n, F::kBoxRowsB, "w2");
   launch<F>(a, b, a2, b2, p, args.stream);
 }
-
-namespace {
 
 // NOTES: MOK_GEMM_WGRAD_ORDER=fixed|tickets replaces the automatic choice in every launch that
 // leaves `order` automatic (a diagnostic: the layer's A/B of docs/perf/NOTES.md v4). Read once.
@@ -449,20 +505,45 @@ void weight_grad_form(const WeightGradArgs& args) {
     // kTicketSlots launches are in flight at once.
     static std::atomic<unsigned> next_slot{0};
     p.ticket_slot = static_cast<int>(next_slot.fetch_add(1u) % kTicketSlots);
-    const TileOrder order =
-        args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
+    const TileOrder order = args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
     p.tile_order = static_cast<int>(order);
+  }
+  if constexpr (F::kTmaStore) {
+    if (!args.out_fp32) {
+      // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are m rows apart.
+      const CUtensorMap out = make_tensor_map_bf16(
+          args.out, static_cast<long long>(s.num_groups) * args.m, args.n, args.ld_out, 64, "out");
+      launch<F>(a, b, a, b, p, args.stream, &out);
+      return;
+    }
   }
   launch<F>(a, b, a, b, p, args.stream);
 }
 
 }  // namespace
 
+void gate_up_forward(const GateUpForwardArgs& args) {
+  with_form<FormKind::kGateUp>(args.consumers,
+                               [&](auto f) { gate_up_forward_form<decltype(f)>(args); });
+}
+
+void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
+  with_form<FormKind::kRowsWT>(args.consumers,
+                               [&](auto f) { rows_times_weight_t_form<decltype(f)>(args); });
+}
+
+void rows_times_weight(const RowsTimesWeightArgs& args) {
+  with_form<FormKind::kRowsW>(args.consumers,
+                              [&](auto f) { rows_times_weight_form<decltype(f)>(args); });
+}
+
 void weight_grad(const WeightGradArgs& args) {
   if (args.continue_reduction) {
-    weight_grad_form<Form<FormKind::kWeightGradContinued>>(args);
+    with_form<FormKind::kWeightGradContinued>(args.consumers,
+                                              [&](auto f) { weight_grad_form<decltype(f)>(args); });
   } else {
-    weight_grad_form<Form<FormKind::kWeightGrad>>(args);
+    with_form<FormKind::kWeightGrad>(args.consumers,
+                                     [&](auto f) { weight_grad_form<decltype(f)>(args); });
   }
 }
 

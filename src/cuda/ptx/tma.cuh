@@ -39,7 +39,8 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 }
 
 // Stores the box at (c0, c1) from `src` (rows written by ordinary stores need
-// fence_proxy_async_shared() and a barrier first). Out-of-bounds elements are not written.
+// fence_proxy_async_shared() and a barrier first). Out-of-bounds elements past the tensor's end
+// are not written; c0 and c1 must be >= 0 (a negative start traps: tests/cpp/test_ptx.cu).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0,
                                              int c1) {
   asm volatile(
@@ -57,6 +58,23 @@ __device__ __forceinline__ void tma_store_commit() {
 template <int kPending>
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most kPending committed store groups are still in flight (writes done).
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Stores four 8 x 8 b16 matrices to shared memory (stmatrix .x4): register i of lane l holds row
+// l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the wgmma accumulator layout of an
+// 8 x 8 block, packed to bf16 pairs); lanes 8i .. 8i + 7 give the addresses of matrix i's rows.
+__device__ __forceinline__ void stmatrix_x4(std::uint32_t row_address, std::uint32_t r0,
+                                            std::uint32_t r1, std::uint32_t r2, std::uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_address),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
 }
 
 }  // namespace mok::ptx
