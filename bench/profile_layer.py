@@ -30,14 +30,17 @@ def host_ms(fn, reps=10):
     return times[len(times) // 2]
 
 
-def kernels(fn):
-    """Kernels of one call of fn(): [(name, count, total us)] by total time, and the GPU busy sum."""
+def kernels(fn, trace=None):
+    """Kernels of one call of fn(): [(name, count, total us)] by total time, and the GPU busy sum.
+    With `trace`, the call's timeline is also written there (Chrome trace JSON)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(trace)
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -53,6 +56,7 @@ def main():
     ap.add_argument("--routing", default="uniform")
     ap.add_argument("--impls", default="mok,torch")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--trace", action="store_true", help="also write each call's Chrome trace")
     args = ap.parse_args()
     report = {}
     for case in args.cases.split(","):
@@ -71,7 +75,8 @@ def main():
 
             r = {"fwd_ms": median_ms(fwd, 10), "fwdbwd_ms": median_ms(fwdbwd, 10),
                  "fwd_host_ms": host_ms(fwd), "fwdbwd_host_ms": host_ms(fwdbwd)}
-            ks = kernels(fwdbwd)
+            trace = str(pathlib.Path(args.out, f"trace_{case}_{name}.json")) if args.trace else None
+            ks = kernels(fwdbwd, trace)
             r["fwdbwd_kernel_sum_ms"] = sum(k[2] for k in ks) / 1e3
             r["kernels"] = ks
             report[f"{case}/{name}"] = r
