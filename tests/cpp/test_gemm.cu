@@ -24,8 +24,12 @@
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
+#include "hopper_test.hpp"
 
 namespace {
+
+using mok::test::Buffer;
+using mok::test::fresh_seed;
 
 using mok::bf16_t;
 using mok::gemm::RowSegments;
@@ -38,20 +42,6 @@ constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_) << " " \
                                << mok::gemm::last_wait_timeout();                \
   } while (0)
-
-bool have_gpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  return prop.major == 9;
-}
-
-#define REQUIRE_HOPPER() \
-  if (!have_gpu()) GTEST_SKIP() << "no Hopper (sm_90) GPU visible"
 
 // Every test runs under both consumer schedules (the suite's parameter); the bitwise checks also
 // compare the two schedules' outputs, which must be identical (same per-element maths: each
@@ -73,31 +63,6 @@ std::string consumers_name(const ::testing::TestParamInfo<Consumers>& info) {
   INSTANTIATE_TEST_SUITE_P(Consumers, name,                                                 \
                            ::testing::Values(Consumers::cooperative, Consumers::ping_pong), \
                            consumers_name)
-
-std::uint64_t fresh_seed() {
-  static std::uint64_t s = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
-  return ++s;
-}
-
-template <typename T>
-struct Buffer {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Buffer(std::size_t count) : n(count) {
-    if (cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~Buffer() { cudaFree(p); }
-  Buffer(const Buffer&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-  void upload(const std::vector<T>& h) {
-    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // bf16 0xffff / fp32 0xffffffff: NaN
-};
 
 __device__ std::uint32_t hash32(std::uint64_t x) {
   x ^= x >> 33;

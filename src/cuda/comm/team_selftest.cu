@@ -33,8 +33,8 @@ __global__ void __launch_bounds__(kThreads)
       const std::uint32_t delay =
           delays_ns[(static_cast<std::int64_t>(team.rank()) * rounds + (round - 1)) * blocks +
                     blockIdx.x];
-      const std::uint64_t until = ptx::globaltimer_ns() + delay;
-      while (ptx::globaltimer_ns() < until) {
+      const std::uint64_t until = ptx::global_timer_ns() + delay;
+      while (ptx::global_timer_ns() < until) {
       }
     }
     __syncthreads();

@@ -35,6 +35,7 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Nanoseconds since an arbitrary origin, the same for every SM (coarse: ~1 us steps on Hopper).
 __device__ __forceinline__ std::uint64_t global_timer_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/fence.cuh"  // global_timer_ns
+
 namespace mok::ptx {
 
 enum class Scope { gpu, sys };
@@ -68,13 +70,6 @@ __device__ __forceinline__ void fence_acq_rel() {
   } else {
     asm volatile("fence.acq_rel.sys;" ::: "memory");
   }
-}
-
-// Nanoseconds since an arbitrary origin, the same for every SM (coarse: ~1 us steps on Hopper).
-__device__ __forceinline__ std::uint64_t globaltimer_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ void sleep_ns(std::uint32_t ns) {

@@ -3,7 +3,7 @@
 //
 // Accumulator layout of m64nNk16 (fp32), thread t of the warpgroup, warp w = t / 32, lane l:
 //   d[4j + r]  holds  D[row, col],  row = 16w + l/4 + 8*(r/2),  col = 8j + 2*(l%4) + (r%2)
-// (wgmma_m64n*_bf16 instructions below are generated; do not edit them by hand.)
+// (The wgmma_m64n*_bf16 wrappers spell out one asm operand per accumulator register.)
 #pragma once
 
 #include <cstdint>
