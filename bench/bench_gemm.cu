@@ -139,11 +139,12 @@ double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds] [case,case,...]\n", argv[0]);
     return 2;
   }
   const int reps = argc > 2 ? std::atoi(argv[2]) : 20;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 5;
+  const std::string only = argc > 4 ? std::string(",") + argv[4] + "," : std::string();
   FILE* json = std::fopen(argv[1], "w");
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
   std::printf("%-14s %-8s %-7s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
               "median_ms", "tflops", "rel_err", "[round min, max]");
   for (const Case& c : kCases) {
+    if (!only.empty() && only.find(std::string(",") + c.name + ",") == std::string::npos) continue;
     for (int skew = 0; skew < 2; ++skew) {
       const std::vector<int> counts = routing_counts(c, skew != 0);
       const int G = c.e;

@@ -17,7 +17,8 @@ inline constexpr int kPanelM = 16;        // M tiles per raster panel (scheduler
 // consecutive M tiles of a panel) each load half of it and multicast it to both, so the L2 serves
 // 32 KiB instead of 48 KiB per CTA and K block. Correct (the tests pass with it), but measured
 // neutral on the H200 (geometric mean 0.998x over the 24 M-grouped cells, -6%..+5% per cell,
-// docs/perf/NOTES.md v3b), so off by default; build with -DMOK_GEMM_CLUSTER_M=2 to measure it.
+// docs/perf/NOTES.md v3b; again 0.997x with v7's epilogues, v7b), so off by default; build with
+// -DMOK_GEMM_CLUSTER_M=2 to measure it.
 #ifndef MOK_GEMM_CLUSTER_M
 #define MOK_GEMM_CLUSTER_M 1
 #endif
