@@ -451,9 +451,12 @@ TEST(PtxStmatrix, X4PutsEveryElementAtItsRowAndColumn) {
 // descriptors built as mainloop.cuh's mma_k_block builds them. The operands arrive as ready-made
 // shared-memory images (operand_image below); `seeded`: the accumulators start from `c`,
 // otherwise from NaN with scale-d 0 on the first step.
-template <int kN, int kTransA, int kTransB>
-__global__ void __launch_bounds__(128, 1) wgmma_kernel(const uint4* image_a, const uint4* image_b,
-                                                       const float* c, int seeded, float* out) {
+// kARegs: A from registers instead (the _rs forms), each thread's fragment read from `a_rows`
+// (row-major bf16 [64][64]) in the layout wgmma.cuh documents; kTransA is then unused.
+template <int kN, int kTransA, int kTransB, bool kARegs = false>
+__global__ void __launch_bounds__(128, 1)
+    wgmma_kernel(const uint4* image_a, const uint4* image_b, const std::uint16_t* a_rows,
+                 const float* c, int seeded, float* out) {
   constexpr std::uint32_t kABytes = 64 * 128, kBBytes = kN * 128;
   std::uint8_t* a = dynamic_smem_1024();
   std::uint8_t* b = a + kABytes;
@@ -487,7 +490,22 @@ __global__ void __launch_bounds__(128, 1) wgmma_kernel(const uint4* image_a, con
     const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * kStepA, kLboA, 1024);
     const std::uint64_t db = ptx::make_smem_desc_sw128(b_base + kk * kStepB, kLboB, 1024);
     const int scale_d = kk > 0 || seeded ? 1 : 0;
-    if constexpr (kN == 256) {
+    if constexpr (kARegs) {
+      // a[i]: A[r][c], A[r][c + 1] with r = 16 w + l / 4 + 8 (i % 2), c = 16 kk + 2 (l % 4) + 8 (i
+      // / 2).
+      std::uint32_t frag[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 16 * warp + lane / 4 + 8 * (i % 2),
+                  k = 16 * kk + 2 * (lane % 4) + 8 * (i / 2);
+        frag[i] = std::uint32_t{a_rows[r * 64 + k]} | (std::uint32_t{a_rows[r * 64 + k + 1]} << 16);
+      }
+      if constexpr (kN == 256) {
+        ptx::wgmma_m64n256k16_bf16_rs<kTransB>(acc, frag, db, scale_d);
+      } else {
+        ptx::wgmma_m64n128k16_bf16_rs<kTransB>(acc, frag, db, scale_d);
+      }
+    } else if constexpr (kN == 256) {
       ptx::wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, da, db, scale_d);
     } else {
       ptx::wgmma_m64n128k16_bf16<kTransA, kTransB>(acc, da, db, scale_d);
@@ -526,7 +544,7 @@ std::vector<float> small_integers(std::size_t n, int max, std::mt19937_64& rng) 
   return v;
 }
 
-template <int kN, int kTransA, int kTransB>
+template <int kN, int kTransA, int kTransB, bool kARegs = false>
 void run_wgmma(bool seeded) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + (seeded ? ", seeded" : ", scale-d 0 first"));
@@ -544,12 +562,15 @@ void run_wgmma(bool seeded) {
   }
   Buffer<std::uint16_t> image_a(operand_image(a, 64, kTransA != 0));
   Buffer<std::uint16_t> image_b(operand_image(bt, kN, kTransB != 0));
+  std::vector<std::uint16_t> rows(64 * 64);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = mok::float_to_bf16(a[i]);
+  Buffer<std::uint16_t> a_rows(rows);
   Buffer<float> d_c(c), out(64 * kN);
   out.poison();
   constexpr int kSmem = (64 + kN) * 128 + 1024;
-  wgmma_kernel<kN, kTransA, kTransB><<<1, 128, kSmem>>>(reinterpret_cast<const uint4*>(image_a.p),
-                                                        reinterpret_cast<const uint4*>(image_b.p),
-                                                        d_c.p, seeded ? 1 : 0, out.p);
+  wgmma_kernel<kN, kTransA, kTransB, kARegs><<<1, 128, kSmem>>>(
+      reinterpret_cast<const uint4*>(image_a.p), reinterpret_cast<const uint4*>(image_b.p),
+      a_rows.p, d_c.p, seeded ? 1 : 0, out.p);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = out.host();
@@ -601,24 +622,69 @@ TEST(PtxWgmma, M64N128K16AMMajorBNMajor) {
   run_wgmma<128, 1, 1>(false);
 }
 
+TEST(PtxWgmma, M64N256K16ARegistersBKMajorAndNMajor) {
+  REQUIRE_HOPPER();
+  run_wgmma<256, 0, 0, true>(true);
+  run_wgmma<256, 0, 0, true>(false);
+  run_wgmma<256, 0, 1, true>(true);
+  run_wgmma<256, 0, 1, true>(false);
+}
+
+TEST(PtxWgmma, M64N128K16ARegistersBKMajorAndNMajor) {
+  REQUIRE_HOPPER();
+  run_wgmma<128, 0, 0, true>(true);
+  run_wgmma<128, 0, 0, true>(false);
+  run_wgmma<128, 0, 1, true>(true);
+  run_wgmma<128, 0, 1, true>(false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// setmaxnreg: the engine's budgets (config.hpp) in a kernel of its shape
+
+// 384 threads at the 168-register entry cap; warpgroup 0 gives registers back, warpgroups 1 and 2
+// take the Consumers' budget, then every thread writes its index (a budget the register file cannot
+// grant would hang the increase, so completing is the check, together with every thread's word).
+__global__ void __launch_bounds__(384, 1) setmaxnreg_kernel(std::uint32_t* out) {
+  if (threadIdx.x < 128) {
+    ptx::setmaxnreg_dec<mok::gemm::kProducerRegisters>();
+  } else {
+    ptx::setmaxnreg_inc<mok::gemm::kConsumerRegisters>();
+  }
+  out[threadIdx.x] = threadIdx.x + 1;
+}
+
+TEST(PtxSetmaxnreg, ProducerAndConsumerBudgets) {
+  REQUIRE_HOPPER();
+  Buffer<std::uint32_t> out(384);
+  out.poison();
+  setmaxnreg_kernel<<<1, 384>>>(out.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.host();
+  for (std::uint32_t t = 0; t < 384; ++t) ASSERT_EQ(got[t], t + 1) << "thread " << t;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Flags: release/acquire between blocks
 
-// A bounded spin on a flag made of the flags.cuh wrappers (flags.cuh has no wait of its own; the
-// team's wait in comm/team.cuh has this shape): true once *flag >= target, false after
-// `timeout_ns`, with the last value seen in `seen`. kAcquire = false: relaxed loads, for a caller
-// that follows with fence_acq_rel.
-template <ptx::Scope S, bool kAcquire>
-__device__ bool wait_at_least(const std::uint32_t* flag, std::uint32_t target,
-                              std::uint64_t timeout_ns, std::uint32_t* seen) {
+// The consumer's waits: ptx::wait_at_least (acquire loads), or for the relaxed + fence pattern a
+// bounded spin of relaxed loads, which the caller follows with fence_acq_rel.
+template <ptx::Scope S>
+__device__ bool wait_acquire(const std::uint32_t* flag, std::uint32_t target,
+                             std::uint64_t timeout_ns, std::uint32_t* seen) {
+  std::uint64_t waited = 0;
+  return ptx::wait_at_least<S>(
+      flag, target, timeout_ns, [] { return false; }, *seen, waited);
+}
+
+template <ptx::Scope S>
+__device__ bool wait_relaxed(const std::uint32_t* flag, std::uint32_t target,
+                             std::uint64_t timeout_ns, std::uint32_t* seen) {
   const std::uint64_t start = ptx::global_timer_ns();
   for (std::uint32_t spin = 0;; ++spin) {
-    *seen = kAcquire ? ptx::ld_acquire<S>(flag) : ptx::ld_relaxed<S>(flag);
+    *seen = ptx::ld_relaxed<S>(flag);
     if (*seen >= target) return true;
-    if ((spin & 31u) == 31u) {
-      if (ptx::global_timer_ns() - start > timeout_ns) return false;
-      ptx::sleep_ns(64);
-    }
+    if ((spin & 31u) == 31u && ptx::global_timer_ns() - start > timeout_ns) return false;
   }
 }
 
@@ -661,12 +727,12 @@ __global__ void flags_kernel(const std::uint32_t* src, std::uint32_t* data, std:
       std::uint32_t last = 0;
       bool ok;
       if (stage == 0) {
-        ok = wait_at_least<S, true>(&flags[0], kReady, kWaitTimeoutNs, &last);
+        ok = wait_acquire<S>(&flags[0], kReady, kWaitTimeoutNs, &last);
       } else if (stage == 1) {
-        ok = wait_at_least<S, false>(&flags[1], kReady, kWaitTimeoutNs, &last);
+        ok = wait_relaxed<S>(&flags[1], kReady, kWaitTimeoutNs, &last);
         ptx::fence_acq_rel<S>();
       } else {
-        ok = wait_at_least<S, true>(&flags[2], kFlagProducers - 2, kWaitTimeoutNs, &last);
+        ok = wait_acquire<S>(&flags[2], kFlagProducers - 2, kWaitTimeoutNs, &last);
       }
       if (!ok) {
         printf("consumer, stage %d: timed out, flag last seen %u\n", stage, last);
@@ -717,32 +783,44 @@ TEST(PtxFlags, ReleaseAcquireBetweenBlocksSysScope) {
   run_flags<ptx::Scope::sys>();
 }
 
-// Nobody signals: the bounded wait gives up. out: [returned, seen, ns waited (global_timer_ns)].
+// Nobody signals: the bounded wait gives up, at the timeout or when give_up() says so at once.
+// out: [returned, seen, ns elapsed, ns the wait reports].
 __global__ void unsignalled_wait_kernel(const std::uint32_t* flag, std::uint64_t timeout_ns,
-                                        std::uint64_t* out) {
+                                        int give_up, std::uint64_t* out) {
   const std::uint64_t t0 = ptx::global_timer_ns();
   std::uint32_t seen = ~0u;
-  const bool ok = wait_at_least<ptx::Scope::gpu, true>(flag, 1, timeout_ns, &seen);
+  std::uint64_t waited = ~0ull;
+  const bool ok = ptx::wait_at_least<ptx::Scope::gpu>(
+      flag, 1, timeout_ns, [&] { return give_up != 0; }, seen, waited);
   out[2] = ptx::global_timer_ns() - t0;
   out[0] = ok;
   out[1] = seen;
+  out[3] = waited;
 }
 
-TEST(PtxFlags, WaitWithoutSignalTimesOut) {
+TEST(PtxFlags, WaitWithoutSignalTimesOutOrGivesUp) {
   REQUIRE_HOPPER();
   constexpr std::uint64_t kTimeoutNs = 200'000;
   Buffer<std::uint32_t> flag(1);
-  Buffer<std::uint64_t> out(3);
+  Buffer<std::uint64_t> out(4);
   CUDA_OK(cudaMemset(flag.p, 0, sizeof(std::uint32_t)));
-  out.poison();
-  unsignalled_wait_kernel<<<1, 1>>>(flag.p, kTimeoutNs, out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto r = out.host();
-  EXPECT_EQ(r[0], 0u) << "the wait reported a signal nobody sent";
-  EXPECT_EQ(r[1], 0u) << "the flag's value as last seen";
-  EXPECT_GE(r[2], kTimeoutNs) << "gave up before the timeout";
-  EXPECT_LT(r[2], kTimeoutNs + 100'000'000) << "gave up long after the timeout";
+  for (int give_up = 0; give_up < 2; ++give_up) {
+    SCOPED_TRACE(give_up ? "give_up() true" : "timeout");
+    out.poison();
+    unsignalled_wait_kernel<<<1, 1>>>(flag.p, kTimeoutNs, give_up, out.p);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto r = out.host();
+    EXPECT_EQ(r[0], 0u) << "the wait reported a signal nobody sent";
+    EXPECT_EQ(r[1], 0u) << "the flag's value as last seen";
+    EXPECT_LE(r[3], r[2]) << "the wait reports more time than passed";
+    if (give_up) {
+      EXPECT_LT(r[3], kTimeoutNs) << "give_up() was not heeded before the timeout";
+    } else {
+      EXPECT_GT(r[3], kTimeoutNs) << "gave up before the timeout";
+      EXPECT_LT(r[2], kTimeoutNs + 100'000'000) << "gave up long after the timeout";
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

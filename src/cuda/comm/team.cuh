@@ -139,21 +139,14 @@ class RankTeam {
   template <ptx::Scope WaitScope>
   __device__ bool wait_at_least(const std::uint32_t* flag, std::uint32_t target, FlagId id,
                                 int index) {
-    const std::uint64_t start = ptx::global_timer_ns();
-    for (std::uint32_t spin = 0;; ++spin) {
-      const std::uint32_t seen = ptx::ld_acquire<WaitScope>(flag);
-      // Wrap-safe: the counters only grow, by far less than 2^31 between a signal and its wait.
-      if (static_cast<std::int32_t>(seen - target) >= 0) return true;
-      if ((spin & 31u) == 31u) {
-        const std::uint64_t waited = ptx::global_timer_ns() - start;
-        if (waited > args_.timeout_ns) {
-          report_timeout(id, index, target, seen, waited);
-          return false;
-        }
-        if (aborted()) return false;
-        if (spin > 1024) ptx::sleep_ns(128);
-      }
+    std::uint32_t seen = 0;
+    std::uint64_t waited = 0;
+    if (ptx::wait_at_least<WaitScope>(
+            flag, target, args_.timeout_ns, [&] { return aborted(); }, seen, waited)) {
+      return true;
     }
+    if (waited > args_.timeout_ns) report_timeout(id, index, target, seen, waited);
+    return false;
   }
 
   __device__ void report_timeout(FlagId id, int index, std::uint32_t expected, std::uint32_t seen,

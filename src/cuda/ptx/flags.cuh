@@ -1,5 +1,5 @@
 // Flag signal/wait primitives: release/acquire loads, stores and reductions at an explicit scope,
-// fences, and the global nanosecond timer. Thin wrappers, no logic (STYLE.md practice 1).
+// fences, and one bounded wait built from them. Thin wrappers (STYLE.md practice 1).
 //
 // Scope (DESIGN.md section 4): `gpu` when every party is on this GPU (one process's virtual ranks,
 // or the blocks of one rank), `sys` when a peer on another GPU reads or writes the flag.
@@ -74,6 +74,28 @@ __device__ __forceinline__ void fence_acq_rel() {
 
 __device__ __forceinline__ void sleep_ns(std::uint32_t ns) {
   __nanosleep(ns);
+}
+
+// The bounded flag wait: spins with acquire loads at scope S until *flag has reached `target`
+// (wrap-safe: the counters only grow, by far less than 2^31 between a signal and its wait) and
+// returns true; returns false once `timeout_ns` have passed or `give_up()` says so (checked every
+// 32 loads, backing off with sleeps after 1024). `seen` and `waited_ns` tell the caller what it
+// last read and how long it waited, for its report.
+template <Scope S, class GiveUp>
+__device__ bool wait_at_least(const std::uint32_t* flag, std::uint32_t target,
+                              std::uint64_t timeout_ns, GiveUp&& give_up, std::uint32_t& seen,
+                              std::uint64_t& waited_ns) {
+  const std::uint64_t start = global_timer_ns();
+  waited_ns = 0;
+  for (std::uint32_t spin = 0;; ++spin) {
+    seen = ld_acquire<S>(flag);
+    if (static_cast<std::int32_t>(seen - target) >= 0) return true;
+    if ((spin & 31u) == 31u) {
+      waited_ns = global_timer_ns() - start;
+      if (waited_ns > timeout_ns || give_up()) return false;
+      if (spin > 1024) sleep_ns(128);
+    }
+  }
 }
 
 }  // namespace mok::ptx
