@@ -342,16 +342,26 @@ int persistent_grid_size() {
 
 namespace {
 
+// A diagnostic override from the environment: `variable` unset, empty or "automatic" gives
+// Enum::automatic, else the choice named (`names[i]` for Enum value i + 1); anything else throws.
+template <class Enum, std::size_t kChoices>
+Enum choice_from_environment(const char* variable, const char* const (&names)[kChoices]) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return Enum::automatic;
+  std::string expected = "automatic";
+  for (std::size_t i = 0; i < kChoices; ++i) {
+    if (std::string(v) == names[i]) return static_cast<Enum>(i + 1);
+    expected += std::string(i + 1 < kChoices ? ", " : " or ") + names[i];
+  }
+  throw Error(variable, expected, v);
+}
+
 // NOTES: MOK_GEMM_CONSUMERS=cooperative|ping_pong replaces the automatic choice in every launch
 // that leaves `consumers` automatic (a diagnostic for layer-level A/B runs). Read once.
 Consumers default_consumers() {
-  static const Consumers consumers = [] {
-    const char* v = std::getenv("MOK_GEMM_CONSUMERS");
-    if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return Consumers::automatic;
-    if (std::string(v) == "cooperative") return Consumers::cooperative;
-    if (std::string(v) == "ping_pong") return Consumers::ping_pong;
-    throw Error("MOK_GEMM_CONSUMERS", "automatic, cooperative or ping_pong", v);
-  }();
+  static_assert(static_cast<int>(Consumers::ping_pong) == 2, "names in enum order");
+  static const Consumers consumers =
+      choice_from_environment<Consumers>("MOK_GEMM_CONSUMERS", {"cooperative", "ping_pong"});
   return consumers;
 }
 
@@ -459,13 +469,9 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
 // NOTES: MOK_GEMM_WGRAD_ORDER=fixed|tickets replaces the automatic choice in every launch that
 // leaves `order` automatic (a diagnostic: the layer's A/B of docs/perf/NOTES.md v4). Read once.
 TileOrder default_wgrad_order() {
-  static const TileOrder order = [] {
-    const char* v = std::getenv("MOK_GEMM_WGRAD_ORDER");
-    if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return TileOrder::automatic;
-    if (std::string(v) == "fixed") return TileOrder::fixed;
-    if (std::string(v) == "tickets") return TileOrder::tickets;
-    throw Error("MOK_GEMM_WGRAD_ORDER", "automatic, fixed or tickets", v);
-  }();
+  static_assert(static_cast<int>(TileOrder::tickets) == 2, "names in enum order");
+  static const TileOrder order =
+      choice_from_environment<TileOrder>("MOK_GEMM_WGRAD_ORDER", {"fixed", "tickets"});
   return order;
 }
 
