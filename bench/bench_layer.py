@@ -4,9 +4,11 @@ uniform and skewed routing, for each implementation available in this process, i
 
     python3 bench/bench_layer.py [--cases a,b] [--impls torch,mok] [--reps 20] [--out docs/perf/layer.json]
 
-Method (PERF.md): CUDA events around each call, warm-up first, median of --reps runs, three input
-sets rotated (so the L2 holds no earlier inputs), correctness of each implementation checked on a
-sample of tokens against an fp32 evaluation before it is timed. Writes PERF.md's schema.
+Method (PERF.md): CUDA events around each call, warm-up first (5 calls, then --warmup-s seconds of
+calls back to back, so every implementation is timed at the clock the power limit sustains), median
+of --reps runs, three input sets rotated (so the L2 holds no earlier inputs), correctness of each
+implementation checked on a sample of tokens against an fp32 evaluation before it is timed; the SM
+clock and power over each timing are recorded beside it. Writes PERF.md's schema.
 """
 import argparse
 import datetime
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gpu_clocks import ClockSampler  # noqa: E402
 from timing import median_ms  # noqa: E402
 from torch_moe import prepare_weights, torch_moe  # noqa: E402
 
@@ -154,6 +157,8 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--impls", default="mok,torch")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup-s", type=float, default=2.0,
+                    help="seconds of back-to-back calls before each timing (sustained clock)")
     ap.add_argument("--out", default="docs/perf/layer.json")
     args = ap.parse_args()
     ceil = pathlib.Path("docs/perf/ceilings.json")
@@ -206,15 +211,22 @@ def main():
                     state["i"] += 1
                     r.backward(r.forward())
 
-                t_f = median_ms(fwd, args.reps)
-                t_fb = median_ms(fwdbwd, args.reps)
-                for pass_, ms, fl, fm in (("fwd", t_f, flops, floor), ("fwdbwd", t_fb, 3 * flops, 3 * floor)):
+                # The SM clock and power over each timing (NOTES: a sustained loop runs the same
+                # kernels slower than a single call; this says whether the clock is why).
+                with ClockSampler() as clk_f:
+                    t_f = median_ms(fwd, args.reps, warmup_s=args.warmup_s)
+                with ClockSampler() as clk_fb:
+                    t_fb = median_ms(fwdbwd, args.reps, warmup_s=args.warmup_s)
+                for pass_, ms, fl, fm, clk in (("fwd", t_f, flops, floor, clk_f.summary()),
+                                               ("fwdbwd", t_fb, 3 * flops, 3 * floor, clk_fb.summary())):
                     results.append({"suite": "layer", "case": case, "routing": routing_name, "pass": pass_,
                                     "impl": RESULT_NAMES[impl_name], "median_ms": round(ms, 4),
                                     "tflops": round(fl / (ms * 1e9), 1), "floor_ms": round(fm, 3),
-                                    "out_rel_err": err if pass_ == "fwd" else None})
+                                    "out_rel_err": err if pass_ == "fwd" else None, "clocks": clk})
+                    clock = (f"  SM {clk['sm_mhz_median']:.0f} MHz (min {clk['sm_mhz_min']}) "
+                             f"{clk['power_w_mean']:.0f} W {','.join(clk['reasons'])}" if clk else "")
                     print(f"{case:15s} {routing_name:7s} {impl_name:6s} {pass_:6s} {ms:9.3f} ms "
-                          f"{fl / (ms * 1e9):7.1f} TFLOP/s  floor {fm:7.3f} ms", flush=True)
+                          f"{fl / (ms * 1e9):7.1f} TFLOP/s  floor {fm:7.3f} ms{clock}", flush=True)
                 rot = impl = None  # free their buffers before the next implementation
                 write(results)  # after every measurement: a run cut short keeps what it measured
             del sets, weights

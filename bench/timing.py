@@ -2,10 +2,19 @@
 import torch
 
 
-def median_ms(fn, reps=20, warmup=5):
-    """Median over `reps` calls of fn(), each between two CUDA events, after `warmup` calls."""
+def median_ms(fn, reps=20, warmup=5, warmup_s=0.0):
+    """Median over `reps` calls of fn(), each between two CUDA events, after `warmup` calls and,
+    with `warmup_s`, after calls back to back for that many seconds. NOTES: the H200 holds its
+    power limit by lowering the clock over about a second, so the first timings after an idle GPU
+    (a new process, a data set-up) run at a clock a sustained training loop never sees; warming up
+    for a few seconds measures every implementation in that sustained state."""
+    import time
     for _ in range(warmup):
         fn()
+    start = time.perf_counter()
+    while time.perf_counter() - start < warmup_s:
+        fn()
+        torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -25,6 +25,7 @@
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "hopper_test.hpp"
+#include "mok/error.hpp"
 
 namespace {
 
@@ -608,6 +609,157 @@ TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
   launch(out2.p, other_consumers());
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "the two consumer schedules differ";
+}
+
+// The SwiGLU backward in the down dgrad's epilogue (SwigluBackwardEpilogue). What it must equal,
+// element for element: numerics::swiglu_backward_fast applied to the plain dgrad's dh (the same
+// accumulation, so the same dh bits) and the same g, u, by this kernel: bitwise. Against the exact
+// expression (expf, IEEE division) on the host it may differ by one bf16 ulp where a value sits at a
+// rounding boundary (ex2.approx/rcp.approx: ~2^-21 relative in s).
+__global__ void swiglu_backward_fast_kernel(const __nv_bfloat16* dh, const __nv_bfloat16* g,
+                                            const __nv_bfloat16* u, std::size_t n,
+                                            __nv_bfloat16* dg, __nv_bfloat16* du) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    float a, b;
+    mok::numerics::swiglu_backward_fast(__bfloat162float(g[i]), __bfloat162float(u[i]),
+                                        __bfloat162float(dh[i]), &a, &b);
+    dg[i] = __float2bfloat16_rn(a);
+    du[i] = __float2bfloat16_rn(b);
+  }
+}
+
+void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) {
+  Layout l(counts);
+  const int G = l.groups();
+  const std::size_t cells = std::size_t(l.capacity) * n;
+  Buffer<__nv_bfloat16> dy(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n), g(cells),
+      u(cells), dh(cells), dg(cells), du(cells), dg2(cells), du2(cells), want_g(cells),
+      want_u(cells);
+  fill_random(dy, 1.0f);
+  fill_random(w, 2.0f / std::sqrt(float(k)));
+  fill_random(g, 6.0f);  // sigmoid's whole range: s from 0.0025 to 0.9975
+  fill_random(u, 2.0f);
+  if (!dense) {
+    l.poison_padding(dy, k);
+    l.poison_padding(g, n);
+    l.poison_padding(u, n);
+  }
+  const RowSegments seg =
+      dense ? RowSegments{nullptr, nullptr, 1, l.capacity, counts[0]} : l.segments();
+  auto launch = [&](__nv_bfloat16* out, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
+                    Consumers consumers = g_consumers) {
+    mok::gemm::RowsTimesWeightArgs args;
+    args.consumers = consumers;
+    args.segments = seg;
+    args.a = dy.p;
+    args.ld_a = k;
+    args.w = w.p;
+    args.out = out;
+    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up};
+    args.ld_out = n;
+    args.n = n;
+    args.k = k;
+    mok::gemm::rows_times_weight(args);
+  };
+  for (auto* b : {&dh, &dg, &du, &want_g, &want_u}) b->poison();
+  launch(dh.p, nullptr, nullptr);
+  launch(nullptr, dg.p, du.p);
+  swiglu_backward_fast_kernel<<<1024, 256>>>(dh.p, g.p, u.p, cells, want_g.p, want_u.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Rows that hold a value: the groups' rows (dense: the first counts[0]); everything else must
+  // still be poison in dg and du.
+  std::vector<char> kept(l.capacity, 0);
+  if (dense) {
+    for (int r = 0; r < counts[0]; ++r) kept[r] = 1;
+  } else {
+    for (int e = 0; e < G; ++e)
+      for (int r = l.starts[e]; r < l.starts[e] + l.counts[e]; ++r) kept[r] = 1;
+  }
+  const auto hg = g.host(), hu = u.host(), hdh = dh.host(), gg = dg.host(), gu = du.host(),
+             wg = want_g.host(), wu = want_u.host();
+  auto bits = [](const auto& v) {  // host() gives __nv_bfloat16: compare and convert raw bits
+    return reinterpret_cast<const std::uint16_t*>(v.data());
+  };
+  const std::uint16_t *bg = bits(gg), *bu = bits(gu), *bwg = bits(wg), *bwu = bits(wu),
+                      *b_g = bits(hg), *b_u = bits(hu), *b_dh = bits(hdh);
+  long long differ = 0, stray = 0, off_by_one_ulp = 0, far = 0, checked = 0;
+  auto close = [&](bf16_t got, float want) {
+    const float w = mok::round_to_bf16(want), x = bf(got);
+    if (x == w) return true;
+    ++off_by_one_ulp;
+    return std::fabs(x - w) <= std::fabs(w) * 0x1.0p-7f;
+  };
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int c = 0; c < n; ++c) {
+      const std::size_t i = std::size_t(r) * n + c;
+      if (!kept[r]) {
+        stray += bg[i] != 0xffff || bu[i] != 0xffff;
+        continue;
+      }
+      differ += bg[i] != bwg[i] || bu[i] != bwu[i];
+      float eg, eu;
+      mok::numerics::swiglu_backward(bf(b_g[i]), bf(b_u[i]), bf(b_dh[i]), &eg, &eu);
+      far += !close(bg[i], eg) || !close(bu[i], eu);
+      checked += 2;
+    }
+  }
+  std::printf("[ mok ] dgrad + SwiGLU backward N=%d K=%d G=%d%s: %lld values, %lld one bf16 ulp "
+              "from the exact expression\n",
+              n, k, G, dense ? " dense" : "", checked, off_by_one_ulp);
+  EXPECT_EQ(differ, 0) << "epilogue differs from swiglu_backward_fast of the plain dgrad's dh";
+  EXPECT_EQ(stray, 0) << "padding rows or rows past the groups were written";
+  EXPECT_EQ(far, 0) << "more than one bf16 ulp from the exact SwiGLU backward";
+  EXPECT_LT(off_by_one_ulp, checked / 100 + 1) << "more boundary cases than the approximation explains";
+
+  // Run to run and across the consumer schedules: the same bits.
+  for (Consumers cs : {g_consumers, other_consumers()}) {
+    dg2.poison();
+    du2.poison();
+    launch(nullptr, dg2.p, du2.p, cs);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(bitwise_equal(dg, dg2) && bitwise_equal(du, du2))
+        << (cs == g_consumers ? "two runs differ" : "the two consumer schedules differ");
+  }
+}
+
+TEST_P(GemmDgrad, SwigluBackwardEpilogueSmallOddGroups) {
+  REQUIRE_HOPPER();
+  run_dgrad_swiglu({0, 1, 130, 77, 0, 300}, 320, 192, false);
+}
+
+TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
+  REQUIRE_HOPPER();
+  run_dgrad_swiglu({999}, 512, 256, true);
+  run_dgrad_swiglu({3000, 0, 2, 1}, 768, 448, false);
+}
+
+TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
+  REQUIRE_HOPPER();
+  Layout l({100});
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64), x(std::size_t(l.capacity) * 64);
+  Buffer<int> slots(l.capacity);
+  Buffer<void*> peers(1);
+  mok::gemm::RowsTimesWeightArgs args;
+  args.segments = l.segments();
+  args.a = a.p;
+  args.ld_a = 64;
+  args.w = w.p;
+  args.ld_out = 64;
+  args.n = 64;
+  args.k = 64;
+  args.swiglu = {x.p, x.p, x.p, nullptr};
+  EXPECT_THROW(mok::gemm::rows_times_weight(args), mok::Error);
+  args.swiglu.d_up = x.p;
+  args.scatter = {slots.p, 1, peers.p};
+  try {
+    mok::gemm::rows_times_weight(args);
+    ADD_FAILURE() << "a row scatter with the SwiGLU epilogue was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("swiglu"), std::string::npos) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -214,6 +214,75 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
   }
 }
 
+// The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
+// would store it, then, per 8 columns of a row, 16 bytes of g and u in and 16 bytes of dg and du
+// out. The loads of kBatch such pieces are issued before the first is used.
+template <class F>
+__device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
+                                                      const TileInfo& t, const KernelParams& p,
+                                                      int wg, int warp, int lane) {
+  static_assert(F::kind == FormKind::kRowsW, "the down dgrad's epilogue");
+  constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
+  constexpr int kBatch = 4;
+  static_assert(kPieces % kBatch == 0, "whole batches");
+  const int n0 = t.n0 * F::kTileN;
+  const int q = lane % 4;
+#pragma unroll
+  for (int b = 0; b < F::kBlocks; ++b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+      const bool row_ok = r < t.row_count;
+      const long long row = static_cast<long long>(t.row_base + r) * p.ld_out;
+#pragma unroll
+      for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
+        uint4 g[kBatch], u[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int col = n0 + 8 * (4 * (c0 + i) + q);
+          g[i] = u[i] = make_uint4(0, 0, 0, 0);
+          if (row_ok && col < p.n) {
+            g[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_gate + row + col));
+            u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row + col));
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int c = c0 + i;
+          std::uint32_t v[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int a = b * F::kBlockAcc + 4 * (4 * c + j) + 2 * h;
+            v[j] = pack_bf16x2(acc[a], acc[a + 1]);
+          }
+          const uint4 dh = quad_gather(v[0], v[1], v[2], v[3], q);
+          const std::uint32_t dh_w[4] = {dh.x, dh.y, dh.z, dh.w};
+          const std::uint32_t g_w[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
+          const std::uint32_t u_w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
+          std::uint32_t dg_w[4], du_w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float dg0, du0, dg1, du1;
+            numerics::swiglu_backward_fast(low_bf16(g_w[e]), low_bf16(u_w[e]), low_bf16(dh_w[e]),
+                                           &dg0, &du0);
+            numerics::swiglu_backward_fast(high_bf16(g_w[e]), high_bf16(u_w[e]),
+                                           high_bf16(dh_w[e]), &dg1, &du1);
+            dg_w[e] = pack_bf16x2(dg0, dg1);
+            du_w[e] = pack_bf16x2(du0, du1);
+          }
+          const int col = n0 + 8 * (4 * c + q);
+          if (row_ok && col < p.n) {
+            *reinterpret_cast<uint4*>(p.d_gate + row + col) =
+                make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
+            *reinterpret_cast<uint4*>(p.d_up + row + col) =
+                make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // The bf16 wgrad epilogue through shared memory and TMA (F::kTmaStore). Each consumer warpgroup
 // owns half of the staging tile: its 64 x 256 accumulators as four 64 x 64 boxes in the 128-byte
 // swizzled layout the tensor map expects (16-byte piece k of row r at piece k ^ (r % 8)), written
@@ -287,6 +356,12 @@ __device__ __forceinline__ void store_tile(const float (&acc)[F::kAcc], const Ti
   if constexpr (F::kind == FormKind::kGateUp) {
     store_swiglu<F>(acc, t, p, wg, warp, lane);
   } else {
+    if constexpr (F::kind == FormKind::kRowsW) {
+      if (p.d_gate != nullptr) {
+        store_swiglu_backward<F>(acc, t, p, wg, warp, lane);
+        return;
+      }
+    }
     store_plain<F>(acc, t, p, wg, warp, lane);
   }
 }

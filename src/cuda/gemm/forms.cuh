@@ -78,6 +78,10 @@ struct KernelParams {
   __nv_bfloat16* gate_out;  // gate/up: optional pre-activations
   __nv_bfloat16* up_out;
   const float* row_scale;   // RowsWT: optional
+  const __nv_bfloat16* swiglu_gate;  // RowsW: optional SwigluBackwardEpilogue (d_gate set)
+  const __nv_bfloat16* swiglu_up;
+  __nv_bfloat16* d_gate;
+  __nv_bfloat16* d_up;
   const int* scatter_rows;  // M-grouped bf16: optional RowScatter
   unsigned scatter_slots;
   void* const* scatter_peers;

@@ -88,6 +88,17 @@ struct RowsTimesWeightTArgs {
   cudaStream_t stream = nullptr;
 };
 
+// The SwiGLU backward as the epilogue of the down projection's input gradient: instead of storing
+// dh = bf16(a W) the epilogue reads the forward's g and u at the same rows and columns and stores
+//   dg, du = bf16(swiglu_backward(g, u, dh))   (numerics::swiglu_backward_fast)
+// so dh never reaches memory. All four [capacity_rows, n] bf16 with the output's ld_out.
+struct SwigluBackwardEpilogue {
+  const __nv_bfloat16* gate = nullptr;  // g of the forward
+  const __nv_bfloat16* up = nullptr;    // u of the forward
+  __nv_bfloat16* d_gate = nullptr;
+  __nv_bfloat16* d_up = nullptr;
+};
+
 // out = bf16(a[r] W[e]): the input gradient of a projection (B not transposed), e.g.
 // dh = dy W_down[e] with a = dy [rows, H], W = W_down [G, H, I], n = I, k = H.
 // With a2 and w2: out = bf16(a[r] W[e] + a2[r] W2[e]) in one fp32 accumulator (the K blocks of
@@ -105,6 +116,8 @@ struct RowsTimesWeightArgs {
   __nv_bfloat16* out = nullptr;       // [capacity_rows, n], ld_out
   std::int64_t ld_out = 0;
   RowScatter scatter;  // optional: out's rows scattered to peers instead
+  // optional (all four pointers or none; not with a scatter): out is not written (may be null)
+  SwigluBackwardEpilogue swiglu;
   int n = 0;
   int k = 0;
   cudaStream_t stream = nullptr;

@@ -454,7 +454,28 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   p.k_blocks_first = dual ? args.k / kTileK : 0;
   p.n = args.n;
   p.b_rows_per_group = args.k;
-  set_output(p, args.out, args.ld_out, args.n, args.scatter);
+  const SwigluBackwardEpilogue& sw = args.swiglu;
+  const bool swiglu = sw.d_gate != nullptr;
+  check(swiglu == (sw.gate != nullptr) && swiglu == (sw.up != nullptr) &&
+            swiglu == (sw.d_up != nullptr),
+        "swiglu", "all four of gate, up, d_gate, d_up device pointers, or all null",
+        "some of them null");
+  if (swiglu) {
+    check(args.scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
+    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+          to_text(args.ld_out));
+    check_aligned(sw.gate, "swiglu.gate");
+    check_aligned(sw.up, "swiglu.up");
+    check_aligned(sw.d_gate, "swiglu.d_gate");
+    check_aligned(sw.d_up, "swiglu.d_up");
+    p.ld_out = args.ld_out;
+    p.swiglu_gate = sw.gate;
+    p.swiglu_up = sw.up;
+    p.d_gate = sw.d_gate;
+    p.d_up = sw.d_up;
+  } else {
+    set_output(p, args.out, args.ld_out, args.n, args.scatter);
+  }
   if (!dual) {
     launch<F>(a, b, a, b, p, args.stream);
     return;

@@ -9,7 +9,6 @@
 #include "cuda/kernels/finalize_grad.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
-#include "cuda/kernels/swiglu_backward.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "mok/schedule.hpp"
 
@@ -51,14 +50,13 @@ struct RankBuffers {
   };
   PassSet context, scratch;
   bf16* y = nullptr;   // [R, H]: down output (forward), dy (backward)
-  bf16* dh = nullptr;  // [R, I]
   bf16* dg = nullptr;  // [R, I]
   bf16* du = nullptr;  // [R, I]
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
   // shared expert
   bf16 *s_gate = nullptr, *s_up = nullptr, *s_hidden = nullptr;  // [T, S] context
   bf16* s_out = nullptr;                                         // [T, H]: output, then dx
-  bf16 *s_dh = nullptr, *s_dg = nullptr, *s_du = nullptr;        // [T, S]
+  bf16 *s_dg = nullptr, *s_du = nullptr;                         // [T, S]
   // fp32 reductions of the routed weight gradients over several passes (max_passes > 1 only)
   float *acc_gate = nullptr, *acc_up = nullptr, *acc_down = nullptr;
 };
@@ -110,14 +108,16 @@ void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowSc
   gemm::rows_times_weight_t(a);
 }
 
-// dh = bf16(dy W_down).
-void down_dgrad(const ExpertRows& e, const bf16* dy, bf16* dh) {
+// dh = bf16(dy W_down) and, in the same GEMM's epilogue, the SwiGLU backward:
+// dg, du = bf16(swiglu_backward(g, u, dh)); dh itself is never stored.
+void down_dgrad_swiglu(const ExpertRows& e, const bf16* dy, const bf16* g, const bf16* u, bf16* dg,
+                       bf16* du) {
   gemm::RowsTimesWeightArgs a;
   a.segments = e.segments;
   a.a = dy;
   a.ld_a = e.hidden;
   a.w = e.w_down;
-  a.out = dh;
+  a.swiglu = {g, u, dg, du};
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
@@ -189,26 +189,17 @@ void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16*
 }
 
 // Backward through one expert family, given dy (and x, g, u, h of the forward):
-//   dh = dy W_down, dg/du = SwiGLU backward, dx = dg W_gate + du W_up,
+//   dg/du = SwiGLU backward of dh = dy W_down (one GEMM), dx = dg W_gate + du W_up,
 //   dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
 struct ExpertBackward {
   const bf16 *x, *gate, *up, *hidden, *dy;  // forward rows and the output gradient
-  bf16 *dh, *dg, *du, *dx;                  // scratch rows and the input gradient
-  SwigluBackwardParams swiglu_rows;         // which rows the SwiGLU backward covers
+  bf16 *dg, *du, *dx;                       // scratch rows and the input gradient
   GradTarget d_gate, d_up, d_down;
   gemm::RowScatter dx_to;                   // routed: dx rows go to their home slots
 };
 
 void expert_backward(const ExpertRows& e, const ExpertBackward& b) {
-  down_dgrad(e, b.dy, b.dh);
-  SwigluBackwardParams sb = b.swiglu_rows;
-  sb.width = e.width;
-  sb.dh = b.dh;
-  sb.gate = b.gate;
-  sb.up = b.up;
-  sb.d_gate = b.dg;
-  sb.d_up = b.du;
-  check(launch_swiglu_backward(sb, e.stream), "SwiGLU backward");
+  down_dgrad_swiglu(e, b.dy, b.gate, b.up, b.dg, b.du);
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
   weight_grad(e, b.dy, e.hidden, b.hidden, e.width, b.d_down);
   weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate);
@@ -346,7 +337,6 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
       set->hidden = a.take<bf16>(m.ring * I);
     }
     b.y = a.take<bf16>(m.ring * H);
-    b.dh = a.take<bf16>(m.ring * I);
     b.dg = a.take<bf16>(m.ring * I);
     b.du = a.take<bf16>(m.ring * I);
     b.pass_starts = a.take<std::int32_t>(E + 1);
@@ -356,7 +346,6 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
       b.s_up = a.take<bf16>(T * S);
       b.s_hidden = a.take<bf16>(T * S);
       b.s_out = a.take<bf16>(T * H);
-      b.s_dh = a.take<bf16>(T * S);
       b.s_dg = a.take<bf16>(T * S);
       b.s_du = a.take<bf16>(T * S);
     }
@@ -384,11 +373,11 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
       if (set == &b.scratch) place(set->x);
       place(set->gate), place(set->up), place(set->hidden);
     }
-    place(b.y), place(b.dh), place(b.dg), place(b.du);
+    place(b.y), place(b.dg), place(b.du);
     place(b.pass_starts), place(b.pass_rows);
     if (S > 0) {
       place(b.s_gate), place(b.s_up), place(b.s_hidden), place(b.s_out);
-      place(b.s_dh), place(b.s_dg), place(b.s_du);
+      place(b.s_dg), place(b.s_du);
     }
     if (m.passes > 1) place(b.acc_gate), place(b.acc_up), place(b.acc_down);
   }
@@ -529,11 +518,9 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                       b.s_up,
                       b.s_hidden,
                       t.d_out.ptr<const bf16>(),
-                      b.s_dh,
                       b.s_dg,
                       b.s_du,
                       b.s_out /* its d_x */,
-                      {m.dense_rows, 0, T},
                       {&t.grads.d_shared_gate, add, nullptr, true, true},
                       {&t.grads.d_shared_up, add, nullptr, true, true},
                       {&t.grads.d_shared_down, add, nullptr, true, true}};
@@ -559,11 +546,9 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         set.up,
                         set.hidden,
                         b.y,
-                        b.dh,
                         b.dg,
                         b.du,
                         nullptr /* dx: scattered home (dx_to) */,
-                        {m.total_rows(r), std::int64_t{pass} * m.config.macrobatch_size, m.ring},
                         {&t.grads.d_gate, add, multi ? b.acc_gate : nullptr, first, last},
                         {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
                         {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last},
