@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--trace", action="store_true", help="also write each call's Chrome trace")
     args = ap.parse_args()
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {}
     for case in args.cases.split(","):
         weights = bl.make_weights(case, 7)
