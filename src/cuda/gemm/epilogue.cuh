@@ -26,6 +26,19 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
   return 8 * j + 2 * (lane % 4);
 }
 
+// M-grouped forms: whether the group has the row that accumulator rows (b, h) of this lane hold,
+// and that row's first element in a row buffer with leading dimension ld_out.
+struct GroupRow {
+  bool ok;
+  long long offset;
+};
+template <class F>
+__device__ __forceinline__ GroupRow group_row(const TileInfo& t, const KernelParams& p, int wg,
+                                              int b, int warp, int lane, int h) {
+  const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+  return {r < t.row_count, static_cast<long long>(t.row_base + r) * p.ld_out};
+}
+
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -77,9 +90,7 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-      const bool row_ok = r < t.row_count;
-      const long long row = static_cast<long long>(t.row_base + r) * p.ld_out;
+      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
 #pragma unroll
       for (int c = 0; c < F::kTileN / 64; ++c) {
         std::uint32_t hv[4], gv[4], uv[4];
@@ -96,15 +107,15 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
           hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
         }
         const int col = n0 + 8 * (4 * c + q);
-        const bool ok = row_ok && col < p.n;
+        const bool ok = row.ok && col < p.n;
         const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
-        if (ok) *reinterpret_cast<uint4*>(hidden + row + col) = hs;
+        if (ok) *reinterpret_cast<uint4*>(hidden + row.offset + col) = hs;
         if (p.gate_out != nullptr) {
           const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
           const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
           if (ok) {
-            *reinterpret_cast<uint4*>(p.gate_out + row + col) = gs;
-            *reinterpret_cast<uint4*>(p.up_out + row + col) = us;
+            *reinterpret_cast<uint4*>(p.gate_out + row.offset + col) = gs;
+            *reinterpret_cast<uint4*>(p.up_out + row.offset + col) = us;
           }
         }
       }
@@ -231,9 +242,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-      const bool row_ok = r < t.row_count;
-      const long long row = static_cast<long long>(t.row_base + r) * p.ld_out;
+      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
 #pragma unroll
       for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
         uint4 g[kBatch], u[kBatch];
@@ -241,9 +250,9 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
         for (int i = 0; i < kBatch; ++i) {
           const int col = n0 + 8 * (4 * (c0 + i) + q);
           g[i] = u[i] = make_uint4(0, 0, 0, 0);
-          if (row_ok && col < p.n) {
-            g[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_gate + row + col));
-            u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row + col));
+          if (row.ok && col < p.n) {
+            g[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_gate + row.offset + col));
+            u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row.offset + col));
           }
         }
 #pragma unroll
@@ -271,10 +280,10 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
             du_w[e] = pack_bf16x2(du0, du1);
           }
           const int col = n0 + 8 * (4 * c + q);
-          if (row_ok && col < p.n) {
-            *reinterpret_cast<uint4*>(p.d_gate + row + col) =
+          if (row.ok && col < p.n) {
+            *reinterpret_cast<uint4*>(p.d_gate + row.offset + col) =
                 make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
-            *reinterpret_cast<uint4*>(p.d_up + row + col) =
+            *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
                 make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
           }
         }
