@@ -14,6 +14,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -25,7 +26,6 @@ from timing import median_ms  # noqa: E402
 def sustained_ms(fn, seconds=6.0, settle_s=2.0):
     """Median time of fn() over calls issued back to back for `seconds`, leaving out the first
     `settle_s` (while the clock comes down to where the power limit holds it)."""
-    import time
     events = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -1,4 +1,6 @@
 """CUDA-event timing shared by the Python benchmarks (PERF.md's method)."""
+import time
+
 import torch
 
 
@@ -8,7 +10,6 @@ def median_ms(fn, reps=20, warmup=5, warmup_s=0.0):
     power limit by lowering the clock over about a second, so the first timings after an idle GPU
     (a new process, a data set-up) run at a clock a sustained training loop never sees; warming up
     for a few seconds measures every implementation in that sustained state."""
-    import time
     for _ in range(warmup):
         fn()
     start = time.perf_counter()

@@ -24,19 +24,24 @@ MOK_HOST_DEVICE inline Real swiglu(Real g, Real u) {
 }
 
 #if defined(__CUDACC__)
-// The GPU gate/up epilogue's SwiGLU: exp through ex2.approx and an approximate reciprocal
+// sigmoid(g) for the GPU epilogues: exp through ex2.approx and an approximate reciprocal
 // (rcp.approx), a relative error of at most ~2^-19 for |g| < 40, against the 2^-9 of the bf16
-// result it is rounded to. NOTES: the exact expression costs ~3x the instructions, and the
-// epilogue does not overlap the next tile's MMAs (docs/perf/NOTES.md ## gemm, v4). The .ftz forms
-// (what __expf and __fdividef compute, without their fix-ups for subnormal results, 3
-// instructions an element saved, v6): exp(-g) below 2^-126 becomes 0, so silu(g) = g there, within
-// 2^-126 relative of the exact value. Limits as the exact form: g -> -inf gives -0 * u, g -> +inf
-// gives g * u.
-__device__ inline float swiglu_fast(float g, float u) {
+// results. NOTES: the exact expression costs ~3x the instructions, and the epilogues do not
+// overlap the next tile's MMAs (docs/perf/NOTES.md ## gemm, v4). The .ftz forms (what __expf and
+// __fdividef compute, without their fix-ups for subnormal results, 3 instructions an element
+// saved, v6): exp(-g) below 2^-126 becomes 0, so the result is 1 there, within 2^-126 of the exact
+// value; where exp(-g) overflows it is 0, as in the exact form.
+__device__ inline float sigmoid_fast(float g) {
   float e, r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.4426950408889634f));
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
-  return g * r * u;
+  return r;
+}
+
+// The gate/up epilogue's SwiGLU. Limits as the exact form: g -> -inf gives -0 * u, g -> +inf
+// gives g * u.
+__device__ inline float swiglu_fast(float g, float u) {
+  return g * sigmoid_fast(g) * u;
 }
 #endif
 
@@ -50,14 +55,9 @@ MOK_HOST_DEVICE inline void swiglu_backward(Real g, Real u, Real dh, Real* dg, R
 }
 
 #if defined(__CUDACC__)
-// The GPU's SwiGLU backward (the down dgrad's epilogue): the same expressions with sigmoid(g)
-// through ex2.approx and rcp.approx as in swiglu_fast (relative error ~2^-21 for |g| < 40, against
-// the 2^-9 of the bf16 results). Where exp(-g) overflows s is 0, where it underflows 1, as in the
-// exact form.
+// The down dgrad epilogue's SwiGLU backward: swiglu_backward with sigmoid_fast.
 __device__ inline void swiglu_backward_fast(float g, float u, float dh, float* dg, float* du) {
-  float e, s;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.4426950408889634f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.0f + e));
+  const float s = sigmoid_fast(g);
   *du = dh * (g * s);
   *dg = dh * u * (s * (1.0f + g * (1.0f - s)));
 }
