@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
       __nv_bfloat16* hid = alloc_random(size_t(capacity) * c.i, 6, 1.0f);
       __nv_bfloat16* dy = alloc_random(size_t(capacity) * c.h, 7, 1.0f);
       __nv_bfloat16 *out_h, *out_gu, *out_y, *out_dh, *out_dw;
+      unsigned* tickets;  // the wgrad's counter pair (its launches are ordered on one stream)
+      CHECK_CUDA(cudaMalloc(&tickets, 2 * sizeof(unsigned)));
+      CHECK_CUDA(cudaMemset(tickets, 0, 2 * sizeof(unsigned)));
       CHECK_CUDA(cudaMalloc(&out_h, size_t(capacity) * c.i * 2));
       CHECK_CUDA(cudaMalloc(&out_gu, size_t(capacity) * 2 * c.i * 2));
       CHECK_CUDA(cudaMalloc(&out_y, size_t(capacity) * c.h * 2));
@@ -234,6 +237,7 @@ int main(int argc, char** argv) {
       wgrad.ld_out = c.i;
       wgrad.m = c.h;
       wgrad.n = c.i;
+      wgrad.tickets = tickets;
 
       // Correctness before timing, under each consumer schedule: a sampled row of expert 0 and of
       // the last expert (the GEMM tests check every form fully, tests/cpp/test_gemm.cu).
@@ -324,7 +328,7 @@ int main(int argc, char** argv) {
       }
       for (void* p : {(void*)x, (void*)w13, (void*)wg, (void*)wu, (void*)wd, (void*)hid, (void*)dy,
                       (void*)out_h, (void*)out_gu, (void*)out_y, (void*)out_dh, (void*)out_dw,
-                      (void*)d_starts, (void*)d_counts}) {
+                      (void*)d_starts, (void*)d_counts, (void*)tickets}) {
         cudaFree(p);
       }
     }

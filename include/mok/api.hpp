@@ -3,17 +3,28 @@
 //   mok::Problem p{.num_tokens = 4096, .hidden_size = 7168, .intermediate_size = 2048,
 //                  .num_experts = 256, .topk = 8, .shared_intermediate_size = 2048};
 //   mok::Workspace ws(p, mok::Config{}, {.backend = mok::Backend::cpu});
-//   mok::forward(ws, {x, topk_experts, topk_weights}, weights, out);
-//   mok::backward(ws, {x, topk_experts, topk_weights}, weights, d_out, grads);
+//   const mok::ForwardContextLayout layout = mok::forward_context_layout(ws);
+//   std::vector<std::byte> storage(layout.bytes);        // device memory on the CUDA backend
+//   mok::ForwardContext ctx = mok::forward_context_views(layout, storage.data());
+//   mok::forward(ws, {x, topk_experts, topk_weights}, weights, out, ctx);
+//   mok::backward(ws, {x, topk_experts, topk_weights}, weights, ctx, d_out, grads);
 //
 // Views are row-major and contiguous:
 //   x [T, H], topk_experts int64 [T, k] (ids in [0, E) or -1), topk_weights [T, k],
 //   gate, up [E_local, I, H], down [E_local, H, I], shared_gate, shared_up [S, H], shared_down [H,
 //   S], out, d_out, d_x [T, H], d_topk_weights [T, k], weight gradients shaped like their weights.
 // Activations and weights are bf16 with fp32 router weights; the CPU backend also runs everything
-// in f64 (activation_dtype = f64), which the tests use as the exact reference.
+// in f64 (activation_dtype = f64), which the tests use as the exact reference. On the CUDA backend
+// every view is 16-byte aligned (the kernels move 16-byte vectors).
+//
+// Who owns what (DESIGN.md section 3): the forward context (what backward reads of the forward)
+// is tensors the caller owns; the Workspace holds only scratch, so one workspace serves any number
+// of layers of its shape. Calls on one workspace must not run concurrently (two host threads, or
+// two streams whose work overlaps): they share its scratch.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -51,6 +62,45 @@ struct Grads {
   TensorView d_shared_gate, d_shared_up, d_shared_down;  // absent when S == 0
 };
 
+// Which tensors a forward context was computed from: their data pointers, in the order x,
+// topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down (null: absent,
+// or not read by the call that recorded the key). Backward refuses a context whose recorded
+// tensors are not the ones it is given.
+struct ContextKey {
+  static constexpr int kTensors = 9;
+  std::array<const void*, kTensors> tensors{};
+  bool recorded = false;  // false: nothing recorded (the context's pairing is the caller's)
+};
+
+// The forward context (MoK's MoKForwardContext): what backward reads of the forward, in views the
+// caller owns. Its shapes come from the workspace (forward_context_layout):
+//   x_routed       [x_rows, H]        the routed rows of the first ring pass, in schedule order
+//   gate_routed    [routed_rows, I]   their g = bf16(x W_gate^T)
+//   up_routed      [routed_rows, I]   u = bf16(x W_up^T)
+//   hidden_routed  [routed_rows, I]   h = bf16(silu(g) u)
+//   gate_shared, up_shared, hidden_shared  [T, S]: the same for the shared expert (absent when
+//                                          S == 0)
+// The row layout is the backend's: the CUDA backend keeps the first ring pass (its rows in the
+// schedule table's order, later passes are recomputed by backward); the CPU backend keeps one
+// row per slot t*k + j and no x rows (x_rows = 0). Rows the forward did not fill are never read.
+struct ForwardContext {
+  TensorView x_routed, gate_routed, up_routed, hidden_routed;
+  TensorView gate_shared, up_shared, hidden_shared;
+  ContextKey key;  // written by forward / recompute_forward_context, checked by backward
+};
+
+struct ForwardContextLayout {
+  DType dtype = DType::bf16;  // the activation dtype
+  Device device{};
+  std::int64_t x_rows = 0;       // rows of x_routed
+  std::int64_t routed_rows = 0;  // rows of gate/up/hidden_routed
+  std::int64_t hidden_size = 0, intermediate_size = 0;
+  std::int64_t num_tokens = 0, shared_intermediate_size = 0;
+  // forward_context_views: each field at a multiple of 256 bytes from the start, in the order
+  // of ForwardContext's fields; `bytes` in all.
+  std::size_t bytes = 0;
+};
+
 struct WorkspaceOptions {
   Backend backend = Backend::automatic;
   DType activation_dtype = DType::bf16;  // bf16; f64 only on the CPU backend (exact reference)
@@ -64,9 +114,10 @@ struct BackwardOptions {
   bool accumulate_weight_grads = false;
 };
 
-// Everything a layer needs between calls: the forward context (pass 0's intermediates), scratch
-// and, later, the schedule table and symmetric buffers. Sized from Problem and Config only, never
-// from the routing, so no call after construction allocates.
+// The scratch of a layer's calls: the schedule table, ring buffers, symmetric buffers. Sized from
+// Problem and Config only, never from the routing, so no call after construction allocates. It
+// keeps nothing between calls that a later call needs: any number of layers of one shape can
+// share it.
 class Workspace {
  public:
   Workspace(const Problem& problem, const Config& config, const WorkspaceOptions& options = {});
@@ -85,6 +136,13 @@ class Workspace {
   // stream). Calls return once the work is enqueued; they never wait for the device.
   void set_stream(void* stream);
 
+  // How many forward, recompute_forward_context and backward calls this workspace has run (for
+  // tests and diagnostics: a backward never recomputes a forward behind the caller's back).
+  struct CallCounts {
+    std::int64_t forward = 0, recompute = 0, backward = 0;
+  };
+  CallCounts call_counts() const;
+
   struct Impl;
   Impl& impl();
 
@@ -92,15 +150,29 @@ class Workspace {
   std::unique_ptr<Impl> impl_;
 };
 
-// out = S(x) + sum_j w[t,j] * F_{e[t,j]}(x[t]); keeps the forward context in `ws`.
-void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out);
+// The shapes of the forward context this workspace's calls read and write.
+ForwardContextLayout forward_context_layout(const Workspace& ws);
+// The same, without a workspace (`backend` cpu or cuda; nothing is allocated or launched).
+ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, Backend backend,
+                                            DType activation_dtype, int device_index = 0);
 
-// All gradients of <out, d_out>. Needs the context of a forward (or recompute_forward_context)
-// over the same inputs and weights.
-void backward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& d_out,
-              const Grads& grads, const BackwardOptions& options = {});
+// Views of a context laid out in one caller buffer of layout.bytes bytes on layout.device
+// (16-byte aligned; device allocations are).
+ForwardContext forward_context_views(const ForwardContextLayout& layout, void* buffer);
 
-// Rebuilds the forward context without computing `out` (activation checkpointing).
-void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w);
+// out = S(x) + sum_j w[t,j] * F_{e[t,j]}(x[t]); writes the forward context into `ctx`.
+void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out,
+             ForwardContext& ctx);
+
+// All gradients of <out, d_out>, from the context a forward (or recompute_forward_context) over
+// the same inputs and weights wrote. Never recomputes the context itself.
+void backward(Workspace& ws, const Inputs& in, const Weights& w, const ForwardContext& ctx,
+              const TensorView& d_out, const Grads& grads, const BackwardOptions& options = {});
+
+// Writes the forward context again without computing `out` (activation checkpointing): the same
+// bits as the forward's. Reads x, topk_experts, gate, up and the shared gate and up only
+// (topk_weights, down and shared_down may be absent views).
+void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
+                               ForwardContext& ctx);
 
 }  // namespace mok

@@ -106,9 +106,11 @@ class Team {
   ScheduleViews schedule(int rank) const;
 
   // Raises the first device error (bad expert id, barrier timeout) that the mirror shows, then
-  // clears it. Every team call does this first. After a timeout, the barrier counters of every
-  // rank are inconsistent: the team refuses further calls until reset() (on every rank).
-  void check_errors();
+  // clears it (the device-side record in the order of `stream`, a cudaStream_t: the caller's, so
+  // the clear never waits for or races with work on other streams). Every team call does this
+  // first. After a timeout, the barrier counters of every rank are inconsistent: the team refuses
+  // further calls until reset() (on every rank).
+  void check_errors(void* stream = nullptr);
   // Zeroes this process's barrier state and error records (waits for the device).
   void reset();
 

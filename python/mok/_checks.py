@@ -85,8 +85,10 @@ def _static(value, stand_in):
 
 
 def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
-                shared_down, *, with_topk_weights=True):
-    """Checks one layer call's inputs and weights; returns its LayerShape."""
+                shared_down, *, with_topk_weights=True, with_down=True):
+    """Checks one layer call's inputs and weights; returns its LayerShape. Without
+    `with_topk_weights` / `with_down` (recompute_forward_context), topk_weights and the down
+    weights are not read (pass None)."""
     require_tensor("x", x)
     if x.dtype not in ACTIVATION_DTYPES:
         fail("x.dtype", "bfloat16 (or float64 on the cpu backend)", dtype_name(x.dtype), TypeError)
@@ -111,14 +113,17 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
     E, I = gate.shape[0], gate.shape[1]
     check_tensor("routed_gate_weights", gate, act, (E, I, H), device)
     check_tensor("routed_up_weights", up, act, (E, I, H), device)
-    check_tensor("routed_down_weights", down, act, (E, H, I), device)
+    if with_down:
+        check_tensor("routed_down_weights", down, act, (E, H, I), device)
 
-    shared = {"shared_gate_weights": shared_gate, "shared_up_weights": shared_up,
-              "shared_down_weights": shared_down}
+    shared = {"shared_gate_weights": shared_gate, "shared_up_weights": shared_up}
+    if with_down:
+        shared["shared_down_weights"] = shared_down
     given = [n for n, t in shared.items() if t is not None]
-    if given and len(given) != 3:
+    if given and len(given) != len(shared):
         missing = next(n for n, t in shared.items() if t is None)
-        fail(missing, f"a tensor ({given[0]} is given: the shared expert needs all three)", "None")
+        fail(missing, f"a tensor ({given[0]} is given: the shared expert needs all "
+             f"{'three' if with_down else 'of gate and up'})", "None")
     S = 0
     if given:
         require_tensor("shared_gate_weights", shared_gate)
@@ -128,7 +133,8 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
         S = shared_gate.shape[0]
         check_tensor("shared_gate_weights", shared_gate, act, (S, H), device)
         check_tensor("shared_up_weights", shared_up, act, (S, H), device)
-        check_tensor("shared_down_weights", shared_down, act, (H, S), device)
+        if with_down:
+            check_tensor("shared_down_weights", shared_down, act, (H, S), device)
 
     # Sizes, alignment (bf16: H, I, S multiples of 64) and topk <= num_experts: mok's own rules.
     _C.validate_problem(

@@ -7,14 +7,20 @@ call while tracing, with the same message. Expert ids are data and are checked a
 import torch
 
 from mok import _checks, _workspace
-from mok.ops import _check_context, _checks_schedule, _schedule_outputs
+from mok.ops import _checks_schedule, _schedule_outputs, check_context, context_shapes
 
 
-def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True):
+def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
+           with_down=True):
     shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
-                                with_topk_weights=with_topk_weights)
-    _workspace.resolve(handle).check_shape(shape)
-    return shape
+                                with_topk_weights=with_topk_weights, with_down=with_down)
+    ws, config = _workspace.resolve(handle)
+    ws.check_shape(shape)
+    return shape, ws, config
+
+
+def _context(ws, config, shape, like):
+    return tuple(like.new_empty(s) for s in context_shapes(ws, config, shape))
 
 
 @torch.library.register_fake("mok::build_schedule")
@@ -33,29 +39,27 @@ def _schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobat
 def _forward(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
              workspace):
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape = _layer(workspace, x, topk_experts, topk_weights, weights)
-    return x.new_empty((shape.num_tokens, shape.hidden_size)), _context()
-
-
-def _context():
-    return torch.empty((1,), dtype=torch.int64, device="cpu")
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
+    return (x.new_empty((shape.num_tokens, shape.hidden_size)), *_context(ws, config, shape, x))
 
 
 @torch.library.register_fake("mok::recompute_forward_context")
-def _recompute_forward_context(x, topk_experts, gate, up, down, shared_gate, shared_up,
-                               shared_down, workspace):
-    weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False)
-    return _context()
+def _recompute_forward_context(x, topk_experts, gate, up, shared_gate, shared_up, workspace):
+    weights = (gate, up, None, shared_gate, shared_up, None)
+    shape, ws, config = _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False,
+                               with_down=False)
+    return _context(ws, config, shape, x)
 
 
 @torch.library.register_fake("mok::backward")
 def _backward(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
-              shared_down, context, workspace):
+              shared_down, x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+              up_shared, hidden_shared, workspace):
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
-    _check_context(context)
+    check_context((x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                   hidden_shared), context_shapes(ws, config, shape), shape)
     shared = [w.new_empty(w.shape) if w is not None else x.new_empty(0)
               for w in (shared_gate, shared_up, shared_down)]
     return (x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape),
@@ -66,11 +70,13 @@ def _backward(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
 @torch.library.register_fake("mok::backward_main_grad")
 def _backward_main_grad(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
                         shared_up, shared_down, main_gate, main_up, main_down, main_shared_gate,
-                        main_shared_up, main_shared_down, context, workspace):
+                        main_shared_up, main_shared_down, x_routed, gate_routed, up_routed,
+                        hidden_routed, gate_shared, up_shared, hidden_shared, workspace):
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     _checks.check_main_grads(shape, (main_gate, main_up, main_down, main_shared_gate,
                                      main_shared_up, main_shared_down))
-    _check_context(context)
+    check_context((x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                   hidden_shared), context_shapes(ws, config, shape), shape)
     return x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape)

@@ -14,7 +14,9 @@ on one CUDA device; launched on PyTorch's current stream.
   grouped_rows_times_weight(a [R, K], w [G, K, N], starts, rows) -> out [R, N] = a W   (dgrad)
   grouped_weight_grad(a [R, M], b [R, N], starts, rows, out_fp32)
       -> out [G, M, N] = a[rows of g]^T b[rows of g]  (wgrad; a fixed reduction order: same bits
-                                                       every run; empty groups give zeros)
+                                                       every run; empty groups give zeros; CTAs
+                                                       may draw tiles from a ticket counter pair
+                                                       of this call's own)
 
 Output rows outside every group are not written (they hold whatever the allocation held).
 """
@@ -121,7 +123,10 @@ def grouped_weight_grad(a, b, starts, rows, out_fp32):
     _, N = _dims("b", b, 2)
     (G,) = _dims("rows", rows, 1)
     out = _new((G, M, N), torch.float32 if out_fp32 else a.dtype, a.device)
-    _launch(_C.grouped_weight_grad, a.device, *_views(a, b, starts, rows, out), False)
+    # The launch's own ticket counter pair (WeightGradArgs::tickets): zeroed on the stream, fixed
+    # size, no host sync, so concurrent calls and CUDA graph replays never share one.
+    tickets = torch.zeros(2, dtype=torch.int32, device=a.device)
+    _launch(_C.grouped_weight_grad, a.device, *_views(a, b, starts, rows, out, tickets), False)
     return out
 
 

@@ -1,21 +1,15 @@
 """Workspaces on the Python side: handles for the ops, and the C++ workspaces behind them.
 
-mok's C++ Workspace is sized from the whole Problem (T, H, I, E, k, S) and the precision. MoK's
-Python API creates a workspace from (T, H, k) only, before the weights are seen, so a Python
-Workspace creates its C++ workspaces lazily, one per layer shape it meets (a small LRU), sized from
-shapes only, never from routing data.
+mok's C++ Workspace is sized from the whole Problem (T, H, I, E, k, S), the Config and the
+precision, and holds scratch only: the forward context is tensors the caller owns (mok.ops returns
+them), so one C++ workspace serves every layer of its shape. MoK's Python API creates a workspace
+from (T, H, k) only, before the weights are seen, so a Python Workspace creates its C++ workspaces
+lazily, one per layer shape and config it meets (a small LRU), sized from shapes only, never from
+routing data.
 
-The ops (mok.ops) take a workspace as an int handle, so that torch.compile sees a constant:
-handle 0 is the automatic workspace (default MoKConfig, any shape and device), other handles are
-Workspace objects, registered here while they live.
-
-The forward context lives in the C++ workspace. A workspace may serve several layers (MoK's
-get_workspace shares one across layers of equal shape), so every forward gets a token (a number,
-returned as a one-element CPU tensor that travels with the autograd graph) and each C++ workspace
-remembers the token of the context it holds, and the tensors (data pointers and shapes) it was
-built from; backward rebuilds the context from its own inputs (recompute_forward_context) when
-either differs. That rebuild gives the same bits as the
-original forward: the CPU backend is deterministic.
+The ops (mok.ops) take a workspace as an int handle, so that torch.compile sees a constant. A
+handle names a Python workspace and the config its calls use (`Workspace.handle_for(config)`);
+handle 0 is the automatic workspace (default MoKConfig, any shape and device).
 """
 
 import collections
@@ -27,45 +21,40 @@ import torch
 
 from mok import _C, _checks
 
-_MAX_CORES = 8  # C++ workspaces kept per Python workspace (distinct layer shapes)
+_MAX_CORES = 8  # C++ workspaces kept per Python workspace (distinct layer shapes and configs)
 _handles = itertools.count(1)
-_tokens = itertools.count(1)
-_registry: "dict[int, weakref.ref[Workspace]]" = {}
+_registry: "dict[int, tuple[weakref.ref, object]]" = {}  # handle -> (workspace, config)
+_registry_lock = threading.Lock()
 _automatic = None
-_automatic_lock = threading.Lock()
-
-
-def new_token():
-    """A number no other forward context has had."""
-    return next(_tokens)
-
-
-def tensors_key(*tensors):
-    """Which tensors a context was built from (their values are the token's business)."""
-    return tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in tensors)
+_by_config: "dict[object, Workspace]" = {}
+_shared_lock = threading.Lock()
 
 
 class _Core:
-    """One C++ workspace and the forward context it holds: its token (None: no valid context)
-    and the tensors_key of its inputs."""
+    """One C++ workspace. `lock` serializes the calls that use its scratch."""
 
     def __init__(self, native):
         self.native = native
-        self.context_token = None
-        self.context_tensors = None
         self.lock = threading.Lock()
 
 
+def _layout_key(shape, config):
+    return (shape.num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
+            shape.topk, shape.shared_intermediate_size, shape.activation_dtype, shape.device,
+            config)
+
+
 class Workspace:
-    """mok's workspace (MoK's MoKWorkspace): config, group and the fixed shapes it serves.
+    """mok's workspace (MoK's MoKWorkspace): group and the fixed shapes it serves, and scratch.
 
     Create it with mok.functional.get_workspace / create_workspace. Fields left None (the automatic
-    workspace and nn.MoE's own) follow the tensors of each call.
+    workspace and mok.nn.MoE's) follow the tensors of each call. Calls on one workspace must not
+    overlap on the device (two streams): they share its scratch.
     """
 
     def __init__(self, config, *, group=None, ep_rank=0, ep_size=1, device=None,
                  num_local_tokens=None, hidden_size=None, topk=None):
-        self.config = config
+        self.config = config  # the config of `handle`; calls may pass another (handle_for)
         self.group = group
         self.ep_rank = ep_rank
         self.ep_size = ep_size
@@ -75,8 +64,17 @@ class Workspace:
         self.topk = topk
         self._cores = collections.OrderedDict()
         self._cores_lock = threading.Lock()
-        self.handle = next(_handles)
-        _registry[self.handle] = weakref.ref(self, _forget(self.handle))
+        self._handles = {}
+        self.handle = self.handle_for(config)
+
+    def handle_for(self, config):
+        """The op handle that runs this workspace's calls with `config`."""
+        with _registry_lock:
+            handle = self._handles.get(config)
+            if handle is None:
+                handle = self._handles[config] = next(_handles)
+                _registry[handle] = (weakref.ref(self, _forget(handle)), config)
+            return handle
 
     def __repr__(self):
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in (
@@ -94,8 +92,14 @@ class Workspace:
 
     @property
     def bytes(self):
-        """Host memory held by the C++ workspaces created so far."""
-        return sum(c.native.bytes for c in self._cores.values())
+        """Memory (device memory on CUDA) held by the C++ workspaces created so far."""
+        return sum(c.native.bytes for c in list(self._cores.values()))
+
+    @property
+    def call_counts(self):
+        """(forward, recompute_forward_context, backward) calls run through this workspace."""
+        counts = [c.native.call_counts for c in list(self._cores.values())]
+        return tuple(sum(c[i] for c in counts) for i in range(3))
 
     def check_shape(self, shape):
         """The call's tensors against the shapes this workspace was created for."""
@@ -109,26 +113,28 @@ class Workspace:
             if want is not None and want != got:
                 _checks.fail(arg, f"{want} (the workspace's {field})", got)
 
-    def core(self, shape):
-        """The C++ workspace for `shape`, created on first use."""
-        key = (shape.num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
-               shape.topk, shape.shared_intermediate_size, shape.activation_dtype, shape.device)
+    def context_rows(self, shape, config):
+        """(x_rows, routed_rows) of the forward context for `shape` and `config` (no workspace
+        is created: fake implementations call this too)."""
+        # NOTES: meta tensors (shape inference) take the layout of the backend a real call would
+        # run on where no device says which: CUDA when it is available.
+        backend = shape.device.type if shape.device.type in ("cpu", "cuda") else "auto"
+        return _C.context_rows(**_native_args(shape, config, self.ep_size, self.ep_rank),
+                               backend=backend,
+                               activation_dtype=_checks.dtype_name(shape.activation_dtype))
+
+    def core(self, shape, config):
+        """The C++ workspace for `shape` and `config`, created on first use."""
+        key = _layout_key(shape, config)
         with self._cores_lock:
             core = self._cores.get(key)
             if core is not None:
                 self._cores.move_to_end(key)
                 return core
-            c, d = self.config, shape.device
+            d = shape.device
             native = _C.Workspace(
-                num_tokens=shape.num_tokens, hidden_size=shape.hidden_size,
-                intermediate_size=shape.intermediate_size,
-                num_experts=shape.num_experts * self.ep_size, topk=shape.topk,
-                shared_intermediate_size=shape.shared_intermediate_size, ep_size=self.ep_size,
-                ep_rank=self.ep_rank, fwd_num_comm_sms=c.fwd_num_comm_sms,
-                bwd_num_comm_sms=c.bwd_num_comm_sms, minibatch_size=c.minibatch_size,
-                macrobatch_size=c.macrobatch_size,
-                schedule_capacity_multiplier=c.schedule_capacity_multiplier,
-                backend=d.type, activation_dtype=_checks.dtype_name(shape.activation_dtype),
+                **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
+                activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
                 device_index=d.index if d.index is not None else 0)
             core = self._cores[key] = _Core(native)
@@ -137,19 +143,33 @@ class Workspace:
             return core
 
 
+def _native_args(shape, c, ep_size, ep_rank):
+    return dict(num_tokens=shape.num_tokens, hidden_size=shape.hidden_size,
+                intermediate_size=shape.intermediate_size,
+                num_experts=shape.num_experts * ep_size, topk=shape.topk,
+                shared_intermediate_size=shape.shared_intermediate_size, ep_size=ep_size,
+                ep_rank=ep_rank, fwd_num_comm_sms=c.fwd_num_comm_sms,
+                bwd_num_comm_sms=c.bwd_num_comm_sms, minibatch_size=c.minibatch_size,
+                macrobatch_size=c.macrobatch_size,
+                schedule_capacity_multiplier=float(c.schedule_capacity_multiplier))
+
+
 def _rebuild(config, ep_rank, ep_size, device, num_local_tokens, hidden_size, topk):
     return Workspace(config, ep_rank=ep_rank, ep_size=ep_size, device=device,
                      num_local_tokens=num_local_tokens, hidden_size=hidden_size, topk=topk)
 
 
 def _forget(handle):
-    return lambda _ref: _registry.pop(handle, None)
+    def forget(_ref):
+        with _registry_lock:
+            _registry.pop(handle, None)
+    return forget
 
 
 def automatic():
     """Handle 0: default MoKConfig, one device, any shape."""
     global _automatic
-    with _automatic_lock:
+    with _shared_lock:
         if _automatic is None:
             from mok.functional import MoKConfig
 
@@ -157,11 +177,27 @@ def automatic():
         return _automatic
 
 
-def resolve(handle):
-    if handle == 0:
+def for_config(config):
+    """The shared workspace of one device for `config` (any shape): mok.nn.MoE modules of one
+    config share it, and with it every C++ workspace of their shape."""
+    from mok.functional import MoKConfig
+
+    if config is None or config == MoKConfig():
         return automatic()
-    ref = _registry.get(handle)
-    ws = ref() if ref is not None else None
+    with _shared_lock:
+        ws = _by_config.get(config)
+        if ws is None:
+            ws = _by_config[config] = Workspace(config)
+        return ws
+
+
+def resolve(handle):
+    """(workspace, config) of an op handle."""
+    if handle == 0:
+        ws = automatic()
+        return ws, ws.config
+    entry = _registry.get(handle)
+    ws = entry[0]() if entry is not None else None
     if ws is None:
         _checks.fail("workspace", "the handle of a live mok workspace (or 0: automatic)", handle)
-    return ws
+    return ws, entry[1]

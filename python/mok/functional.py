@@ -14,14 +14,14 @@
         w_shared_gate, w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
 
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
-expert's weights may be None (its gradients are then None); any number of tokens; `-1` slots;
-bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported yet: MXFP8 weight
-tuples and `swiglu_limit` (both raise).
+expert's weights may be None (its gradients and context tensors are then None); any number of
+tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported
+yet: MXFP8 weight tuples and `swiglu_limit` (both raise).
 
-The forward context lives inside the workspace (mok's C++ core keeps it there); MoKForwardContext
-names it. When the workspace holds another call's context by the time backward runs (several layers
-sharing one cached workspace, or recompute_forward_context called without the down weights),
-backward rebuilds it first from its own arguments, with the same bits.
+The forward context is MoK's MoKForwardContext: tensors the caller owns (autograd saves them), so
+one workspace serves any number of layers of its shape, and backward never recomputes the forward
+behind the caller's back. recompute_forward_context (activation checkpointing) returns the same
+context bit for bit.
 """
 
 import dataclasses
@@ -95,14 +95,34 @@ class MoKSchedule:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoKForwardContext:
-    """Names the forward context a workspace holds (see the module docstring)."""
+    """What backward reads of the forward, in tensors the caller owns (MoK's fields).
 
-    workspace_handle: int
-    context: "torch.Tensor | None"  # the token mok.ops returned; None: backward rebuilds it
+    x_routed [R_x, H] and gate_routed, up_routed, hidden_routed [R, I]: the routed rows of the
+    first ring pass in the schedule's order on CUDA (R = R_x = the rows of one pass); on the CPU
+    backend one row per slot t*k + j (R = T*k) and no x rows. gate_shared, up_shared,
+    hidden_shared [T, S]: the shared expert's (None without one). Rows the forward did not fill
+    (padding, slots of other ranks' experts) hold unspecified values and are never read."""
 
-    @property
-    def built(self):
-        return self.context is not None
+    x_routed: torch.Tensor
+    gate_shared: "torch.Tensor | None"
+    gate_routed: torch.Tensor
+    up_shared: "torch.Tensor | None"
+    up_routed: torch.Tensor
+    hidden_shared: "torch.Tensor | None"
+    hidden_routed: torch.Tensor
+
+    @classmethod
+    def _from_ops(cls, tensors, has_shared):
+        x_routed, gate_routed, up_routed, hidden_routed, gate_s, up_s, hidden_s = tensors
+        if not has_shared:
+            gate_s = up_s = hidden_s = None
+        return cls(x_routed=x_routed, gate_shared=gate_s, gate_routed=gate_routed,
+                   up_shared=up_s, up_routed=up_routed, hidden_shared=hidden_s,
+                   hidden_routed=hidden_routed)
+
+    def _ops_args(self):
+        return (self.x_routed, self.gate_routed, self.up_routed, self.hidden_routed,
+                self.gate_shared, self.up_shared, self.hidden_shared)
 
 
 _cache: "dict[tuple, Workspace]" = {}
@@ -158,13 +178,12 @@ def create_workspace(config, group, *, device, num_local_tokens, hidden_size, to
 
 
 def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
-    """The cached workspace for (config, group, device, shapes), created on first use.
-
-    MoK shares one workspace between layers of equal shape; so does mok."""
+    """The cached workspace for (group, device, num_local_tokens, hidden_size, topk), created on
+    first use: what MoK caches by. Every layer of those shapes shares it, whatever its config
+    (calls pass their own; the C++ scratch is kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
-    key = (config, id(group) if group is not None else None, device, num_local_tokens,
-           hidden_size, topk)
+    key = (_group_key(group), device, num_local_tokens, hidden_size, topk)
     with _cache_lock:
         ws = _cache.get(key)
         if ws is None:
@@ -172,6 +191,13 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
                                          device=device, num_local_tokens=num_local_tokens,
                                          hidden_size=hidden_size, topk=topk)
         return ws
+
+
+def _group_key(group):
+    if group is None:
+        return None
+    name = getattr(group, "group_name", None)
+    return name if name is not None else id(group)
 
 
 def clear_workspace_cache():
@@ -186,6 +212,8 @@ def _require(name, value, kind):
 
 
 def _common(config, workspace, schedule, swiglu_limit):
+    """Checks the call's config, workspace and schedule; returns the op handle (the workspace
+    with this config)."""
     _require("config", config, MoKConfig)
     _require("workspace", workspace, Workspace)
     if schedule is not None:
@@ -195,8 +223,7 @@ def _common(config, workspace, schedule, swiglu_limit):
                          "one from another workspace")
     if swiglu_limit is not None:
         _checks.fail("swiglu_limit", "None (mok has no clamped SwiGLU yet)", swiglu_limit)
-    if config != workspace.config:
-        _checks.fail("config", f"the workspace's config {workspace.config}", config)
+    return workspace.handle_for(config)
 
 
 def _weights(routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down):
@@ -248,33 +275,28 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             routed_down_weights, swiglu_limit=None):
     """out = shared(x) + sum_j router_weights[:, j] * expert_{topk_experts[:, j]}(x).
 
-    Returns (out, forward_context)."""
-    _common(config, workspace, schedule, swiglu_limit)
+    Returns (out, forward_context): a MoKForwardContext of tensors the caller owns."""
+    handle = _common(config, workspace, schedule, swiglu_limit)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
-    out, context = ops.forward(x, schedule.topk_experts, router_weights, *weights,
-                               workspace.handle)
-    return out, MoKForwardContext(workspace.handle, context)
+    out, *context = ops.forward(x, schedule.topk_experts, router_weights, *weights, handle)
+    return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
 def recompute_forward_context(config, workspace, schedule, x, shared_gate_weights,
                               shared_up_weights, routed_gate_weights, routed_up_weights,
-                              swiglu_limit=None, *, shared_down_weights=None,
-                              routed_down_weights=None):
-    """Rebuilds the forward context (activation checkpointing).
-
-    mok's context also holds the expert outputs, which need the down weights: pass them
-    (keywords) to rebuild now; without them backward rebuilds the context itself."""
-    _common(config, workspace, schedule, swiglu_limit)
-    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
-                       shared_gate_weights, shared_up_weights, shared_down_weights)
+                              swiglu_limit=None):
+    """The forward context again, bit for bit (activation checkpointing): gate/up only, no down
+    projection and no router weights, as MoK's signature says."""
+    handle = _common(config, workspace, schedule, swiglu_limit)
+    _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
+             shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
-    if routed_down_weights is None or (shared_gate_weights is not None
-                                       and shared_down_weights is None):
-        return MoKForwardContext(workspace.handle, None)
-    context = ops.recompute_forward_context(x, schedule.topk_experts, *weights, workspace.handle)
-    return MoKForwardContext(workspace.handle, context)
+    context = ops.recompute_forward_context(x, schedule.topk_experts, routed_gate_weights,
+                                            routed_up_weights, shared_gate_weights,
+                                            shared_up_weights, handle)
+    return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
 def backward(config, workspace, schedule, forward_context, grad_output, x, router_weights,
@@ -285,22 +307,20 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
         (d_x, d_router_weights, d_w_routed_gate, d_w_routed_up, d_w_routed_down,
          d_w_shared_gate, d_w_shared_up, d_w_shared_down)
 
-    The shared ones are None without a shared expert. `main_grads` (MoK's order: shared gate,
-    routed gate, shared up, routed up, shared down, routed down; fp32, shared ones None when
-    absent) are accumulated into in place and returned in the weight-gradient places."""
-    _common(config, workspace, schedule, swiglu_limit)
+    from `forward_context` (what forward or recompute_forward_context returned for these inputs
+    and weights). The shared ones are None without a shared expert. `main_grads` (MoK's order:
+    shared gate, routed gate, shared up, routed up, shared down, routed down; fp32, shared ones
+    None when absent) are accumulated into in place and returned in the weight-gradient places."""
+    handle = _common(config, workspace, schedule, swiglu_limit)
     _require("forward_context", forward_context, MoKForwardContext)
-    if forward_context.workspace_handle != workspace.handle:
-        _checks.fail("forward_context", "a context from this workspace",
-                     "one from another workspace")
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
+    context = forward_context._ops_args()
     has_shared = shared_gate_weights is not None
     if main_grads is None:
         d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.backward(
-            grad_output, x, schedule.topk_experts, router_weights, *weights,
-            forward_context.context, workspace.handle)
+            grad_output, x, schedule.topk_experts, router_weights, *weights, *context, handle)
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd
@@ -309,6 +329,5 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
                      "routed up, shared down, routed down)", repr(type(main_grads).__name__))
     msg, mrg, msu, mru, msd, mrd = main_grads
     d_x, d_w = ops.backward_main_grad(grad_output, x, schedule.topk_experts, router_weights,
-                                      *weights, mrg, mru, mrd, msg, msu, msd,
-                                      forward_context.context, workspace.handle)
+                                      *weights, mrg, mru, mrd, msg, msu, msd, *context, handle)
     return d_x, d_w, mrg, mru, mrd, msg, msu, msd

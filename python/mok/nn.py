@@ -32,9 +32,9 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     (mok::forward) whose gradient is another (mok::backward).
     """
     handle = 0 if workspace is None else workspace.handle
-    out, _context = ops.forward(x, topk_experts, topk_weights, routed_gate_weights,
-                                routed_up_weights, routed_down_weights, shared_gate_weights,
-                                shared_up_weights, shared_down_weights, handle)
+    out, *_context = ops.forward(x, topk_experts, topk_weights, routed_gate_weights,
+                                 routed_up_weights, routed_down_weights, shared_gate_weights,
+                                 shared_up_weights, shared_down_weights, handle)
     return out
 
 
@@ -108,12 +108,9 @@ class MoE(torch.nn.Module):
         else:
             for name in ("shared_gate_weights", "shared_up_weights", "shared_down_weights"):
                 self.register_parameter(name, None)
-        if config is None:
-            from mok.functional import MoKConfig
-
-            config = MoKConfig()
-        # A workspace of this layer's own, so that its forward context stays until its backward.
-        self._workspace = _workspace.Workspace(config)
+        # Scratch shared with every module of this config (and, through it, of this shape): the
+        # forward context is autograd's, so nothing of one layer's call outlives it there.
+        self._workspace = _workspace.for_config(config)
         self.reset_parameters()
 
     @torch.no_grad()

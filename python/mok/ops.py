@@ -14,23 +14,30 @@ backend's exact mode):
   build_schedule(topk_experts [T, k] int64, num_experts, num_local_experts, first_local_expert)
       -> tokens_per_expert [num_local_experts] int32      validates every id in [-1, num_experts)
   forward(x [T, H], topk_experts, topk_weights [T, k], routed gate/up [E, I, H], down [E, H, I],
-          shared gate/up [S, H], down [H, S] (or None), workspace) -> (out [T, H], context)
-  backward(d_out [T, H], <forward's inputs>, context, workspace)
+          shared gate/up [S, H], down [H, S] (or None), workspace)
+      -> (out [T, H], *context)
+  backward(d_out [T, H], <forward's inputs>, *context, workspace)
       -> (d_x, d_topk_weights, d_routed_gate, d_routed_up, d_routed_down,
           d_shared_gate, d_shared_up, d_shared_down)     the shared ones empty [0] when absent
   backward_main_grad(d_out, <forward's inputs>, main_routed_gate, main_routed_up, main_routed_down,
-                     main_shared_gate, main_shared_up, main_shared_down, context, workspace)
+                     main_shared_gate, main_shared_up, main_shared_down, *context, workspace)
       -> (d_x, d_topk_weights)          weight gradients added into fp32 buffers (main grads)
-  recompute_forward_context(x, topk_experts, <weights>, workspace) -> context
+  recompute_forward_context(x, topk_experts, routed gate, up, shared gate, up, workspace)
+      -> context
+
+`context` is the forward context, seven tensors the caller owns (MoK's MoKForwardContext fields,
+in this order): x_routed [R_x, H], gate_routed, up_routed, hidden_routed [R, I], gate_shared,
+up_shared, hidden_shared [T, S] (empty [0] tensors without a shared expert). Their row counts
+come from the workspace (CUDA: the rows of one ring pass; CPU: one row per slot, no x rows).
+backward reads them and never recomputes them; recompute_forward_context writes the same bits as
+forward (activation checkpointing).
 
 The grouped GEMM forms the layer is built from, on CUDA tensors (mok/_grouped_gemm.py has the
 details): grouped_gate_up, grouped_rows_times_weight_t, grouped_rows_times_weight,
 grouped_weight_grad; rows in groups given by int32 device tensors (starts [G + 1], rows [G]).
 
-`workspace` is a workspace handle (mok.functional.Workspace.handle, or 0 for the automatic
-workspace). `context` names the forward context the workspace keeps (an int64 [1] CPU tensor, see
-mok/_workspace.py); backward rebuilds the context from its inputs when the workspace holds another
-one, or when `context` is None. `forward` is differentiable: its gradient runs `backward`.
+`workspace` is a workspace handle (mok.functional.Workspace.handle_for(config), or 0 for the
+automatic workspace). `forward` is differentiable: its gradient runs `backward`.
 """
 
 import torch
@@ -57,41 +64,50 @@ def _views(*tensors):
     return [_checks.view_of(t) for t in tensors]
 
 
-def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True):
+_CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
+                 "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
+_CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
+
+
+def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
+           with_down=True):
     shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
-                                with_topk_weights=with_topk_weights)
-    ws = _workspace.resolve(handle)
+                                with_topk_weights=with_topk_weights, with_down=with_down)
+    ws, config = _workspace.resolve(handle)
     ws.check_shape(shape)
-    return shape, ws.core(shape)
+    return shape, ws, config
+
+
+def context_shapes(ws, config, shape):
+    """The seven context tensors' shapes for a layer of `shape` run through `ws` with `config`."""
+    x_rows, rows = ws.context_rows(shape, config)
+    T, H, I, S = (shape.num_tokens, shape.hidden_size, shape.intermediate_size,
+                  shape.shared_intermediate_size)
+    shared = (T, S) if S > 0 else (0,)
+    return ((x_rows, H), (rows, I), (rows, I), (rows, I), shared, shared, shared)
+
+
+def _new_context(ws, config, shape):
+    # NOTES: never poisoned: rows a forward does not fill (padding, slots of other ranks) are never
+    # read, and filling the context would cost a pass over it per call.
+    return tuple(torch.empty(s, dtype=shape.activation_dtype, device=shape.device)
+                 for s in context_shapes(ws, config, shape))
+
+
+def _context_views(context):
+    """The seven context tensors as view tuples (None for the absent shared ones)."""
+    return [None if (t is None or (i >= 4 and t.dim() == 1 and t.numel() == 0))
+            else _checks.view_of(t) for i, t in enumerate(context)]
 
 
 def _call(fn, core, device, *args, **kwargs):
     """Runs a C++ entry point; for CUDA on the device's current PyTorch stream (no waiting)."""
-    if device.type != "cuda":
-        return fn(core.native, *args, **kwargs)
-    with torch.cuda.device(device):
-        core.native.set_stream(torch.cuda.current_stream(device).cuda_stream)
-        return fn(core.native, *args, **kwargs)
-
-
-def _token_tensor(token):
-    # NOTES: a CPU tensor whatever the device of the layer, so reading it never waits for a GPU.
-    # Tokens are drawn in Python at call time: a CUDA-graph replay (no Python) would reuse them, so
-    # the CUDA backend will need its context named on the device instead.
-    return torch.full((1,), token, dtype=torch.int64)
-
-
-def _ensure_context(core, context, x, topk_experts, topk_weights, weights):
-    """Makes `core` hold the forward context named by `context`, rebuilding it from these inputs
-    (the ones that forward saw) when it holds another."""
-    token = int(context[0]) if context is not None else None
-    tensors = _workspace.tensors_key(x, topk_experts, *weights)
-    if token is None or core.context_token != token or core.context_tensors != tensors:
-        core.context_token = None
-        _call(_C.recompute_forward_context, core, x.device,
-              *_views(x, topk_experts, topk_weights, *weights))
-        core.context_token = token if token is not None else _workspace.new_token()
-        core.context_tensors = tensors
+    with core.lock:
+        if device.type != "cuda":
+            return fn(core.native, *args, **kwargs)
+        with torch.cuda.device(device):
+            core.native.set_stream(torch.cuda.current_stream(device).cuda_stream)
+            return fn(core.native, *args, **kwargs)
 
 
 @torch.library.custom_op(
@@ -187,40 +203,36 @@ def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_e
 @torch.library.custom_op(
     "mok::forward", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace)"
-           " -> (Tensor, Tensor)")
+           f" -> (Tensor, {_CONTEXT_OUT})")
 def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
             workspace):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
-    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     out = _new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
-    token = _workspace.new_token()
-    with core.lock:
-        core.context_token = None
-        _call(_C.forward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, out))
-        core.context_token = token
-        core.context_tensors = _workspace.tensors_key(x, topk_experts, *weights)
-    return out, _token_tensor(token)
+    context = _new_context(ws, config, shape)
+    _call(_C.forward, ws.core(shape, config), x.device,
+          *_views(x, topk_experts, topk_weights, *weights, out), *_context_views(context))
+    return (out, *context)
 
 
 @torch.library.custom_op(
     "mok::recompute_forward_context", mutates_args=(),
-    schema=f"(Tensor x, Tensor topk_experts, {_LAYER_ARGS}, int workspace) -> Tensor")
+    schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
+           "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
+           f"int workspace) -> ({_CONTEXT_OUT})")
 def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
-                              routed_down_weights, shared_gate_weights, shared_up_weights,
-                              shared_down_weights, workspace):
-    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
-               shared_up_weights, shared_down_weights)
-    shape, core = _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False)
-    # The context (g, u, y per slot) does not depend on the router weights; the C++ API takes a
-    # [T, k] view all the same.
-    zeros = torch.zeros((shape.num_tokens, shape.topk), dtype=_checks.router_dtype(x.dtype),
-                        device=x.device)
-    token = _workspace.new_token()
-    with core.lock:
-        _ensure_context(core, _token_tensor(token), x, topk_experts, zeros, weights)
-    return _token_tensor(token)
+                              shared_gate_weights, shared_up_weights, workspace):
+    weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
+               shared_up_weights, None)
+    shape, ws, config = _layer(workspace, x, topk_experts, None, weights,
+                               with_topk_weights=False, with_down=False)
+    context = _new_context(ws, config, shape)
+    _call(_C.recompute_forward_context, ws.core(shape, config), x.device,
+          *_views(x, topk_experts, routed_gate_weights, routed_up_weights, shared_gate_weights,
+                  shared_up_weights), *_context_views(context))
+    return context
 
 
 def _grad_buffers(shape, weight_dtype):
@@ -244,21 +256,23 @@ def _grad_buffers(shape, weight_dtype):
 @torch.library.custom_op(
     "mok::backward", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
-           "Tensor? context, int workspace) -> "
+           f"{_CONTEXT_ARGS}, int workspace) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
              routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
-             context, workspace):
+             x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+             hidden_shared, workspace):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
-    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
-    _check_context(context)
+    check_context(context, context_shapes(ws, config, shape), shape)
     d_x, d_w, routed, shared = _grad_buffers(shape, shape.activation_dtype)
-    with core.lock:
-        _ensure_context(core, context, x, topk_experts, topk_weights, weights)
-        _call(_C.backward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, d_out,
-                                                   d_x, d_w, *routed, *shared))
+    _call(_C.backward, ws.core(shape, config), x.device,
+          *_views(x, topk_experts, topk_weights, *weights), *_context_views(context),
+          *_views(d_out, d_x, d_w, *routed, *shared))
     shared = [g if g is not None else x.new_empty(0) for g in shared]
     return (d_x, d_w, *routed, *shared)
 
@@ -270,43 +284,59 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
            "Tensor(a!) main_routed_gate, Tensor(b!) main_routed_up, Tensor(c!) main_routed_down, "
            "Tensor(d!)? main_shared_gate, Tensor(e!)? main_shared_up, "
-           "Tensor(f!)? main_shared_down, Tensor? context, int workspace) -> (Tensor, Tensor)")
+           f"Tensor(f!)? main_shared_down, {_CONTEXT_ARGS}, int workspace) -> (Tensor, Tensor)")
 def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights,
                        routed_up_weights, routed_down_weights, shared_gate_weights,
                        shared_up_weights, shared_down_weights, main_routed_gate, main_routed_up,
                        main_routed_down, main_shared_gate, main_shared_up, main_shared_down,
-                       context, workspace):
+                       x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                       hidden_shared, workspace):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     main = (main_routed_gate, main_routed_up, main_routed_down, main_shared_gate, main_shared_up,
             main_shared_down)
-    shape, core = _layer(workspace, x, topk_experts, topk_weights, weights)
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     _checks.check_main_grads(shape, main)
-    _check_context(context)
+    check_context(context, context_shapes(ws, config, shape), shape)
     d_x, d_w = _grad_buffers(shape, None)
-    with core.lock:
-        _ensure_context(core, context, x, topk_experts, topk_weights, weights)
-        _call(_C.backward, core, x.device, *_views(x, topk_experts, topk_weights, *weights, d_out,
-                                                   d_x, d_w, *main), accumulate_weight_grads=True)
+    _call(_C.backward, ws.core(shape, config), x.device,
+          *_views(x, topk_experts, topk_weights, *weights), *_context_views(context),
+          *_views(d_out, d_x, d_w, *main), accumulate_weight_grads=True)
     return d_x, d_w
 
 
-def _check_context(context):
-    if context is not None:
-        _checks.check_tensor("context", context, torch.int64, (1,), torch.device("cpu"))
+_CONTEXT_NAMES = ("x_routed", "gate_routed", "up_routed", "hidden_routed", "gate_shared",
+                  "up_shared", "hidden_shared")
 
 
-# Autograd for `forward`: one backward launch gives every gradient.
+def check_context(context, shapes, shape):
+    """The seven forward-context tensors against the shapes the workspace gives (metadata only:
+    the fake implementations run it too)."""
+    for name, t, want in zip(_CONTEXT_NAMES, context, shapes):
+        if name.endswith("_shared") and not shape.has_shared_expert:
+            if t is not None and t.numel() != 0:
+                _checks.fail(f"forward_context.{name}", "None or an empty tensor (the layer has "
+                             "no shared expert)", f"a tensor {_checks.shape_text(t.shape)}")
+            continue
+        _checks.check_tensor(f"forward_context.{name}", t, shape.activation_dtype, want,
+                             shape.device)
+
+
+# Autograd for `forward`: one backward launch gives every gradient, from the context the forward
+# returned (saved by autograd).
 def _setup_context(ctx, inputs, output):
     *tensors, workspace = inputs
-    ctx.save_for_backward(*tensors, output[1])
+    ctx.save_for_backward(*tensors, *output[1:])
     ctx.workspace = workspace
 
 
-def _backward_formula(ctx, d_out, _d_context):
-    x, topk_experts, topk_weights, *weights, context = ctx.saved_tensors
-    grads = backward(d_out.contiguous(), x, topk_experts, topk_weights, *weights, context,
+def _backward_formula(ctx, d_out, *_d_context):
+    x, topk_experts, topk_weights, *rest = ctx.saved_tensors
+    weights, context = rest[:6], rest[6:]
+    grads = backward(d_out.contiguous(), x, topk_experts, topk_weights, *weights, *context,
                      ctx.workspace)
     d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
     shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)

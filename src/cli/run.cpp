@@ -57,9 +57,10 @@ int run(const RunArgs& args) {
     threads = ws.num_threads();
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    forward(ws, data.inputs(), data.weights(), data.out.view());
+    HostContext ctx(ws);
+    forward(ws, data.inputs(), data.weights(), data.out.view(), ctx.get());
     const auto t1 = clock::now();
-    backward(ws, data.inputs(), data.weights(), data.d_out.view(), data.grads());
+    backward(ws, data.inputs(), data.weights(), ctx.get(), data.d_out.view(), data.grads());
     const auto t2 = clock::now();
     fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();

@@ -1,6 +1,9 @@
 // The public entry points: validate, then hand over to the backend.
 #include "mok/api.hpp"
 
+#include <cstdint>
+
+#include "core/schedule_check.hpp"
 #include "core/validate.hpp"
 #include "core/workspace.hpp"
 #include "cuda/runtime.hpp"
@@ -69,8 +72,7 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
   impl_->options = options;
   impl_->backend = backend;
   if (backend == Backend::cpu) {
-    impl_->cpu =
-        std::make_unique<reference::State>(problem, options.activation_dtype, options.num_threads);
+    impl_->cpu = std::make_unique<reference::State>(options.activation_dtype, options.num_threads);
   } else {
     impl_->gpu = cuda::make_layer(problem, config, options.device_index);
   }
@@ -110,58 +112,211 @@ static Device device_of(const Workspace::Impl& ws) {
                                     : Device{DeviceKind::cuda, ws.options.device_index};
 }
 
-static Workspace::Impl::ContextKey key_of(const Inputs& in, const Weights& w) {
-  return {in.x.data, in.topk_experts.data, w.gate.data};
+Workspace::CallCounts Workspace::call_counts() const {
+  return impl_->calls;
 }
 
-static void run_forward(Workspace::Impl& ws, const Inputs& in, const Weights& w,
-                        const TensorView* out) {
+ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, Backend backend,
+                                            DType activation_dtype, int device_index) {
+  if (backend == Backend::automatic) {
+    throw Error("backend", "cpu or cuda (a resolved backend)", "auto");
+  }
+  ForwardContextLayout l;
+  l.dtype = activation_dtype;
+  l.device = backend == Backend::cpu ? Device{DeviceKind::cpu, 0}
+                                     : Device{DeviceKind::cuda, device_index};
+  l.hidden_size = p.hidden_size;
+  l.intermediate_size = p.intermediate_size;
+  l.num_tokens = p.num_tokens;
+  l.shared_intermediate_size = p.shared_intermediate_size;
+  if (backend == Backend::cpu) {
+    l.x_rows = 0;  // the reference gathers x again
+    l.routed_rows = p.num_tokens * p.topk;
+  } else {
+    // The first ring pass: the rows of the ring (core/workspace_plan.hpp).
+    l.x_rows = l.routed_rows = plan::ring_rows(plan_shape_of(p, c));
+  }
+  const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
+  const std::int64_t routed = l.routed_rows * l.intermediate_size * e;
+  const std::int64_t shared = l.num_tokens * l.shared_intermediate_size * e;
+  std::int64_t end = 0;
+  for (std::int64_t b : {l.x_rows * l.hidden_size * e, routed, routed, routed, shared, shared,
+                         shared}) {
+    end += (b + 255) / 256 * 256;
+  }
+  l.bytes = static_cast<std::size_t>(end);
+  return l;
+}
+
+ForwardContextLayout forward_context_layout(const Workspace& ws_) {
+  const Workspace::Impl& ws = const_cast<Workspace&>(ws_).impl();
+  const ForwardContextLayout l = forward_context_layout(
+      ws.problem, ws.config, ws.backend, ws.options.activation_dtype, ws.options.device_index);
+  if (ws.gpu && ws.gpu->context_rows() != l.routed_rows) {
+    throw Error("internal: the CUDA layer's ring rows differ from the workspace plan's");
+  }
+  return l;
+}
+
+ForwardContext forward_context_views(const ForwardContextLayout& l, void* buffer) {
+  if (buffer == nullptr && l.bytes > 0) {
+    throw Error("forward context buffer", "a pointer to " + to_text(l.bytes) + " bytes", "null");
+  }
+  if (reinterpret_cast<std::uintptr_t>(buffer) % 16 != 0) {
+    throw Error("forward context buffer", "16-byte alignment", to_text(buffer));
+  }
+  auto* at = static_cast<std::uint8_t*>(buffer);
+  const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
+  auto take = [&](std::int64_t rows, std::int64_t cols) {
+    TensorView v = TensorView::contiguous(at, l.dtype, {rows, cols}, l.device);
+    at += (rows * cols * e + 255) / 256 * 256;
+    return v;
+  };
+  ForwardContext c;
+  c.x_routed = take(l.x_rows, l.hidden_size);
+  c.gate_routed = take(l.routed_rows, l.intermediate_size);
+  c.up_routed = take(l.routed_rows, l.intermediate_size);
+  c.hidden_routed = take(l.routed_rows, l.intermediate_size);
+  if (l.shared_intermediate_size > 0) {
+    c.gate_shared = take(l.num_tokens, l.shared_intermediate_size);
+    c.up_shared = take(l.num_tokens, l.shared_intermediate_size);
+    c.hidden_shared = take(l.num_tokens, l.shared_intermediate_size);
+  }
+  return c;
+}
+
+namespace {
+
+ContextKey key_of(const Inputs& in, const Weights& w) {
+  ContextKey k;
+  k.tensors = {in.x.data,  in.topk_experts.data, in.topk_weights.data,
+               w.gate.data, w.up.data,            w.down.data,
+               w.shared_gate.data, w.shared_up.data, w.shared_down.data};
+  k.recorded = true;
+  return k;
+}
+
+constexpr const char* kKeyNames[ContextKey::kTensors] = {
+    "x",
+    "topk_experts",
+    "topk_weights",
+    "routed_gate_weights",
+    "routed_up_weights",
+    "routed_down_weights",
+    "shared_gate_weights",
+    "shared_up_weights",
+    "shared_down_weights"};
+
+// Backward's inputs against the tensors the context was computed from (entries the recording
+// call did not read are null and not compared).
+void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w) {
+  if (!recorded.recorded) return;
+  const ContextKey now = key_of(in, w);
+  for (int i = 0; i < ContextKey::kTensors; ++i) {
+    if (recorded.tensors[i] == nullptr || recorded.tensors[i] == now.tensors[i]) continue;
+    throw Error("forward context",
+                std::string("the context of a forward (or recompute_forward_context) over this ") +
+                    kKeyNames[i],
+                std::string("a context computed from another ") + kKeyNames[i] + " (" +
+                    to_text(recorded.tensors[i]) + ", not " + to_text(now.tensors[i]) + ")");
+  }
+}
+
+// The context's views: shapes from the workspace, on its device, in its dtype, 16-byte aligned
+// on the CUDA backend (vector accesses).
+void check_context(const Workspace& ws_, const ForwardContext& c) {
+  const ForwardContextLayout l = forward_context_layout(ws_);
+  const std::int64_t R = l.routed_rows, X = l.x_rows, H = l.hidden_size, I = l.intermediate_size,
+                     T = l.num_tokens, S = l.shared_intermediate_size;
+  check_view("forward_context.x_routed", c.x_routed, l.dtype, {X, H}, l.device);
+  check_view("forward_context.gate_routed", c.gate_routed, l.dtype, {R, I}, l.device);
+  check_view("forward_context.up_routed", c.up_routed, l.dtype, {R, I}, l.device);
+  check_view("forward_context.hidden_routed", c.hidden_routed, l.dtype, {R, I}, l.device);
+  if (S > 0) {
+    check_view("forward_context.gate_shared", c.gate_shared, l.dtype, {T, S}, l.device);
+    check_view("forward_context.up_shared", c.up_shared, l.dtype, {T, S}, l.device);
+    check_view("forward_context.hidden_shared", c.hidden_shared, l.dtype, {T, S}, l.device);
+  } else {
+    const char* why = "the problem has no shared expert (shared_intermediate_size = 0)";
+    check_absent("forward_context.gate_shared", c.gate_shared, why);
+    check_absent("forward_context.up_shared", c.up_shared, why);
+    check_absent("forward_context.hidden_shared", c.hidden_shared, why);
+  }
+  if (l.device.kind == DeviceKind::cuda) {
+    check_aligned_16("forward_context.x_routed", c.x_routed);
+    check_aligned_16("forward_context.gate_routed", c.gate_routed);
+    check_aligned_16("forward_context.up_routed", c.up_routed);
+    check_aligned_16("forward_context.hidden_routed", c.hidden_routed);
+    check_aligned_16("forward_context.gate_shared", c.gate_shared);
+    check_aligned_16("forward_context.up_shared", c.up_shared);
+    check_aligned_16("forward_context.hidden_shared", c.hidden_shared);
+  }
+}
+
+void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const TensorView* out,
+                 ForwardContext& ctx) {
+  Workspace::Impl& ws = ws_.impl();
   const DType act = ws.options.activation_dtype;
-  check_inputs(ws.problem, act, device_of(ws), in, w);
-  if (out)
-    check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
-  ws.has_context = false;
+  const Device dev = device_of(ws);
+  const bool recompute = out == nullptr;
+  check_inputs(ws.problem, act, dev, in, w,
+               recompute ? InputUse::context_only : InputUse::forward);
+  if (out) {
+    check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);
+    if (dev.kind == DeviceKind::cuda) check_aligned_16("out", *out);
+  }
+  check_context(ws_, ctx);
+  ctx.key = ContextKey{};
   if (ws.cpu) {
     check_expert_ids_host(ws.problem, in.topk_experts);
-    reference::forward(*ws.cpu, ws.problem, in, w, out);
+    reference::forward(*ws.cpu, ws.problem, in, w, out, ctx);
   } else {
     // Ids are checked on the device (no host synchronization); a bad one from an earlier call
     // is raised here, at the latest.
-    ws.gpu->check_errors();
-    ws.gpu->forward(in, w, out, ws.stream);
+    ws.gpu->check_errors(ws.stream);
+    ws.gpu->forward(in, w, out, ctx, ws.stream);
   }
-  ws.has_context = true;
-  ws.context_key = key_of(in, w);
+  ctx.key = key_of(in, w);
+  if (recompute) {
+    ctx.key.tensors[2] = nullptr;  // neither topk_weights nor the down weights are read
+    ctx.key.tensors[5] = ctx.key.tensors[8] = nullptr;
+    ++ws.calls.recompute;
+  } else {
+    ++ws.calls.forward;
+  }
 }
 
-void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out) {
-  run_forward(ws.impl(), in, w, &out);
+}  // namespace
+
+void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out,
+             ForwardContext& ctx) {
+  run_forward(ws, in, w, &out, ctx);
 }
 
-void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w) {
-  run_forward(ws.impl(), in, w, nullptr);
+void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
+                               ForwardContext& ctx) {
+  run_forward(ws, in, w, nullptr, ctx);
 }
 
-void backward(Workspace& ws_, const Inputs& in, const Weights& w, const TensorView& d_out,
-              const Grads& grads, const BackwardOptions& options) {
+void backward(Workspace& ws_, const Inputs& in, const Weights& w, const ForwardContext& ctx,
+              const TensorView& d_out, const Grads& grads, const BackwardOptions& options) {
   Workspace::Impl& ws = ws_.impl();
   const DType act = ws.options.activation_dtype;
-  check_inputs(ws.problem, act, device_of(ws), in, w);
-  check_view("d_out", d_out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, device_of(ws));
-  check_grads(ws.problem, act, device_of(ws), grads, options);
-  if (ws.cpu) check_expert_ids_host(ws.problem, in.topk_experts);
-  if (!ws.has_context || !(ws.context_key == key_of(in, w))) {
-    throw Error("forward context",
-                "the context of a forward (or recompute_forward_context) over these x, "
-                "topk_experts and weights",
-                ws.has_context ? "a context from other tensors" : "no forward run yet");
-  }
+  const Device dev = device_of(ws);
+  check_inputs(ws.problem, act, dev, in, w, InputUse::forward);
+  check_view("d_out", d_out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);
+  check_grads(ws.problem, act, dev, grads, options);
+  if (dev.kind == DeviceKind::cuda) check_aligned_16("d_out", d_out);
+  check_context(ws_, ctx);
+  check_key(ctx.key, in, w);
   if (ws.cpu) {
-    reference::backward(*ws.cpu, ws.problem, in, w, d_out, grads, options);
+    check_expert_ids_host(ws.problem, in.topk_experts);
+    reference::backward(*ws.cpu, ws.problem, in, w, ctx, d_out, grads, options);
   } else {
-    ws.gpu->check_errors();
-    ws.gpu->backward(in, w, d_out, grads, options, ws.stream);
+    ws.gpu->check_errors(ws.stream);
+    ws.gpu->backward(in, w, ctx, d_out, grads, options, ws.stream);
   }
+  ++ws.calls.backward;
 }
 
 }  // namespace mok

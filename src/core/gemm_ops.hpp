@@ -34,8 +34,9 @@ void rows_times_weight(const TensorView& a, const TensorView& w, const Groups& g
 
 // out[e] = a[rows of e]^T b[rows of e], reduced in a fixed order: a [R, M], b [R, N], out
 // [G, M, N] bf16 or fp32; `accumulate` (fp32 only) adds the sum to out. Empty groups give zeros
-// (or leave out unchanged with accumulate).
+// (or leave out unchanged with accumulate). `tickets`: int32 [2] zeros on the same device, the
+// launch's own tile counters (absent: the static tile order).
 void weight_grad(const TensorView& a, const TensorView& b, const Groups& groups,
-                 const TensorView& out, bool accumulate, void* stream);
+                 const TensorView& out, const TensorView& tickets, bool accumulate, void* stream);
 
 }  // namespace mok::gemm_ops

@@ -49,8 +49,8 @@ void rows_times_weight(const TensorView&, const TensorView&, const Groups&, cons
                        void*) {
   no_cuda();
 }
-void weight_grad(const TensorView&, const TensorView&, const Groups&, const TensorView&, bool,
-                 void*) {
+void weight_grad(const TensorView&, const TensorView&, const Groups&, const TensorView&,
+                 const TensorView&, bool, void*) {
   no_cuda();
 }
 

@@ -42,7 +42,7 @@ int Team::num_local_ranks() const {
 ScheduleViews Team::schedule(int) const {
   no_cuda();
 }
-void Team::check_errors() {
+void Team::check_errors(void*) {
   no_cuda();
 }
 void Team::reset() {

@@ -1,5 +1,6 @@
 #include "core/validate.hpp"
 
+#include <cstdint>
 #include <string>
 
 namespace mok {
@@ -17,7 +18,7 @@ static std::string shape_list_text(std::initializer_list<std::int64_t> shape) {
 static void check_layout(const char* name, const TensorView& v,
                          std::initializer_list<std::int64_t> shape, Device device) {
   const std::string n = name;
-  if (!v.defined() || v.data == nullptr) {
+  if (!v.defined() || (v.data == nullptr && v.numel() != 0)) {  // an empty view may be null
     throw Error(n, "a tensor of shape " + shape_list_text(shape), "none");
   }
   if (v.device != device) throw Error(n + ".device", device_name(device), device_name(v.device));
@@ -56,24 +57,51 @@ static DType router_dtype(DType act) {
   return act == DType::f64 ? DType::f64 : DType::f32;
 }
 
-void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w) {
+void check_aligned_16(const char* name, const TensorView& v) {
+  if (v.data == nullptr) return;
+  const auto address = reinterpret_cast<std::uintptr_t>(v.data);
+  if (address % 16 != 0) {
+    throw Error(name, "a view whose data starts at a multiple of 16 bytes",
+                "address " + to_text(v.data) + " (" + to_text(address % 16) +
+                    " bytes past a 16-byte boundary)");
+  }
+}
+
+void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
+                  InputUse use) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
                      E = p.num_local_experts(), k = p.topk, S = p.shared_intermediate_size;
+  // recompute_forward_context does not read these: absent is fine, present must be right.
+  const bool optional = use == InputUse::context_only;
+  auto unless_absent = [&](const TensorView& v) { return !(optional && !v.defined()); };
   check_view("x", in.x, act, {T, H}, device);
   check_view("topk_experts", in.topk_experts, DType::i64, {T, k}, device);
-  check_view("topk_weights", in.topk_weights, router_dtype(act), {T, k}, device);
+  if (unless_absent(in.topk_weights)) {
+    check_view("topk_weights", in.topk_weights, router_dtype(act), {T, k}, device);
+  }
   check_view("routed_gate_weights", w.gate, act, {E, I, H}, device);
   check_view("routed_up_weights", w.up, act, {E, I, H}, device);
-  check_view("routed_down_weights", w.down, act, {E, H, I}, device);
+  if (unless_absent(w.down)) check_view("routed_down_weights", w.down, act, {E, H, I}, device);
   if (S > 0) {
     check_view("shared_gate_weights", w.shared_gate, act, {S, H}, device);
     check_view("shared_up_weights", w.shared_up, act, {S, H}, device);
-    check_view("shared_down_weights", w.shared_down, act, {H, S}, device);
+    if (unless_absent(w.shared_down)) {
+      check_view("shared_down_weights", w.shared_down, act, {H, S}, device);
+    }
   } else {
     const char* why = "the problem has no shared expert (shared_intermediate_size = 0)";
     check_absent("shared_gate_weights", w.shared_gate, why);
     check_absent("shared_up_weights", w.shared_up, why);
     check_absent("shared_down_weights", w.shared_down, why);
+  }
+  if (device.kind == DeviceKind::cuda) {
+    check_aligned_16("x", in.x);
+    check_aligned_16("routed_gate_weights", w.gate);
+    check_aligned_16("routed_up_weights", w.up);
+    check_aligned_16("routed_down_weights", w.down);
+    check_aligned_16("shared_gate_weights", w.shared_gate);
+    check_aligned_16("shared_up_weights", w.shared_up);
+    check_aligned_16("shared_down_weights", w.shared_down);
   }
 }
 
@@ -110,6 +138,15 @@ void check_grads(const Problem& p, DType act, Device device, const Grads& g,
     check_absent("d_shared_gate_weights", g.d_shared_gate, why);
     check_absent("d_shared_up_weights", g.d_shared_up, why);
     check_absent("d_shared_down_weights", g.d_shared_down, why);
+  }
+  if (device.kind == DeviceKind::cuda) {
+    check_aligned_16("d_x", g.d_x);
+    check_aligned_16("d_routed_gate_weights", g.d_gate);
+    check_aligned_16("d_routed_up_weights", g.d_up);
+    check_aligned_16("d_routed_down_weights", g.d_down);
+    check_aligned_16("d_shared_gate_weights", g.d_shared_gate);
+    check_aligned_16("d_shared_up_weights", g.d_shared_up);
+    check_aligned_16("d_shared_down_weights", g.d_shared_down);
   }
   if (options.accumulate_weight_grads) {
     for (const auto* v : {&g.d_gate, &g.d_up, &g.d_down}) {

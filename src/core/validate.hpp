@@ -20,12 +20,22 @@ void check_view_either(const char* name, const TensorView& v, DType a, DType b,
 
 void check_absent(const char* name, const TensorView& v, const char* why);
 
-// Inputs and weights of a forward/backward call on `device` at precision `act`.
-void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w);
+// Which inputs a call reads: all of them (forward, backward), or only those the forward context
+// depends on (recompute_forward_context: topk_weights, down and shared_down may be absent).
+enum class InputUse : std::uint8_t { forward, context_only };
+
+// Inputs and weights of a call on `device` at precision `act`. On a CUDA device every bf16 view
+// must also be 16-byte aligned (the kernels move 16-byte vectors and TMA boxes).
+void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
+                  InputUse use = InputUse::forward);
+
+// `v` (when present) starts at a multiple of 16 bytes; the error names the view and its address.
+void check_aligned_16(const char* name, const TensorView& v);
 
 // Every topk_experts entry in [-1, E). Host-readable ids only (CPU backend).
 void check_expert_ids_host(const Problem& p, const TensorView& topk_experts);
 
+// Gradient views; on a CUDA device each also 16-byte aligned.
 void check_grads(const Problem& p, DType act, Device device, const Grads& g,
                  const BackwardOptions& options);
 

@@ -17,16 +17,7 @@ struct Workspace::Impl {
   std::unique_ptr<reference::State> cpu;  // backend == cpu
   std::unique_ptr<cuda::Layer> gpu;       // backend == cuda
   void* stream = nullptr;                 // cudaStream_t of the next calls (cuda backend)
-
-  // Which inputs the forward context belongs to: backward refuses a context from other tensors.
-  struct ContextKey {
-    const void* x = nullptr;
-    const void* topk_experts = nullptr;
-    const void* gate = nullptr;
-    bool operator==(const ContextKey&) const = default;
-  };
-  bool has_context = false;
-  ContextKey context_key;
+  Workspace::CallCounts calls;
 };
 
 }  // namespace mok

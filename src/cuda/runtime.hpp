@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -23,11 +24,16 @@ std::string smoke_test(int index);
 class Layer {
  public:
   virtual ~Layer() = default;
-  virtual void forward(const Inputs& in, const Weights& w, const TensorView* out, void* stream) = 0;
-  virtual void backward(const Inputs& in, const Weights& w, const TensorView& d_out,
-                        const Grads& grads, const BackwardOptions& options, void* stream) = 0;
-  // Raises the device-side errors reported so far (bad expert ids, barrier timeouts).
-  virtual void check_errors() = 0;
+  // `out` null: recompute_forward_context (the context only).
+  virtual void forward(const Inputs& in, const Weights& w, const TensorView* out,
+                       const ForwardContext& ctx, void* stream) = 0;
+  virtual void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
+                        const TensorView& d_out, const Grads& grads,
+                        const BackwardOptions& options, void* stream) = 0;
+  // Raises the device-side errors reported so far (bad expert ids, timed-out waits); the
+  // device-side clear is ordered on `stream`.
+  virtual void check_errors(void* stream) = 0;
+  virtual std::int64_t context_rows() const = 0;  // rows of the forward context's routed tensors
   virtual std::size_t bytes() const = 0;
 };
 std::unique_ptr<Layer> make_layer(const Problem& p, const Config& config, int device);

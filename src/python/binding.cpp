@@ -102,6 +102,25 @@ Weights weights_of(nb::handle gate, nb::handle up, nb::handle down, nb::handle s
           view_of(shared_up, "shared_up_weights"), view_of(shared_down, "shared_down_weights")};
 }
 
+// The forward context from its seven view tuples (x_routed, gate_routed, up_routed,
+// hidden_routed, gate_shared, up_shared, hidden_shared; the shared ones None without a shared
+// expert). NOTES: no ContextKey is recorded from Python: autograd pairs a backward with its
+// forward's saved tensors, and torch.compile may rematerialize inputs (new data pointers) in the
+// backward graph.
+ForwardContext context_of(nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
+                          nb::handle hidden_routed, nb::handle gate_shared, nb::handle up_shared,
+                          nb::handle hidden_shared) {
+  ForwardContext c;
+  c.x_routed = view_of(x_routed, "forward_context.x_routed");
+  c.gate_routed = view_of(gate_routed, "forward_context.gate_routed");
+  c.up_routed = view_of(up_routed, "forward_context.up_routed");
+  c.hidden_routed = view_of(hidden_routed, "forward_context.hidden_routed");
+  c.gate_shared = view_of(gate_shared, "forward_context.gate_shared");
+  c.up_shared = view_of(up_shared, "forward_context.up_shared");
+  c.hidden_shared = view_of(hidden_shared, "forward_context.hidden_shared");
+  return c;
+}
+
 Problem problem_of(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
                    std::int64_t S, int ep_size, int ep_rank) {
   Problem p;
@@ -159,6 +178,25 @@ NB_MODULE(_C, m) {
       nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
       nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
       nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("activation_dtype"));
+
+  // (x_rows, routed_rows) of the forward context a workspace of this shape and config uses.
+  m.def(
+      "context_rows",
+      [](std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+         std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms, std::int64_t mini,
+         std::int64_t macro, double mult, const std::string& backend,
+         const std::string& activation_dtype) {
+        const ForwardContextLayout l = forward_context_layout(
+            problem_of(T, H, I, E, k, S, ep_size, ep_rank),
+            config_of(fwd_sms, bwd_sms, mini, macro, mult), resolve_backend(parse_backend(backend)),
+            parse_dtype(activation_dtype, "activation"));
+        return nb::make_tuple(l.x_rows, l.routed_rows);
+      },
+      nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
+      nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
+      nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("fwd_num_comm_sms"),
+      nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"), nb::arg("macrobatch_size"),
+      nb::arg("schedule_capacity_multiplier"), nb::arg("backend"), nb::arg("activation_dtype"));
 
   m.def(
       "validate_config",
@@ -255,7 +293,12 @@ NB_MODULE(_C, m) {
           [](Workspace& ws, std::uintptr_t stream) {
             ws.set_stream(reinterpret_cast<void*>(stream));
           },
-          nb::arg("stream"));
+          nb::arg("stream"))
+      // (forward, recompute_forward_context, backward) calls run so far.
+      .def_prop_ro("call_counts", [](const Workspace& ws) {
+        const Workspace::CallCounts c = ws.call_counts();
+        return nb::make_tuple(c.forward, c.recompute, c.backward);
+      });
 
   // The grouped GEMM forms (mok.ops.grouped_*): views in, one launch on `stream` (an int
   // cudaStream_t), GIL released while the launch is enqueued.
@@ -298,56 +341,72 @@ NB_MODULE(_C, m) {
   m.def(
       "grouped_weight_grad",
       [](nb::handle a, nb::handle b, nb::handle starts, nb::handle rows, nb::handle out,
-         bool accumulate, std::uintptr_t stream) {
+         nb::handle tickets, bool accumulate, std::uintptr_t stream) {
         const gemm_ops::Groups g{view_of(starts, "starts"), view_of(rows, "rows")};
-        const TensorView av = view_of(a, "a"), bv = view_of(b, "b"), ov = view_of(out, "out");
+        const TensorView av = view_of(a, "a"), bv = view_of(b, "b"), ov = view_of(out, "out"),
+                         tv = view_of(tickets, "tickets");
         nb::gil_scoped_release release;
-        gemm_ops::weight_grad(av, bv, g, ov, accumulate, reinterpret_cast<void*>(stream));
+        gemm_ops::weight_grad(av, bv, g, ov, tv, accumulate, reinterpret_cast<void*>(stream));
       },
       nb::arg("a"), nb::arg("b"), nb::arg("starts"), nb::arg("rows"), nb::arg("out"),
-      nb::arg("accumulate"), nb::arg("stream"));
+      nb::arg("tickets").none(), nb::arg("accumulate"), nb::arg("stream"));
 
   m.def(
       "forward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down, nb::handle out) {
+         nb::handle shared_up, nb::handle shared_down, nb::handle out, nb::handle x_routed,
+         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
         const TensorView o = view_of(out, "out");
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                      gate_shared, up_shared, hidden_shared);
         nb::gil_scoped_release release;
-        forward(ws, in, w, o);
+        forward(ws, in, w, o, c);
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
       nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
       nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
-      nb::arg("shared_down_weights").none(), nb::arg("out"));
+      nb::arg("shared_down_weights").none(), nb::arg("out"), nb::arg("x_routed"),
+      nb::arg("gate_routed"), nb::arg("up_routed"), nb::arg("hidden_routed"),
+      nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
+      nb::arg("hidden_shared").none());
 
   m.def(
       "recompute_forward_context",
-      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
-         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down) {
-        const Inputs in = inputs_of(x, topk_experts, topk_weights);
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle gate, nb::handle up,
+         nb::handle shared_gate, nb::handle shared_up, nb::handle x_routed,
+         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
+        const Inputs in = inputs_of(x, topk_experts, nb::none());
+        const Weights w = weights_of(gate, up, nb::none(), shared_gate, shared_up, nb::none());
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                      gate_shared, up_shared, hidden_shared);
         nb::gil_scoped_release release;
-        recompute_forward_context(ws, in, w);
+        recompute_forward_context(ws, in, w, c);
       },
-      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
-      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
-      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
-      nb::arg("shared_down_weights").none());
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("routed_gate_weights"),
+      nb::arg("routed_up_weights"), nb::arg("shared_gate_weights").none(),
+      nb::arg("shared_up_weights").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
+      nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none());
 
   m.def(
       "backward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down, nb::handle d_out, nb::handle d_x,
-         nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
-         nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
-         bool accumulate_weight_grads) {
+         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed,
+         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
+         nb::handle d_out, nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate,
+         nb::handle d_up, nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
+         nb::handle d_shared_down, bool accumulate_weight_grads) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                            gate_shared, up_shared, hidden_shared);
         const TensorView g_out = view_of(d_out, "d_out");
         Grads g;
         g.d_x = view_of(d_x, "d_x");
@@ -361,14 +420,16 @@ NB_MODULE(_C, m) {
         BackwardOptions options;
         options.accumulate_weight_grads = accumulate_weight_grads;
         nb::gil_scoped_release release;
-        backward(ws, in, w, g_out, g, options);
+        backward(ws, in, w, c, g_out, g, options);
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
       nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
       nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
-      nb::arg("shared_down_weights").none(), nb::arg("d_out"), nb::arg("d_x"),
-      nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
-      nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
-      nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
-      nb::arg("accumulate_weight_grads") = false);
+      nb::arg("shared_down_weights").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
+      nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none(), nb::arg("d_out"),
+      nb::arg("d_x"), nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"),
+      nb::arg("d_routed_up_weights"), nb::arg("d_routed_down_weights"),
+      nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
+      nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false);
 }

@@ -86,11 +86,12 @@ CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   Workspace ws(
       got.problem, Config{},
       {.backend = Backend::cpu, .activation_dtype = DType::f64, .num_threads = o.num_threads});
-  forward(ws, ref.inputs(), ref.weights(), ref.out.view());
+  HostContext ctx(ws);
+  forward(ws, ref.inputs(), ref.weights(), ref.out.view(), ctx.get());
   CheckReport r;
   r.entries.push_back(compare_full("out", got.out, ref.out, kForwardTolerance));
   if (!o.check_backward) return r;
-  backward(ws, ref.inputs(), ref.weights(), ref.d_out.view(), ref.grads());
+  backward(ws, ref.inputs(), ref.weights(), ctx.get(), ref.d_out.view(), ref.grads());
   const double tol = kGradientTolerance;
   r.entries.push_back(compare_full("d_x", got.d_x, ref.d_x, tol));
   std::vector<std::int64_t> all_tokens(got.problem.num_tokens);

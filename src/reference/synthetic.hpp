@@ -75,4 +75,21 @@ LayerData make_layer_data(const Problem& p, DType act, std::uint64_t seed,
 // The same numbers in another dtype (bf16 -> f64 is exact); outputs are allocated, not copied.
 LayerData convert_layer_data(const LayerData& src, DType act);
 
+// A forward context in host memory, laid out as forward_context_layout(ws) says (CPU backend).
+class HostContext {
+ public:
+  explicit HostContext(const Workspace& ws)
+      : storage_((forward_context_layout(ws).bytes + 7) / 8 + 2),
+        ctx_(forward_context_views(forward_context_layout(ws), aligned())) {}
+  ForwardContext& get() { return ctx_; }
+
+ private:
+  void* aligned() {
+    const auto a = reinterpret_cast<std::uintptr_t>(storage_.data());
+    return reinterpret_cast<void*>((a + 15) / 16 * 16);
+  }
+  std::vector<std::uint64_t> storage_;
+  ForwardContext ctx_;
+};
+
 }  // namespace mok

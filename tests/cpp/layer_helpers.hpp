@@ -20,8 +20,9 @@ std::uint64_t test_seed();
 inline void run_layer(LayerData& d, int threads = 0, bool backward_too = true) {
   Workspace ws(d.problem, Config{},
                {.backend = Backend::cpu, .activation_dtype = d.act, .num_threads = threads});
-  forward(ws, d.inputs(), d.weights(), d.out.view());
-  if (backward_too) backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads());
+  HostContext ctx(ws);
+  forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get());
+  if (backward_too) backward(ws, d.inputs(), d.weights(), ctx.get(), d.d_out.view(), d.grads());
 }
 
 // Byte equality of two host tensors (bitwise determinism checks).

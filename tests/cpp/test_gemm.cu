@@ -7,10 +7,16 @@
 // that tiny difference crosses a bf16 rounding boundary, by one bf16 ulp (relative u = 2^-8). So
 // a path with r bf16 roundings is bounded by r * u (a bound that holds even if every element
 // flipped). fp32 outputs: bounded by the worst-case fp32 summation error, K * 2^-24.
+//
+// Built with -DMOK_TEST_OLD_TICKET_API, this file also compiles against the tree before the
+// caller-provided ticket counters (9a62ee7: no WeightGradArgs::tickets, counter pairs taken round
+// robin per instantiation): only the GemmTickets and pre-existing tests are built then, and
+// GemmTickets fails there (docs/perf/NOTES.md, "v9").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -614,8 +620,8 @@ TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
 // The SwiGLU backward in the down dgrad's epilogue (SwigluBackwardEpilogue). What it must equal,
 // element for element: numerics::swiglu_backward_fast applied to the plain dgrad's dh (the same
 // accumulation, so the same dh bits) and the same g, u, by this kernel: bitwise. Against the exact
-// expression (expf, IEEE division) on the host it may differ by one bf16 ulp where a value sits at a
-// rounding boundary (ex2.approx/rcp.approx: ~2^-21 relative in s).
+// expression (expf, IEEE division) on the host it may differ by one bf16 ulp where a value sits at
+// a rounding boundary (ex2.approx/rcp.approx: ~2^-21 relative in s).
 __global__ void swiglu_backward_fast_kernel(const __nv_bfloat16* dh, const __nv_bfloat16* g,
                                             const __nv_bfloat16* u, std::size_t n,
                                             __nv_bfloat16* dg, __nv_bfloat16* du) {
@@ -706,13 +712,15 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
       checked += 2;
     }
   }
-  std::printf("[ mok ] dgrad + SwiGLU backward N=%d K=%d G=%d%s: %lld values, %lld one bf16 ulp "
-              "from the exact expression\n",
-              n, k, G, dense ? " dense" : "", checked, off_by_one_ulp);
+  std::printf(
+      "[ mok ] dgrad + SwiGLU backward N=%d K=%d G=%d%s: %lld values, %lld one bf16 ulp "
+      "from the exact expression\n",
+      n, k, G, dense ? " dense" : "", checked, off_by_one_ulp);
   EXPECT_EQ(differ, 0) << "epilogue differs from swiglu_backward_fast of the plain dgrad's dh";
   EXPECT_EQ(stray, 0) << "padding rows or rows past the groups were written";
   EXPECT_EQ(far, 0) << "more than one bf16 ulp from the exact SwiGLU backward";
-  EXPECT_LT(off_by_one_ulp, checked / 100 + 1) << "more boundary cases than the approximation explains";
+  EXPECT_LT(off_by_one_ulp, checked / 100 + 1)
+      << "more boundary cases than the approximation explains";
 
   // Run to run and across the consumer schedules: the same bits.
   for (Consumers cs : {g_consumers, other_consumers()}) {
@@ -736,10 +744,265 @@ TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
   run_dgrad_swiglu({3000, 0, 2, 1}, 768, 448, false);
 }
 
+#ifndef MOK_TEST_OLD_TICKET_API
+// The SwiGLU-backward epilogue's two optional outputs (SwigluBackwardEpilogue::row_scale, dot).
+// g, u and h come from the gate/up forward itself; the dgrad's own fp32 accumulators from the
+// same dgrad with an fp32 output (the same kernel and K loop, so the same bits: checked against
+// its bf16 output). Then:
+//   dg, du with row_scale: bitwise swiglu_backward_fast(g, u, bf16(scale * acc)) (fp32 product,
+//     rounded once to bf16: exactly what the host computes);
+//   dot: against the fp64 sum over each 128-column chunk of acc * h, h the forward's hidden. The
+//     epilogue adds 32 products a lane with fma, then 2 quad additions, all rounded to nearest in
+//     fp32: a product passes through at most 34 roundings, so |dot - exact| <= gamma_34 * sum |acc
+//     h| with gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability, 3.1); the fp64
+//     sum adds at most 127 * 2^-53 of the same, and underflow 34 * 2^-149 absolute. That bound
+//     only holds if the epilogue's h is bitwise the forward's hidden: one bf16 ulp off in one h
+//     moves its product by 2^-8 to 2^-7 of itself, thousands of times the bound's share of it;
+//   rows past each group's rows: dg, du and dot untouched (poisoned before);
+//   both consumer schedules and a second run: the same bits; each option alone: the same bits as
+//     with both (dot never depends on the scale; dg, du never on dot).
+void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
+  Layout l(counts);
+  const int G = l.groups();
+  const std::size_t cells = std::size_t(l.capacity) * n;
+  const int chunks = (n + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
+  const std::size_t dot_cells = std::size_t(l.capacity) * chunks;
+  Buffer<__nv_bfloat16> x(std::size_t(l.capacity) * k), w_gate(std::size_t(G) * n * k),
+      w_up(std::size_t(G) * n * k), dy(std::size_t(l.capacity) * k), w_down(std::size_t(G) * k * n),
+      g(cells), u(cells), hid(cells), dh16(cells), dh_scaled(cells), dg(cells), du(cells),
+      want_g(cells), want_u(cells), dg2(cells), du2(cells);
+  Buffer<float> acc32(cells), scale(l.capacity), dot(dot_cells), dot2(dot_cells);
+  fill_random(x, 1.0f);
+  fill_random(w_gate, 4.0f / std::sqrt(float(k)));
+  fill_random(w_up, 2.0f / std::sqrt(float(k)));
+  fill_random(dy, 1.0f);
+  fill_random(w_down, 2.0f / std::sqrt(float(k)));
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> hscale(l.capacity);
+  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+  scale.upload(hscale);
+  if (!dense) {
+    l.poison_padding(x, k);
+    l.poison_padding(dy, k);
+  }
+  const RowSegments seg =
+      dense ? RowSegments{nullptr, nullptr, 1, l.capacity, counts[0]} : l.segments();
+  for (auto* b : {&g, &u, &hid}) b->poison();
+  mok::gemm::GateUpForwardArgs fwd;
+  fwd.segments = seg;
+  fwd.x = x.p;
+  fwd.ld_x = k;
+  fwd.w_gate = w_gate.p;
+  fwd.w_up = w_up.p;
+  fwd.hidden = hid.p;
+  fwd.gate = g.p;
+  fwd.up = u.p;
+  fwd.ld_out = n;
+  fwd.hidden_size = k;
+  fwd.intermediate_size = n;
+  mok::gemm::gate_up_forward(fwd);
+  CUDA_OK(cudaGetLastError());
+
+  // The dgrad: plain (bf16 and fp32 outputs), or with the SwiGLU epilogue and the options given.
+  auto dgrad = [&](void* out, bool fp32, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
+                   const float* row_scale, float* d, Consumers consumers = g_consumers) {
+    mok::gemm::RowsTimesWeightArgs args;
+    args.consumers = consumers;
+    args.segments = seg;
+    args.a = dy.p;
+    args.ld_a = k;
+    args.w = w_down.p;
+    args.out = out;
+    args.out_fp32 = fp32;
+    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d};
+    args.ld_out = n;
+    args.n = n;
+    args.k = k;
+    mok::gemm::rows_times_weight(args);
+  };
+  for (auto* b : {&dh16, &dg, &du, &want_g, &want_u}) b->poison();
+  acc32.poison();
+  dot.poison();
+  dgrad(dh16.p, false, nullptr, nullptr, nullptr, nullptr);
+  dgrad(acc32.p, true, nullptr, nullptr, nullptr, nullptr);
+  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<char> kept(l.capacity, 0);
+  if (dense) {
+    for (int r = 0; r < counts[0]; ++r) kept[r] = 1;
+  } else {
+    for (int e = 0; e < G; ++e)
+      for (int r = l.starts[e]; r < l.starts[e] + l.counts[e]; ++r) kept[r] = 1;
+  }
+  const std::vector<float> acc = acc32.host();
+  const auto h16 = dh16.host(), hh = hid.host();
+  const auto* dh_bits = reinterpret_cast<const std::uint16_t*>(h16.data());
+  const auto* h_bits = reinterpret_cast<const std::uint16_t*>(hh.data());
+  // The fp32 output is the accumulator the bf16 output rounds; dh scaled as the epilogue must.
+  std::vector<bf16_t> scaled(cells, 0);
+  long long fp32_vs_bf16 = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    if (!kept[r]) continue;
+    for (int c = 0; c < n; ++c) {
+      const std::size_t i = std::size_t(r) * n + c;
+      fp32_vs_bf16 += mok::float_to_bf16(acc[i]) != dh_bits[i];
+      scaled[i] = mok::float_to_bf16(hscale[r] * acc[i]);  // IEEE fp32 product, then bf16
+    }
+  }
+  EXPECT_EQ(fp32_vs_bf16, 0) << "the fp32 output is not the accumulator of the bf16 output";
+  CUDA_OK(cudaMemcpy(dh_scaled.p, scaled.data(), cells * 2, cudaMemcpyHostToDevice));
+  swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, want_g.p, want_u.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got_g = dg.host(), got_u = du.host(), wg = want_g.host(), wu = want_u.host();
+  const auto* bg = reinterpret_cast<const std::uint16_t*>(got_g.data());
+  const auto* bu = reinterpret_cast<const std::uint16_t*>(got_u.data());
+  const auto* bwg = reinterpret_cast<const std::uint16_t*>(wg.data());
+  const auto* bwu = reinterpret_cast<const std::uint16_t*>(wu.data());
+  long long differ = 0, stray = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int c = 0; c < n; ++c) {
+      const std::size_t i = std::size_t(r) * n + c;
+      if (kept[r]) {
+        differ += bg[i] != bwg[i] || bu[i] != bwu[i];
+      } else {
+        stray += bg[i] != 0xffff || bu[i] != 0xffff;
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0) << "dg, du differ from swiglu_backward_fast(g, u, bf16(scale * acc))";
+  EXPECT_EQ(stray, 0) << "dg or du written in rows past the groups";
+
+  const double u32 = std::ldexp(1.0, -24);
+  const double gamma34 = 34 * u32 / (1 - 34 * u32);
+  const std::vector<float> got_dot = dot.host();
+  long long far = 0, dot_stray = 0, checked = 0;
+  double worst = 0;  // the largest error as a fraction of its bound
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int ch = 0; ch < chunks; ++ch) {
+      const float v = got_dot[std::size_t(r) * chunks + ch];
+      if (!kept[r]) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        dot_stray += bits != 0xffffffffu;
+        continue;
+      }
+      double sum = 0, sum_abs = 0;
+      for (int c = ch * mok::gemm::kDotColumns; c < std::min(n, (ch + 1) * mok::gemm::kDotColumns);
+           ++c) {
+        const std::size_t i = std::size_t(r) * n + c;
+        const double t = double(acc[i]) * mok::bf16_to_float(h_bits[i]);
+        sum += t;
+        sum_abs += std::fabs(t);
+      }
+      const double bound =
+          (gamma34 + 127 * std::ldexp(1.0, -53)) * sum_abs + 34 * std::ldexp(1.0, -149);
+      const double err = std::fabs(double(v) - sum);
+      far += !(err <= bound);  // NaN counts as far
+      worst = std::max(worst, err / bound);
+      ++checked;
+    }
+  }
+  std::printf(
+      "[ mok ] dgrad + SwiGLU backward, row scale and dot N=%d K=%d G=%d%s: %lld dot "
+      "values, largest error %.3g of its bound\n",
+      n, k, G, dense ? " dense" : "", checked, worst);
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(far, 0) << "dot beyond the fp32 summation bound (h not the forward's hidden?)";
+  EXPECT_EQ(dot_stray, 0) << "dot written in rows past the groups";
+
+  // The other schedule, a second run, and each option alone: the same bits.
+  auto same = [](const auto& x, const auto& y) {
+    const auto a = x.host(), b = y.host();
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  for (Consumers cs : {other_consumers(), g_consumers}) {
+    dg2.poison();
+    du2.poison();
+    dot2.poison();
+    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, cs);
+    CUDA_OK(cudaDeviceSynchronize());
+    const char* what = cs == g_consumers ? "a second run" : "the other consumer schedule";
+    EXPECT_TRUE(same(dot, dot2)) << what << ": dot differs";
+    EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << what << ": dg or du differs";
+  }
+  dg2.poison();
+  du2.poison();
+  dgrad(nullptr, false, dg2.p, du2.p, scale.p, nullptr);  // scale only
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "row scale without dot: dg or du differs";
+  dot2.poison();
+  dg2.poison();
+  du2.poison();
+  dgrad(nullptr, false, dg2.p, du2.p, nullptr, dot2.p);  // dot only
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same(dot, dot2)) << "dot without row scale differs";
+  want_g.poison();
+  want_u.poison();
+  dgrad(nullptr, false, want_g.p, want_u.p, nullptr, nullptr);  // neither: the plain epilogue
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same(dg2, want_g) && same(du2, want_u)) << "dot changed dg or du";
+}
+
+TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotSmallOddAndEmptyGroups) {
+  REQUIRE_HOPPER();
+  run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false);  // a last chunk of 64 columns
+}
+
+TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
+  REQUIRE_HOPPER();
+  run_dgrad_dot({999}, 512, 256, true);
+  run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false);
+}
+
+TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
+  REQUIRE_HOPPER();
+  Layout l({100});
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+      x(std::size_t(l.capacity) * 64);
+  Buffer<float> f(l.capacity);
+  mok::gemm::RowsTimesWeightArgs args;
+  args.segments = l.segments();
+  args.a = a.p;
+  args.ld_a = 64;
+  args.w = w.p;
+  args.out = x.p;
+  args.ld_out = 64;
+  args.n = 64;
+  args.k = 64;
+  args.swiglu.row_scale = f.p;
+  try {
+    mok::gemm::rows_times_weight(args);
+    ADD_FAILURE() << "a row scale without the SwiGLU epilogue was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "swiglu.row_scale") << e.what();
+  }
+  args.swiglu.row_scale = nullptr;
+  args.swiglu.dot = f.p;
+  try {
+    mok::gemm::rows_times_weight(args);
+    ADD_FAILURE() << "a dot output without the SwiGLU epilogue was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "swiglu.dot") << e.what();
+  }
+  args.swiglu = {x.p, x.p, x.p, x.p, nullptr, nullptr};
+  args.out_fp32 = true;
+  try {
+    mok::gemm::rows_times_weight(args);
+    ADD_FAILURE() << "an fp32 output with the SwiGLU epilogue was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "out_fp32") << e.what();
+  }
+}
+#endif  // MOK_TEST_OLD_TICKET_API
+
 TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
   REQUIRE_HOPPER();
   Layout l({100});
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64), x(std::size_t(l.capacity) * 64);
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+      x(std::size_t(l.capacity) * 64);
   Buffer<int> slots(l.capacity);
   Buffer<void*> peers(1);
   mok::gemm::RowsTimesWeightArgs args;
@@ -784,12 +1047,17 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   fill_random(b, 1.0f);
   l.poison_padding(a, c.m);  // NaN in padding: must contribute exactly nothing
   l.poison_padding(b, c.n);
+  Buffer<unsigned> tickets(2);  // one counter pair, reused by the launches (one stream)
+  CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
   auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic,
                     Consumers consumers = g_consumers) {
     mok::gemm::WeightGradArgs args;
     args.consumers = consumers;
     args.segments = l.segments();
     args.order = order;
+#ifndef MOK_TEST_OLD_TICKET_API
+    args.tickets = tickets.p;
+#endif
     args.a = a.p;
     args.ld_a = c.m;
     args.b = b.p;
@@ -878,6 +1146,7 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
       }
     }
   }
+  EXPECT_EQ(tickets.host(), (std::vector<unsigned>{0, 0})) << "the counter pair was not reset";
 }
 
 CONSUMER_SUITE(GemmWgrad);
@@ -978,7 +1247,8 @@ TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
 }
 
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of
-// a single launch (tile tickets: every launch draws from its own counter, reset at its end).
+// a single launch (each launch has its own ticket counter pair, which its last CTA resets; the
+// automatic order may or may not use it).
 TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   REQUIRE_HOPPER();
   Layout l({900, 0, 77, 2000, 128, 1, 640});
@@ -994,15 +1264,20 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   for (int i = 0; i <= kCopies; ++i) outs.push_back(std::make_unique<Buffer<__nv_bfloat16>>(elems));
   cudaStream_t streams[2];
   for (auto& st : streams) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  auto launch = [&](__nv_bfloat16* out, cudaStream_t stream) {
+  Buffer<unsigned> pairs(2 * (kCopies + 1));  // the counter pair of outs[i]: pairs[2i, 2i + 2)
+  CUDA_OK(cudaMemset(pairs.p, 0, pairs.n * sizeof(unsigned)));
+  auto launch = [&](int i, cudaStream_t stream) {
     mok::gemm::WeightGradArgs args;
     args.consumers = g_consumers;
     args.segments = l.segments();
+#ifndef MOK_TEST_OLD_TICKET_API
+    args.tickets = pairs.p + 2 * i;
+#endif
     args.a = a.p;
     args.ld_a = m;
     args.b = b.p;
     args.ld_b = n;
-    args.out = out;
+    args.out = outs[i]->p;
     args.ld_out = n;
     args.m = m;
     args.n = n;
@@ -1011,15 +1286,15 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   };
   for (auto& o : outs) o->poison();
   CUDA_OK(cudaDeviceSynchronize());
-  launch(outs[0]->p, nullptr);
+  launch(0, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  for (int i = 1; i <= 4; ++i) launch(outs[i]->p, streams[i % 2]);
+  for (int i = 1; i <= 4; ++i) launch(i, streams[i % 2]);
   CUDA_OK(cudaDeviceSynchronize());
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeGlobal));
-  launch(outs[5]->p, streams[0]);
-  launch(outs[6]->p, streams[0]);
+  launch(5, streams[0]);
+  launch(6, streams[0]);
   CUDA_OK(cudaStreamEndCapture(streams[0], &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
@@ -1036,10 +1311,233 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   long long nan = 0;
   for (const auto v : h) nan += std::isnan(__bfloat162float(v));
   EXPECT_EQ(nan, 0) << "unwritten output elements";
+  EXPECT_EQ(pairs.host(), std::vector<unsigned>(pairs.n, 0u)) << "a counter pair was not reset";
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   for (auto& st : streams) cudaStreamDestroy(st);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Ticket counters: every launch draws its tiles from the pair its caller gives it
+
+// One wgrad problem of the GemmTickets test, always with TileOrder::tickets: `continued` launches
+// continue an fp32 reduction from `seed` (the output is reset to it before every launch), the
+// others store bf16.
+struct TicketProblem {
+  Layout layout;
+  int m, n;
+  bool continued;
+  Buffer<__nv_bfloat16> a, b;
+  Buffer<float> seed;
+  std::size_t out_elems;
+  TicketProblem(const std::vector<int>& counts, int m_, int n_, bool continued_)
+      : layout(counts),
+        m(m_),
+        n(n_),
+        continued(continued_),
+        a(std::size_t(layout.capacity) * m_),
+        b(std::size_t(layout.capacity) * n_),
+        seed(continued_ ? std::size_t(layout.groups()) * m_ * n_ : 0),
+        out_elems(std::size_t(layout.groups()) * m_ * n_) {
+    fill_random(a, 1.0f);
+    fill_random(b, 1.0f);
+    layout.poison_padding(a, m);
+    layout.poison_padding(b, n);
+    if (continued) {
+      std::vector<float> h(out_elems);
+      std::mt19937_64 rng(fresh_seed());
+      for (auto& v : h) v = float(int(rng() % 2001) - 1000) / 256.0f;
+      seed.upload(h);
+    }
+  }
+  // The output before a launch: the seed (continued) or poison.
+  void reset(void* out, cudaStream_t stream) const {
+    if (continued) {
+      cudaMemcpyAsync(out, seed.p, out_elems * 4, cudaMemcpyDeviceToDevice, stream);
+    } else {
+      cudaMemsetAsync(out, 0xff, out_elems * 2, stream);
+    }
+  }
+  void launch(void* out, unsigned* tickets, cudaStream_t stream) const {
+    mok::gemm::WeightGradArgs args;
+    args.consumers = g_consumers;
+    args.order = mok::gemm::TileOrder::tickets;
+    args.segments = layout.segments();
+    args.a = a.p;
+    args.ld_a = m;
+    args.b = b.p;
+    args.ld_b = n;
+    args.out = out;
+    args.ld_out = n;
+    args.out_fp32 = continued;
+    args.continue_reduction = continued;
+    args.m = m;
+    args.n = n;
+#ifndef MOK_TEST_OLD_TICKET_API
+    args.tickets = tickets;
+#else
+    (void)tickets;  // the old tree takes a pair round robin per instantiation
+#endif
+    args.stream = stream;
+    mok::gemm::weight_grad(args);
+  }
+  std::size_t out_bytes() const {
+    return out_elems * (continued ? 4 : 2);
+  }
+};
+
+bool same_bytes(const void* x, const void* y, std::size_t bytes) {
+  std::vector<unsigned char> a(bytes), b(bytes);
+  cudaMemcpy(a.data(), x, bytes, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b.data(), y, bytes, cudaMemcpyDeviceToHost);
+  return std::memcmp(a.data(), b.data(), bytes) == 0;
+}
+
+CONSUMER_SUITE(GemmTickets);
+
+// A plain and a continued wgrad in flight at once, on two streams and as parallel branches of a
+// replayed CUDA graph, each with its own counter pair: every result is bitwise its single launch.
+// The plain one (P) has a few long tiles (one group of 16384 rows: 256 K blocks a tile); the
+// continued one (C) thousands of short ones. Launched P first: P's CTAs without a tile leave at
+// once and C's CTAs draw tiles on their SMs while P's long tiles run. Had the two one pair
+// (9a62ee7: the plain and the continued instantiation take pairs round robin, each from slot
+// 0, so the i-th plain and the i-th continued launch of a process share one), C's CTAs would take
+// tickets past P's, and P's last CTA would reset the pair under C, whose CTAs then take its tiles
+// from 0 again: tiles computed twice, each time from the output, which a continued reduction
+// reads (so C's bits change). Run alone with --gtest_filter='*GemmTickets*' for that.
+TEST_P(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches) {
+  REQUIRE_HOPPER();
+  const TicketProblem p(std::vector<int>{16384}, 256, 256, false);
+  const TicketProblem c(std::vector<int>(64, 1024), 1024, 1024, true);
+  // Pairs: 0, 1 the single launches; 2, 3 the streams; 4, 5 the graph.
+  Buffer<unsigned> pairs(12);
+  CUDA_OK(cudaMemset(pairs.p, 0, pairs.n * sizeof(unsigned)));
+  Buffer<unsigned char> want_p(p.out_bytes()), want_c(c.out_bytes()), got_p(p.out_bytes()),
+      got_c(c.out_bytes()), graph_p(p.out_bytes()), graph_c(c.out_bytes());
+  CUDA_OK(cudaDeviceSynchronize());
+  // The single launches (also the first launch of each instantiation: attributes set before any
+  // capture). As many plain as continued launches before every pair below.
+  p.reset(want_p.p, nullptr);
+  p.launch(want_p.p, pairs.p + 0, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  c.reset(want_c.p, nullptr);
+  c.launch(want_c.p, pairs.p + 2, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  {
+    const auto h = want_p.host();
+    long long unwritten = 0;
+    for (std::size_t i = 0; i + 1 < h.size(); i += 2) unwritten += h[i] == 0xff && h[i + 1] == 0xff;
+    ASSERT_EQ(unwritten, 0) << "the single plain launch left output elements unwritten";
+    ASSERT_FALSE(same_bytes(want_c.p, c.seed.p, c.out_bytes()))
+        << "the continued launch wrote nothing";
+  }
+
+  cudaStream_t s0, s1;
+  CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  for (int round = 0; round < 3; ++round) {
+    p.reset(got_p.p, s0);
+    c.reset(got_c.p, s1);
+    CUDA_OK(cudaDeviceSynchronize());
+    p.launch(got_p.p, pairs.p + 4, s0);
+    c.launch(got_c.p, pairs.p + 6, s1);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bytes(got_p.p, want_p.p, p.out_bytes()))
+        << "streams, round " << round << ": the plain wgrad differs from its single launch";
+    EXPECT_TRUE(same_bytes(got_c.p, want_c.p, c.out_bytes()))
+        << "streams, round " << round << ": the continued wgrad differs from its single launch";
+  }
+
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaEventRecord(fork, s0));
+  CUDA_OK(cudaStreamWaitEvent(s1, fork, 0));
+  p.reset(graph_p.p, s0);
+  p.launch(graph_p.p, pairs.p + 8, s0);
+  c.reset(graph_c.p, s1);
+  c.launch(graph_c.p, pairs.p + 10, s1);
+  CUDA_OK(cudaEventRecord(join, s1));
+  CUDA_OK(cudaStreamWaitEvent(s0, join, 0));
+  CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    CUDA_OK(cudaGraphLaunch(exec, s0));
+    CUDA_OK(cudaStreamSynchronize(s0));
+    EXPECT_TRUE(same_bytes(graph_p.p, want_p.p, p.out_bytes()))
+        << "graph replay " << replay << ": the plain wgrad differs from its single launch";
+    EXPECT_TRUE(same_bytes(graph_c.p, want_c.p, c.out_bytes()))
+        << "graph replay " << replay << ": the continued wgrad differs from its single launch";
+  }
+#ifndef MOK_TEST_OLD_TICKET_API
+  EXPECT_EQ(pairs.host(), std::vector<unsigned>(pairs.n, 0u))
+      << "a launch's last CTA did not reset its counter pair";
+#endif
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+}
+
+#ifndef MOK_TEST_OLD_TICKET_API
+// The tiles really come from the caller's pair: with its ticket counter set past the last tile, a
+// TileOrder::tickets launch computes nothing (the output stays poisoned), and its last CTA still
+// puts the pair back to zero.
+TEST_P(GemmTickets, TilesComeFromTheCallersPair) {
+  REQUIRE_HOPPER();
+  const TicketProblem p(std::vector<int>{300, 0, 77}, 192, 320, false);
+  Buffer<unsigned> pair(2);
+  pair.upload({1u << 30, 0u});
+  Buffer<unsigned char> out(p.out_bytes());
+  p.reset(out.p, nullptr);
+  p.launch(out.p, pair.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto h = out.host();
+  long long written = 0;
+  for (const auto v : h) written += v != 0xff;
+  EXPECT_EQ(written, 0) << "tiles were computed though the counter was past the last one";
+  EXPECT_EQ(pair.host(), (std::vector<unsigned>{0, 0})) << "the pair was not reset";
+  // And from zero, the same pair gives the whole result.
+  p.reset(out.p, nullptr);
+  p.launch(out.p, pair.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  long long unwritten = 0;
+  const auto g = out.host();
+  for (std::size_t i = 0; i + 1 < g.size(); i += 2) unwritten += g[i] == 0xff && g[i + 1] == 0xff;
+  EXPECT_EQ(unwritten, 0);
+}
+
+TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
+  REQUIRE_HOPPER();
+  Layout l({100});
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), out(64 * 64);
+  mok::gemm::WeightGradArgs args;
+  args.segments = l.segments();
+  args.order = mok::gemm::TileOrder::tickets;
+  args.a = a.p;
+  args.ld_a = 64;
+  args.b = a.p;
+  args.ld_b = 64;
+  args.out = out.p;
+  args.ld_out = 64;
+  args.m = 64;
+  args.n = 64;
+  try {
+    mok::gemm::weight_grad(args);
+    ADD_FAILURE() << "TileOrder::tickets without a counter pair was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "WeightGradArgs.tickets") << e.what();
+  }
+  args.order = mok::gemm::TileOrder::fixed;  // fine without counters
+  EXPECT_NO_THROW(mok::gemm::weight_grad(args));
+  CUDA_OK(cudaDeviceSynchronize());
+}
+#endif  // MOK_TEST_OLD_TICKET_API
 
 // ---------------------------------------------------------------------------------------------
 // Group sizes changed on the device, between launches and under CUDA graph replay.
@@ -1125,5 +1623,167 @@ TEST_P(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+#ifndef MOK_TEST_OLD_TICKET_API
+// ---------------------------------------------------------------------------------------------
+// Waits that give up: no hang, no trap, a report, and a context that still works afterwards
+
+constexpr std::uint64_t kShortTimeoutNs = 200'000'000;  // 0.2 s
+
+// Runs a launch whose CTA 0 never gets the data of its first stage (WaitOptions::stall_block = 0,
+// timeout kShortTimeoutNs) to its end. The shapes keep every CTA at one tile of at most 3 K
+// blocks (no more than any form's stages), so the stalled CTA's Producer never waits and the one
+// wait that times out is its Consumers' on the full barrier.
+template <class Launch>
+void expect_stalled_launch_gives_up(Launch&& launch_stalled) {
+  (void)mok::gemm::take_wait_timeout();  // start from no report
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  launch_stalled();
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());  // returns (no hang) and succeeds (no trap)
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string report = mok::gemm::take_wait_timeout();
+  std::printf("[ mok ] stalled launch ended after %.3f s: %s\n", seconds, report.c_str());
+  EXPECT_GE(seconds, 0.9e-9 * kShortTimeoutNs) << "ended before a wait could time out";
+  EXPECT_LT(seconds, 10.0) << "took far longer than its timeout";
+  EXPECT_NE(report.find("barrier full ("), std::string::npos) << report;
+  EXPECT_NE(report.find("in block 0,"), std::string::npos) << report;
+  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "take_wait_timeout() did not clear the report";
+}
+
+CONSUMER_SUITE(GemmWaits);
+
+TEST_P(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  Layout l({200, 77, 300});  // 6 M tiles: 6 or 12 tiles, fewer than the CTAs
+  const int G = l.groups(), n = 256, k = 192;
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n),
+      out(std::size_t(l.capacity) * n), out2(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(w, 2.0f / std::sqrt(float(k)));
+  l.poison_padding(a, k);
+  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits) {
+    mok::gemm::RowsTimesWeightArgs args;
+    args.consumers = g_consumers;
+    args.segments = l.segments();
+    args.a = a.p;
+    args.ld_a = k;
+    args.w = w.p;
+    args.out = dst;
+    args.ld_out = n;
+    args.n = n;
+    args.k = k;
+    args.waits = waits;
+    mok::gemm::rows_times_weight(args);
+  };
+  expect_stalled_launch_gives_up([&] { launch(out.p, {kShortTimeoutNs, 0}); });
+  // The next launch in this process, on the same context: right, and leaves no report.
+  out.poison();
+  launch(out.p, {});
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<int> rows, groups;
+  l.sample_rows(40, rng, rows, groups);
+  const auto ref = reference_rows(a, k, w, 1, rows, groups, n, k);
+  const auto got = fetch_rows(out, n, n, rows);
+  ErrorNorm e;
+  for (std::size_t i = 0; i < ref.size(); ++i) e.add(bf(got[i]), ref[i]);
+  EXPECT_EQ(e.nan, 0);
+  EXPECT_LE(e.rel(), kU);
+  EXPECT_EQ(written_padding(out, n, l), 0) << "padding rows were written";
+  out2.poison();
+  launch(out2.p, {});
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
+  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "a launch that did not stall left a report";
+}
+
+// The K-grouped form: its Consumers take tiles from the queue, so they must all see its end.
+TEST_P(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
+  REQUIRE_HOPPER();
+  Layout l({150, 0, 64});  // 3, 0 and 1 K blocks; 6 or 12 tiles
+  const int G = l.groups(), m = 256, n = 256;
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
+  const std::size_t elems = std::size_t(G) * m * n;
+  Buffer<__nv_bfloat16> out(elems), out2(elems);
+  fill_random(a, 1.0f);
+  fill_random(b, 1.0f);
+  l.poison_padding(a, m);
+  l.poison_padding(b, n);
+  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits) {
+    mok::gemm::WeightGradArgs args;
+    args.consumers = g_consumers;
+    args.segments = l.segments();
+    args.a = a.p;
+    args.ld_a = m;
+    args.b = b.p;
+    args.ld_b = n;
+    args.out = dst;
+    args.ld_out = n;
+    args.m = m;
+    args.n = n;
+    args.waits = waits;
+    mok::gemm::weight_grad(args);
+  };
+  expect_stalled_launch_gives_up([&] { launch(out.p, {kShortTimeoutNs, 0}); });
+  out.poison();
+  launch(out.p, {});
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  // Every output row of every group against the fp32 reference.
+  std::vector<int> groups, ms;
+  for (int g = 0; g < G; ++g) {
+    for (int r = 0; r < m; ++r) {
+      groups.push_back(g);
+      ms.push_back(r);
+    }
+  }
+  Buffer<int> d_groups(groups.size()), d_ms(ms.size());
+  d_groups.upload(groups);
+  d_ms.upload(ms);
+  Buffer<float> ref(groups.size() * std::size_t(n));
+  ref_wgrad_kernel<<<dim3((n + 127) / 128, groups.size()), 128>>>(
+      a.p, m, b.p, n, l.d_starts.p, l.d_counts.p, d_groups.p, d_ms.p,
+      static_cast<int>(groups.size()), n, ref.p);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto href = ref.host();
+  const auto got = out.host();
+  ErrorNorm e;
+  for (std::size_t i = 0; i < elems; ++i) e.add(__bfloat162float(got[i]), href[i]);
+  EXPECT_EQ(e.nan, 0);
+  EXPECT_LE(e.rel(), kU);
+  out2.poison();
+  launch(out2.p, {});
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
+  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "a launch that did not stall left a report";
+}
+
+TEST(GemmArguments, WaitTimeoutMustBePositive) {
+  REQUIRE_HOPPER();
+  Layout l({100});
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+      x(std::size_t(l.capacity) * 64);
+  mok::gemm::RowsTimesWeightTArgs args;
+  args.segments = l.segments();
+  args.a = a.p;
+  args.ld_a = 64;
+  args.w = w.p;
+  args.out = x.p;
+  args.ld_out = 64;
+  args.n = 64;
+  args.k = 64;
+  args.waits.timeout_ns = 0;
+  try {
+    mok::gemm::rows_times_weight_t(args);
+    ADD_FAILURE() << "a zero wait timeout was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "waits.timeout_ns") << e.what();
+  }
+}
+#endif  // MOK_TEST_OLD_TICKET_API
 
 }  // namespace

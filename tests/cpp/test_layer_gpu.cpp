@@ -9,6 +9,7 @@
 namespace mok::test {
 namespace {
 
+using cuda::DeviceContext;
 using cuda::DeviceLayer;
 using cuda::DeviceTensor;
 
@@ -36,8 +37,9 @@ LayerData make_case(const GpuCase& c, std::uint64_t seed, DType grad_dtype = DTy
 void run_gpu(LayerData& d, const Config& config = {}, BackwardOptions options = {}) {
   DeviceLayer g(d);
   Workspace ws(d.problem, config, {.backend = Backend::cuda});
-  forward(ws, g.inputs(), g.weights(), g.out.view());
-  backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(), options);
+  DeviceContext ctx(ws);
+  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+  backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads(), options);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   g.download(d);
 }
@@ -113,8 +115,9 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
     g.d_sg.upload(acc.d_shared_gate), g.d_su.upload(acc.d_shared_up),
         g.d_sd.upload(acc.d_shared_down);
     Workspace ws(c.problem, config, {.backend = Backend::cuda});
-    forward(ws, g.inputs(), g.weights(), g.out.view());
-    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads(),
+    DeviceContext ctx(ws);
+    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+    backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads(),
              {.accumulate_weight_grads = true});
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     g.download(acc);
@@ -141,10 +144,11 @@ TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
   cudaStream_t stream;
   MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
+  DeviceContext ctx(ws);
   ws.set_stream(stream);
   auto step = [&] {
-    forward(ws, g.inputs(), g.weights(), g.out.view());
-    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads());
+    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+    backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
   };
   step();  // eager warm-up: one-time set-up stays out of the capture
   MOK_CUDA_OK(cudaStreamSynchronize(stream));
@@ -181,10 +185,125 @@ TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
   d.topk_experts.set(13 * 2 + 1, 4);  // E = 4: out of range
   DeviceLayer g(d);
   Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
-  forward(ws, g.inputs(), g.weights(), g.out.view());
+  DeviceContext ctx(ws);
+  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_error([&] { forward(ws, g.inputs(), g.weights(), g.out.view()); },
+  expect_error([&] { forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get()); },
                {"topk_experts[13, 1]", "got 4"});
+  // The error was consumed: the next call with good ids runs and is right.
+  LayerData good = make_case(c, test_seed() + 1);
+  DeviceLayer h(good);
+  forward(ws, h.inputs(), h.weights(), h.out.view(), ctx.get());
+  backward(ws, h.inputs(), h.weights(), ctx.get(), h.d_out.view(), h.grads());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  h.download(good);
+  EXPECT_TRUE(check_against_f64(good).passed());
+}
+
+// A view that is not 16-byte aligned (the kernels move 16-byte vectors) is refused by name before
+// any launch; the workspace and the process go on working.
+TEST(LayerGpuValidation, MisalignedViewsAreRefusedByName) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"align", layer_shape(24, 64, 64, 4, 2, 64), Routing::softmax, false};
+  LayerData d = make_case(c, test_seed());
+  DeviceLayer g(d);
+  Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
+  DeviceContext ctx(ws);
+  // A second buffer one row longer, viewed from its second element: 2 bytes past alignment.
+  HostTensor spare(DType::bf16, {25, 64});
+  DeviceTensor shifted(spare);
+  auto misaligned = [&](const TensorView& like) {
+    TensorView v = like;
+    v.data = static_cast<char*>(shifted.view().data) + 2;
+    return v;
+  };
+  expect_error(
+      [&] { forward(ws, g.inputs(), g.weights(), misaligned(g.out.view()), ctx.get()); },
+      {"invalid out:", "16 bytes", "2 bytes past"});
+  Inputs bad_x = g.inputs();
+  bad_x.x = misaligned(g.x.view());
+  expect_error([&] { forward(ws, bad_x, g.weights(), g.out.view(), ctx.get()); },
+               {"invalid x:", "16 bytes"});
+  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+  expect_error(
+      [&] {
+        backward(ws, g.inputs(), g.weights(), ctx.get(), misaligned(g.d_out.view()), g.grads());
+      },
+      {"invalid d_out:", "16 bytes"});
+  Grads bad_dx = g.grads();
+  bad_dx.d_x = misaligned(g.d_x.view());
+  expect_error(
+      [&] { backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), bad_dx); },
+      {"invalid d_x:", "16 bytes"});
+  ForwardContext bad_ctx = ctx.get();
+  bad_ctx.hidden_shared.data = static_cast<char*>(bad_ctx.hidden_shared.data) + 2;
+  expect_error(
+      [&] { backward(ws, g.inputs(), g.weights(), bad_ctx, g.d_out.view(), g.grads()); },
+      {"forward_context.hidden_shared", "16 bytes"});
+  backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  g.download(d);
+  EXPECT_TRUE(check_against_f64(d).passed());
+}
+
+// The forward context is the caller's: layers that share one workspace keep their own contexts.
+// Forward every layer, then backward every layer in reverse: the bits of each layer run alone,
+// with no recompute; recompute_forward_context writes the forward's context bit for bit.
+TEST(LayerGpuContext, LayersShareOneWorkspaceAndRecomputeIsBitwise) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::uint64_t seed = test_seed();
+  for (std::int64_t macro : {4096, 128}) {  // one ring pass, and several
+    const GpuCase c{"shared_ws", layer_shape(150, 128, 128, 5, 3, 64), Routing::skewed, false};
+    Config config;
+    config.minibatch_size = 128;
+    config.macrobatch_size = macro;
+    constexpr int kLayers = 3;
+    Workspace ws(c.problem, config, {.backend = Backend::cuda});
+    std::vector<LayerData> data, alone;
+    std::vector<std::unique_ptr<DeviceLayer>> dev;
+    std::vector<std::unique_ptr<DeviceContext>> ctx;
+    for (int l = 0; l < kLayers; ++l) {
+      data.push_back(make_case(c, seed + l));
+      alone.push_back(make_case(c, seed + l));
+      run_gpu(alone.back(), config);
+      dev.push_back(std::make_unique<DeviceLayer>(data.back()));
+      ctx.push_back(std::make_unique<DeviceContext>(ws));
+      forward(ws, dev[l]->inputs(), dev[l]->weights(), dev[l]->out.view(), ctx[l]->get());
+    }
+    for (int l = kLayers - 1; l >= 0; --l) {
+      backward(ws, dev[l]->inputs(), dev[l]->weights(), ctx[l]->get(), dev[l]->d_out.view(),
+               dev[l]->grads());
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int l = 0; l < kLayers; ++l) {
+      dev[l]->download(data[l]);
+      EXPECT_TRUE(all_outputs_same(data[l], alone[l])) << "layer " << l << " macro " << macro;
+    }
+    EXPECT_EQ(ws.call_counts().recompute, 0);
+    EXPECT_EQ(ws.call_counts().forward, kLayers);
+    // recompute_forward_context (no router weights, no down weights) into a context poisoned
+    // like the forward's: every byte equal, filled rows and untouched ones alike.
+    DeviceContext again(ws);
+    Inputs in = dev[0]->inputs();
+    in.topk_weights = TensorView{};
+    Weights w = dev[0]->weights();
+    w.down = w.shared_down = TensorView{};
+    recompute_forward_context(ws, in, w, again.get());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<char> a(ctx[0]->bytes()), b(again.bytes());
+    ASSERT_EQ(cudaMemcpy(a.data(), ctx[0]->get().x_routed.data, a.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.data(), again.get().x_routed.data, b.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(a == b) << "recomputed context differs, macro " << macro;
+    // The key covers every tensor backward reads.
+    expect_error(
+        [&] {
+          backward(ws, dev[1]->inputs(), dev[0]->weights(), ctx[0]->get(), dev[0]->d_out.view(),
+                   dev[0]->grads());
+        },
+        {"forward context", "another x"});
+  }
 }
 
 // Expert parallelism over W virtual ranks on one GPU (one launch covers every rank wherever ranks
@@ -240,6 +359,12 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
                    g.d_su.view(),
                    g.d_sd.view()};
       }
+      std::vector<std::unique_ptr<DeviceContext>> contexts;
+      for (int r = 0; r < W; ++r) {
+        contexts.push_back(std::make_unique<DeviceContext>(
+            forward_context_layout(p, Config{}, Backend::cuda, DType::bf16)));
+        ranks[r].ctx = contexts.back()->get();
+      }
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
       for (int r = 1; r < W; ++r) {
         for (TensorView* v : {&ranks[r].grads.d_shared_gate, &ranks[r].grads.d_shared_up,
@@ -252,7 +377,7 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       layer.forward(ranks, true, nullptr);
       layer.backward(ranks, BackwardOptions{}, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      layer.check_errors();
+      layer.check_errors(nullptr);
       g.download(many);
       const char* what = routing == Routing::softmax ? "uniform" : "skewed";
       EXPECT_TRUE(same_bits(one.out, many.out)) << "W " << W << " " << what << ": out";

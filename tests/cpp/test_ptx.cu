@@ -1,9 +1,8 @@
 // GPU unit tests of the PTX wrappers (src/cuda/ptx), one wrapper family at a time: each a small
 // kernel whose output is compared exactly with what the host expects. Outputs are poisoned first,
 // so anything left unwritten fails; inputs are random every run (the seed is in the trace).
-// Waits are bounded and report instead of trapping (mbarrier_wait is called only on phases already
-// complete), so a broken wrapper fails its own test without poisoning the CUDA context for the
-// others. Skipped without an sm_90 GPU.
+// Waits are bounded and give up instead of trapping, so a broken wrapper fails its own test without
+// poisoning the CUDA context for the others. Skipped without an sm_90 GPU.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -21,7 +20,6 @@
 #include "core/bf16.hpp"
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/tensor_map.hpp"
-#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/flags.cuh"
 #include "cuda/ptx/mbarrier.cuh"
@@ -71,8 +69,8 @@ struct Mismatches {
 // broken protocol fails quickly.
 constexpr std::uint64_t kWaitTimeoutNs = 1'000'000'000ull;
 
-// A bounded wait on an mbarrier phase: false after kWaitTimeoutNs (said once per warp), where
-// ptx::mbarrier_wait would trap and so end every later test of the process.
+// A bounded wait on an mbarrier phase that says what timed out: false after kWaitTimeoutNs (said
+// once per warp).
 __device__ bool wait_phase(std::uint64_t* bar, std::uint32_t parity) {
   const std::uint64_t start = ptx::global_timer_ns();
   while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
@@ -117,17 +115,19 @@ __global__ void mbarrier_parity_kernel(int* out) {
   __shared__ std::uint64_t bar;
   ptx::mbarrier_init(&bar, 2);
   int i = 0;
-  ptx::mbarrier_wait(&bar, 1, 0, nullptr);  // fresh: parity 1 counts as complete
-  out[i++] = 1;
+  // fresh: parity 1 counts as complete
+  out[i++] = ptx::mbarrier_wait(&bar, 1, kWaitTimeoutNs, nullptr) == ptx::WaitStatus::complete;
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 1);
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 0);
+  out[i++] = ptx::mbarrier_test_wait_parity(&bar, 1);
+  out[i++] = ptx::mbarrier_test_wait_parity(&bar, 0);
   ptx::mbarrier_arrive(&bar);
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 0);  // one of two arrivals
   ptx::mbarrier_arrive(&bar);
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 0);  // phase 0 complete
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 1);  // phase 1 open
-  ptx::mbarrier_wait(&bar, 0, 0, nullptr);
-  out[i++] = 1;
+  out[i++] = ptx::mbarrier_test_wait_parity(&bar, 0);
+  out[i++] = ptx::mbarrier_wait(&bar, 0, kWaitTimeoutNs, nullptr) == ptx::WaitStatus::complete;
   ptx::mbarrier_arrive(&bar);
   ptx::mbarrier_arrive(&bar);
   out[i++] = ptx::mbarrier_try_wait_parity(&bar, 1);  // phase 1 complete
@@ -136,15 +136,75 @@ __global__ void mbarrier_parity_kernel(int* out) {
 
 TEST(PtxMbarrier, ParityOfOneThreadsPhases) {
   REQUIRE_HOPPER();
-  const std::vector<int> want = {1, 1, 0, 0, 1, 0, 1, 1, 0};
+  const std::vector<int> want = {1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0};
   Buffer<int> out(want.size());
   out.poison();
   mbarrier_parity_kernel<<<1, 1>>>(out.p);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(out.host(), want)
-      << "probes: wait(1) fresh, try(1) fresh, try(0) fresh, try(0) after 1 of 2 arrivals, "
-         "try(0) after 2, try(1) after 2, wait(0), try(1) after 4, try(0) after 4";
+      << "probes: wait(1) fresh, try(1) fresh, try(0) fresh, test(1) fresh, test(0) fresh, "
+         "try(0) after 1 of 2 arrivals, try(0) after 2, try(1) after 2, test(0) after 2, wait(0), "
+         "try(1) after 4, try(0) after 4";
+}
+
+// The bounded wait on a phase that never completes (a barrier of count 1, no arrival), by thread
+// 0: mode 0 no abort flag (times out), mode 1 the flag already set (gives up at once), mode 2 the
+// flag set by warp 1 after kAbortAfterNs (gives up then), mode 3 the flag set but the phase
+// complete (completes: the flag is read only when the phase is not). out: [status, ns waited].
+constexpr std::uint64_t kAbortAfterNs = 50'000;
+
+__global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uint64_t* out) {
+  __shared__ std::uint64_t bar;
+  __shared__ int abort_flag;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&bar, 1);
+    abort_flag = mode == 1 || mode == 3 ? 1 : 0;
+    if (mode == 3) ptx::mbarrier_arrive(&bar);
+  }
+  __syncthreads();
+  if (threadIdx.x == 32 && mode == 2) {
+    const std::uint64_t start = ptx::global_timer_ns();
+    while (ptx::global_timer_ns() - start < kAbortAfterNs) {
+    }
+    atomicExch(&abort_flag, 1);
+  }
+  if (threadIdx.x == 0) {
+    const std::uint64_t t0 = ptx::global_timer_ns();
+    const ptx::WaitStatus s =
+        ptx::mbarrier_wait(&bar, 0, timeout_ns, mode == 0 ? nullptr : &abort_flag);
+    out[1] = ptx::global_timer_ns() - t0;
+    out[0] = static_cast<std::uint64_t>(s);
+  }
+}
+
+TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
+  REQUIRE_HOPPER();
+  constexpr std::uint64_t kShortNs = 2'000'000, kLongNs = 10'000'000'000ull;
+  Buffer<std::uint64_t> out(2);
+  struct Case {
+    int mode;
+    std::uint64_t timeout_ns;
+    ptx::WaitStatus want;
+    std::uint64_t min_ns, max_ns;
+  };
+  const Case cases[] = {
+      {0, kShortNs, ptx::WaitStatus::timed_out, kShortNs, kShortNs + 50'000'000},
+      {1, kLongNs, ptx::WaitStatus::aborted, 0, 1'000'000},
+      {2, kLongNs, ptx::WaitStatus::aborted, kAbortAfterNs - 10'000, 100'000'000},
+      {3, kLongNs, ptx::WaitStatus::complete, 0, 1'000'000},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("mode " + std::to_string(c.mode));
+    out.poison();
+    bounded_wait_kernel<<<1, 64>>>(c.mode, c.timeout_ns, out.p);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());  // no trap: the context survives every case
+    const auto r = out.host();
+    EXPECT_EQ(r[0], static_cast<std::uint64_t>(c.want));
+    EXPECT_GE(r[1], c.min_ns);
+    EXPECT_LE(r[1], c.max_ns);
+  }
 }
 
 // A full/empty pair of barriers passing kPhases batches of words from the producer warps (every
@@ -820,84 +880,6 @@ TEST(PtxFlags, WaitWithoutSignalTimesOutOrGivesUp) {
       EXPECT_GT(r[3], kTimeoutNs) << "gave up before the timeout";
       EXPECT_LT(r[2], kTimeoutNs + 100'000'000) << "gave up long after the timeout";
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Clusters: multicast TMA, remote arrivals
-
-// A cluster of two CTAs; each loads half of a box (rows [rank h, (rank + 1) h)) and multicasts it
-// into the same offsets of both, so each CTA's barrier receives both halves' bytes. Each CTA then
-// arrives on its own and its peer's `done` barrier (count 2) through mbarrier_arrive_cluster.
-// out[rank]: the CTA's whole box, raw; ranks[block]: its cluster_ctarank.
-__global__ void __cluster_dims__(2, 1, 1)
-    multicast_kernel(const __grid_constant__ CUtensorMap half_map, int c0, int c1, int half_rows,
-                     std::uint8_t* out, std::uint32_t* ranks, int* timeouts) {
-  __shared__ std::uint64_t full, done;
-  std::uint8_t* box = dynamic_smem_1024();
-  const std::uint32_t rank = ptx::cluster_ctarank();
-  const std::uint32_t half_bytes = half_rows * 128, box_bytes = 2 * half_bytes;
-  for (std::uint32_t i = threadIdx.x * 16; i < box_bytes; i += blockDim.x * 16) {
-    *reinterpret_cast<uint4*>(box + i) = make_uint4(~0u, ~0u, ~0u, ~0u);
-  }
-  ptx::fence_proxy_async_shared();
-  if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&full, 1);
-    ptx::mbarrier_init(&done, 2);
-    ptx::fence_barrier_init();
-  }
-  ptx::cluster_sync();  // both CTAs' barriers are set up before any multicast or remote arrival
-  if (threadIdx.x == 0) {
-    ptx::mbarrier_arrive_expect_tx(&full, box_bytes);
-    ptx::tma_load_2d_multicast(box + rank * half_bytes, &half_map, &full, c0,
-                               c1 + static_cast<int>(rank) * half_rows, 0x3);
-  }
-  bool ok = wait_phase(&full, 0);
-  for (std::uint32_t i = threadIdx.x * 16; i < box_bytes; i += blockDim.x * 16) {
-    *reinterpret_cast<uint4*>(out + rank * box_bytes + i) =
-        *reinterpret_cast<const uint4*>(box + i);
-  }
-  if (threadIdx.x == 0) {
-    ranks[blockIdx.x] = rank;
-    ptx::mbarrier_arrive_cluster(&done, 0);
-    ptx::mbarrier_arrive_cluster(&done, 1);
-  }
-  ok = wait_phase(&done, 0) && ok;
-  if (!ok) atomicAdd(timeouts, 1);
-  ptx::cluster_sync();  // no CTA exits while its peer may still reach its shared memory
-}
-
-TEST(PtxCluster, MulticastLoadReachesBothCtas) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const Matrix m{200, 256, 264};
-  constexpr int kHalfRows = 32;
-  const int c0 = 8 * static_cast<int>(rng() % ((m.cols - 64) / 8 + 1));
-  const int c1 = static_cast<int>(rng() % (m.rows - 2 * kHalfRows + 1));
-  const auto matrix = random_words(static_cast<std::size_t>(m.rows) * m.ld, rng);
-  Buffer<std::uint16_t> d_matrix(matrix), out(2 * kHalfRows * 64 * 2);
-  Buffer<std::uint32_t> ranks(2);
-  Buffer<int> timeouts(1);
-  out.poison();
-  ranks.poison();
-  CUDA_OK(cudaMemset(timeouts.p, 0, sizeof(int)));
-  const CUtensorMap map =
-      mok::gemm::make_tensor_map_bf16(d_matrix.p, m.rows, m.cols, m.ld, kHalfRows, "test matrix");
-  multicast_kernel<<<2, 128, 2 * kHalfRows * 128 + 1024>>>(
-      map, c0, c1, kHalfRows, reinterpret_cast<std::uint8_t*>(out.p), ranks.p, timeouts.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(timeouts.host()[0], 0) << "a wait timed out";
-  EXPECT_EQ(ranks.host(), (std::vector<std::uint32_t>{0, 1}));
-  const auto got = out.host();
-  const std::size_t box_words = 2 * kHalfRows * 64;
-  for (int rank = 0; rank < 2; ++rank) {
-    SCOPED_TRACE("CTA rank " + std::to_string(rank));
-    const std::vector<std::uint16_t> box(got.begin() + rank * box_words,
-                                         got.begin() + (rank + 1) * box_words);
-    check_box(box, matrix, m, 2 * kHalfRows, c0, c1, "box element");
   }
 }
 

@@ -1,6 +1,7 @@
 // The CPU reference: exact gradients (finite differences in f64), bf16 accuracy against f64,
 // bitwise determinism, and the edge cases of DESIGN.md section 1.
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "layer_helpers.hpp"
@@ -219,8 +220,9 @@ TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
     for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.25 * (i % 7));
   }
   Workspace ws(p, Config{}, {.backend = Backend::cpu});
-  forward(ws, acc.inputs(), acc.weights(), acc.out.view());
-  backward(ws, acc.inputs(), acc.weights(), acc.d_out.view(), acc.grads(),
+  HostContext ctx(ws);
+  forward(ws, acc.inputs(), acc.weights(), acc.out.view(), ctx.get());
+  backward(ws, acc.inputs(), acc.weights(), ctx.get(), acc.d_out.view(), acc.grads(),
            {.accumulate_weight_grads = true});
   for (std::int64_t i = 0; i < fresh.d_gate.numel(); ++i) {
     const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_gate.get(i));
@@ -234,23 +236,70 @@ TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
 }
 
 TEST(ReferenceContext, BackwardNeedsAForwardOverTheSameTensors) {
-  const Problem p = layer_shape(8, 64, 64, 2, 1, 0);
+  const Problem p = layer_shape(8, 64, 64, 2, 1, 64);
   LayerData d = make_layer_data(p, DType::bf16, 1);
   Workspace ws(p, Config{}, {.backend = Backend::cpu});
-  expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads()); },
-               {"forward context", "no forward run yet"});
+  HostContext ctx(ws);
   LayerData other = make_layer_data(p, DType::bf16, 2);
-  forward(ws, other.inputs(), other.weights(), other.out.view());
-  expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads()); },
-               {"forward context", "other tensors"});
-  // recompute_forward_context gives the same backward as a forward did.
+  forward(ws, other.inputs(), other.weights(), other.out.view(), ctx.get());
+  // Every tensor backward reads is covered by the context's key, not only x.
+  expect_error(
+      [&] { backward(ws, d.inputs(), other.weights(), ctx.get(), d.d_out.view(), d.grads()); },
+      {"forward context", "another x"});
+  Weights mixed = other.weights();
+  mixed.shared_down = d.shared_down.view();
+  expect_error(
+      [&] { backward(ws, other.inputs(), mixed, ctx.get(), d.d_out.view(), d.grads()); },
+      {"forward context", "another shared_down_weights"});
+  Inputs w_other = other.inputs();
+  w_other.topk_weights = d.topk_weights.view();
+  expect_error(
+      [&] { backward(ws, w_other, other.weights(), ctx.get(), d.d_out.view(), d.grads()); },
+      {"forward context", "another topk_weights"});
+  // recompute_forward_context writes the forward's context bit for bit, without the down
+  // weights or the router weights; backward from it gives the same gradients.
   LayerData a = make_layer_data(p, DType::bf16, 3), b = make_layer_data(p, DType::bf16, 3);
-  run_layer(a);
-  recompute_forward_context(ws, b.inputs(), b.weights());
-  backward(ws, b.inputs(), b.weights(), b.d_out.view(), b.grads());
+  HostContext ca(ws), cb(ws);
+  forward(ws, a.inputs(), a.weights(), a.out.view(), ca.get());
+  backward(ws, a.inputs(), a.weights(), ca.get(), a.d_out.view(), a.grads());
+  Inputs no_weights = b.inputs();
+  no_weights.topk_weights = TensorView{};
+  Weights no_down = b.weights();
+  no_down.down = no_down.shared_down = TensorView{};
+  recompute_forward_context(ws, no_weights, no_down, cb.get());
+  backward(ws, b.inputs(), b.weights(), cb.get(), b.d_out.view(), b.grads());
   EXPECT_TRUE(same_bits(a.d_x, b.d_x));
   EXPECT_TRUE(same_bits(a.d_gate, b.d_gate));
   EXPECT_TRUE(same_bits(a.d_topk_weights, b.d_topk_weights));
+  EXPECT_TRUE(same_bits(a.d_shared_up, b.d_shared_up));
+  EXPECT_EQ(ws.call_counts().forward, 2);
+  EXPECT_EQ(ws.call_counts().recompute, 1);
+  EXPECT_EQ(ws.call_counts().backward, 2);
+}
+
+// One workspace, several layers: forward all, then backward all in reverse (each from its own
+// context) gives the bits of running each layer alone, and never recomputes a forward.
+TEST(ReferenceContext, LayersShareOneWorkspace) {
+  const Problem p = layer_shape(12, 64, 64, 4, 2, 64);
+  const std::uint64_t seed = test_seed();
+  constexpr int kLayers = 3;
+  Workspace ws(p, Config{}, {.backend = Backend::cpu});
+  std::vector<LayerData> shared, alone;
+  std::vector<std::unique_ptr<HostContext>> contexts;
+  for (int l = 0; l < kLayers; ++l) {
+    shared.push_back(make_layer_data(p, DType::bf16, seed + l));
+    alone.push_back(make_layer_data(p, DType::bf16, seed + l));
+    run_layer(alone.back());
+    contexts.push_back(std::make_unique<HostContext>(ws));
+    forward(ws, shared[l].inputs(), shared[l].weights(), shared[l].out.view(),
+            contexts[l]->get());
+  }
+  for (int l = kLayers - 1; l >= 0; --l) {
+    backward(ws, shared[l].inputs(), shared[l].weights(), contexts[l]->get(),
+             shared[l].d_out.view(), shared[l].grads());
+  }
+  for (int l = 0; l < kLayers; ++l) EXPECT_TRUE(all_outputs_same(shared[l], alone[l])) << l;
+  EXPECT_EQ(ws.call_counts().recompute, 0);
 }
 
 }  // namespace

@@ -16,7 +16,8 @@ Problem small() {
 
 void run_forward(const LayerData& d) {
   Workspace ws(d.problem, Config{}, {.backend = Backend::cpu, .activation_dtype = d.act});
-  forward(ws, d.inputs(), d.weights(), d.out.view());
+  HostContext ctx(ws);
+  forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get());
 }
 
 TEST(Validation, ProblemSizes) {
@@ -154,25 +155,54 @@ TEST(Validation, ShapesDtypesStridesDevices) {
 TEST(Validation, GradientViews) {
   LayerData d = make_layer_data(small(), DType::bf16, 1);
   Workspace ws(d.problem, Config{}, {.backend = Backend::cpu});
-  forward(ws, d.inputs(), d.weights(), d.out.view());
+  HostContext ctx(ws);
+  forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get());
+  auto run_backward = [&](const Grads& g, BackwardOptions o = {}) {
+    backward(ws, d.inputs(), d.weights(), ctx.get(), d.d_out.view(), g, o);
+  };
   {
     LayerData e = d;
     e.d_up = HostTensor(DType::f64, {4, 128, 64});
-    expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), e.grads()); },
+    expect_error([&] { run_backward(e.grads()); },
                  {"d_routed_up_weights.dtype", "bfloat16 or float32", "float64"});
   }
-  expect_error(
-      [&] {
-        backward(ws, d.inputs(), d.weights(), d.d_out.view(), d.grads(),
-                 {.accumulate_weight_grads = true});
-      },
-      {"accumulate_weight_grads", "float32"});
+  expect_error([&] { run_backward(d.grads(), {.accumulate_weight_grads = true}); },
+               {"accumulate_weight_grads", "float32"});
   {
     LayerData e = d;
     e.d_topk_weights.view().shape[1] = 3;
-    expect_error([&] { backward(ws, d.inputs(), d.weights(), d.d_out.view(), e.grads()); },
+    expect_error([&] { run_backward(e.grads()); },
                  {"d_topk_weights.shape", "[10, 2]", "[10, 3]"});
   }
+}
+
+// The forward context's views: shapes from the workspace, the backend's device and dtype.
+TEST(Validation, ForwardContextViews) {
+  LayerData d = make_layer_data(small(), DType::bf16, 1);
+  Workspace ws(d.problem, Config{}, {.backend = Backend::cpu});
+  const ForwardContextLayout l = forward_context_layout(ws);
+  EXPECT_EQ(l.routed_rows, 10 * 2);  // one row per slot on the CPU backend
+  EXPECT_EQ(l.x_rows, 0);
+  {
+    HostContext ctx(ws);
+    ctx.get().gate_routed.shape[0] = 19;
+    expect_error([&] { forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get()); },
+                 {"forward_context.gate_routed.shape", "[20, 128]", "[19, 128]"});
+  }
+  {
+    HostContext ctx(ws);
+    ctx.get().hidden_shared.dtype = DType::f32;
+    expect_error([&] { forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get()); },
+                 {"forward_context.hidden_shared.dtype", "bfloat16", "float32"});
+  }
+  {
+    HostContext ctx(ws);
+    ctx.get().up_shared = TensorView{};
+    expect_error([&] { forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get()); },
+                 {"forward_context.up_shared", "none"});
+  }
+  expect_error([&] { forward_context_views(l, reinterpret_cast<void*>(8)); },
+               {"forward context buffer", "16-byte alignment"});
 }
 
 TEST(Validation, BackendChoices) {

@@ -1,6 +1,9 @@
 """Shared fixtures: a fresh random seed each run (printed; MOK_TEST_SEED=N replays it), poisoned
 outputs, and random layer data drawn the way mok's C++ tests draw it (well scaled: unit-variance
-activations, weights uniform in +-1/sqrt(fan_in), router weights positive and summing to 1)."""
+activations, weights uniform in +-1/sqrt(fan_in), router weights positive and summing to 1).
+
+GPU tests skip visibly without a GPU, always with a reason that says so (NO_GPU_REASON or
+NO_CUDA_BACKEND_REASON): scripts/gpu-suite fails a GPU run on any such skip."""
 
 import os
 import zlib
@@ -9,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import mok
 import mok.ops
 
 SEED = int(os.environ.get("MOK_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
@@ -24,8 +28,28 @@ GRAD_TOLERANCE = 6 * BF16_U
 F64_TOLERANCE = 1e4 * 2.0**-53
 
 
+# The reasons GPU tests give when they cannot run. scripts/gpu-suite greps for "GPU" / "CUDA" in
+# skip reasons: keep these words in them.
+NO_GPU_REASON = "no CUDA GPU on this machine: GPU tests not run"
+NO_CUDA_BACKEND_REASON = "a GPU is here but mok's CUDA backend is not available in this build"
+HAVE_GPU = torch.cuda.is_available()
+CUDA_READY = HAVE_GPU and mok.backend_available("cuda")
+CUDA_SKIP_REASON = NO_GPU_REASON if not HAVE_GPU else NO_CUDA_BACKEND_REASON
+# Marks a test that needs the GPU and mok's CUDA backend (skips with CUDA_SKIP_REASON otherwise).
+requires_cuda = pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
+# Device parameter for tests that run on every backend: cpu always, cuda where it can run.
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long test the suite runs (deselect with -m 'not "
+                            "slow')")
+
+
 def pytest_report_header(config):
-    return f"mok test seed: {SEED} (MOK_TEST_SEED={SEED} replays this run)"
+    gpu = (f"GPU: {torch.cuda.get_device_name()}, mok CUDA backend "
+           f"{'available' if CUDA_READY else 'NOT available'}" if HAVE_GPU else "GPU: none")
+    return [f"mok test seed: {SEED} (MOK_TEST_SEED={SEED} replays this run)", f"mok {gpu}"]
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -67,6 +91,12 @@ class LayerData:
                   for t in (self.x, self.topk_weights, *self.weights)]
         return leaves
 
+    def to(self, device):
+        """The same data on `device`."""
+        move = lambda t: t.to(device) if t is not None else None  # noqa: E731
+        return LayerData(move(self.x), move(self.topk_experts), move(self.topk_weights),
+                         tuple(move(w) for w in self.weights), move(self.d_out))
+
 
 def uniform(gen, shape, bound, dtype):
     return ((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound).to(dtype)
@@ -103,10 +133,10 @@ def make_layer(gen, T, H, I, E, k, S, *, dtype=torch.bfloat16, routing="random",
 def rel_error(got, ref, scale=None):
     """Relative Frobenius error ||got - ref|| / ||scale|| (scale: ref unless given); a zero scale
     demands an exact result."""
-    got, ref = got.detach().to(torch.float64), ref.detach().to(torch.float64)
+    got, ref = got.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
     assert got.shape == ref.shape, (got.shape, ref.shape)
     assert torch.isfinite(got).all(), "non-finite values (an unwritten, poisoned output?)"
-    den = (ref if scale is None else scale).norm()
+    den = (ref if scale is None else scale.to("cpu", torch.float64)).norm()
     if den == 0:
         return float("inf") if bool((got != ref).any()) else 0.0
     return float((got - ref).norm() / den)

@@ -3,7 +3,7 @@ forward + backward, and torch.library.opcheck over every op."""
 
 import pytest
 import torch
-from conftest import make_layer
+from conftest import DEVICES, make_layer
 
 import mok
 from mok import functional
@@ -33,11 +33,12 @@ def test_gradcheck_float64_without_shared_expert(gen):
                                     rtol=1e-5)
 
 
-def test_compile_fullgraph_forward_and_backward(gen):
-    """One compiled graph per direction holding mok's custom ops; the CPU backend is deterministic,
-    so the compiled step gives eager's bits."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_forward_and_backward(gen, device):
+    """One compiled graph per direction holding mok's custom ops; both backends are
+    deterministic, so the compiled step gives eager's bits."""
     torch._dynamo.reset()
-    data = make_layer(gen, 45, 64, 64, 4, 2, 64)
+    data = make_layer(gen, 45, 64, 64, 4, 2, 64).to(device)
     d_out = data.d_out.float()
 
     def step(x, w, gate, up, down, sgate, sup, sdown):
@@ -58,12 +59,15 @@ def test_compile_fullgraph_forward_and_backward(gen):
         assert torch.equal(a, b), f"gradient {i} differs from eager"
 
 
-def test_compile_fullgraph_nn_module(gen):
-    """mok.nn.MoE under torch.compile(fullgraph=True), router included."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_nn_module(gen, device):
+    """mok.nn.MoE under torch.compile(fullgraph=True), router included: mok's output bitwise
+    eager's; the gradients within rounding (the compiled router may fuse its fp32 arithmetic)."""
     torch._dynamo.reset()
     torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
-    layer = mok.nn.MoE(64, 64, 6, 2, shared_intermediate_size=64, router="sigmoid")
-    x = torch.randn(2, 9, 64, generator=gen).to(torch.bfloat16)
+    layer = mok.nn.MoE(64, 64, 6, 2, shared_intermediate_size=64, router="sigmoid",
+                       device=device)
+    x = torch.randn(2, 9, 64, generator=gen).to(torch.bfloat16).to(device)
 
     def step(module):
         out, stats = module(x)
@@ -85,10 +89,20 @@ def _layer_args(data, handle=0):
     return (*data.args(), handle)
 
 
-# The context output of mok::forward and mok::recompute_forward_context names a forward context and
-# is new on every call, so opcheck's eager-vs-AOT output comparison cannot hold for them; the
-# compile tests above check them under AOT dispatch end to end instead (same bits as eager).
+# Context rows the forward does not fill (here: the rows of -1 slots) hold unspecified values:
+# the context is never poisoned, so opcheck's eager-vs-AOT comparison of forward's outputs only
+# holds when every slot is used (test_opcheck_forward_all_slots_used runs every check).
 FORWARD_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_opcheck_forward_all_slots_used(gen, shared):
+    """Every slot used: on the CPU backend forward writes every element of every output (the
+    context holds one row per slot), so all of opcheck's checks hold, AOT dispatch included."""
+    data = make_layer(gen, 6, 64, 64, 3, 2, 64 if shared else 0, unused_fraction=0.0)
+    torch.library.opcheck(torch.ops.mok.forward.default, _layer_args(data))
+    torch.library.opcheck(torch.ops.mok.recompute_forward_context.default,
+                          (data.x, data.topk_experts, *data.weights[:2], *data.weights[3:5], 0))
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -96,12 +110,16 @@ def test_opcheck_forward_backward(gen, shared):
     data = make_layer(gen, 6, 64, 64, 3, 2, 64 if shared else 0)
     torch.library.opcheck(torch.ops.mok.forward.default, _layer_args(data),
                           test_utils=FORWARD_CHECKS)
-    _, context = torch.ops.mok.forward(*_layer_args(data))
-    for ctx in (context, None):
+    out, *context = torch.ops.mok.forward(*_layer_args(data))
+    assert len(context) == 7
+    torch.library.opcheck(torch.ops.mok.backward.default,
+                          (data.d_out, *data.args(), *context, 0))
+    if not shared:  # the absent shared context may be None as well as the empty tensors
         torch.library.opcheck(torch.ops.mok.backward.default,
-                              (data.d_out, *data.args(), ctx, 0))
+                              (data.d_out, *data.args(), *context[:4], None, None, None, 0))
     torch.library.opcheck(torch.ops.mok.recompute_forward_context.default,
-                          (data.x, data.topk_experts, *data.weights, 0), test_utils=FORWARD_CHECKS)
+                          (data.x, data.topk_experts, *data.weights[:2], *data.weights[3:5], 0),
+                          test_utils=FORWARD_CHECKS)
 
 
 def test_opcheck_float64_autograd(gen):
@@ -112,11 +130,13 @@ def test_opcheck_float64_autograd(gen):
     torch.library.opcheck(torch.ops.mok.forward.default, tuple(args), test_utils=FORWARD_CHECKS)
 
 
-def test_opcheck_backward_main_grad(gen):
-    data = make_layer(gen, 6, 64, 64, 3, 2, 64)
-    main = [torch.zeros(w.shape) for w in data.weights]
+@pytest.mark.parametrize("shared", [True, False])
+def test_opcheck_backward_main_grad(gen, shared):
+    data = make_layer(gen, 6, 64, 64, 3, 2, 64 if shared else 0)
+    main = [torch.zeros(w.shape) if w is not None else None for w in data.weights]
+    _, *context = torch.ops.mok.forward(*_layer_args(data))
     torch.library.opcheck(torch.ops.mok.backward_main_grad.default,
-                          (data.d_out, *data.args(), *main, None, 0))
+                          (data.d_out, *data.args(), *main, *context, 0))
 
 
 def test_opcheck_build_schedule(gen):
@@ -125,13 +145,24 @@ def test_opcheck_build_schedule(gen):
 
 
 def test_meta_tensors_give_shapes_only():
-    """Meta tensors run the fake implementations: shapes and dtypes, no data, no kernel."""
+    """Meta tensors run the fake implementations: shapes and dtypes, no data, no kernel; the
+    forward context too (7 tensors), and backward's gradients from it."""
     T, H, I, E, k = 300, 64, 128, 8, 2
     bf = dict(device="meta", dtype=torch.bfloat16)
-    out = mok.moe(torch.empty(T, H, **bf), torch.empty(T, k, dtype=torch.int64, device="meta"),
-                  torch.empty(T, k, device="meta"), torch.empty(E, I, H, **bf),
-                  torch.empty(E, I, H, **bf), torch.empty(E, H, I, **bf))
+    args = (torch.empty(T, H, **bf), torch.empty(T, k, dtype=torch.int64, device="meta"),
+            torch.empty(T, k, device="meta"), torch.empty(E, I, H, **bf),
+            torch.empty(E, I, H, **bf), torch.empty(E, H, I, **bf))
+    out = mok.moe(*args)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16 and out.device.type == "meta"
+    out, *context = mok.ops.forward(*args, None, None, None, 0)
+    x_routed, gate, up, hidden, *shared = context
+    assert all(t.device.type == "meta" and t.dtype == torch.bfloat16 for t in context)
+    assert x_routed.dim() == 2 and x_routed.shape[1] == H
+    assert gate.dim() == 2 and gate.shape[1] == I and gate.shape == up.shape == hidden.shape
+    assert all(t.shape == (0,) for t in shared)
+    grads = mok.ops.backward(torch.empty(T, H, **bf), *args, None, None, None, *context, 0)
+    assert [tuple(g.shape) for g in grads] == [(T, H), (T, k), (E, I, H), (E, I, H), (E, H, I),
+                                               (0,), (0,), (0,)]
 
 
 def test_workspace_handles_follow_objects():

@@ -1,10 +1,11 @@
 """Bad input: one test per check, each asserting on the message (argument, expected, actual)."""
 
+import dataclasses
 import re
 
 import pytest
 import torch
-from conftest import make_layer
+from conftest import DEVICES, make_layer
 
 import mok
 from mok import functional
@@ -125,8 +126,9 @@ def test_partial_shared_expert(data):
 
 
 def test_d_out_dtype(data):
+    _, *context = torch.ops.mok.forward(*data.args(), 0)
     with raises(TypeError, "mok: invalid d_out.dtype: expected bfloat16, got float32"):
-        torch.ops.mok.backward(data.d_out.float(), *data.args(), None, 0)
+        torch.ops.mok.backward(data.d_out.float(), *data.args(), *context, 0)
 
 
 def test_main_grad_dtype(data):
@@ -209,3 +211,110 @@ def test_nn_module_arguments():
         mok.nn.MoE(64, 64, 4, 2, router="relu")
     with raises(ValueError, "mok: invalid topk: expected in [1, num_experts = 4], got 5"):
         mok.nn.MoE(64, 64, 4, 5)
+
+
+# The forward context: tensors the caller owns, checked against the shapes the workspace gives
+# before backward reads them. Each defect is named `forward_context.<field>`.
+CONTEXT_FIELDS = ("x_routed", "gate_routed", "up_routed", "hidden_routed", "gate_shared",
+                  "up_shared", "hidden_shared")
+
+
+def _functional_layer(data, device):
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device=device, num_local_tokens=T,
+                                     hidden_size=H, topk=K)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    _, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, g,
+                                u, d)
+
+    def backward(ctx, **kwargs):
+        return functional.backward(config, ws, schedule, ctx, data.d_out, data.x,
+                                   data.topk_weights, sg, su, sd, g, u, d, **kwargs)
+    return ctx, backward
+
+
+def _other_device(device):
+    return "meta" if device == "cpu" else "cpu"
+
+
+def _defects(t, device):
+    """(what, bad tensor, error type, message tail) for one context tensor `t`."""
+    rows, cols = t.shape
+    other = _other_device(device)
+    wrong_cols = torch.empty(rows, cols + 64, dtype=t.dtype, device=t.device)
+    return [
+        ("shape", wrong_cols, ValueError,
+         f".shape: expected [{rows}, {cols}], got [{rows}, {cols + 64}]"),
+        ("rows", torch.empty(rows + 1, cols, dtype=t.dtype, device=t.device), ValueError,
+         f".shape: expected [{rows}, {cols}], got [{rows + 1}, {cols}]"),
+        ("dtype", t.float(), TypeError, ".dtype: expected bfloat16, got float32"),
+        ("device", torch.empty(t.shape, dtype=t.dtype, device=other), ValueError,
+         f".device: expected {'cpu' if device == 'cpu' else 'cuda:0'}, got {other}"),
+        ("None", None, TypeError, ": expected a torch.Tensor, got NoneType"),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("field", CONTEXT_FIELDS)
+def test_bad_forward_context_is_named(gen, device, field):
+    """Wrong shape, dtype, device or a missing tensor in any field of the context: mok's error
+    names forward_context.<field>, through functional.backward, its main-grads path and the op."""
+    data = make_layer(gen, T, H, I, E, K, S).to(device)
+    ctx, backward = _functional_layer(data, device)
+    t = getattr(ctx, field)
+    if t.shape[0] == 0:  # the CPU backend keeps no x rows: [0, H]
+        t = torch.empty(1, t.shape[1], dtype=t.dtype, device=t.device)[:0]
+    for what, bad, error, tail in _defects(t, device):
+        broken = dataclasses.replace(ctx, **{field: bad})
+        message = f"mok: invalid forward_context.{field}{tail}"
+        with raises(error, message):
+            backward(broken)
+        main = tuple(torch.zeros(w.shape, device=device) for w in
+                     (data.weights[3], data.weights[0], data.weights[4], data.weights[1],
+                      data.weights[5], data.weights[2]))
+        with raises(error, message):
+            backward(broken, main_grads=main)
+        ops_context = list(broken._ops_args())
+        with raises(error, message):
+            torch.ops.mok.backward(data.d_out, *data.args(), *ops_context, 0)
+    # The context is untouched by the failed calls: backward from it still works.
+    backward(ctx)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_forward_context(gen, device):
+    data = make_layer(gen, T, H, I, E, K, S).to(device)
+    ctx, backward = _functional_layer(data, device)
+    g = ctx.gate_routed
+    strided = torch.empty(g.shape[0], 2 * g.shape[1], dtype=g.dtype, device=g.device)[:, ::2]
+    with raises(ValueError, f"mok: invalid forward_context.gate_routed.strides: expected "
+                            f"row-major contiguous strides, got [{2 * g.shape[1]}, 2]"):
+        backward(dataclasses.replace(ctx, gate_routed=strided))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_context_without_shared_expert(gen, device):
+    """A layer without a shared expert takes None (or empty tensors) for the shared context; a
+    real tensor there is an error naming the field."""
+    data = make_layer(gen, T, H, I, E, K, 0).to(device)
+    config = functional.MoKConfig()
+    ws = functional.create_workspace(config, None, device=device, num_local_tokens=T,
+                                     hidden_size=H, topk=K)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d = data.weights[:3]
+    _, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, None, None, None,
+                                g, u, d)
+    assert ctx.gate_shared is None and ctx.up_shared is None and ctx.hidden_shared is None
+    extra = torch.empty(T, 64, dtype=torch.bfloat16, device=device)
+    with raises(ValueError, "mok: invalid forward_context.up_shared: expected None or an empty "
+                            f"tensor (the layer has no shared expert), got a tensor [{T}, 64]"):
+        functional.backward(config, ws, schedule, dataclasses.replace(ctx, up_shared=extra),
+                            data.d_out, data.x, data.topk_weights, None, None, None, g, u, d)
+
+
+def test_forward_context_is_frozen(data):
+    _, *context = torch.ops.mok.forward(*data.args(), 0)
+    ctx = functional.MoKForwardContext._from_ops(context, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.gate_routed = None

@@ -7,8 +7,8 @@ wgrad's bits repeat.
 """
 import pytest
 import torch
+from conftest import requires_cuda
 
-import mok
 from mok import ops
 
 U = 2.0 ** -8  # bf16 unit roundoff
@@ -55,8 +55,7 @@ def test_cpu_tensors_are_refused_naming_the_argument():
         ops.grouped_weight_grad(x, x, starts, rows, False)
 
 
-needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and mok.backend_available("cuda")),
-                               reason="needs a GPU and mok's CUDA backend")
+needs_gpu = requires_cuda
 
 
 def rel_err(got, want):

@@ -327,9 +327,9 @@ ScheduleViews Team::schedule(int rank) const {
           view(t.plan.segment_starts, {E_local + 1}), view(t.plan.ring_plan, {kRingPlanInts})};
 }
 
-void Team::check_errors() {
+void Team::check_errors(void* stream) {
   impl_->make_current();
-  impl_->raise_device_errors(nullptr);
+  impl_->raise_device_errors(static_cast<cudaStream_t>(stream));
 }
 
 void Team::reset() {

@@ -12,29 +12,13 @@ inline constexpr int kTileK = 64;         // 64 bf16 = one 128-byte swizzle row
 inline constexpr int kSwizzleChunk = 64;  // elements per 128-byte swizzle row
 inline constexpr int kPanelM = 16;        // M tiles per raster panel (scheduler.cuh)
 
-// NOTES: with kClusterM = 2 the M-grouped forms run as clusters of two CTAs on consecutive tiles of
-// the linear order; two neighbours that share their weight tile (same group and N tile:
-// consecutive M tiles of a panel) each load half of it and multicast it to both, so the L2 serves
-// 32 KiB instead of 48 KiB per CTA and K block. Correct (the tests pass with it), but measured
-// neutral on the H200 (geometric mean 0.998x over the 24 M-grouped cells, -6%..+5% per cell,
-// docs/perf/NOTES.md v3b; again 0.997x with v7's epilogues, v7b), so off by default; build with
-// -DMOK_GEMM_CLUSTER_M=2 to measure it.
-#ifndef MOK_GEMM_CLUSTER_M
-#define MOK_GEMM_CLUSTER_M 1
-#endif
-inline constexpr int kClusterM = MOK_GEMM_CLUSTER_M;
-static_assert(kClusterM == 1 || kClusterM == 2, "clusters of one or two CTAs");
-
-// NOTES: the K-grouped form (wgrad), whose tiles cost their group's row count, takes tiles from an
-// integer ticket counter in heavy-groups-first order instead of a static round robin, so CTAs that
-// drew long tiles take fewer short ones (v3b: qwen3 skewed wgrad 1.6-1.8x faster; uniform rows
-// 3-12% slower on dsv3-ep1 and mixtral). 0 keeps the static order.
-#ifndef MOK_GEMM_WGRAD_TICKETS
-#define MOK_GEMM_WGRAD_TICKETS 1
-#endif
-inline constexpr bool kWgradTickets = MOK_GEMM_WGRAD_TICKETS != 0;
+// NOTES: the K-grouped form (wgrad), whose tiles cost their group's row count, can take tiles from
+// an integer ticket counter in heavy-groups-first order instead of a static round robin, so CTAs
+// that drew long tiles take fewer short ones (v3b: qwen3 skewed wgrad 1.6-1.8x faster; uniform
+// rows 3-12% slower on dsv3-ep1 and mixtral). The counter pair is the caller's
+// (WeightGradArgs::tickets): without one the launch takes the static order. Either way the
+// Producer hands the Consumers their tiles through a queue in shared memory.
 inline constexpr int kTileQueueDepth = 4;  // tickets in flight from the Producer to the Consumers
-inline constexpr int kTicketSlots = 64;    // ticket counters, taken round robin by launches
 inline constexpr int kOrderBuckets = 256;  // heavy-first order: buckets of similar K length
 // NOTES: a launch whose tiles the static round robin balances within kStaticSlackPercent of the
 // ticket estimate takes them statically (no counter): v3b measured tickets 3-6% slower than the
@@ -62,9 +46,10 @@ inline constexpr std::uint32_t kChunkBytes = kSwizzleChunk * kTileK * 2;  // 64 
 inline constexpr std::uint32_t kRingBytes = 208 * 1024;
 inline constexpr int kMaxStages = 6;
 // Ring barriers (full, empty per stage), then the tile queue's barriers (full, empty per slot),
-// the ping-pong turn barriers (one per consumer warpgroup) and the queue's ticket slots.
+// the ping-pong turn barriers (one per consumer warpgroup), the queue's ticket slots (8 bytes each)
+// and the CTA's give-up state (mainloop.cuh, CtaAbort: 32 bytes).
 inline constexpr std::uint32_t kBarrierBytes =
-    (2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 4;
+    (2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 8 + 32;
 // NOTES: +1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte
 // alignment that 128-byte-swizzled wgmma operands need.
 inline constexpr std::uint32_t kSharedBytes = kRingBytes + kBarrierBytes + 1024;

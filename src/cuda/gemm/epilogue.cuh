@@ -27,16 +27,18 @@ __device__ __forceinline__ int acc_col(int lane, int j) {
 }
 
 // M-grouped forms: whether the group has the row that accumulator rows (b, h) of this lane hold,
-// and that row's first element in a row buffer with leading dimension ld_out.
+// that row's index in the row buffers, and its first element in a row buffer with leading
+// dimension ld_out.
 struct GroupRow {
   bool ok;
+  int index;
   long long offset;
 };
 template <class F>
 __device__ __forceinline__ GroupRow group_row(const TileInfo& t, const KernelParams& p, int wg,
                                               int b, int warp, int lane, int h) {
   const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-  return {r < t.row_count, static_cast<long long>(t.row_base + r) * p.ld_out};
+  return {r < t.row_count, t.row_base + r, static_cast<long long>(t.row_base + r) * p.ld_out};
 }
 
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
@@ -226,9 +228,22 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 }
 
 // The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
-// would store it, then, per 8 columns of a row, 16 bytes of g and u in and 16 bytes of dg and du
-// out. The loads of kBatch such pieces are issued before the first is used.
-template <class F>
+// would store it (bf16(row_scale[r] * acc) with a row scale), then, per 8 columns of a row, 16
+// bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
+// before the first is used.
+// kDot: also dot[r][c] = sum over the kDotColumns columns of chunk c of acc * h, h = bf16(silu(g) *
+// u) (swiglu_fast, as the gate/up epilogue rounds it). A batch of pieces is exactly one chunk, in
+// both schedules (cooperative tiles hold two chunks, ping-pong tiles one). NOTES: the order is
+// fixed: each lane of a quad (the 4 lanes holding one row) sums the chunk's columns it holds in
+// its accumulators (32: columns 8j + 2q and 8j + 2q + 1 of the chunk, j = 0..15), in increasing
+// accumulator index with __fmaf_rn from 0, then the quad adds its lanes' sums with __fadd_rn in a
+// fixed butterfly (lanes q ^ 1, then q ^ 2; fp32 addition commutes, so all four lanes hold the
+// same bits). A lane holds the same columns of a chunk, in the same accumulator order, under both
+// consumer schedules, so the bits do not depend on the schedule. h comes from g and u in the
+// stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
+// transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
+// the accumulator layout.
+template <class F, bool kDot>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const KernelParams& p,
                                                       int wg, int warp, int lane) {
@@ -236,13 +251,18 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
   constexpr int kBatch = 4;
   static_assert(kPieces % kBatch == 0, "whole batches");
+  static_assert(kBatch * 32 == kDotColumns, "a batch of pieces is one dot chunk");
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
+  const bool scaled = p.row_scale != nullptr;
+  const int dot_columns = (p.n + kDotColumns - 1) / kDotColumns;
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
+      float scale = 1.0f;
+      if (row.ok && scaled) scale = __ldg(p.row_scale + row.index);
 #pragma unroll
       for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
         uint4 g[kBatch], u[kBatch];
@@ -255,6 +275,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
             u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row.offset + col));
           }
         }
+        float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int c = c0 + i;
@@ -262,22 +283,40 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int a = b * F::kBlockAcc + 4 * (4 * c + j) + 2 * h;
-            v[j] = pack_bf16x2(acc[a], acc[a + 1]);
+            float v0 = acc[a], v1 = acc[a + 1];
+            if (scaled) {
+              v0 = __fmul_rn(scale, v0);
+              v1 = __fmul_rn(scale, v1);
+            }
+            v[j] = pack_bf16x2(v0, v1);
           }
           const uint4 dh = quad_gather(v[0], v[1], v[2], v[3], q);
           const std::uint32_t dh_w[4] = {dh.x, dh.y, dh.z, dh.w};
           const std::uint32_t g_w[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
           const std::uint32_t u_w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
-          std::uint32_t dg_w[4], du_w[4];
+          std::uint32_t dg_w[4], du_w[4], h_w[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
+            const float g0 = low_bf16(g_w[e]), g1 = high_bf16(g_w[e]);
+            const float u0 = low_bf16(u_w[e]), u1 = high_bf16(u_w[e]);
             float dg0, du0, dg1, du1;
-            numerics::swiglu_backward_fast(low_bf16(g_w[e]), low_bf16(u_w[e]), low_bf16(dh_w[e]),
-                                           &dg0, &du0);
-            numerics::swiglu_backward_fast(high_bf16(g_w[e]), high_bf16(u_w[e]),
-                                           high_bf16(dh_w[e]), &dg1, &du1);
+            numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
+            numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
             dg_w[e] = pack_bf16x2(dg0, dg1);
             du_w[e] = pack_bf16x2(du0, du1);
+            if constexpr (kDot) {
+              h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
+            }
+          }
+          if constexpr (kDot) {
+            const uint4 hs = quad_gather(h_w[0], h_w[1], h_w[2], h_w[3], q);
+            const std::uint32_t hs_w[4] = {hs.x, hs.y, hs.z, hs.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int a = b * F::kBlockAcc + 4 * (4 * c + j) + 2 * h;
+              dot = __fmaf_rn(acc[a], low_bf16(hs_w[j]), dot);
+              dot = __fmaf_rn(acc[a + 1], high_bf16(hs_w[j]), dot);
+            }
           }
           const int col = n0 + 8 * (4 * c + q);
           if (row.ok && col < p.n) {
@@ -285,6 +324,14 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
                 make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
             *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
                 make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
+          }
+        }
+        if constexpr (kDot) {
+          dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 1));
+          dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 2));
+          const int chunk = (n0 + 32 * c0) / kDotColumns;
+          if (q == 0 && row.ok && chunk < dot_columns) {
+            p.swiglu_dot[static_cast<long long>(row.index) * dot_columns + chunk] = dot;
           }
         }
       }
@@ -367,7 +414,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[F::kAcc], const Ti
   } else {
     if constexpr (F::kind == FormKind::kRowsW) {
       if (p.d_gate != nullptr) {
-        store_swiglu_backward<F>(acc, t, p, wg, warp, lane);
+        if (p.swiglu_dot != nullptr) {
+          store_swiglu_backward<F, true>(acc, t, p, wg, warp, lane);
+        } else {
+          store_swiglu_backward<F, false>(acc, t, p, wg, warp, lane);
+        }
         return;
       }
     }

@@ -11,6 +11,10 @@
 // must be multiples of 8 (16-byte TMA strides); pointers 16-byte aligned. Launchers only enqueue
 // work on `stream` (no synchronization, no device reads), so they can be captured in CUDA graphs.
 // They throw mok::Error for invalid arguments and launch failures.
+//
+// Every wait inside a launch is bounded (WaitOptions): a launch that waits too long gives up
+// cleanly, its outputs void, and take_wait_timeout() says which wait gave up; it never traps, so
+// the CUDA context (and the next launch) survives.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,6 +31,16 @@ namespace mok::gemm {
 // engine's tile height equals it (config.hpp asserts so).
 inline constexpr int kExpertSegmentAlignment = schedule::kExpertSegmentAlignment;
 inline constexpr int kMaxGroups = 1024;
+
+// How long any wait inside a launch may take before the launch gives up (default 20 s: no
+// legitimate wait comes near it), and a test hook. A launch that gives up ends normally with its
+// outputs void and leaves a report for take_wait_timeout().
+struct WaitOptions {
+  std::uint64_t timeout_ns = 20ull * 1000 * 1000 * 1000;
+  // Tests only: the CTA with this index never arms the first stage of its first tile, so its
+  // Consumers wait for data that never comes (-1: off).
+  int stall_block = -1;
+};
 
 // Which rows belong to which group. Dense form: starts == rows == nullptr, num_groups == 1,
 // and `dense_rows` rows from row 0 (any count, not padded).
@@ -69,6 +83,7 @@ struct GateUpForwardArgs {
   int hidden_size = 0;        // K, multiple of 64
   int intermediate_size = 0;  // N, multiple of 64
   cudaStream_t stream = nullptr;
+  WaitOptions waits;
 };
 
 // out = bf16(row_scale[r] * (a[r] W[e]^T)): the down projection (a = hidden, W = W_down) with an
@@ -86,17 +101,30 @@ struct RowsTimesWeightTArgs {
   int n = 0;                         // multiple of 64
   int k = 0;                         // multiple of 64
   cudaStream_t stream = nullptr;
+  WaitOptions waits;
 };
 
 // The SwiGLU backward as the epilogue of the down projection's input gradient: instead of storing
 // dh = bf16(a W) the epilogue reads the forward's g and u at the same rows and columns and stores
 //   dg, du = bf16(swiglu_backward(g, u, dh))   (numerics::swiglu_backward_fast)
 // so dh never reaches memory. All four [capacity_rows, n] bf16 with the output's ld_out.
+// Two optional outputs for the router weight's gradient at the expert side (each independent):
+//   row_scale [capacity_rows] fp32: dh = bf16(row_scale[r] * acc) instead of bf16(acc) (then `a`
+//     holds the unscaled d_out rows and row_scale each row's router weight);
+//   dot [capacity_rows, ceil(n / kDotColumns)] fp32, row-major: dot[r][c] = the sum over the
+//     columns j of chunk c (kDotColumns wide) of acc[r][j] * h[r][j], with acc the unscaled fp32
+//     accumulator and h = bf16(silu(g) * u) (numerics::swiglu_fast; bitwise the forward's hidden),
+//     in a fixed order (epilogue.cuh): the same bits under both consumer schedules, every run.
+// Rows past a group's rows (padding) are written in none of the outputs.
+inline constexpr int kDotColumns = 128;
+
 struct SwigluBackwardEpilogue {
   const __nv_bfloat16* gate = nullptr;  // g of the forward
   const __nv_bfloat16* up = nullptr;    // u of the forward
   __nv_bfloat16* d_gate = nullptr;
   __nv_bfloat16* d_up = nullptr;
+  const float* row_scale = nullptr;  // optional, [capacity_rows]
+  float* dot = nullptr;              // optional, [capacity_rows, ceil(n / kDotColumns)]
 };
 
 // out = bf16(a[r] W[e]): the input gradient of a projection (B not transposed), e.g.
@@ -113,27 +141,34 @@ struct RowsTimesWeightArgs {
   const __nv_bfloat16* a2 = nullptr;  // optional second product: [capacity_rows, k], ld_a2
   std::int64_t ld_a2 = 0;
   const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
-  __nv_bfloat16* out = nullptr;       // [capacity_rows, n], ld_out
+  void* out = nullptr;                // [capacity_rows, n], ld_out: bf16, or fp32 with out_fp32
   std::int64_t ld_out = 0;
-  RowScatter scatter;  // optional: out's rows scattered to peers instead
-  // optional (all four pointers or none; not with a scatter): out is not written (may be null)
+  bool out_fp32 = false;  // fp32 output: the accumulators as they are (no scatter, no swiglu)
+  RowScatter scatter;     // optional: out's rows scattered to peers instead
+  // optional (gate, up, d_gate, d_up all or none; not with a scatter): out is not written (may
+  // be null)
   SwigluBackwardEpilogue swiglu;
   int n = 0;
   int k = 0;
   cudaStream_t stream = nullptr;
+  WaitOptions waits;
 };
 
 // dw[e] = a[rows of e]^T b[rows of e]  ([m, n] per group), reduced over the group's rows in
 // increasing order by one CTA per output tile: deterministic; an empty group gives exact zeros;
 // padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
 // b = h, n = I). Output bf16 or fp32 (`out_fp32`), [G, m, n] with ld_out and group stride m*ld_out.
-// CTAs take tiles round robin or from an integer ticket counter (`order`; which CTA runs a tile
-// never changes its bits); launches use kTicketSlots counters (config.hpp) round robin, so launches
-// N and N + kTicketSlots (64) of this process must not run at the same time.
 //
-// How the K-grouped form hands out its tiles (any choice gives the same bits). automatic: the
-// static round robin when it balances the CTAs' K blocks within a few percent of what a ticket
-// counter would, else the counter (decided on the device from the group sizes).
+// How the CTAs share the tiles (`order`; which CTA runs a tile never changes its bits):
+//   fixed: a static round robin over the tiles in heavy-groups-first order;
+//   tickets: CTAs draw tiles from an integer counter pair the caller provides (`tickets`);
+//   automatic: with `tickets`, the static round robin when it balances the CTAs' K blocks within a
+//     few percent of what the counter would (decided on the device from the group sizes), else
+//     the counter; without `tickets`, fixed. MOK_GEMM_WGRAD_ORDER=fixed|tickets overrides it.
+// `tickets`: 2 unsigned words of device memory, zero before the launch; the launch's last CTA puts
+// them back to zero, so launches ordered on one stream (or one graph branch) can reuse a pair,
+// while launches that may run at the same time (two streams, parallel graph branches) need a pair
+// each. Null: no counter (the static order); TileOrder::tickets then is an error.
 enum class TileOrder { automatic, fixed, tickets };
 
 struct WeightGradArgs {
@@ -153,9 +188,11 @@ struct WeightGradArgs {
   // every split falls on a multiple of kTileK rows of each group. Empty groups keep `out` in both.
   bool accumulate = false;
   bool continue_reduction = false;
-  int m = 0;  // multiple of 64
-  int n = 0;  // multiple of 64
+  int m = 0;                    // multiple of 64
+  int n = 0;                    // multiple of 64
+  unsigned* tickets = nullptr;  // optional: [2] zeroed device words (see above)
   cudaStream_t stream = nullptr;
+  WaitOptions waits;
 };
 
 void gate_up_forward(const GateUpForwardArgs& args);
@@ -163,7 +200,12 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args);  // down forward (an
 void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
 void weight_grad(const WeightGradArgs& args);                // wgrad
 
-// After a launch failed: which mbarrier wait timed out (an empty string if none did).
+// Which wait gave up, per device, since the last take_wait_timeout() ("" if none did): the first
+// one on each device after the report was cleared (its barrier, parity, block and thread), then
+// clears the reports. Read it once the launches in question have completed (e.g. after a stream
+// synchronization); launches that did not give up leave no report.
+std::string take_wait_timeout();
+// The same text without clearing the reports.
 std::string last_wait_timeout();
 
 // The persistent grid size the launchers use (one CTA per SM of the current device).

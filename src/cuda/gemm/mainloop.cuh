@@ -2,21 +2,28 @@
 // F::kStages-deep shared-memory ring) and two Consumer warpgroups, either cooperative (each issues
 // wgmma m64n256k16 on its 64-row half of a 128 x 256 tile) or ping-pong (each owns every other
 // tile of the CTA, 128 x 128, and issues two m64n128k16 per k16 step). Full barriers: one arrival
-// from the Producer of every CTA of the cluster + the stage's TMA bytes. Empty barriers: one
-// arrival per reading consumer warp (F::kReaders) of every CTA of the cluster once its wgmma have
-// read the stage.
+// from the Producer + the stage's TMA bytes. Empty barriers: one arrival per reading consumer warp
+// (F::kReaders) once its wgmma have read the stage.
 // Ping-pong turns: consumer warpgroup w waits on turn(w) before its K loop and, once the loop's
 // last wgmma is issued, arrives on the other's turn; so the two K loops alternate on the tensor
 // cores in the CTA's tile order and each warpgroup's epilogue overlaps the other's K loop.
-// NOTES (clusters of two): both CTAs walk the same number of K blocks, so stage s is in the same
-// round in both. A Producer may multicast into its peer's stage, so it waits until the consumers
-// of both CTAs released the stage (empty). It also arrives on its peer's full barrier once past
-// that wait, even when it sends the peer no bytes: so a consumer can reach round r + 1 of a stage
-// only after both Producers saw round r released everywhere, which keeps any arrival for round
-// r + 1 from landing on a barrier whose round r is not yet complete.
-// The tile queue (K-grouped with tickets): the Producer draws a ticket, writes it to a slot and
+// The tile queue (K-grouped forms): the Producer draws a ticket, publishes it in a slot and
 // arrives on the slot's full barrier; every consumer thread reads it, and each consumer warp then
 // arrives on the slot's empty barrier.
+//
+// Giving up (DESIGN.md section 4: every wait bounded, no trap). A wait that passes its deadline
+// marks the CTA aborted (CtaAbort, in shared memory) and describes itself there; from then on
+// every wait of the CTA gives up at once. The Producer stops issuing loads, waits for the loads it
+// issued to land (drain_loads) and leaves; the Consumers leave the tile queue at the next position
+// (which they all see closed, take_queued_ticket) or, in the static order, finish their remaining
+// tiles without waiting (their outputs are void). Every role reaches the kernel's end, where one
+// thread reports the CTA's first timed-out wait to the host.
+// NOTES: the Consumers never leave a loop on their own reading of the abort flag: their warps read
+// it at different times, and a warpgroup whose warps disagreed would split around wgmma (which all
+// four warps issue together) or a named barrier, and hang. What they act on is the same for all of
+// them: the static tile order, or the queue position's value, which the Producer's publication and
+// the Consumers' closing race for with one compare-and-swap (so no Consumer can see a ticket that
+// another one missed).
 #pragma once
 
 #include <cuda.h>
@@ -24,7 +31,6 @@
 #include <cstdint>
 
 #include "cuda/gemm/forms.cuh"
-#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -57,12 +63,54 @@ struct TileQueueState {
   unsigned count = 0;
   __device__ int slot() const { return static_cast<int>(count % kTileQueueDepth); }
   __device__ std::uint32_t phase() const { return (count / kTileQueueDepth) & 1u; }
+  // The position's tag in its slot (slots start at tag 0: never published).
+  __device__ unsigned tag() const { return count + 1; }
   __device__ void advance() { ++count; }
 };
-inline constexpr int kNoTile = -1;  // the ticket slot's value once the tiles are all taken
+inline constexpr int kNoTile = -1;  // the ticket of the position after the last tile
 
-// Dynamic shared memory: F::kStages x {A tile, B tile} within kRingBytes, then the barriers and
-// ticket slots (config.hpp, kBarrierBytes; the same offsets for every form).
+// A queue slot: the 64-bit word {tag of the position it holds, ticket}.
+__device__ __forceinline__ unsigned long long queue_entry(unsigned tag, int ticket) {
+  return static_cast<unsigned long long>(tag) << 32 | static_cast<unsigned>(ticket);
+}
+__device__ __forceinline__ unsigned entry_tag(unsigned long long entry) {
+  return static_cast<unsigned>(entry >> 32);
+}
+__device__ __forceinline__ int entry_ticket(unsigned long long entry) {
+  return static_cast<int>(static_cast<unsigned>(entry));
+}
+
+// Ids of the barriers in timeout reports (names: the launcher's take_wait_timeout).
+enum : int {
+  kBarrierFull = 0,
+  kBarrierEmpty = 1,
+  kBarrierTileFull = 2,
+  kBarrierTileEmpty = 3,
+  kBarrierTurn = 4
+};
+
+// The CTA's give-up state (shared memory, zero at start): `aborted` turns 1 once one of its waits
+// timed out, and that first wait describes itself in the other fields for the report.
+struct CtaAbort {
+  int aborted;
+  int barrier_id;
+  unsigned parity;
+  unsigned smem_address;
+  int thread;
+  int unused[3];
+
+  __device__ void give_up(const std::uint64_t* bar, std::uint32_t wait_parity, int id) {
+    if (atomicCAS(&aborted, 0, 1) != 0) return;  // not the first: the report is another wait's
+    barrier_id = id;
+    parity = wait_parity;
+    smem_address = ptx::smem_addr(bar);
+    thread = static_cast<int>(threadIdx.x);
+  }
+};
+static_assert(sizeof(CtaAbort) == 32, "config.hpp, kBarrierBytes");
+
+// Dynamic shared memory: F::kStages x {A tile, B tile} within kRingBytes, then the barriers, the
+// queue's slots and the give-up state (config.hpp, kBarrierBytes; the same offsets for every form).
 template <class F>
 struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
@@ -82,31 +130,71 @@ struct SharedRing {
   __device__ std::uint64_t* turn(int wg) const {
     return barriers() + 2 * kMaxStages + 2 * kTileQueueDepth + wg;
   }
-  __device__ volatile int* tile_slot(int q) const {
-    return reinterpret_cast<volatile int*>(barriers() + 2 * kMaxStages + 2 * kTileQueueDepth + 2) +
+  __device__ unsigned long long* tile_slot(int q) const {
+    return reinterpret_cast<unsigned long long*>(barriers() + 2 * kMaxStages + 2 * kTileQueueDepth +
+                                                 2) +
            q;
   }
+  __device__ CtaAbort* abort() const {
+    return reinterpret_cast<CtaAbort*>(tile_slot(kTileQueueDepth));
+  }
+  // One thread, before the CTA barrier that precedes every other use.
   __device__ void init_barriers() const {
     for (int s = 0; s < F::kStages; ++s) {
-      ptx::mbarrier_init(full(s), F::kCluster);
-      ptx::mbarrier_init(empty(s), F::kReaders * F::kCluster);
+      ptx::mbarrier_init(full(s), 1);
+      ptx::mbarrier_init(empty(s), F::kReaders);
     }
     for (int q = 0; q < kTileQueueDepth; ++q) {
       ptx::mbarrier_init(tile_full(q), 1);
       ptx::mbarrier_init(tile_empty(q), kConsumerThreads / 32);  // every consumer warp reads it
+      *tile_slot(q) = 0;
     }
     for (int w = 0; w < 2; ++w) ptx::mbarrier_init(turn(w), 4);  // the other warpgroup's warps
+    *abort() = CtaAbort{};
   }
 };
+static_assert((2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 8 +
+                      sizeof(CtaAbort) <=
+                  kBarrierBytes,
+              "barrier region overflow");
 
-// Ids of the barriers in timeout reports.
-enum : int {
-  kBarrierFull = 0,
-  kBarrierEmpty = 1,
-  kBarrierTileFull = 2,
-  kBarrierTileEmpty = 3,
-  kBarrierTurn = 4
-};
+// An engine wait: true once the phase with `parity` of `bar` (a kBarrier* `id`) completed; false
+// when the CTA gives up (this wait passed p.wait_timeout_ns, or the CTA had already aborted), and
+// the caller goes on without the data. `heed_abort` false: only the deadline ends it (the
+// Producer's drain, which must outlast an abort).
+template <class F>
+__device__ __forceinline__ bool wait_barrier(const SharedRing<F>& ring, std::uint64_t* bar,
+                                             std::uint32_t parity, int id, const KernelParams& p,
+                                             bool heed_abort = true) {
+  CtaAbort* abort = ring.abort();
+  const ptx::WaitStatus s =
+      ptx::mbarrier_wait(bar, parity, p.wait_timeout_ns, heed_abort ? &abort->aborted : nullptr);
+  if (s == ptx::WaitStatus::complete) return true;
+  if (s == ptx::WaitStatus::timed_out) abort->give_up(bar, parity, id);
+  return false;
+}
+
+// After every role of the CTA has left its loops (a CTA barrier between), by one thread: a CTA
+// that gave up reports its first timed-out wait in `report` (this device's, in mapped host
+// memory), unless a report is there already, which the host has not taken yet. `lock`: a word of
+// device memory, zero unless a CTA is writing the report (so the first one wins whole).
+__device__ __forceinline__ void report_wait_timeout(const CtaAbort& a, WaitTimeoutReport* report,
+                                                    unsigned* lock, unsigned long long timeout_ns) {
+  if (report == nullptr || atomicCAS(lock, 0u, 1u) != 0u) return;
+  volatile WaitTimeoutReport* r = report;
+  if (r->timed_out == 0) {
+    r->barrier_id = a.barrier_id;
+    r->parity = a.parity;
+    r->block = static_cast<int>(blockIdx.x);
+    r->thread = a.thread;
+    r->smem_address = a.smem_address;
+    r->timeout_ns = timeout_ns;
+    __threadfence_system();
+    r->timed_out = 1;
+    __threadfence_system();
+  }
+  atomicExch(lock, 0u);
+}
 
 struct TensorMaps {
   const CUtensorMap* a;
@@ -115,23 +203,12 @@ struct TensorMaps {
   const CUtensorMap* b2;  // gate/up: W_up; RowsW with a second product: its W
 };
 
-// A TMA load into this CTA's stage, or multicast into the same offsets of both CTAs of the
-// cluster.
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std::uint64_t* bar,
-                                         int c0, int c1, bool multicast) {
-  if (multicast) {
-    ptx::tma_load_2d_multicast(dst, map, bar, c0, c1, 0x3);
-  } else {
-    ptx::tma_load_2d(dst, map, bar, c0, c1);
-  }
-}
-
 // Producer, M-grouped forms: half `h` of the kTileN x 64 B tile of K block `kb` (B rows or N
 // chunks [h kTileN / 2, (h + 1) kTileN / 2)); the halves together give the same bytes as one box.
 template <class F>
 __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing<F>& ring,
                                             int s, const TileInfo& tile, int kb,
-                                            const KernelParams& p, int h, bool multicast) {
+                                            const KernelParams& p, int h) {
   constexpr int kHalfChunks = F::kTileN / 2 / kSwizzleChunk;
   std::uint64_t* bar = ring.full(s);
   std::uint8_t* dst = ring.b(s) + h * (F::kTileBBytes / 2);
@@ -140,7 +217,7 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
   const int w_row = tile.group * p.b_rows_per_group;
   if constexpr (F::kind == FormKind::kGateUp) {
     // Half 0: W_gate's kTileN / 2 rows, half 1: W_up's, for the same output columns.
-    tma_load(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0, multicast);
+    ptx::tma_load_2d(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0);
   } else if constexpr (F::kTransB) {
     // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
     // (a2, W2).
@@ -149,37 +226,53 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
     const CUtensorMap* map_b = second ? maps.b2 : maps.b;
 #pragma unroll
     for (int c = 0; c < kHalfChunks; ++c) {
-      tma_load(dst + c * kChunkBytes, map_b, bar, n0 + (kHalfChunks * h + c) * kSwizzleChunk,
-               w_row + kk0, multicast);
+      ptx::tma_load_2d(dst + c * kChunkBytes, map_b, bar,
+                       n0 + (kHalfChunks * h + c) * kSwizzleChunk, w_row + kk0);
     }
   } else {
-    tma_load(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2), multicast);
+    ptx::tma_load_2d(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2));
   }
 }
 
-// Consumer, tile queue: waits for the slot's ticket (kNoTile at the end), reads it and frees the
-// slot (one arrival per warp, once all its lanes have read it). NOTES: not inlined: inlined, its
+// Consumer, tile queue: the ticket at queue position `tag` (kNoTile past the last tile); frees the
+// slot (one arrival per warp, once all its lanes have read it). When the wait gives up (the CTA is
+// aborting), the position is closed unless the Producer published it meanwhile; either way every
+// consumer thread gets the same value (mainloop's header). NOTES: not inlined: inlined, its
 // bounded wait loop made ptxas spill registers in the Consumers' epilogue (the consumer code is
-// allocated within the 168-register entry cap). Called between tiles, with no wgmma in flight; the
-// HGMMA pipelining (DEPBAR.LE gsb0, 0x1) is unchanged.
+// allocated within the 168-register entry cap). Called between tiles, with no wgmma in flight;
+// the HGMMA pipelining (DEPBAR.LE gsb0, 0x1) is unchanged.
 __device__ __noinline__ inline int take_queued_ticket(std::uint64_t* full, std::uint32_t parity,
-                                                      const volatile int* slot,
-                                                      std::uint64_t* empty, int lane,
-                                                      ptx::WaitTimeoutReport* report) {
-  ptx::mbarrier_wait(full, parity, kBarrierTileFull, report);
-  const int ticket = *slot;
+                                                      unsigned long long* slot,
+                                                      std::uint64_t* empty, int lane, unsigned tag,
+                                                      CtaAbort* abort,
+                                                      unsigned long long timeout_ns) {
+  const ptx::WaitStatus s = ptx::mbarrier_wait(full, parity, timeout_ns, &abort->aborted);
+  unsigned long long entry = *reinterpret_cast<volatile unsigned long long*>(slot);
+  if (s != ptx::WaitStatus::complete) {
+    if (s == ptx::WaitStatus::timed_out) abort->give_up(full, parity, kBarrierTileFull);
+    const unsigned long long closed = queue_entry(tag, kNoTile);
+    while (entry_tag(entry) != tag) {
+      const unsigned long long was = atomicCAS(slot, entry, closed);
+      entry = was == entry ? closed : was;
+    }
+  }
   __syncwarp();
   if (lane == 0) ptx::mbarrier_arrive(empty);
-  return ticket;
+  return entry_ticket(entry);
 }
 
-// Producer: the TMA loads of one K block of one tile into stage `s`. With `shared_b` (the
-// cluster's two tiles use the same B tile) this CTA loads only half `rank` of B and multicasts it;
-// its peer sends the other half. Either way the stage receives kStageBytes.
+// Producer: publishes `ticket` at queue position `tag`. False when the Consumers closed the
+// position first (their wait for it gave up): the CTA is aborting.
+__device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigned tag, int ticket) {
+  const unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(slot);
+  return entry_tag(seen) != tag && atomicCAS(slot, seen, queue_entry(tag, ticket)) == seen;
+}
+
+// Producer: the TMA loads of one K block of one tile into stage `s` (kStageBytes in all).
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
-                                             const KernelParams& p, bool shared_b, int rank) {
+                                             const KernelParams& p) {
   std::uint64_t* bar = ring.full(s);
   ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
   const int k0 = kb * kTileK;
@@ -199,48 +292,61 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
         F::kind == FormKind::kRowsW && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
     const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
     ptx::tma_load_2d(ring.a(s), second ? maps.a2 : maps.a, bar, kk0, tile.row_base + tile.m0);
-    if (shared_b) {
-      load_b_half<F>(maps, ring, s, tile, kb, p, rank, true);
-    } else {
-      load_b_half<F>(maps, ring, s, tile, kb, p, 0, false);
-      load_b_half<F>(maps, ring, s, tile, kb, p, 1, false);
-    }
+    load_b_half<F>(maps, ring, s, tile, kb, p, 0);
+    load_b_half<F>(maps, ring, s, tile, kb, p, 1);
   }
 }
 
-// Producer: every K block of one tile, each into the next free stage of the ring.
+// What the Producer needs to know about its own loads at the end: the stages whose latest arming
+// the test hook skipped (WaitOptions::stall_block; no loads in flight there), and whether the hook
+// is still to fire.
+struct ProducerLoads {
+  std::uint32_t skipped = 0;
+  bool stall = false;
+};
+
+// Producer: every K block of one tile, each into the next free stage of the ring. False when the
+// CTA gives up (then the caller stops issuing).
 template <class F>
-__device__ __forceinline__ void load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
+__device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
-                                          const KernelParams& p, bool shared_b, int rank) {
+                                          const KernelParams& p, ProducerLoads& loads) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
-    ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
-    if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.full(state.stage), rank ^ 1);
-    load_k_block<F>(maps, ring, state.stage, tile, kb, p, shared_b, rank);
+    // NOTES: the flag too, after the wait: once the CTA aborted, the Consumers pass stages without
+    // waiting for their data and still release them, so an empty phase they completed says
+    // nothing of the stage's last loads, and arming it again could add a second arrival to a
+    // full phase still in flight. Every such release comes after its thread saw the flag set (or
+    // set it), so the flag read after acquiring the phase sees it too.
+    if (!wait_barrier(ring, ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p) ||
+        *static_cast<volatile int*>(&ring.abort()->aborted) != 0) {
+      return false;
+    }
+    const std::uint32_t bit = 1u << state.stage;
+    if (loads.stall) {  // tests only: this stage's phase never completes
+      loads.stall = false;
+      loads.skipped |= bit;
+    } else {
+      loads.skipped &= ~bit;
+      load_k_block<F>(maps, ring, state.stage, tile, kb, p);
+    }
     state.advance();
   }
+  return true;
 }
 
-// Producer, clusters: before the CTA exits, every stage it filled has been released by the
-// consumers of both CTAs, so no arrival from the peer is still on its way to this CTA's barriers.
+// Producer, last: the latest loads into every stage have landed before the CTA may exit. NOTES:
+// the Consumers normally wait for all of them anyway (then this costs a probe per stage); after
+// an abort they stop waiting, and a CTA must not exit while the copy engine still writes its
+// shared memory and completes transactions on its barriers. Stage s was last armed in the
+// current round if s < state.stage, else in the round before (a fresh barrier passes that wait).
 template <class F>
-__device__ __forceinline__ void drain_ring(const SharedRing<F>& ring,
-                                           PipelineState<F::kStages>& state,
-                                           const KernelParams& p) {
-  for (int i = 0; i < F::kStages; ++i) {
-    ptx::mbarrier_wait(ring.empty(state.stage), state.phase ^ 1u, kBarrierEmpty, p.timeout_report);
-    state.advance();
-  }
-}
-
-// Consumer, lane 0 of each warp: stage `s` has been read; with clusters, tell both CTAs' Producers.
-template <class F>
-__device__ __forceinline__ void release_stage(const SharedRing<F>& ring, int s) {
-  if constexpr (F::kCluster == 1) {
-    ptx::mbarrier_arrive(ring.empty(s));
-  } else {
-#pragma unroll
-    for (int r = 0; r < F::kCluster; ++r) ptx::mbarrier_arrive_cluster(ring.empty(s), r);
+__device__ __forceinline__ void drain_loads(const SharedRing<F>& ring,
+                                            const PipelineState<F::kStages>& state,
+                                            const ProducerLoads& loads, const KernelParams& p) {
+  for (int s = 0; s < F::kStages; ++s) {
+    if ((loads.skipped >> s) & 1u) continue;
+    const std::uint32_t parity = s < state.stage ? state.phase : state.phase ^ 1u;
+    (void)wait_barrier(ring, ring.full(s), parity, kBarrierFull, p, false);
   }
 }
 
@@ -318,17 +424,19 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // last wgmma is issued. NOTES: the pass is unconditional: turns strictly alternate along the
 // CTA's tiles, so the other warpgroup waits for it exactly when it has a next tile, and a turn
 // barrier is never a whole phase ahead of its waiter (the waiter's previous tile gates it).
+// A wait that gives up is passed (the data is void once the CTA aborts): every thread of the
+// warpgroup goes through the same wgmma and named barriers whatever its waits returned.
 template <class F>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const KernelParams& p, int consumer_wg, int lane,
                                          int reader_thread, std::uint32_t turn_parity) {
   if constexpr (F::kPingPong) {
-    ptx::mbarrier_wait(ring.turn(consumer_wg), turn_parity, kBarrierTurn, p.timeout_report);
+    (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
   }
   int previous_stage = -1;
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
-    ptx::mbarrier_wait(ring.full(state.stage), state.phase, kBarrierFull, p.timeout_report);
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
     if constexpr (F::kKGrouped) {
       const int valid = tile.row_count - kb * kTileK;
       if (valid < kTileK) {
@@ -338,7 +446,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
     }
     mma_k_block<F>(acc, ring, state.stage, consumer_wg);
     ptx::wgmma_wait_group<1>();
-    if (previous_stage >= 0 && lane == 0) release_stage<F>(ring, previous_stage);
+    if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
     previous_stage = state.stage;
     state.advance();
   }
@@ -348,7 +456,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   }
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
-  if (previous_stage >= 0 && lane == 0) release_stage<F>(ring, previous_stage);
+  if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
 }
 
 }  // namespace mok::gemm

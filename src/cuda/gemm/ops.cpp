@@ -144,8 +144,10 @@ void rows_times_weight(const TensorView& a, const TensorView& w, const Groups& g
   gemm::rows_times_weight(args);
 }
 
+// `tickets`: an int32 [2] tensor of zeros on the same device (the launch's ticket counter pair,
+// WeightGradArgs::tickets; the launch leaves it zero), or absent for the static tile order.
 void weight_grad(const TensorView& a, const TensorView& b, const Groups& groups,
-                 const TensorView& out, bool accumulate, void* stream) {
+                 const TensorView& out, const TensorView& tickets, bool accumulate, void* stream) {
   const Device d = cuda_device_of("a", a);
   const std::int64_t R = rows_of("a", a), M = a.shape[1];
   const std::int64_t N = dim("b", b, 2, 1);
@@ -153,6 +155,7 @@ void weight_grad(const TensorView& a, const TensorView& b, const Groups& groups,
   check_view("a", a, DType::bf16, {R, M}, d);
   check_view("b", b, DType::bf16, {R, N}, d);
   check_view_either("out", out, DType::bf16, DType::f32, {G, M, N}, d);
+  if (tickets.defined()) check_view("tickets", tickets, DType::i32, {2}, d);
   gemm::WeightGradArgs args;
   args.segments = segments(groups, G, R);
   args.a = a.ptr<const bf16>();
@@ -165,6 +168,8 @@ void weight_grad(const TensorView& a, const TensorView& b, const Groups& groups,
   args.accumulate = accumulate;
   args.m = static_cast<int>(M);
   args.n = static_cast<int>(N);
+  args.tickets =
+      tickets.defined() ? reinterpret_cast<unsigned*>(tickets.ptr<std::int32_t>()) : nullptr;
   args.stream = static_cast<cudaStream_t>(stream);
   gemm::weight_grad(args);
 }

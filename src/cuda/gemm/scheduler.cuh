@@ -5,13 +5,12 @@
 // (grid / kPanelM) tiles of one group and share both their A rows and their weight columns in L2
 // (with N fastest, a wide N, e.g. mixtral's I = 14336, re-streamed the whole weight from HBM once
 // per M tile).
-// M-grouped forms: group g has ceil(rows_g / kTileM) x n_tiles tiles, each with a fixed K loop.
-// Clusters of kCluster CTAs walk tiles kCluster at a time: cluster c runs tiles [kCluster q,
-// kCluster q + kCluster) for q = c, c + clusters, ..., rank r the r-th of them, so the two CTAs of
-// a cluster hold consecutive M tiles of one panel (the same weight tile) most of the time.
-// K-grouped form (wgrad): every group has m_tiles x n_tiles tiles; the K loop covers rows_g. With
-// tickets, tile t is the (t mod tiles-per-group)-th tile of the (t / tiles-per-group)-th group in
-// heavy-first order (most K blocks first, ties by group index), and CTAs draw t from a counter.
+// M-grouped forms: group g has ceil(rows_g / kTileM) x n_tiles tiles, each with a fixed K loop;
+// CTA c runs tiles c, c + grid, ...
+// K-grouped form (wgrad): every group has m_tiles x n_tiles tiles; the K loop covers rows_g. Tile
+// t (a ticket) is the (t mod tiles-per-group)-th tile of the (t / tiles-per-group)-th group in
+// heavy-first order (most K blocks first, ties by group index); CTAs draw t from a counter, or
+// CTA c takes tickets c, c + grid, ... (the static order).
 #pragma once
 
 #include <climits>
@@ -40,23 +39,13 @@ struct TileInfo {
   int k_blocks;
 };
 
-// One CTA's share of a cluster step: its tile, whether it stores it (the last step of an odd tile
-// count gives rank 1 a copy of rank 0's tile, computed for the shared loads but not stored), and
-// whether the cluster's tiles share one weight tile (then each CTA loads half and multicasts it).
-struct ClusterTile {
-  TileInfo tile;
-  bool store;
-  bool shared_b;
-};
-
 // Shared-memory tables, filled once per CTA by one warp.
 struct SchedulerTables {
   int start[kMaxGroups];
   int count[kMaxGroups];
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
-  int order[kMaxGroups];       // K-grouped with tickets: groups, heaviest first
-  int static_order;  // K-grouped with tickets: 1 = CTA c takes tickets c, c + grid, ... (no
-                     // counter)
+  int order[kMaxGroups];       // K-grouped: groups, heaviest first
+  int static_order;            // K-grouped: 1 = CTA c takes tickets c, c + grid, ... (no counter)
 };
 // Scratch of the set-up only (heavy-first sort, static-order choice). NOTES: it lives at the start
 // of the dynamic shared memory, which the ring reuses once set-up is over (the writers fence the
@@ -262,41 +251,26 @@ struct TileScheduler {
     return tile_in_group(cursor, index - t.prefix[cursor]);
   }
 
-  // Tile `ticket` of the heavy-first order (K-grouped with tickets).
+  // Tile `ticket` of the heavy-first order (K-grouped).
   __device__ TileInfo tile_of_ticket(int ticket) const {
     const int per_group = p.m_tiles * p.n_tiles;
     const int j = ticket / per_group;
     return tile_in_group(t.order[j], ticket - j * per_group);
   }
-
-  // Rank `rank`'s tile of cluster step `step` (steps in increasing order; step * kCluster <
-  // num_tiles).
-  template <int kCluster>
-  __device__ ClusterTile cluster_tile(int step, int rank) {
-    const int first = step * kCluster;
-    if constexpr (kCluster == 1) {
-      return ClusterTile{tile(first), true, false};
-    } else {
-      static_assert(kCluster == 2, "clusters of two CTAs");
-      const int last = num_tiles() - 1;
-      const TileInfo t0 = tile(first);
-      const TileInfo t1 = first + 1 <= last ? tile(first + 1) : t0;
-      const bool shared = t0.group == t1.group && t0.n0 == t1.n0;
-      return ClusterTile{rank == 0 ? t0 : t1, rank == 0 || first + 1 <= last, shared};
-    }
-  }
 };
 
-// A launch's ticket counter pair {next ticket, CTAs done} in device memory, zero between launches:
-// the last CTA to finish puts both back to zero.
+// A launch's ticket counter pair {next ticket, CTAs done} (WeightGradArgs::tickets: the caller's
+// device memory), zero between launches: the last CTA to finish puts both back to zero, so the
+// launches ordered after it may use the pair again.
 struct TicketCounter {
   unsigned* counters;
 
   __device__ int take() const { return static_cast<int>(atomicAdd(counters, 1u)); }
 
-  // Once per CTA, after its last take(): the last CTA of the grid resets the pair for the next
-  // launch that uses it. NOTES: the fence orders this CTA's last take before its done count, so
-  // when the count reaches gridDim.x no take of this launch is still to come.
+  // Once per CTA, after its last take() (also when the CTA gave up early): the last CTA of the
+  // grid resets the pair for the next launch that uses it. NOTES: the fence orders this CTA's
+  // last take before its done count, so when the count reaches gridDim.x no take of this launch
+  // is still to come.
   __device__ void retire() const {
     __threadfence();
     if (atomicAdd(counters + 1, 1u) == gridDim.x - 1) {

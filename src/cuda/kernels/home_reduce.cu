@@ -59,32 +59,6 @@ __global__ void __launch_bounds__(kThreads) home_reduce_kernel(HomeReduceParams 
   }
 }
 
-// One warp per slot: each lane sums its vectors in order, then a fixed butterfly.
-__global__ void __launch_bounds__(kThreads) router_grad_kernel(RouterGradParams p) {
-  const std::int64_t vectors = p.hidden / kBf16PerVector;
-  const int lane = threadIdx.x % 32;
-  const std::int64_t warps = std::int64_t{gridDim.x} * (kThreads / 32);
-  for (std::int64_t s = blockIdx.x * std::int64_t{kThreads / 32} + threadIdx.x / 32;
-       s < p.tokens * p.topk; s += warps) {
-    float acc = 0.0f;
-    if (used(p.topk_experts[s], p.num_experts)) {
-      const std::int64_t t = s / p.topk;
-      for (std::int64_t v = lane; v < vectors; v += 32) {
-        float a[8], b[8];
-        load8(p.d_out, t * vectors + v, a);
-        load8(p.combine, s * vectors + v, b);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc = __fmaf_rn(a[e], b[e], acc);
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
-    }
-    if (lane == 0) p.d_topk_weights[s] = acc;
-  }
-}
-
 int blocks_for(std::int64_t work, std::int64_t per_block) {
   const std::int64_t b = (work + per_block - 1) / per_block;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
@@ -103,12 +77,6 @@ cudaError_t launch_dx_reduce(const HomeReduceParams& p, cudaStream_t stream) {
   if (p.tokens <= 0) return cudaSuccess;
   home_reduce_kernel<false>
       <<<blocks_for(p.tokens * p.hidden / kBf16PerVector, kThreads), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_router_grad(const RouterGradParams& p, cudaStream_t stream) {
-  if (p.tokens <= 0) return cudaSuccess;
-  router_grad_kernel<<<blocks_for(p.tokens * p.topk, kThreads / 32), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -2,9 +2,8 @@
 // so results do not depend on which expert rank finished first.
 //   out[t]      = bf16(shared[t] + sum_j w[t,j] * combine[t,j])   fp32 fma, increasing j
 //   d_x[t]      = bf16(shared_dx[t] + sum_j dx_routed[t,j])        fp32 add, increasing j
-//   d_w[t, j]   = <d_out[t], combine[t,j]>                         fp32, fixed tree per warp
-// A slot whose id is outside [0, E) (unused, -1, or invalid) contributes nothing and gets d_w = 0.
-// The first two are bitwise the CPU reference's (same operations in the same order).
+// A slot whose id is outside [0, E) (unused, -1, or invalid) contributes nothing.
+// Both are bitwise the CPU reference's (same operations in the same order).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,14 +22,5 @@ struct HomeReduceParams {
 };
 cudaError_t launch_combine_reduce(const HomeReduceParams& p, cudaStream_t stream);  // out
 cudaError_t launch_dx_reduce(const HomeReduceParams& p, cudaStream_t stream);       // d_x
-
-struct RouterGradParams {
-  std::int64_t tokens = 0, topk = 0, hidden = 0, num_experts = 0;
-  const std::int64_t* topk_experts = nullptr;  // [T, k]
-  const void* d_out = nullptr;                 // [T, H] bf16
-  const void* combine = nullptr;               // [T*k, H] bf16: the forward's expert outputs
-  float* d_topk_weights = nullptr;             // [T, k]
-};
-cudaError_t launch_router_grad(const RouterGradParams& p, cudaStream_t stream);
 
 }  // namespace mok::cuda

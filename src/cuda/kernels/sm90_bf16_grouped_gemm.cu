@@ -10,10 +10,10 @@
 //                        the other's stages), the two K loops taking turns (mainloop.cuh), so one
 //                        warpgroup's epilogue runs under the other's K loop.
 //
-// Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order in clusters of
-// F::kCluster CTAs (sharing the weight tile through multicast where both tiles use it);
-// the K-grouped form with tickets draws tiles from a counter, the Producer passing each ticket to
-// the Consumers through the tile queue.
+// Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order; the K-grouped
+// form takes tickets from the caller's counter pair or in the static order, the Producer passing
+// each ticket to the Consumers through the tile queue. Every wait is bounded: a CTA that gives up
+// ends normally (mainloop.cuh) and leaves a report in mapped host memory (take_wait_timeout).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +21,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string>
 
 #include "cuda/gemm/config.hpp"
@@ -29,16 +31,15 @@
 #include "cuda/gemm/mainloop.cuh"
 #include "cuda/gemm/scheduler.cuh"
 #include "cuda/gemm/tensor_map.hpp"
-#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "mok/error.hpp"
 
 namespace mok::gemm {
 namespace {
 
-// Ticket counter pairs {next ticket, CTAs done}; zero when no launch uses them (scheduler.cuh,
-// TicketCounter). One copy per device, as every __device__ variable.
-__device__ unsigned g_tile_tickets[2 * kTicketSlots];
+// Zero unless a CTA is writing this device's timeout report (mainloop.cuh, report_wait_timeout).
+// One copy per device, as every __device__ variable.
+__device__ unsigned g_wait_report_lock;
 
 template <class F>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (threadIdx.x < 32) {
     TileScheduler<F::kKGrouped>::prepare(p.sched, tables, lane);
-    if constexpr (F::kTickets) {
+    if constexpr (F::kKGrouped) {
       auto& scratch = *reinterpret_cast<SchedulerScratch*>(ring.base);
       TileScheduler<F::kKGrouped>::order_heavy_first(p.sched, tables, scratch, lane);
       TileScheduler<F::kKGrouped>::choose_static_order(p.sched, tables, scratch, lane, gridDim.x,
@@ -81,16 +82,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
-  // NOTES: the peer's multicast loads and arrivals target this CTA's barriers: both CTAs'
-  // barriers are initialised before either CTA issues any.
-  if constexpr (F::kCluster > 1) ptx::cluster_sync();
 
   TileScheduler<F::kKGrouped> scheduler{p.sched, tables};
   const int num_tiles = scheduler.num_tiles();
-  const int rank = F::kCluster > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
-  const int cluster = blockIdx.x / F::kCluster;  // clusters are consecutive blocks along x
-  const int num_clusters = gridDim.x / F::kCluster;
-  const TicketCounter tickets{g_tile_tickets + 2 * p.ticket_slot};
   PipelineState<F::kStages> state;
   TileQueueState queue;
 
@@ -99,31 +93,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (warp == 0 && lane == 0) {
       const TensorMaps maps{&map_a, &map_b, &map_a2, &map_b2};
-      if constexpr (F::kTickets) {
-        // Static round robin over the heavy-first order when it balances (choose_static_order),
-        // else the counter. Either way the Consumers get the tiles through the queue.
-        const bool fixed = tables.static_order != 0;
+      ProducerLoads loads;
+      loads.stall = static_cast<int>(blockIdx.x) == p.stall_block;
+      if constexpr (F::kKGrouped) {
+        // Static round robin over the heavy-first order when it balances (choose_static_order) or
+        // when the launch has no counter, else the counter. Either way the Consumers get the tiles
+        // through the queue.
+        const bool fixed = tables.static_order != 0 || p.tickets == nullptr;
+        const TicketCounter tickets{p.tickets};
         for (int next = blockIdx.x;; next += gridDim.x) {
           // NOTES: the ticket is drawn once a slot is free and the previous tile's loads are
           // issued, about kStages K blocks before this CTA can start it: late enough that a CTA
           // busy with a long tile leaves the next ones to others.
-          ptx::mbarrier_wait(ring.tile_empty(queue.slot()), queue.phase() ^ 1u, kBarrierTileEmpty,
-                             p.timeout_report);
-          const int ticket = fixed ? next : tickets.take();
-          *ring.tile_slot(queue.slot()) = ticket < num_tiles ? ticket : kNoTile;
+          if (!wait_barrier(ring, ring.tile_empty(queue.slot()), queue.phase() ^ 1u,
+                            kBarrierTileEmpty, p)) {
+            break;
+          }
+          const int drawn = fixed ? next : tickets.take();
+          const int ticket = drawn < num_tiles ? drawn : kNoTile;
+          if (!publish_ticket(ring.tile_slot(queue.slot()), queue.tag(), ticket)) break;
           ptx::mbarrier_arrive(ring.tile_full(queue.slot()));
           queue.advance();
-          if (ticket >= num_tiles) break;
-          load_tile<F>(maps, ring, state, scheduler.tile_of_ticket(ticket), p, false, 0);
+          if (ticket == kNoTile) break;
+          if (!load_tile<F>(maps, ring, state, scheduler.tile_of_ticket(ticket), p, loads)) break;
         }
         if (!fixed) tickets.retire();
       } else {
-        for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters) {
-          const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
-          load_tile<F>(maps, ring, state, ct.tile, p, ct.shared_b, rank);
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+          if (!load_tile<F>(maps, ring, state, scheduler.tile(tile), p, loads)) break;
         }
-        if constexpr (F::kCluster > 1) drain_ring<F>(ring, state, p);
       }
+      drain_loads<F>(ring, state, loads, p);
     }
   } else {
     // Consumer0 / Consumer1.
@@ -135,19 +135,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     // turn barrier that the other warpgroup's previous tile completes; warpgroup 0's first tile
     // waits for parity 1 of a fresh barrier, which passes at once.
     unsigned own_tiles = 0;
-    auto run_tile = [&](const TileInfo& tile, bool store) {
+    auto run_tile = [&](const TileInfo& tile) {
       float acc[F::kAcc];
       init_accumulators<F>(acc, tile, p, wg, warp, lane);
       const std::uint32_t turn_parity = (own_tiles & 1u) ^ (wg == 0 ? 1u : 0u);
       mma_tile<F>(acc, ring, state, tile, p, wg, lane, reader_thread, turn_parity);
       ++own_tiles;
-      if (store) store_tile<F>(acc, tile, p, wg, warp, lane, ring.staging(), &map_out);
+      store_tile<F>(acc, tile, p, wg, warp, lane, ring.staging(), &map_out);
     };
-    if constexpr (F::kTickets) {
+    if constexpr (F::kKGrouped) {
       for (unsigned i = 0;; ++i) {
         const int ticket = take_queued_ticket(
             ring.tile_full(queue.slot()), queue.phase(), ring.tile_slot(queue.slot()),
-            ring.tile_empty(queue.slot()), lane, p.timeout_report);
+            ring.tile_empty(queue.slot()), lane, queue.tag(), ring.abort(), p.wait_timeout_ns);
         queue.advance();
         if (ticket == kNoTile) break;
         const TileInfo tile = scheduler.tile_of_ticket(ticket);
@@ -155,23 +155,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           state.advance(tile.k_blocks);  // the other warpgroup's tile
           continue;
         }
-        run_tile(tile, true);
+        run_tile(tile);
       }
     } else {
+      // NOTES: after an abort the remaining tiles still run (their waits give up at once, their
+      // outputs are void): the static order is the one thing all consumer warps agree on.
       unsigned i = 0;
-      for (int step = cluster; step * F::kCluster < num_tiles; step += num_clusters, ++i) {
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++i) {
         if (F::kPingPong && (i & 1u) != static_cast<unsigned>(wg)) {
-          state.advance(F::kKGrouped ? scheduler.tile(step).k_blocks : p.sched.k_blocks);
+          state.advance(p.sched.k_blocks);  // the other warpgroup's tile
           continue;
         }
-        const ClusterTile ct = scheduler.template cluster_tile<F::kCluster>(step, rank);
-        run_tile(ct.tile, ct.store);
+        run_tile(scheduler.tile(tile));
       }
     }
     // TMA-store epilogue: the CTA's shared memory must outlive its last bulk stores.
     if constexpr (F::kTmaStore) {
       if (warp == 0 && lane == 0) ptx::tma_store_wait<0>();
     }
+  }
+  // Every role has left its loops; a CTA that gave up says which wait first did.
+  __syncwarp();
+  __syncthreads();
+  if (threadIdx.x == 0 && ring.abort()->aborted != 0) {
+    report_wait_timeout(*ring.abort(), p.timeout_report, &g_wait_report_lock, p.wait_timeout_ns);
   }
 #endif
 }
@@ -232,56 +239,50 @@ SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles,
                          s.dense_rows, m_tiles, n_tiles,      k_blocks};
 }
 
-// CTAs of a persistent launch: one per SM, in whole clusters, no more clusters than can be
-// resident at once (asked of the driver once per form and device).
-template <class F>
-int grid_size(cudaLaunchConfig_t config) {
-  const int sms = persistent_grid_size();
-  if constexpr (F::kCluster == 1) {
-    return sms;
-  } else {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> resident[kMaxDevices] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) throw Error("cannot query the current device");
-    int clusters = device < kMaxDevices ? resident[device].load() : 0;
-    if (clusters == 0) {
-      config.gridDim = dim3(sms / F::kCluster * F::kCluster);
-      if (cudaOccupancyMaxActiveClusters(&clusters, sm90_bf16_grouped_gemm_kernel<F>, &config) !=
-              cudaSuccess ||
-          clusters <= 0) {
-        (void)cudaGetLastError();
-        throw Error("grouped GEMM: no cluster of " + to_text(F::kCluster) +
-                    " CTAs fits on this device (cudaOccupancyMaxActiveClusters)");
-      }
-      if (device < kMaxDevices) resident[device].store(clusters);
-    }
-    return std::min(clusters, sms / F::kCluster) * F::kCluster;
+// Devices whose launcher state is cached (kernel attributes, timeout reports); a device past them
+// still runs, setting its kernel attribute at every launch and without a timeout report.
+constexpr int kMaxDevices = 64;
+
+int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("grouped GEMM: cannot query the current CUDA device");
   }
+  return device;
 }
 
+// NOTES: the dynamic shared-memory limit is an attribute of the kernel in each device's context,
+// so it is set once per device and instantiation (once per process left every device but the
+// first with the default 48 KiB limit, and its launches failing).
+template <class F>
+void configure_kernel(int device) {
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && configured[device].load(std::memory_order_acquire)) return;
+  const cudaError_t e = cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kSharedBytes));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("grouped GEMM kernel attribute on device " + to_text(device),
+                to_text(kSharedBytes) + " bytes of dynamic shared memory accepted",
+                cudaGetErrorString(e));
+  }
+  if (cached) configured[device].store(true, std::memory_order_release);
+}
+
+// One CTA per SM of the current device (a persistent grid).
 template <class F>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
             const CUtensorMap& b2, const KernelParams& p, cudaStream_t stream,
             const CUtensorMap* out = nullptr) {
-  static const bool configured = [] {
-    return cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSharedBytes)) == cudaSuccess;
-  }();
-  if (!configured) throw Error("cudaFuncSetAttribute(max dynamic shared memory) failed");
-  cudaLaunchAttribute attributes[1] = {};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = F::kCluster;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
+  configure_kernel<F>(current_device());
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSharedBytes;
   config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = F::kCluster > 1 ? 1 : 0;
-  config.gridDim = dim3(grid_size<F>(config));
+  config.gridDim = dim3(persistent_grid_size());
   cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F>, a, b, a2, b2,
                                      out != nullptr ? *out : a, p);
   if (e == cudaSuccess) e = cudaGetLastError();
@@ -290,45 +291,73 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& a2,
   }
 }
 
-// Mapped pinned host memory that a timed-out barrier wait writes before it traps (allocated on
-// first use, never freed: one per process).
-ptx::WaitTimeoutReport* timeout_report_host() {
-  static ptx::WaitTimeoutReport* host = [] {
-    void* h = nullptr;
-    if (cudaHostAlloc(&h, sizeof(ptx::WaitTimeoutReport), cudaHostAllocMapped) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<ptx::WaitTimeoutReport*>(nullptr);
-    }
-    *static_cast<ptx::WaitTimeoutReport*>(h) = {};
-    return static_cast<ptx::WaitTimeoutReport*>(h);
-  }();
-  return host;
+// Mapped pinned host memory for one WaitTimeoutReport per device, allocated on first use (retried
+// until it succeeds) and never freed: one per process. Portable, so it is mapped in every device's
+// context; with unified addressing (every sm_90 system) the host pointer is the device pointer.
+std::mutex g_reports_mutex;
+std::atomic<WaitTimeoutReport*> g_reports{nullptr};
+
+WaitTimeoutReport* timeout_reports() {
+  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
+  const std::lock_guard<std::mutex> lock(g_reports_mutex);
+  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
+  void* h = nullptr;
+  if (cudaHostAlloc(&h, kMaxDevices * sizeof(WaitTimeoutReport),
+                    cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  std::memset(h, 0, kMaxDevices * sizeof(WaitTimeoutReport));
+  auto* r = static_cast<WaitTimeoutReport*>(h);
+  g_reports.store(r, std::memory_order_release);
+  return r;
 }
 
-KernelParams base_params(const RowSegments& s) {
+KernelParams base_params(const RowSegments& s, const WaitOptions& waits) {
+  check(waits.timeout_ns > 0, "waits.timeout_ns", "> 0 nanoseconds", to_text(waits.timeout_ns));
+  check(waits.stall_block >= -1, "waits.stall_block", "-1 (off) or a block index",
+        to_text(waits.stall_block));
   KernelParams p{};
   p.sched = scheduler_params(s, 0, 0, 0);
-  if (ptx::WaitTimeoutReport* host = timeout_report_host()) {
-    void* device = nullptr;
-    if (cudaHostGetDevicePointer(&device, host, 0) == cudaSuccess) {
-      p.timeout_report = static_cast<ptx::WaitTimeoutReport*>(device);
-    } else {
-      (void)cudaGetLastError();
-    }
-  }
+  p.wait_timeout_ns = waits.timeout_ns;
+  p.stall_block = waits.stall_block;
+  const int device = current_device();
+  WaitTimeoutReport* reports = device < kMaxDevices ? timeout_reports() : nullptr;
+  p.timeout_report = reports != nullptr ? reports + device : nullptr;
   return p;
+}
+
+// The reports of every device that has one, as text; `take` clears them.
+std::string wait_timeouts(bool take) {
+  const char* const names[] = {"full", "empty", "tile queue full", "tile queue empty",
+                               "ping-pong turn"};
+  WaitTimeoutReport* reports = g_reports.load(std::memory_order_acquire);
+  if (reports == nullptr) return {};
+  const std::lock_guard<std::mutex> lock(g_reports_mutex);
+  std::string text;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    volatile WaitTimeoutReport* r = reports + d;
+    if (r->timed_out == 0) continue;
+    const int id = r->barrier_id;
+    if (!text.empty()) text += "; ";
+    text += "grouped GEMM gave up on device " + to_text(d) + ": barrier " +
+            (id >= 0 && id < 5 ? names[id] : "?") + " (shared offset " + to_text(r->smem_address) +
+            ", parity " + to_text(r->parity) + ") waited past " +
+            to_text(r->timeout_ns / 1000000ull) + " ms in block " + to_text(r->block) +
+            ", thread " + to_text(r->thread);
+    if (take) r->timed_out = 0;
+  }
+  return text;
 }
 
 }  // namespace
 
+std::string take_wait_timeout() {
+  return wait_timeouts(true);
+}
+
 std::string last_wait_timeout() {
-  const ptx::WaitTimeoutReport* r = timeout_report_host();
-  if (r == nullptr || *reinterpret_cast<const volatile int*>(&r->timed_out) == 0) return {};
-  const char* names[] = {"full", "empty", "tile queue full", "tile queue empty", "ping-pong turn"};
-  const bool known = r->barrier_id >= 0 && r->barrier_id < 5;
-  return std::string("grouped GEMM barrier ") + (known ? names[r->barrier_id] : "?") +
-         " (smem offset " + to_text(r->smem_address) + ") parity " + to_text(r->parity) +
-         " timed out in block " + to_text(r->block) + ", thread " + to_text(r->thread);
+  return wait_timeouts(false);
 }
 
 int persistent_grid_size() {
@@ -401,7 +430,7 @@ void gate_up_forward_form(const GateUpForwardArgs& args) {
                                               args.hidden_size, F::kBoxRowsB, "w_gate");
   const CUtensorMap bu = make_tensor_map_bf16(args.w_up, w_rows, args.hidden_size, args.hidden_size,
                                               F::kBoxRowsB, "w_up");
-  KernelParams p = base_params(s);
+  KernelParams p = base_params(s, args.waits);
   p.sched.n_tiles = ceil_div(args.intermediate_size, F::kOutTileN);
   p.sched.k_blocks = args.hidden_size / kTileK;
   p.n = args.intermediate_size;
@@ -424,7 +453,7 @@ void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.n,
                                              args.k, args.k, F::kBoxRowsB, "w");
-  KernelParams p = base_params(s);
+  KernelParams p = base_params(s, args.waits);
   p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
   p.sched.k_blocks = args.k / kTileK;
   p.n = args.n;
@@ -440,41 +469,65 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
   const RowSegments& s = args.segments;
-  if (s.capacity_rows == 0) return;
-  const CUtensorMap a =
-      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
-  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
-                                             args.n, args.n, F::kBoxRowsB, "w");
-  const bool dual = args.a2 != nullptr;
-  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
-        "one of them null");
-  KernelParams p = base_params(s);
-  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
-  p.sched.k_blocks = (dual ? 2 : 1) * (args.k / kTileK);
-  p.k_blocks_first = dual ? args.k / kTileK : 0;
-  p.n = args.n;
-  p.b_rows_per_group = args.k;
   const SwigluBackwardEpilogue& sw = args.swiglu;
   const bool swiglu = sw.d_gate != nullptr;
   check(swiglu == (sw.gate != nullptr) && swiglu == (sw.up != nullptr) &&
             swiglu == (sw.d_up != nullptr),
         "swiglu", "all four of gate, up, d_gate, d_up device pointers, or all null",
         "some of them null");
+  const bool dual = args.a2 != nullptr;
+  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
+        "one of them null");
+  if (!swiglu) {
+    check(sw.row_scale == nullptr, "swiglu.row_scale",
+          "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.row_scale));
+    check(sw.dot == nullptr, "swiglu.dot",
+          "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.dot));
+  }
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
+                                             args.n, args.n, F::kBoxRowsB, "w");
+  KernelParams p = base_params(s, args.waits);
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = (dual ? 2 : 1) * (args.k / kTileK);
+  p.k_blocks_first = dual ? args.k / kTileK : 0;
+  p.n = args.n;
+  p.b_rows_per_group = args.k;
   if (swiglu) {
     check(args.scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
+    check(!args.out_fp32, "out_fp32", "false with the SwiGLU epilogue (dg and du are bf16)",
+          "true");
     check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
           to_text(args.ld_out));
     check_aligned(sw.gate, "swiglu.gate");
     check_aligned(sw.up, "swiglu.up");
     check_aligned(sw.d_gate, "swiglu.d_gate");
     check_aligned(sw.d_up, "swiglu.d_up");
+    check(reinterpret_cast<std::uintptr_t>(sw.row_scale) % 4 == 0, "swiglu.row_scale",
+          "4-byte alignment", to_text(sw.row_scale));
+    check(reinterpret_cast<std::uintptr_t>(sw.dot) % 4 == 0, "swiglu.dot", "4-byte alignment",
+          to_text(sw.dot));
     p.ld_out = args.ld_out;
     p.swiglu_gate = sw.gate;
     p.swiglu_up = sw.up;
     p.d_gate = sw.d_gate;
     p.d_up = sw.d_up;
+    p.row_scale = sw.row_scale;
+    p.swiglu_dot = sw.dot;
+  } else if (args.out_fp32) {
+    check(args.scatter.rows == nullptr, "scatter.rows",
+          "null with out_fp32 (a scatter stores bf16)", "set");
+    check(args.out != nullptr, "out", "a device pointer", "null");
+    check_aligned(args.out, "out");
+    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+          to_text(args.ld_out));
+    p.out = args.out;
+    p.ld_out = args.ld_out;
+    p.out_fp32 = 1;
   } else {
-    set_output(p, args.out, args.ld_out, args.n, args.scatter);
+    set_output(p, static_cast<__nv_bfloat16*>(args.out), args.ld_out, args.n, args.scatter);
   }
   if (!dual) {
     launch<F>(a, b, a, b, p, args.stream);
@@ -511,7 +564,7 @@ void weight_grad_form(const WeightGradArgs& args) {
   const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;
   const CUtensorMap a = make_tensor_map_bf16(args.a, rows, args.m, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.b, rows, args.n, args.ld_b, F::kBoxRowsB, "b");
-  KernelParams p = base_params(s);
+  KernelParams p = base_params(s, args.waits);
   p.sched.m_tiles = ceil_div(args.m, kTileM);
   p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
   p.m = args.m;
@@ -527,14 +580,20 @@ void weight_grad_form(const WeightGradArgs& args) {
   check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
         "at most one of them", "both");
   p.accumulate = args.accumulate ? 1 : 0;
-  if constexpr (F::kTickets) {
-    // NOTES: launches take counter pairs round robin; two launches share one only when
-    // kTicketSlots launches are in flight at once.
-    static std::atomic<unsigned> next_slot{0};
-    p.ticket_slot = static_cast<int>(next_slot.fetch_add(1u) % kTicketSlots);
-    const TileOrder order = args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
-    p.tile_order = static_cast<int>(order);
+  // NOTES: the counter pair is the caller's (WeightGradArgs::tickets), so no two launches share
+  // one unless the caller says so: launches in flight at once each have their own.
+  const TileOrder order = args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
+  if (args.tickets == nullptr) {
+    check(args.order != TileOrder::tickets, "WeightGradArgs.tickets",
+          "2 zeroed words of device memory (order = TileOrder::tickets draws tiles from them)",
+          "null");
+    check(order != TileOrder::tickets, "MOK_GEMM_WGRAD_ORDER",
+          "fixed or automatic for a launch without WeightGradArgs.tickets", "tickets");
   }
+  check(reinterpret_cast<std::uintptr_t>(args.tickets) % 4 == 0, "WeightGradArgs.tickets",
+        "4-byte alignment", to_text(args.tickets));
+  p.tickets = args.tickets;
+  p.tile_order = static_cast<int>(args.tickets == nullptr ? TileOrder::fixed : order);
   if constexpr (F::kTmaStore) {
     if (!args.out_fp32) {
       // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are m rows apart.

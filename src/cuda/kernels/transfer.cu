@@ -51,13 +51,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) pull_rows_kernel(PullPara
     const std::int32_t src = p.pass.table[p.pass.row_offset + i];
     if (src < 0) {  // padding: zeros, so nothing downstream ever reads stale data
       for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+      if (p.row_weights != nullptr && lane == 0) p.row_weights[i] = 0.0f;
       continue;
     }
     const RowSource s = decode(src, p.geo);
     const std::int64_t t =
         static_cast<std::uint32_t>(s.slot) / static_cast<std::uint32_t>(p.geo.topk);
     const uint4* from = reinterpret_cast<const uint4*>(p.src_peers[s.rank]) + t * vectors;
-    if (p.scale_peers == nullptr) {
+    if (p.scale_peers == nullptr || p.row_weights != nullptr) {
+      if (p.row_weights != nullptr && lane == 0) {
+        p.row_weights[i] = p.scale_peers[s.rank][s.slot];
+      }
       for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = from[v];
       continue;
     }
@@ -86,6 +90,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) push_rows_kernel(PushPara
   }
 }
 
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRowsParams p) {
+  const std::int64_t rows = rows_in_pass(p.pass);
+  const std::int64_t vectors = p.geo.hidden / kBf16PerVector;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warp = blockIdx.x * std::int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const std::int64_t warps = std::int64_t{gridDim.x} * kWarpsPerBlock;
+  for (std::int64_t i = warp; i < rows; i += warps) {
+    if (p.pass.table[p.pass.row_offset + i] < 0) continue;  // padding stays zero
+    const float w = p.row_weights[i];
+    uint4* row = reinterpret_cast<uint4*>(p.ring) + i * vectors;
+    for (std::int64_t v = lane; v < vectors; v += 32) {
+      const uint4 in = row[v];
+      row[v] = make_uint4(scale_pair(in.x, w), scale_pair(in.y, w), scale_pair(in.z, w),
+                          scale_pair(in.w, w));
+    }
+  }
+}
+
 int grid_for(std::int64_t ring_rows) {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) {
@@ -101,6 +123,12 @@ int grid_for(std::int64_t ring_rows) {
 cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
   pull_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream) {
+  if (p.pass.ring_rows <= 0) return cudaSuccess;
+  scale_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

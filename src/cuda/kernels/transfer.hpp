@@ -26,16 +26,29 @@ struct RowGeometry {
   int ranks = 1;            // W
 };
 
-// Forward dispatch: ring[i] = x[src_rank][t]. Backward dispatch (scale_peers given):
-// ring[i] = bf16(w[src_rank][t*k+j] * d_out[src_rank][t]). Padding rows are written as zeros.
+// Forward dispatch: ring[i] = x[src_rank][t]. With scale_peers: ring[i] =
+// bf16(w[src_rank][t*k+j] * d_out[src_rank][t]), or, when row_weights is given too, the row
+// unscaled and its weight in row_weights[i] (backward: the down dgrad scales in its epilogue).
+// Padding rows are written as zeros (weight 0).
 // `src_peers`: W pointers to [T, H] bf16; `scale_peers`: W pointers to [T, k] fp32, or null.
 struct PullParams {
   PassRows pass;
   RowGeometry geo;
   const void* const* src_peers = nullptr;
   const float* const* scale_peers = nullptr;
-  void* ring = nullptr;  // [ring_rows, H] bf16
+  void* ring = nullptr;          // [ring_rows, H] bf16
+  float* row_weights = nullptr;  // [ring_rows] fp32, with scale_peers only
 };
+
+// In place, for the pass's kept rows: ring[i] = bf16(row_weights[i] * ring[i]) (the same
+// rounding as the scaled pull).
+struct ScaleRowsParams {
+  PassRows pass;
+  RowGeometry geo;
+  const float* row_weights = nullptr;  // [ring_rows]
+  void* ring = nullptr;                // [ring_rows, H] bf16
+};
+cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream);
 cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream);
 
 // Combine (forward) and backward combine: dst[src_rank][t*k+j] = ring[i] for every kept row.

@@ -46,6 +46,31 @@ class DeviceTensor {
   std::size_t bytes_ = 0;
 };
 
+// A forward context in device memory, laid out as forward_context_layout(ws) says, NaN-poisoned
+// (0xff bytes) at allocation.
+class DeviceContext {
+ public:
+  explicit DeviceContext(const Workspace& ws) : DeviceContext(forward_context_layout(ws)) {}
+  explicit DeviceContext(const ForwardContextLayout& layout) {
+    bytes_ = layout.bytes;
+    if (cudaMalloc(&data_, bytes_ > 0 ? bytes_ : 16) != cudaSuccess) {
+      throw Error("cudaMalloc of a forward context of " + to_text(bytes_) + " bytes failed");
+    }
+    cudaMemset(data_, 0xff, bytes_);
+    ctx_ = forward_context_views(layout, data_);
+  }
+  ~DeviceContext() { cudaFree(data_); }
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+  ForwardContext& get() { return ctx_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  ForwardContext ctx_;
+};
+
 struct DeviceLayer {
   DeviceTensor x, ids, w, gate, up, down, sg, su, sd, out, d_out;
   DeviceTensor d_x, d_w, d_gate, d_up, d_down, d_sg, d_su, d_sd;

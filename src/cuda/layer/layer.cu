@@ -11,16 +11,22 @@ class UnfusedSingleRank final : public Layer {
  public:
   UnfusedSingleRank(const Problem& p, const Config& c, int device) : layer_(p, c, device) {}
 
-  void forward(const Inputs& in, const Weights& w, const TensorView* out, void* stream) override {
-    const std::array<RankTensors, 1> ranks{RankTensors{in, w, out ? *out : TensorView{}, {}, {}}};
+  void forward(const Inputs& in, const Weights& w, const TensorView* out,
+               const ForwardContext& ctx, void* stream) override {
+    const std::array<RankTensors, 1> ranks{
+        RankTensors{in, w, out ? *out : TensorView{}, {}, {}, ctx}};
     layer_.forward(ranks, out != nullptr, static_cast<cudaStream_t>(stream));
   }
-  void backward(const Inputs& in, const Weights& w, const TensorView& d_out, const Grads& grads,
-                const BackwardOptions& options, void* stream) override {
-    const std::array<RankTensors, 1> ranks{RankTensors{in, w, {}, d_out, grads}};
+  void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
+                const TensorView& d_out, const Grads& grads, const BackwardOptions& options,
+                void* stream) override {
+    const std::array<RankTensors, 1> ranks{RankTensors{in, w, {}, d_out, grads, ctx}};
     layer_.backward(ranks, options, static_cast<cudaStream_t>(stream));
   }
-  void check_errors() override { layer_.check_errors(); }
+  void check_errors(void* stream) override {
+    layer_.check_errors(static_cast<cudaStream_t>(stream));
+  }
+  std::int64_t context_rows() const override { return layer_.ring_rows(); }
   std::size_t bytes() const override { return layer_.bytes(); }
 
  private:

@@ -15,15 +15,16 @@ StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, 
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   DeviceLayer g(data);
   Workspace ws(data.problem, config, {.backend = Backend::cuda, .device_index = device});
+  DeviceContext ctx(ws);
   cudaEvent_t marks[3];
   for (auto& e : marks) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
   std::vector<float> fwd, bwd;
   for (int i = 0; i < warmup + reps; ++i) {
     g.poison();
     cuda_check(cudaEventRecord(marks[0]), "cudaEventRecord");
-    forward(ws, g.inputs(), g.weights(), g.out.view());
+    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
     cuda_check(cudaEventRecord(marks[1]), "cudaEventRecord");
-    backward(ws, g.inputs(), g.weights(), g.d_out.view(), g.grads());
+    backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
     cuda_check(cudaEventRecord(marks[2]), "cudaEventRecord");
     cuda_check(cudaEventSynchronize(marks[2]), "the layer step");
     if (i < warmup) continue;
@@ -35,7 +36,7 @@ StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, 
   }
   for (auto& e : marks) cudaEventDestroy(e);
   // Device-side errors of the steps (bad ids, timeouts) before their outputs are trusted.
-  ws.impl().gpu->check_errors();
+  ws.impl().gpu->check_errors(nullptr);
   g.download(data);
   std::sort(fwd.begin(), fwd.end());
   std::sort(bwd.begin(), bwd.end());

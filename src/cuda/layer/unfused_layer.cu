@@ -1,6 +1,7 @@
 #include "cuda/layer/unfused_layer.hpp"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/schedule_layout.hpp"
@@ -9,6 +10,7 @@
 #include "cuda/kernels/finalize_grad.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
+#include "cuda/kernels/router_grad.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "mok/schedule.hpp"
 
@@ -42,21 +44,25 @@ T* rebase(T* offset_ptr, std::uint8_t* base) {
   return reinterpret_cast<T*>(base + reinterpret_cast<std::intptr_t>(offset_ptr));
 }
 
-// The buffers of one rank beyond the team's workspace. Pass 0's are the forward context; later
-// passes (and backward replays) use the scratch set.
+// The buffers of one rank beyond the team's workspace: scratch only (the forward context is the
+// caller's, RankTensors::ctx).
 struct RankBuffers {
+  // The rows of a pass: pass 0's are the caller's context; later passes (and backward's replays
+  // of them) use this scratch set (only when there can be several passes). Its x rows are the
+  // team's ring_buffer.
   struct PassSet {
     bf16 *x = nullptr, *gate = nullptr, *up = nullptr, *hidden = nullptr;
   };
-  PassSet context, scratch;
-  bf16* y = nullptr;   // [R, H]: down output (forward), dy (backward)
-  bf16* dg = nullptr;  // [R, I]
-  bf16* du = nullptr;  // [R, I]
+  PassSet scratch;
+  bf16* y = nullptr;            // [R, H]: backward: d_out rows, then dy = bf16(w d_out)
+  bf16* dg = nullptr;           // [R, I]
+  bf16* du = nullptr;           // [R, I]
+  float* row_weights = nullptr; // [R]: the router weight of each row of the pass (backward)
+  float* dot = nullptr;         // [R, ceil(I / 128)]: d_w partials of the down dgrad's epilogue
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
   // shared expert
-  bf16 *s_gate = nullptr, *s_up = nullptr, *s_hidden = nullptr;  // [T, S] context
-  bf16* s_out = nullptr;                                         // [T, H]: output, then dx
-  bf16 *s_dg = nullptr, *s_du = nullptr;                         // [T, S]
+  bf16* s_out = nullptr;                  // [T, H]: output, then dx
+  bf16 *s_dg = nullptr, *s_du = nullptr;  // [T, S]
   // fp32 reductions of the routed weight gradients over several passes (max_passes > 1 only)
   float *acc_gate = nullptr, *acc_up = nullptr, *acc_down = nullptr;
 };
@@ -108,16 +114,23 @@ void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowSc
   gemm::rows_times_weight_t(a);
 }
 
-// dh = bf16(dy W_down) and, in the same GEMM's epilogue, the SwiGLU backward:
-// dg, du = bf16(swiglu_backward(g, u, dh)); dh itself is never stored.
-void down_dgrad_swiglu(const ExpertRows& e, const bf16* dy, const bf16* g, const bf16* u, bf16* dg,
-                       bf16* du) {
+// dh = bf16(row_weights[r] * (d_out W_down)) (or bf16(d_out W_down) without row weights) and,
+// in the same GEMM's epilogue, the SwiGLU backward: dg, du = bf16(swiglu_backward(g, u, dh)); dh
+// itself is never stored. With `dot`, the epilogue also leaves the router-weight gradient's
+// partial sums <d_out W_down, h> per row and 128-column chunk.
+void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, const bf16* u,
+                       bf16* dg, bf16* du, const float* row_weights, float* dot) {
   gemm::RowsTimesWeightArgs a;
   a.segments = e.segments;
-  a.a = dy;
+  a.a = d_out;
   a.ld_a = e.hidden;
   a.w = e.w_down;
-  a.swiglu = {g, u, dg, du};
+  a.swiglu.gate = g;
+  a.swiglu.up = u;
+  a.swiglu.d_gate = dg;
+  a.swiglu.d_up = du;
+  a.swiglu.row_scale = row_weights;
+  a.swiglu.dot = dot;
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
@@ -157,9 +170,10 @@ struct GradTarget {
   bool last_pass;
 };
 
-// out[G, m, n] = a[rows]^T b[rows] per group.
+// out[G, m, n] = a[rows]^T b[rows] per group. `tickets`: the workspace's ticket counter pair
+// (zero between launches; the launches of one workspace are ordered on its stream).
 void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
-                 const GradTarget& t) {
+                 const GradTarget& t, unsigned* tickets) {
   const bool view_fp32 = t.view->dtype == DType::f32;
   gemm::WeightGradArgs w;
   w.segments = e.segments;
@@ -170,6 +184,7 @@ void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16*
   w.ld_out = n;
   w.m = static_cast<int>(m);
   w.n = static_cast<int>(n);
+  w.tickets = tickets;
   w.stream = e.stream;
   if (t.carried == nullptr) {
     w.out = t.view->data;
@@ -188,22 +203,30 @@ void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16*
   }
 }
 
-// Backward through one expert family, given dy (and x, g, u, h of the forward):
-//   dg/du = SwiGLU backward of dh = dy W_down (one GEMM), dx = dg W_gate + du W_up,
-//   dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
+// Backward through one expert family, given the output gradient rows (and x, g, u, h of the
+// forward):
+//   dg/du = SwiGLU backward of dh = bf16(w (d_out W_down)) (one GEMM; routed rows: with the d_w
+//   partials), then `between` (routed rows: d_w pushed home, d_out rows scaled to dy in place),
+//   dx = dg W_gate + du W_up, dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
 struct ExpertBackward {
-  const bf16 *x, *gate, *up, *hidden, *dy;  // forward rows and the output gradient
-  bf16 *dg, *du, *dx;                       // scratch rows and the input gradient
+  const bf16 *x, *gate, *up, *hidden;
+  bf16* d_out;                   // rows of d_out; dy after `between` (routed), d_out (shared)
+  const float* row_weights;      // routed: the rows' router weights; shared: null
+  float* dot;                    // routed: d_w partials; shared: null
+  bf16 *dg, *du, *dx;            // scratch rows and the input gradient
   GradTarget d_gate, d_up, d_down;
-  gemm::RowScatter dx_to;                   // routed: dx rows go to their home slots
+  gemm::RowScatter dx_to;        // routed: dx rows go to their home slots
 };
 
-void expert_backward(const ExpertRows& e, const ExpertBackward& b) {
-  down_dgrad_swiglu(e, b.dy, b.gate, b.up, b.dg, b.du);
+template <class Between>
+void expert_backward(const ExpertRows& e, const ExpertBackward& b, unsigned* tickets,
+                     Between&& between) {
+  down_dgrad_swiglu(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+  between();
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
-  weight_grad(e, b.dy, e.hidden, b.hidden, e.width, b.d_down);
-  weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate);
-  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up);
+  weight_grad(e, b.d_out, e.hidden, b.hidden, e.width, b.d_down, tickets);
+  weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate, tickets);
+  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up, tickets);
 }
 
 }  // namespace
@@ -219,12 +242,14 @@ struct UnfusedLayer::Impl {
   void* arena = nullptr;
   std::int64_t arena_bytes = 0;
   std::int32_t* dense_rows = nullptr;  // device scalar T: the shared expert's row count
+  unsigned* tickets = nullptr;         // the wgrad launches' ticket counter pair (zeroed once)
   // Peer-address arrays (device), one entry per rank.
   const void** x_peers = nullptr;
   const void** d_out_peers = nullptr;
   const float** w_peers = nullptr;
   void** combine_peers = nullptr;
   void** dx_peers = nullptr;
+  float** dw_peers = nullptr;
 
   Impl(const Problem& p, const Config& c, int dev)
       : problem(p),
@@ -302,6 +327,47 @@ struct UnfusedLayer::Impl {
             s};
   }
 
+  // Pass 0's rows live in the caller's forward context, later passes' in the scratch set.
+  RankBuffers::PassSet pass_set(int r, int pass, const RankTensors& t) const {
+    if (pass > 0) return ranks[r].scratch;
+    return {t.ctx.x_routed.ptr<bf16>(), t.ctx.gate_routed.ptr<bf16>(), t.ctx.up_routed.ptr<bf16>(),
+            t.ctx.hidden_routed.ptr<bf16>()};
+  }
+
+  // Every rank's x (and, backward, its router weights and d_out) into its symmetric region,
+  // where peers pull from.
+  void stage(std::span<const RankTensors> ranks_in, bool x, bool weights, bool d_out,
+             cudaStream_t s) {
+    const std::int64_t T = problem.num_tokens, H = problem.hidden_size, k = problem.topk;
+    const plan::WorkspacePlan& pl = plan();
+    for (int r = 0; r < problem.ep_size; ++r) {
+      const RankTensors& t = ranks_in[r];
+      if (x) {
+        check(cudaMemcpyAsync(sym<void>(r, pl.x_staging), t.in.x.data, T * H * 2,
+                              cudaMemcpyDeviceToDevice, s),
+              "staging x");
+      }
+      if (weights) {
+        check(cudaMemcpyAsync(sym<void>(r, pl.router_weights), t.in.topk_weights.data, T * k * 4,
+                              cudaMemcpyDeviceToDevice, s),
+              "staging router weights");
+      }
+      if (d_out) {
+        check(cudaMemcpyAsync(sym<void>(r, pl.d_out_staging), t.d_out.data, T * H * 2,
+                              cudaMemcpyDeviceToDevice, s),
+              "staging d_out");
+      }
+    }
+  }
+
+  // The schedule table of this call's routing (forward and backward each build it: the
+  // workspace keeps nothing between calls).
+  void schedule(std::span<const RankTensors> ranks_in, cudaStream_t s) {
+    std::vector<TensorView> ids;
+    for (int r = 0; r < problem.ep_size; ++r) ids.push_back(ranks_in[r].in.topk_experts);
+    build_schedule(team, ids, {.stream = s});
+  }
+
   // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`.
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
@@ -320,31 +386,27 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   const std::int64_t max_rows = schedule_capacity_rows(p);
   // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
   // (so passes keep their alignment); the Config's macrobatch_size only caps it. The workspace
-  // plan sizes the team's ring_buffer so (plan::ring_rows); pass 0's x rows live there.
+  // plan sizes the team's ring_buffer so (plan::ring_rows); the scratch set's x rows live there.
   m.ring = m.plan().ring_buffer.bytes / (H * 2);
   m.passes = static_cast<int>((max_rows + config.macrobatch_size - 1) / config.macrobatch_size);
+  const std::int64_t dot_chunks = (I + gemm::kDotColumns - 1) / gemm::kDotColumns;
 
   Arena a;
   m.ranks.resize(W);
   for (auto& b : m.ranks) {
-    for (RankBuffers::PassSet* set : {&b.context, &b.scratch}) {
-      if (set == &b.scratch && m.passes == 1) {  // one pass: backward never replays
-        continue;
-      }
-      if (set == &b.scratch) set->x = a.take<bf16>(m.ring * H);  // context: the team's ring
-      set->gate = a.take<bf16>(m.ring * I);
-      set->up = a.take<bf16>(m.ring * I);
-      set->hidden = a.take<bf16>(m.ring * I);
+    if (m.passes > 1) {  // one pass: the caller's context holds every row
+      b.scratch.gate = a.take<bf16>(m.ring * I);
+      b.scratch.up = a.take<bf16>(m.ring * I);
+      b.scratch.hidden = a.take<bf16>(m.ring * I);
     }
     b.y = a.take<bf16>(m.ring * H);
     b.dg = a.take<bf16>(m.ring * I);
     b.du = a.take<bf16>(m.ring * I);
+    b.row_weights = a.take<float>(m.ring);
+    b.dot = a.take<float>(m.ring * dot_chunks);
     b.pass_starts = a.take<std::int32_t>(E + 1);
     b.pass_rows = a.take<std::int32_t>(E);
     if (S > 0) {
-      b.s_gate = a.take<bf16>(T * S);
-      b.s_up = a.take<bf16>(T * S);
-      b.s_hidden = a.take<bf16>(T * S);
       b.s_out = a.take<bf16>(T * H);
       b.s_dg = a.take<bf16>(T * S);
       b.s_du = a.take<bf16>(T * S);
@@ -356,58 +418,62 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     }
   }
   std::int32_t* dense_rows = a.take<std::int32_t>(1);
+  unsigned* tickets = a.take<unsigned>(2);
   auto* x_peers = a.take<const void*>(W);
   auto* d_out_peers = a.take<const void*>(W);
   auto* w_peers = a.take<const float*>(W);
   auto* combine_peers = a.take<void*>(W);
   auto* dx_peers = a.take<void*>(W);
+  auto* dw_peers = a.take<float*>(W);
 
   m.arena_bytes = a.bytes();
   check(cudaMalloc(&m.arena, m.arena_bytes), "cudaMalloc of the layer buffers");
   auto* base = static_cast<std::uint8_t*>(m.arena);
   // Every field below was set by take() as an offset (the first one is 0): rebase them all.
   auto place = [&](auto*& ptr) { ptr = rebase(ptr, base); };
-  for (auto& b : m.ranks) {
-    for (RankBuffers::PassSet* set : {&b.context, &b.scratch}) {
-      if (set == &b.scratch && m.passes == 1) continue;
-      if (set == &b.scratch) place(set->x);
-      place(set->gate), place(set->up), place(set->hidden);
+  for (int r = 0; r < W; ++r) {
+    RankBuffers& b = m.ranks[r];
+    if (m.passes > 1) {
+      place(b.scratch.gate), place(b.scratch.up), place(b.scratch.hidden);
+      b.scratch.x = m.loc<bf16>(r, m.plan().ring_buffer);
     }
-    place(b.y), place(b.dg), place(b.du);
+    place(b.y), place(b.dg), place(b.du), place(b.row_weights), place(b.dot);
     place(b.pass_starts), place(b.pass_rows);
-    if (S > 0) {
-      place(b.s_gate), place(b.s_up), place(b.s_hidden), place(b.s_out);
-      place(b.s_dg), place(b.s_du);
-    }
+    if (S > 0) place(b.s_out), place(b.s_dg), place(b.s_du);
     if (m.passes > 1) place(b.acc_gate), place(b.acc_up), place(b.acc_down);
   }
-  for (int r = 0; r < W; ++r) m.ranks[r].context.x = m.loc<bf16>(r, m.plan().ring_buffer);
   m.dense_rows = rebase(dense_rows, base);
+  m.tickets = rebase(tickets, base);
   m.x_peers = rebase(x_peers, base);
   m.d_out_peers = rebase(d_out_peers, base);
   m.w_peers = rebase(w_peers, base);
   m.combine_peers = rebase(combine_peers, base);
   m.dx_peers = rebase(dx_peers, base);
+  m.dw_peers = rebase(dw_peers, base);
 
   const plan::WorkspacePlan& pl = m.plan();
   std::vector<const void*> xs, ds;
   std::vector<const float*> ws;
   std::vector<void*> cs, dxs;
+  std::vector<float*> dws;
   for (int r = 0; r < W; ++r) {
     xs.push_back(m.symmetric(r) + pl.x_staging.offset);
     ds.push_back(m.symmetric(r) + pl.d_out_staging.offset);
     ws.push_back(reinterpret_cast<const float*>(m.symmetric(r) + pl.router_weights.offset));
     cs.push_back(m.symmetric(r) + pl.combine.offset);
     dxs.push_back(m.symmetric(r) + pl.dx_routed.offset);
+    dws.push_back(reinterpret_cast<float*>(m.symmetric(r) + pl.router_weight_grads.offset));
   }
   const std::int32_t rows = static_cast<std::int32_t>(T);
   check(cudaMemcpy(m.dense_rows, &rows, sizeof rows, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemset(m.tickets, 0, 2 * sizeof(unsigned)), "cudaMemset of the ticket counters");
   check(cudaMemcpy(m.x_peers, xs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(m.d_out_peers, ds.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(m.w_peers, ws.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(m.combine_peers, cs.data(), W * sizeof(void*), cudaMemcpyHostToDevice),
         "upload");
   check(cudaMemcpy(m.dx_peers, dxs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(m.dw_peers, dws.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
 }
 
 UnfusedLayer::~UnfusedLayer() = default;
@@ -422,50 +488,44 @@ std::size_t UnfusedLayer::bytes() const {
   const auto& t = impl_->team.impl();
   return static_cast<std::size_t>(impl_->arena_bytes + t.allocation_bytes);
 }
-void UnfusedLayer::check_errors() {
-  impl_->team.check_errors();
+void UnfusedLayer::check_errors(cudaStream_t stream) {
+  impl_->team.check_errors(stream);
+  const std::string stalled = gemm::take_wait_timeout();
+  if (!stalled.empty()) throw Error(stalled + " (the launch gave up; its outputs are void)");
 }
 
 void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output, cudaStream_t s) {
   Impl& m = *impl_;
   const Problem& p = m.problem;
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk,
+  const std::int64_t T = p.num_tokens, k = p.topk, H = p.hidden_size,
                      S = p.shared_intermediate_size;
   const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
 
-  // Stage every rank's x and router weights in its symmetric region (peers pull from there).
-  std::vector<TensorView> ids;
-  for (int r = 0; r < W; ++r) {
-    check(cudaMemcpyAsync(m.sym<void>(r, pl.x_staging), ranks[r].in.x.data, T * H * 2,
-                          cudaMemcpyDeviceToDevice, s),
-          "staging x");
-    check(cudaMemcpyAsync(m.sym<void>(r, pl.router_weights), ranks[r].in.topk_weights.data,
-                          T * k * 4, cudaMemcpyDeviceToDevice, s),
-          "staging router weights");
-    ids.push_back(ranks[r].in.topk_experts);
-  }
-  build_schedule(m.team, ids, {.stream = s});
+  m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
+  m.schedule(ranks, s);
 
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch in the megakernel).
   for (int r = 0; r < W && S > 0; ++r) {
-    RankBuffers& b = m.ranks[r];
-    const ExpertRows e = m.shared(ranks[r], s);
-    gate_up_forward(e, ranks[r].in.x.ptr<const bf16>(), b.s_gate, b.s_up, b.s_hidden);
-    if (write_output) down_forward(e, b.s_hidden, b.s_out);  // only `out` needs it
+    const RankTensors& t = ranks[r];
+    const ExpertRows e = m.shared(t, s);
+    gate_up_forward(e, t.in.x.ptr<const bf16>(), t.ctx.gate_shared.ptr<bf16>(),
+                    t.ctx.up_shared.ptr<bf16>(), t.ctx.hidden_shared.ptr<bf16>());
+    if (write_output) down_forward(e, t.ctx.hidden_shared.ptr<const bf16>(), m.ranks[r].s_out);
   }
 
-  for (int pass = 0; pass < m.passes; ++pass) {
+  // recompute_forward_context: pass 0 (the context) only, and no down projection.
+  const int passes = write_output ? m.passes : 1;
+  for (int pass = 0; pass < passes; ++pass) {
     for (int r = 0; r < W; ++r) {
-      RankBuffers& b = m.ranks[r];
-      const RankBuffers::PassSet& set = pass == 0 ? b.context : b.scratch;
+      const RankBuffers::PassSet set = m.pass_set(r, pass, ranks[r]);
       m.compute_pass_segments(r, pass, s);
       m.gate_up_pass(r, pass, ranks[r], set, s);
       // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
-      // NOTES: recompute_forward_context runs the down GEMM and the combine too: backward takes
-      // d_w = <d_out, y> from the expert outputs in `combine`.
-      down_forward(m.routed(r, ranks[r], s), set.hidden, nullptr,
-                   m.to_home_slots(r, pass, m.combine_peers));
+      if (write_output) {
+        down_forward(m.routed(r, ranks[r], s), set.hidden, nullptr,
+                     m.to_home_slots(r, pass, m.combine_peers));
+      }
     }
   }
   if (!write_output) return;
@@ -491,22 +551,12 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                      S = p.shared_intermediate_size;
   const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
+  const std::int64_t dot_chunks =
+      (p.intermediate_size + gemm::kDotColumns - 1) / gemm::kDotColumns;
 
-  for (int r = 0; r < W; ++r) {
-    check(cudaMemcpyAsync(m.sym<void>(r, pl.d_out_staging), ranks[r].d_out.data, T * H * 2,
-                          cudaMemcpyDeviceToDevice, s),
-          "staging d_out");
-    // d_w at home, from the forward's expert outputs still in `combine`.
-    RouterGradParams rg{T,
-                        k,
-                        H,
-                        p.num_experts,
-                        ranks[r].in.topk_experts.ptr<const std::int64_t>(),
-                        ranks[r].d_out.data,
-                        m.sym<const void>(r, pl.combine),
-                        ranks[r].grads.d_topk_weights.ptr<float>()};
-    check(launch_router_grad(rg, s), "router weight gradient");
-  }
+  // x only for the replays of later passes; the router weights scale the pulled rows.
+  m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
+  m.schedule(ranks, s);
 
   const bool add = options.accumulate_weight_grads;
   // Shared expert (dense, every token): one pass.
@@ -514,17 +564,20 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
     RankBuffers& b = m.ranks[r];
     const RankTensors& t = ranks[r];
     ExpertBackward eb{t.in.x.ptr<const bf16>(),
-                      b.s_gate,
-                      b.s_up,
-                      b.s_hidden,
-                      t.d_out.ptr<const bf16>(),
+                      t.ctx.gate_shared.ptr<const bf16>(),
+                      t.ctx.up_shared.ptr<const bf16>(),
+                      t.ctx.hidden_shared.ptr<const bf16>(),
+                      t.d_out.ptr<bf16>(),  // read only: no row weights, nothing between
+                      nullptr,
+                      nullptr,
                       b.s_dg,
                       b.s_du,
                       b.s_out /* its d_x */,
                       {&t.grads.d_shared_gate, add, nullptr, true, true},
                       {&t.grads.d_shared_up, add, nullptr, true, true},
-                      {&t.grads.d_shared_down, add, nullptr, true, true}};
-    expert_backward(m.shared(t, s), eb);
+                      {&t.grads.d_shared_down, add, nullptr, true, true},
+                      {}};
+    expert_backward(m.shared(t, s), eb, m.tickets, [] {});
   }
 
   // Routed experts, pass by pass. Weight gradients reduce straight into the caller's views when
@@ -535,17 +588,30 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
     for (int r = 0; r < W; ++r) {
       RankBuffers& b = m.ranks[r];
       const RankTensors& t = ranks[r];
-      const RankBuffers::PassSet& set = first ? b.context : b.scratch;
+      const RankBuffers::PassSet set = m.pass_set(r, pass, t);
       m.compute_pass_segments(r, pass, s);
       if (!first) m.gate_up_pass(r, pass, t, set, s);  // replay: only pass 0 was kept
-      // dy = bf16(w * d_out), pulled from the home ranks.
-      PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y};
+      // The rows' d_out, unscaled, and their router weights, pulled from the home ranks.
+      PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y,
+                      b.row_weights};
       check(launch_pull_rows(pull, s), "dispatch of d_out");
+      const PassRows rows = m.pass_rows(r, pass);
+      auto between = [&] {
+        // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then
+        // dy = bf16(w d_out) in place for the down weight gradient.
+        RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
+                                  m.dw_peers};
+        check(launch_router_grad_push(push, s), "router weight gradient");
+        ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
+        check(launch_scale_rows(scale, s), "scaling of d_out rows");
+      };
       ExpertBackward eb{set.x,
                         set.gate,
                         set.up,
                         set.hidden,
                         b.y,
+                        b.row_weights,
+                        b.dot,
                         b.dg,
                         b.du,
                         nullptr /* dx: scattered home (dx_to) */,
@@ -553,7 +619,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
                         {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last},
                         m.to_home_slots(r, pass, m.dx_peers)};  // the backward combine
-      expert_backward(m.routed(r, t, s), eb);
+      expert_backward(m.routed(r, t, s), eb, m.tickets, between);
     }
   }
 
@@ -568,6 +634,11 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                        S > 0 ? m.ranks[r].s_out : nullptr,
                        ranks[r].grads.d_x.data};
     check(launch_dx_reduce(h, s), "home reduction of d_x");
+    RouterGradGatherParams g{T, k, p.num_experts,
+                             ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                             m.sym<const float>(r, pl.router_weight_grads),
+                             ranks[r].grads.d_topk_weights.ptr<float>()};
+    check(launch_router_grad_gather(g, s), "home copy of d_topk_weights");
   }
 }
 

@@ -21,13 +21,14 @@
 namespace mok::cuda {
 
 // One rank's tensors for a call (CUDA views; `out`, `d_out` and `grads` only where the call uses
-// them).
+// them). `ctx` is the rank's forward context: forward writes it, backward reads it.
 struct RankTensors {
   Inputs in;
   Weights w;
   TensorView out;
   TensorView d_out;
   Grads grads;
+  ForwardContext ctx;
 };
 
 class UnfusedLayer {
@@ -38,16 +39,17 @@ class UnfusedLayer {
   UnfusedLayer(const UnfusedLayer&) = delete;
   UnfusedLayer& operator=(const UnfusedLayer&) = delete;
 
-  // Every rank's forward (`write_output` false: recompute_forward_context, which rebuilds the same
-  // context, expert outputs in `combine` included, without writing `out`).
+  // Every rank's forward (`write_output` false: recompute_forward_context, which writes the same
+  // context, the first ring pass's gate/up only, without the down projection or `out`).
   void forward(std::span<const RankTensors> ranks, bool write_output, cudaStream_t stream);
   void backward(std::span<const RankTensors> ranks, const BackwardOptions& options,
                 cudaStream_t stream);
 
-  // Raises a device-side error (a bad expert id, a timed-out barrier) reported so far.
-  void check_errors();
+  // Raises a device-side error (a bad expert id, a timed-out wait) reported so far; the
+  // device-side clear of the record is ordered on `stream`.
+  void check_errors(cudaStream_t stream = nullptr);
 
-  std::int64_t ring_rows() const;
+  std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;
   std::size_t bytes() const;
 

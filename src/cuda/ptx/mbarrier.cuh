@@ -1,4 +1,5 @@
-// Thin wrappers over mbarrier: init, arrive, expect-tx, and a bounded parity wait.
+// Thin wrappers over mbarrier: init, arrive, expect-tx, probes, and a bounded parity wait that
+// gives up (returns) instead of trapping.
 //
 // Phase tracking follows the usual convention: a waiter passes `parity` = the phase it expects to
 // complete (0 first, then 1, 0, ...). Waiting on parity 1 of a fresh barrier returns at once (the
@@ -11,8 +12,9 @@
 
 namespace mok::ptx {
 
-// NOTES: long enough that no legitimate wait (a whole expert's K loop under compute-sanitizer)
-// reaches it, short enough that a protocol bug fails a test instead of hanging the machine.
+// NOTES: the default deadline of a wait: long enough that no legitimate wait (a whole expert's K
+// loop under compute-sanitizer) reaches it, short enough that a protocol bug fails a test instead
+// of hanging the machine.
 inline constexpr std::uint64_t kBarrierTimeoutNs = 20ull * 1000 * 1000 * 1000;
 
 __device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, std::uint32_t count) {
@@ -33,6 +35,24 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, st
       : "memory");
 }
 
+// Non-blocking probe: whether the phase with `parity` has completed.
+__device__ __forceinline__ bool mbarrier_test_wait_parity(std::uint64_t* bar,
+                                                          std::uint32_t parity) {
+  std::uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Potentially blocking probe: the thread may be suspended until the phase completes or a
+// system-dependent time limit passes.
 __device__ __forceinline__ bool mbarrier_try_wait_parity(std::uint64_t* bar, std::uint32_t parity) {
   std::uint32_t done;
   asm volatile(
@@ -47,41 +67,25 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(std::uint64_t* bar, std
   return done != 0;
 }
 
-// Where a timed-out wait reports itself before trapping. NOTES: no printf here: a function call
-// inside the consumer loop makes ptxas serialize every wgmma (warning C7510). The launcher points
-// this at mapped pinned host memory, which the host can still read after the trap.
-struct WaitTimeoutReport {
-  int timed_out;  // 1 once a wait gave up
-  int barrier_id;
-  unsigned parity;
-  int block;
-  int thread;
-  unsigned smem_address;
-};
+// How a bounded wait ended.
+enum class WaitStatus : int { complete, aborted, timed_out };
 
-// Waits until the phase with `parity` completes. Bounded: after kBarrierTimeoutNs it records which
-// barrier (its id and shared address), the parity, block and thread in `report` (if not null) and
-// traps, so the launch fails instead of hanging.
-__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t parity, int id,
-                                              WaitTimeoutReport* report) {
-  if (mbarrier_try_wait_parity(bar, parity)) return;
+// Waits until the phase with `parity` completes (`complete`), or gives up: `aborted` as soon as
+// `*abort` is nonzero (null: never), `timed_out` once `timeout_ns` have passed. NOTES: a phase
+// already complete costs one non-blocking probe; the abort flag and the clock are read only on
+// the slow path, before each blocking probe, and the first probe does not block, so once a CTA
+// has aborted each of its waits on a phase that will not complete returns at once. Never traps:
+// the caller decides what giving up means (a trap would kill the CUDA context, and the training
+// job with it).
+__device__ __forceinline__ WaitStatus mbarrier_wait(std::uint64_t* bar, std::uint32_t parity,
+                                                    std::uint64_t timeout_ns,
+                                                    const volatile int* abort) {
+  if (mbarrier_test_wait_parity(bar, parity)) return WaitStatus::complete;
   const std::uint64_t start = global_timer_ns();
-  for (std::uint32_t spins = 1;; ++spins) {
-    if (mbarrier_try_wait_parity(bar, parity)) return;
-    if ((spins & 255u) == 0 && global_timer_ns() - start > kBarrierTimeoutNs) {
-      if (report != nullptr) {
-        volatile WaitTimeoutReport* r = report;
-        r->barrier_id = id;
-        r->parity = parity;
-        r->block = static_cast<int>(blockIdx.x);
-        r->thread = static_cast<int>(threadIdx.x);
-        r->smem_address = smem_addr(bar);
-        __threadfence_system();
-        r->timed_out = 1;
-        __threadfence_system();
-      }
-      __trap();
-    }
+  for (;;) {
+    if (abort != nullptr && *abort != 0) return WaitStatus::aborted;
+    if (mbarrier_try_wait_parity(bar, parity)) return WaitStatus::complete;
+    if (global_timer_ns() - start > timeout_ns) return WaitStatus::timed_out;
   }
 }
 
