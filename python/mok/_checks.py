@@ -167,6 +167,17 @@ def check_main_grads(shape: LayerShape, grads):
         check_tensor(name, g, wide, shp, shape.device)
 
 
+def check_aligned(name, t):
+    """A CUDA tensor's data at a multiple of 16 bytes (the kernels move 16-byte vectors), in mok's
+    C++ wording. Real tensors only (fake ones have no address)."""
+    if t is None or t.device.type != "cuda":
+        return
+    address = t.data_ptr()
+    if address % 16:
+        fail(name, "a view whose data starts at a multiple of 16 bytes",
+             f"address {address:#x} ({address % 16} bytes past a 16-byte boundary)")
+
+
 def view_of(t):
     """The view tuple mok._C takes (src/python/binding.cpp), or None for an absent tensor."""
     if t is None:

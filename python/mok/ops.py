@@ -300,6 +300,9 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     _checks.check_main_grads(shape, main)
+    for name, g in zip(("main_routed_gate", "main_routed_up", "main_routed_down",
+                        "main_shared_gate", "main_shared_up", "main_shared_down"), main):
+        _checks.check_aligned(name, g)  # the C++ core would name them d_..._weights
     check_context(context, context_shapes(ws, config, shape), shape)
     d_x, d_w = _grad_buffers(shape, None)
     _call(_C.backward, ws.core(shape, config), x.device,

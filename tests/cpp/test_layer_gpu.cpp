@@ -1,6 +1,8 @@
 // The CUDA layer (unfused path) end to end: forward and every gradient against the exact f64
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
+#include <cstdlib>
+
 #include "cuda/layer/device_layer.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
@@ -46,6 +48,13 @@ void run_gpu(LayerData& d, const Config& config = {}, BackwardOptions options = 
 
 class LayerGpu : public ::testing::TestWithParam<GpuCase> {};
 
+// Runs of the repeated-bitwise checks: 10, or MOK_TEST_RUNS (the sanitizers' runs use 2: each run
+// under racecheck costs tens of seconds).
+int test_runs() {
+  const char* v = std::getenv("MOK_TEST_RUNS");
+  return v != nullptr && std::atoi(v) >= 2 ? std::atoi(v) : 10;
+}
+
 TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
   MOK_SKIP_WITHOUT_GPU();
   const GpuCase& c = GetParam();
@@ -56,7 +65,7 @@ TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
   EXPECT_TRUE(r.passed()) << r.summary();
   std::printf("[ mok ] %s: out %.2e, grads max %.2e\n", c.name, r.out_rel_err(),
               r.grad_rel_err_max());
-  for (int run = 1; run < 10; ++run) {  // 10 runs in all, each from fresh buffers
+  for (int run = 1; run < test_runs(); ++run) {  // each from fresh buffers
     LayerData again = make_case(c, seed);
     run_gpu(again);
     EXPECT_TRUE(all_outputs_same(d, again)) << "run " << run << " differs";
@@ -198,6 +207,27 @@ TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   h.download(good);
   EXPECT_TRUE(check_against_f64(good).passed());
+}
+
+// Workspaces of different shapes share the schedule kernel: one made later (fewer experts, less
+// shared memory) must not break the earlier one's launches.
+TEST(LayerGpuValidation, WorkspacesOfOtherShapesDoNotBreakEachOther) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase wide{"many", layer_shape(40, 64, 64, 64, 4, 0), Routing::softmax, false};
+  const GpuCase narrow{"few", layer_shape(40, 64, 64, 2, 1, 0), Routing::softmax, false};
+  LayerData a = make_case(wide, test_seed()), b = make_case(narrow, test_seed());
+  DeviceLayer ga(a), gb(b);
+  Workspace wa(wide.problem, Config{}, {.backend = Backend::cuda});
+  DeviceContext ca(wa);
+  forward(wa, ga.inputs(), ga.weights(), ga.out.view(), ca.get());
+  Workspace wb(narrow.problem, Config{}, {.backend = Backend::cuda});
+  DeviceContext cb(wb);
+  forward(wb, gb.inputs(), gb.weights(), gb.out.view(), cb.get());
+  forward(wa, ga.inputs(), ga.weights(), ga.out.view(), ca.get());
+  backward(wa, ga.inputs(), ga.weights(), ca.get(), ga.d_out.view(), ga.grads());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ga.download(a);
+  EXPECT_TRUE(check_against_f64(a).passed());
 }
 
 // A view that is not 16-byte aligned (the kernels move 16-byte vectors) is refused by name before

@@ -118,9 +118,16 @@ void prepare(Team::Impl& t) {
                     " local experts (build_schedule's shared memory)",
                 to_text(t.problem.num_local_experts()));
   }
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "cudaFuncSetAttribute");
+  // NOTES: the limit belongs to the kernel on this device, which every team shares: only ever
+  // raise it, so a team with fewer experts created later never lowers it under an earlier team's
+  // launches (seen: cudaErrorInvalidValue from the first team's next build_schedule).
+  cudaFuncAttributes attributes{};
+  cuda_check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  if (attributes.maxDynamicSharedSizeBytes < smem) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)),
+               "cudaFuncSetAttribute");
+  }
   t.schedule_blocks_per_rank = choose_blocks_per_rank(t, kernel, smem);
 }
 
