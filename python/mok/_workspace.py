@@ -64,6 +64,7 @@ class Workspace:
         self.topk = topk
         self._cores = collections.OrderedDict()
         self._cores_lock = threading.Lock()
+        self._dropped_counts = (0, 0, 0)  # call_counts of the C++ workspaces the LRU dropped
         self._handles = {}
         self.handle = self.handle_for(config)
 
@@ -98,7 +99,8 @@ class Workspace:
     @property
     def call_counts(self):
         """(forward, recompute_forward_context, backward) calls run through this workspace."""
-        counts = [c.native.call_counts for c in list(self._cores.values())]
+        with self._cores_lock:
+            counts = [self._dropped_counts] + [c.native.call_counts for c in self._cores.values()]
         return tuple(sum(c[i] for c in counts) for i in range(3))
 
     def check_shape(self, shape):
@@ -139,7 +141,9 @@ class Workspace:
                 device_index=d.index if d.index is not None else 0)
             core = self._cores[key] = _Core(native)
             while len(self._cores) > _MAX_CORES:
-                self._cores.popitem(last=False)
+                _, dropped = self._cores.popitem(last=False)
+                self._dropped_counts = tuple(
+                    a + b for a, b in zip(self._dropped_counts, dropped.native.call_counts))
             return core
 
 

@@ -249,3 +249,16 @@ def test_nn_modules_share_one_workspace(gen, device):
     # The four modules of one shape use one C++ workspace: its bytes are counted once.
     key = (T, 128, 64, 6, 2, 64)
     assert sum(1 for k in ws._cores if k[:6] == key and k[7].type == device) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_call_counts_count_every_call(gen, device):
+    """call_counts counts every call run through the workspace, also past the number of C++
+    workspaces it keeps (one per layer shape and config, the least recently used dropped)."""
+    ws = _workspace_for(device, cached=False)
+    shapes = [(64 * (i + 1), K + i % 2) for i in range(10)]  # (I, E): ten layer shapes
+    for n, (I, E) in enumerate(shapes, start=1):
+        layer = Layer(ws, DEFAULT, make_layer(gen, T, H, I, E, K, 0).to(device))
+        _, ctx = layer.forward()
+        layer.backward(ctx)
+        assert ws.call_counts == (n, 0, n), f"after {n} layer shapes"
