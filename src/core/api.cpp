@@ -6,6 +6,7 @@
 #include "core/schedule_check.hpp"
 #include "core/validate.hpp"
 #include "core/workspace.hpp"
+#include "core/workspace_plan.hpp"
 #include "cuda/runtime.hpp"
 
 namespace mok {
@@ -116,6 +117,35 @@ Workspace::CallCounts Workspace::call_counts() const {
   return impl_->calls;
 }
 
+namespace {
+
+// The context's fields one after another in one buffer, each at a multiple of
+// plan::kBufferAlignment bytes (the workspace plan's rule); returns the views and, in `end`, the
+// bytes they take. With `base` null only `end` means anything.
+ForwardContext carve_context(const ForwardContextLayout& l, std::uint8_t* base,
+                             std::int64_t& end) {
+  const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
+  end = 0;
+  auto take = [&](std::int64_t rows, std::int64_t cols) {
+    const plan::Buffer b = plan::carve(end, rows * cols * e);
+    return TensorView::contiguous(base != nullptr ? base + b.offset : nullptr, l.dtype,
+                                  {rows, cols}, l.device);
+  };
+  ForwardContext c;
+  c.x_routed = take(l.x_rows, l.hidden_size);
+  c.gate_routed = take(l.routed_rows, l.intermediate_size);
+  c.up_routed = take(l.routed_rows, l.intermediate_size);
+  c.hidden_routed = take(l.routed_rows, l.intermediate_size);
+  if (l.shared_intermediate_size > 0) {
+    c.gate_shared = take(l.num_tokens, l.shared_intermediate_size);
+    c.up_shared = take(l.num_tokens, l.shared_intermediate_size);
+    c.hidden_shared = take(l.num_tokens, l.shared_intermediate_size);
+  }
+  return c;
+}
+
+}  // namespace
+
 ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, Backend backend,
                                             DType activation_dtype, int device_index) {
   if (backend == Backend::automatic) {
@@ -136,14 +166,8 @@ ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, B
     // The first ring pass: the rows of the ring (core/workspace_plan.hpp).
     l.x_rows = l.routed_rows = plan::ring_rows(plan_shape_of(p, c));
   }
-  const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
-  const std::int64_t routed = l.routed_rows * l.intermediate_size * e;
-  const std::int64_t shared = l.num_tokens * l.shared_intermediate_size * e;
   std::int64_t end = 0;
-  for (std::int64_t b : {l.x_rows * l.hidden_size * e, routed, routed, routed, shared, shared,
-                         shared}) {
-    end += (b + 255) / 256 * 256;
-  }
+  carve_context(l, nullptr, end);
   l.bytes = static_cast<std::size_t>(end);
   return l;
 }
@@ -165,24 +189,8 @@ ForwardContext forward_context_views(const ForwardContextLayout& l, void* buffer
   if (reinterpret_cast<std::uintptr_t>(buffer) % 16 != 0) {
     throw Error("forward context buffer", "16-byte alignment", to_text(buffer));
   }
-  auto* at = static_cast<std::uint8_t*>(buffer);
-  const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
-  auto take = [&](std::int64_t rows, std::int64_t cols) {
-    TensorView v = TensorView::contiguous(at, l.dtype, {rows, cols}, l.device);
-    at += (rows * cols * e + 255) / 256 * 256;
-    return v;
-  };
-  ForwardContext c;
-  c.x_routed = take(l.x_rows, l.hidden_size);
-  c.gate_routed = take(l.routed_rows, l.intermediate_size);
-  c.up_routed = take(l.routed_rows, l.intermediate_size);
-  c.hidden_routed = take(l.routed_rows, l.intermediate_size);
-  if (l.shared_intermediate_size > 0) {
-    c.gate_shared = take(l.num_tokens, l.shared_intermediate_size);
-    c.up_shared = take(l.num_tokens, l.shared_intermediate_size);
-    c.hidden_shared = take(l.num_tokens, l.shared_intermediate_size);
-  }
-  return c;
+  std::int64_t end = 0;
+  return carve_context(l, static_cast<std::uint8_t*>(buffer), end);
 }
 
 namespace {
