@@ -127,12 +127,14 @@ int print_plan(const RunArgs& args) {
       << ", \"W\": " << p.ep_size << "}, \"minibatch_size\": " << args.config.minibatch_size
       << ", \"macrobatch_size\": " << args.config.macrobatch_size
       << ", \"symmetric_bytes\": " << wp.symmetric_bytes << ", \"local_bytes\": " << wp.local_bytes
+      << ", \"layer_bytes\": " << wp.layer_bytes << ", \"total_bytes\": " << wp.total_bytes()
+      << ", \"max_passes\": " << wp.max_passes << ", \"carry_slots\": " << wp.carry_slots
       << ", \"buffers\": [";
     bool first = true;
     for (const plan::BufferInfo& b : plan::kBuffers) {
       const plan::Buffer buf = wp.*(b.member);
       j << (first ? "" : ", ") << "{\"name\": " << json_string(b.name) << ", \"region\": "
-        << json_string(b.region == plan::Region::symmetric ? "symmetric" : "local")
+        << json_string(plan::region_name(b.region))
         << ", \"offset\": " << buf.offset << ", \"bytes\": " << buf.bytes << "}";
       first = false;
     }
@@ -152,8 +154,8 @@ int print_plan(const RunArgs& args) {
               "bytes", "MiB");
   for (const plan::BufferInfo& b : plan::kBuffers) {
     const plan::Buffer buf = wp.*(b.member);
-    std::printf("  %-10s %-20s %-34s %14lld %14lld %10.3f\n",
-                b.region == plan::Region::symmetric ? "symmetric" : "local", b.name, b.what,
+    std::printf("  %-10s %-20s %-34s %14lld %14lld %10.3f\n", plan::region_name(b.region),
+                b.name, b.what,
                 static_cast<long long>(buf.offset), static_cast<long long>(buf.bytes),
                 mib(buf.bytes));
   }
@@ -161,6 +163,13 @@ int print_plan(const RunArgs& args) {
               static_cast<long long>(wp.symmetric_bytes), mib(wp.symmetric_bytes));
   std::printf("  local region     %lld bytes (%.3f MiB) per rank\n",
               static_cast<long long>(wp.local_bytes), mib(wp.local_bytes));
+  std::printf("  layer region     %lld bytes (%.3f MiB) per rank (%lld ring passes at most, %lld "
+              "fp32 carry slots)\n",
+              static_cast<long long>(wp.layer_bytes), mib(wp.layer_bytes),
+              static_cast<long long>(wp.max_passes), static_cast<long long>(wp.carry_slots));
+  std::printf("  workspace        %lld bytes (%.3f MiB) per rank, what the CUDA layer allocates "
+              "(the forward context is the caller's)\n",
+              static_cast<long long>(wp.total_bytes()), mib(wp.total_bytes()));
   return 0;
 }
 

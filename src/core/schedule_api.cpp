@@ -33,7 +33,9 @@ plan::PlanShape plan_shape_of(const Problem& p, const Config& c) {
           .num_experts = p.num_experts,
           .ep_size = p.ep_size,
           .macrobatch_size = c.macrobatch_size,
-          .minibatch_size = c.minibatch_size};
+          .minibatch_size = c.minibatch_size,
+          .intermediate_size = p.intermediate_size,
+          .shared_intermediate_size = p.shared_intermediate_size};
 }
 
 void validate_schedule_problem(const Problem& p, const Config& c) {

@@ -19,10 +19,27 @@
 //     segment_starts       i32  [E_local + 1]
 //     ring_plan            RingPlan
 //     schedule_scratch     i32  [E_local, W * tiles_per_rank]   per-tile counts, then offsets
-//     ring_buffer          bf16 [ring_rows, H]   pass 0's dispatched x rows (the forward context)
-//     ready_counters       u32  [2, macrobatch_size / minibatch_size]   forward, backward
 //     sync_state           SyncState (rank-local barrier counters and the bases of every counter)
 //     error_record         DeviceErrorRecord
+//   layer region       this rank only: the CUDA layer's scratch (the layer allocates it; a team
+//                      that only builds schedules does not). R = ring_rows, P = max_passes,
+//                      slots = min(P - 1, E_local) (src/cuda/kernels/pass_segments.hpp)
+//     pass_x               bf16 [R, H]         rows of passes after the first (P > 1 only; pass
+//     pass_gate/up/hidden  bf16 [R, I] each    0's are the caller's forward context)
+//     rows_d_out           bf16 [R, H]         backward: the pass's d_out rows, then dy
+//     rows_d_gate/d_up     bf16 [R, I] each    backward: dg, du
+//     row_weights          f32  [R]            backward: each row's router weight
+//     row_dots             f32  [R, ceil(I/128)]  backward: d_w partial sums
+//     pass_starts          i32  [E_local + 1]  the pass's segments, ring-relative
+//     pass_rows            i32  [E_local]
+//     pass_steps           i32  [E_local]      the weight gradients' pass plan (P > 1 only)
+//     carry_gate/up        f32  [slots, I, H]  fp32 sums of experts whose rows span passes
+//     carry_down           f32  [slots, H, I]
+//     shared_out           bf16 [T, H]         shared expert: out, then dx (S > 0 only)
+//     shared_d_gate/d_up   bf16 [T, S] each    (S > 0 only)
+//     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
+//     wgrad_tickets        u32  [2]            the wgrad launches' ticket counter pair
+//     peers                ptr  [6, W]         every rank's staging and slot buffers
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -58,6 +75,8 @@ struct PlanShape {
   int ep_size = 1;                   // W
   std::int64_t macrobatch_size = 0;  // ring rows
   std::int64_t minibatch_size = 0;   // rows per minibatch
+  std::int64_t intermediate_size = 0;         // I (the layer region only)
+  std::int64_t shared_intermediate_size = 0;  // S (the layer region only)
 
   constexpr schedule::Shape schedule() const { return {num_tokens, topk, num_experts, ep_size}; }
 };
@@ -74,9 +93,22 @@ struct WorkspacePlan {
   std::int64_t symmetric_bytes = 0;
   // local region
   Buffer schedule_table, expert_counts, expert_src_counts, segment_starts, ring_plan,
-      schedule_scratch, ring_buffer, ready_counters, sync_state, error_record;
+      schedule_scratch, sync_state, error_record;
   std::int64_t local_bytes = 0;
+  // layer region
+  Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up, row_weights,
+      row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
+      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers;
+  std::int64_t layer_bytes = 0;
+  std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
+  std::int64_t max_passes = 1;   // P
+  std::int64_t carry_slots = 0;  // slots
+
+  std::int64_t total_bytes() const { return symmetric_bytes + local_bytes + layer_bytes; }
 };
+
+// The peer-address arrays of the layer region's `peers` buffer, in this order, W pointers each.
+enum class Peers : int { x, d_out, router_weights, combine, dx, router_weight_grads, count };
 
 constexpr std::int64_t align_up(std::int64_t v) {
   return (v + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
@@ -95,6 +127,13 @@ constexpr std::int64_t ring_rows(const PlanShape& s) {
   const std::int64_t table = schedule::round_up(schedule::max_schedule_rows(s.schedule()),
                                                 s.minibatch_size);
   return table < s.macrobatch_size ? table : s.macrobatch_size;
+}
+
+// Ring passes the worst-case table needs (at least 1).
+constexpr std::int64_t max_passes(const PlanShape& s) {
+  const std::int64_t rows = schedule::max_schedule_rows(s.schedule());
+  const std::int64_t p = (rows + s.macrobatch_size - 1) / s.macrobatch_size;
+  return p > 1 ? p : 1;
 }
 
 constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
@@ -122,15 +161,47 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.segment_starts = carve(end, (E_local + 1) * i32);
   p.ring_plan = carve(end, sizeof(schedule::RingPlan));
   p.schedule_scratch = carve(end, E_local * W * sched.tiles_per_rank() * i32);
-  p.ring_buffer = carve(end, ring_rows(s) * H * bf16);
-  p.ready_counters = carve(end, 2 * (s.macrobatch_size / s.minibatch_size) * u32);
   p.sync_state = carve(end, sizeof(SyncState));
   p.error_record = carve(end, sizeof(comm::DeviceErrorRecord));
   p.local_bytes = end;
+
+  const std::int64_t R = ring_rows(s), I = s.intermediate_size, S = s.shared_intermediate_size;
+  const std::int64_t P = max_passes(s), dot_chunks = (I + 127) / 128;
+  p.ring_rows = R;
+  p.max_passes = P;
+  p.carry_slots = P - 1 < E_local ? P - 1 : E_local;
+  const std::int64_t later = P > 1 ? 1 : 0, shared = S > 0 ? 1 : 0;
+  end = 0;
+  p.pass_x = carve(end, later * R * H * bf16);
+  p.pass_gate = carve(end, later * R * I * bf16);
+  p.pass_up = carve(end, later * R * I * bf16);
+  p.pass_hidden = carve(end, later * R * I * bf16);
+  p.rows_d_out = carve(end, R * H * bf16);
+  p.rows_d_gate = carve(end, R * I * bf16);
+  p.rows_d_up = carve(end, R * I * bf16);
+  p.row_weights = carve(end, R * f32);
+  p.row_dots = carve(end, R * dot_chunks * f32);
+  p.pass_starts = carve(end, (E_local + 1) * i32);
+  p.pass_rows = carve(end, E_local * i32);
+  p.pass_steps = carve(end, later * E_local * i32);
+  p.carry_gate = carve(end, p.carry_slots * I * H * f32);
+  p.carry_up = carve(end, p.carry_slots * I * H * f32);
+  p.carry_down = carve(end, p.carry_slots * H * I * f32);
+  p.shared_out = carve(end, shared * T * H * bf16);
+  p.shared_d_gate = carve(end, T * S * bf16);
+  p.shared_d_up = carve(end, T * S * bf16);
+  p.dense_rows = carve(end, i32);
+  p.wgrad_tickets = carve(end, 2 * u32);
+  p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
+  p.layer_bytes = end;
   return p;
 }
 
-enum class Region : std::uint8_t { symmetric, local };
+enum class Region : std::uint8_t { symmetric, local, layer };
+
+constexpr const char* region_name(Region r) {
+  return r == Region::symmetric ? "symmetric" : r == Region::local ? "local" : "layer";
+}
 
 // For printing (`mok run --plan`) and for tests that walk every buffer.
 struct BufferInfo {
@@ -157,11 +228,29 @@ inline constexpr BufferInfo kBuffers[] = {
     {"ring_plan", Region::local, &WorkspacePlan::ring_plan, "RingPlan (8 x i32)"},
     {"schedule_scratch", Region::local, &WorkspacePlan::schedule_scratch,
      "i32 [E_local, W * ceil(T*k/512)]"},
-    {"ring_buffer", Region::local, &WorkspacePlan::ring_buffer, "bf16 [ring_rows, H]"},
-    {"ready_counters", Region::local, &WorkspacePlan::ready_counters,
-     "u32 [2, macrobatch/minibatch]"},
     {"sync_state", Region::local, &WorkspacePlan::sync_state, "SyncState (64 B)"},
     {"error_record", Region::local, &WorkspacePlan::error_record, "DeviceErrorRecord (128 B)"},
+    {"pass_x", Region::layer, &WorkspacePlan::pass_x, "bf16 [R, H] (P > 1)"},
+    {"pass_gate", Region::layer, &WorkspacePlan::pass_gate, "bf16 [R, I] (P > 1)"},
+    {"pass_up", Region::layer, &WorkspacePlan::pass_up, "bf16 [R, I] (P > 1)"},
+    {"pass_hidden", Region::layer, &WorkspacePlan::pass_hidden, "bf16 [R, I] (P > 1)"},
+    {"rows_d_out", Region::layer, &WorkspacePlan::rows_d_out, "bf16 [R, H]"},
+    {"rows_d_gate", Region::layer, &WorkspacePlan::rows_d_gate, "bf16 [R, I]"},
+    {"rows_d_up", Region::layer, &WorkspacePlan::rows_d_up, "bf16 [R, I]"},
+    {"row_weights", Region::layer, &WorkspacePlan::row_weights, "f32 [R]"},
+    {"row_dots", Region::layer, &WorkspacePlan::row_dots, "f32 [R, ceil(I/128)]"},
+    {"pass_starts", Region::layer, &WorkspacePlan::pass_starts, "i32 [E_local + 1]"},
+    {"pass_rows", Region::layer, &WorkspacePlan::pass_rows, "i32 [E_local]"},
+    {"pass_steps", Region::layer, &WorkspacePlan::pass_steps, "i32 [E_local] (P > 1)"},
+    {"carry_gate", Region::layer, &WorkspacePlan::carry_gate, "f32 [slots, I, H]"},
+    {"carry_up", Region::layer, &WorkspacePlan::carry_up, "f32 [slots, I, H]"},
+    {"carry_down", Region::layer, &WorkspacePlan::carry_down, "f32 [slots, H, I]"},
+    {"shared_out", Region::layer, &WorkspacePlan::shared_out, "bf16 [T, H] (S > 0)"},
+    {"shared_d_gate", Region::layer, &WorkspacePlan::shared_d_gate, "bf16 [T, S]"},
+    {"shared_d_up", Region::layer, &WorkspacePlan::shared_d_up, "bf16 [T, S]"},
+    {"dense_rows", Region::layer, &WorkspacePlan::dense_rows, "i32 [1]"},
+    {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [2]"},
+    {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
 };
 
 }  // namespace mok::plan

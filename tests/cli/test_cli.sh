@@ -63,7 +63,8 @@ done
 
 # 4. The workspace plan: every buffer with its bytes, sized from the shape and config only.
 plan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan 2>&1)
-if [ $? -eq 0 ] && printf '%s' "$plan" | grep -q "schedule_table" && printf '%s' "$plan" | grep -q "ring_buffer"; then
+if [ $? -eq 0 ] && printf '%s' "$plan" | grep -q "schedule_table" && printf '%s' "$plan" | grep -q "pass_x" &&
+  printf '%s' "$plan" | grep -q "layer region" && printf '%s' "$plan" | grep -q "3 ring passes at most, 2 fp32 carry slots"; then
   pass "run --plan"
 else
   fail "run --plan: $plan"

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -1244,6 +1245,125 @@ TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   for (std::size_t i = std::size_t(1) * m * n; i < std::size_t(2) * m * n; ++i) {
     ASSERT_EQ(w[i], 0.0f) << "empty group";
   }
+}
+
+// The pass plan of a group whose rows are [start, start + count) in pass `pass` of `passes` of
+// `pass_rows` rows each, and its slot: the rule pass_segments.cu applies on the device, written
+// out again here from PassPlan's definition (grouped_gemm.hpp).
+int host_pass_step(int start, int count, int g, int groups, int pass, int passes, int pass_rows) {
+  auto pass_of = [&](int row) { return std::min(row / pass_rows, passes - 1); };
+  const int first = pass_of(start), last = count > 0 ? pass_of(start + count - 1) : first;
+  if (pass < first || pass > last) return mok::gemm::kSkip;
+  if (first == last) return mok::gemm::kWhole;
+  const int slot = passes - 1 <= groups ? first : g;
+  const int step = pass == first  ? mok::gemm::kOpen
+                   : pass == last ? mok::gemm::kClose
+                                  : mok::gemm::kCarry;
+  return step | slot << mok::gemm::kPassSlotShift;
+}
+
+// A wgrad split over ring passes with a pass plan (every group: skipped, whole, or opened,
+// carried and closed through an fp32 slot) gives the bits of the unsplit launch, for bf16, fp32
+// and accumulated fp32 outputs; with more pass boundaries than groups the slots are per group.
+// Groups the plan skips are never written (poisoned outputs stay poisoned until their step).
+TEST_P(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
+  REQUIRE_HOPPER();
+  // Rows per group: a group spanning many passes, empty groups, one in a single pass, odd counts.
+  Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
+  const int G = l.groups(), m = 192, n = 320;
+  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
+  fill_random(a, 1.0f);
+  fill_random(b, 1.0f);
+  l.poison_padding(a, m);
+  l.poison_padding(b, n);
+  const std::size_t elems = std::size_t(G) * m * n;
+  std::vector<float> base(elems);
+  for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
+  enum class Out { bf16, fp32, fp32_accumulate };
+  Buffer<unsigned> tickets(2);
+  CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
+  auto args_for = [&](Out o, void* out) {
+    mok::gemm::WeightGradArgs args;
+    args.consumers = g_consumers;
+    args.a = a.p;
+    args.ld_a = m;
+    args.b = b.p;
+    args.ld_b = n;
+    args.out = out;
+    args.ld_out = n;
+    args.out_fp32 = o != Out::bf16;
+    args.accumulate = o == Out::fp32_accumulate;
+    args.m = m;
+    args.n = n;
+    args.tickets = tickets.p;
+    return args;
+  };
+  for (Out o : {Out::bf16, Out::fp32, Out::fp32_accumulate}) {
+    const std::size_t bytes = elems * (o == Out::bf16 ? 2 : 4);
+    Buffer<unsigned char> whole(bytes), parts(bytes);
+    auto reset = [&](Buffer<unsigned char>& out) {
+      if (o == Out::fp32_accumulate) {
+        CUDA_OK(cudaMemcpy(out.p, base.data(), bytes, cudaMemcpyHostToDevice));
+      } else {
+        CUDA_OK(cudaMemset(out.p, 0xff, bytes));  // NaN in bf16 and fp32
+      }
+    };
+    reset(whole);
+    mok::gemm::WeightGradArgs one = args_for(o, whole.p);
+    one.segments = l.segments();
+    mok::gemm::weight_grad(one);
+    for (int pass_rows : {640, 256, 128}) {
+      const int passes = (l.starts.back() + pass_rows - 1) / pass_rows;
+      const int slots = std::min(passes - 1, G);
+      Buffer<float> carry(std::size_t(std::max(slots, 1)) * m * n);
+      CUDA_OK(cudaMemset(carry.p, 0xff, carry.n * 4));
+      reset(parts);
+      std::vector<int> steps_seen;
+      for (int pass = 0; pass < passes; ++pass) {
+        const int r0 = pass * pass_rows;
+        std::vector<int> starts(G + 1), rows(G), steps(G);
+        for (int g = 0; g <= G; ++g) {
+          starts[g] = std::clamp(l.starts[g] - r0, 0, pass_rows);
+          if (g == G) break;
+          rows[g] = std::clamp(l.starts[g] + l.counts[g] - r0, 0, pass_rows) - starts[g];
+          steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
+          steps_seen.push_back(steps[g] & 0xff);
+        }
+        Buffer<int> d_starts(G + 1), d_rows(G), d_steps(G);
+        d_starts.upload(starts);
+        d_rows.upload(rows);
+        d_steps.upload(steps);
+        // The pass's rows: the row buffers from row r0 on (as the ring holds them).
+        mok::gemm::WeightGradArgs args = args_for(o, parts.p);
+        args.a = a.p + std::size_t(r0) * m;
+        args.b = b.p + std::size_t(r0) * n;
+        args.segments = RowSegments{d_starts.p, d_rows.p, G, l.capacity - r0, 0};
+        args.passes = {d_steps.p, carry.p, slots};
+        mok::gemm::weight_grad(args);
+        if (pass > 0) {
+          args.continue_reduction = true;
+          mok::gemm::weight_grad(args);
+        }
+        CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
+      }
+      CUDA_OK(cudaGetLastError());
+      for (int step : {mok::gemm::kSkip, mok::gemm::kWhole, mok::gemm::kOpen, mok::gemm::kClose}) {
+        EXPECT_NE(std::count(steps_seen.begin(), steps_seen.end(), step), 0)
+            << "pass rows " << pass_rows << " never has step " << step;
+      }
+      if (pass_rows == 128) {
+        EXPECT_GT(passes - 1, G) << "slots per group not exercised";
+        EXPECT_NE(std::count(steps_seen.begin(), steps_seen.end(), mok::gemm::kCarry), 0);
+      }
+      std::vector<unsigned char> w(bytes), p(bytes);
+      CUDA_OK(cudaMemcpy(w.data(), whole.p, bytes, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(p.data(), parts.p, bytes, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(w.data(), p.data(), bytes), 0)
+          << "output " << static_cast<int>(o) << ", pass rows " << pass_rows
+          << ": the split reduction differs from the unsplit one";
+    }
+  }
+  EXPECT_EQ(tickets.host(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
 }
 
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of

@@ -2,7 +2,12 @@
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
+#include "core/schedule_check.hpp"
+#include "core/workspace_plan.hpp"
+#include "cuda/comm/team.hpp"
 #include "cuda/layer/device_layer.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
@@ -84,22 +89,101 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"wide", layer_shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// Several ring passes (backward replays every pass but the first) give the bits of one pass.
+// Experts (W = 1) whose padded segments of the schedule table span more than one pass of
+// `pass_rows` rows, and those that do not (experts without rows among them).
+std::pair<int, int> spanning_experts(const LayerData& d, std::int64_t pass_rows) {
+  const std::int64_t E = d.problem.num_experts, slots = d.problem.num_tokens * d.problem.topk;
+  std::vector<std::int64_t> counts(E, 0);
+  for (std::int64_t s = 0; s < slots; ++s) {
+    const auto e = static_cast<std::int64_t>(d.topk_experts.get(s));
+    if (e >= 0 && e < E) ++counts[e];
+  }
+  int spanning = 0, within = 0;
+  std::int64_t start = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    const bool spans = counts[e] > 0 && start / pass_rows != (start + counts[e] - 1) / pass_rows;
+    spans ? ++spanning : ++within;
+    start += (counts[e] + 127) / 128 * 128;
+  }
+  return {spanning, within};
+}
+
+// Several ring passes (backward replays every pass but the first) give the bits of one pass, and
+// of the default config; in each run some experts' weight gradients are carried in fp32 across
+// passes and others are stored in the pass that holds all their rows (the pass plan).
 TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
   MOK_SKIP_WITHOUT_GPU();
   const GpuCase c{"passes", layer_shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
   const std::uint64_t seed = test_seed();
   LayerData one = make_case(c, seed);
-  run_gpu(one);
-  for (std::int64_t macro : {128, 256, 384}) {
+  Config one_pass;
+  one_pass.minibatch_size = 128;
+  one_pass.macrobatch_size = 4096;  // more than the worst case: one pass
+  run_gpu(one, one_pass);
+  LayerData defaults = make_case(c, seed);
+  run_gpu(defaults);
+  EXPECT_TRUE(all_outputs_same(one, defaults)) << "default config";
+  // Skewed: expert 0 takes at least half the 900 rows (it spans 128-row passes), so the other
+  // four share at most 450 and one of them fits a 128-row pass: both kinds at 128 at least.
+  int runs_with_both = 0;
+  for (std::int64_t macro : {128, 256, 384, 640}) {
     Config small;
     small.minibatch_size = 128;
     small.macrobatch_size = macro;
     LayerData many = make_case(c, seed);
+    const auto [spanning, within] = spanning_experts(many, macro);
+    runs_with_both += spanning > 0 && within > 0;
     run_gpu(many, small);
     EXPECT_TRUE(all_outputs_same(one, many)) << "macrobatch_size " << macro;
   }
+  EXPECT_GT(runs_with_both, 0) << "no run had an expert spanning passes and one within a pass";
   EXPECT_TRUE(check_against_f64(one).passed());
+}
+
+// `mok run --plan` is what the CUDA layer allocates: a workspace's bytes are the plan's three
+// regions for every rank plus the team's guard zones, and the device's free memory drops by that
+// much (up to the driver's page rounding of the two allocations); with one pass no pass scratch
+// and no fp32 carries, with several the carries of min(passes - 1, E_local) experts only.
+TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
+  MOK_SKIP_WITHOUT_GPU();
+  struct Case {
+    Problem problem;
+    Config config;
+  };
+  Config many;
+  many.minibatch_size = 128;
+  many.macrobatch_size = 512;
+  Problem ep2 = layer_shape(300, 256, 192, 8, 3, 64);
+  ep2.ep_size = 2;
+  const Case cases[] = {{layer_shape(300, 256, 192, 5, 3, 64), {}},
+                        {layer_shape(300, 256, 192, 5, 3, 0), many},
+                        {ep2, many},
+                        {layer_shape(4096, 1024, 512, 64, 6, 0), {}}};
+  { Workspace warm(cases[0].problem, cases[0].config, {.backend = Backend::cuda}); }
+  for (const Case& c : cases) {
+    const plan::WorkspacePlan pl = plan::make_workspace_plan(plan_shape_of(c.problem, c.config));
+    const std::int64_t W = c.problem.ep_size;
+    const std::int64_t guards = (2 * W + 1) * Team::Impl::kGuardBytes;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::size_t free0 = 0, free1 = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    Workspace ws(c.problem, c.config, {.backend = Backend::cuda});
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    const std::string name = c.problem.to_string();
+    EXPECT_EQ(static_cast<std::int64_t>(ws.bytes()), W * pl.total_bytes() + guards) << name;
+    const std::int64_t drop = static_cast<std::int64_t>(free0) - static_cast<std::int64_t>(free1);
+    constexpr std::int64_t kPage = 2 << 20;  // the driver rounds each allocation to 2 MiB pages
+    EXPECT_GE(drop, W * pl.total_bytes()) << name;
+    EXPECT_LE(drop, W * pl.total_bytes() + guards + 2 * kPage) << name;
+    if (pl.max_passes == 1) {
+      EXPECT_EQ(pl.carry_slots, 0) << name;
+      EXPECT_EQ(pl.pass_gate.bytes + pl.carry_gate.bytes, 0) << name;
+    } else {
+      EXPECT_EQ(pl.carry_slots, std::min(pl.max_passes - 1, c.problem.num_local_experts()))
+          << name;
+      EXPECT_GT(pl.carry_gate.bytes, 0) << name;
+    }
+  }
 }
 
 // fp32 weight gradients, written and accumulated (main-grad): accumulate = old + fresh.

@@ -7,6 +7,7 @@
 
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
+#include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
 #include "cuda/kernels/router_grad.hpp"
@@ -358,36 +359,89 @@ TEST(RouterGradGpu, PushOverPassesThenGatherIsTheChunkOrderSum) {
 
 // Ring-relative segments of each pass, against the direct clipping on the host; every pass's rows
 // together give each expert's count exactly once.
-TEST(PassSegmentsGpu, ClipsTheScheduleToEachPass) {
+// Each pass's segments clip the schedule's; the pass plan (gemm::PassPlan steps) is checked
+// against its meaning, not its formula: an expert's rows lie in consecutive passes, kWhole when
+// they are one pass (an expert without rows: kWhole in exactly one pass), else kOpen, kCarry...,
+// kClose; kSkip in every other pass; the carry slots of experts whose sums are open at the same
+// time differ, and stay below min(passes - 1, E).
+TEST(PassSegmentsGpu, ClipsTheScheduleToEachPassAndPlansTheCarries) {
   MOK_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(test_seed());
   for (int E : {1, 5, 300}) {
-    std::vector<std::int32_t> counts(E), starts(E + 1, 0);
-    for (int e = 0; e < E; ++e) {
-      counts[e] = rng() % 3 == 0 ? 0 : static_cast<std::int32_t>(rng() % 700);
-      starts[e + 1] = starts[e] + (counts[e] + 127) / 128 * 128;
-    }
-    DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts), p_starts(E + 1), p_rows(E);
-    const std::int64_t M = 512;
-    std::vector<std::int64_t> seen(E, 0);
-    for (std::int64_t offset = 0; offset < starts[E] + M; offset += M) {
-      p_starts.poison();
-      p_rows.poison();
-      cuda::PassSegmentsParams p{d_starts.get(), d_counts.get(), E, offset, M,
-                                 p_starts.get(), p_rows.get()};
-      MOK_CUDA_OK(cuda::launch_pass_segments(p, nullptr));
-      MOK_CUDA_OK(cudaDeviceSynchronize());
-      const auto got_s = p_starts.download(), got_r = p_rows.download();
-      auto clip = [&](std::int64_t v) { return std::clamp<std::int64_t>(v - offset, 0, M); };
-      for (int e = 0; e <= E; ++e) {
-        ASSERT_EQ(got_s[e], clip(starts[e])) << "E " << E << " offset " << offset << " e " << e;
-        ASSERT_EQ(got_s[e] % 128, 0);
-        if (e == E) break;
-        ASSERT_EQ(got_r[e], clip(std::int64_t{starts[e]} + counts[e]) - clip(starts[e]));
-        seen[e] += got_r[e];
+    for (const std::int64_t M : {512, 128}) {
+      std::vector<std::int32_t> counts(E), starts(E + 1, 0);
+      for (int e = 0; e < E; ++e) {
+        counts[e] = rng() % 3 == 0 ? 0 : static_cast<std::int32_t>(rng() % 700);
+        starts[e + 1] = starts[e] + (counts[e] + 127) / 128 * 128;
+      }
+      const int passes = static_cast<int>(std::max<std::int64_t>(1, (starts[E] + M - 1) / M));
+      const int slots = static_cast<int>(cuda::pass_carry_slots(passes, E));
+      DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts), p_starts(E + 1), p_rows(E),
+          p_steps(E);
+      std::vector<std::int64_t> seen(E, 0);
+      std::vector<std::vector<int>> step_of(E);  // [expert][pass]
+      for (int pass = 0; pass < passes; ++pass) {
+        const std::int64_t offset = pass * M;
+        p_starts.poison();
+        p_rows.poison();
+        p_steps.poison();
+        cuda::PassSegmentsParams p;
+        p.segment_starts = d_starts.get();
+        p.expert_counts = d_counts.get();
+        p.num_experts = E;
+        p.row_offset = offset;
+        p.ring_rows = M;
+        p.pass_starts = p_starts.get();
+        p.pass_rows = p_rows.get();
+        p.steps = p_steps.get();
+        p.pass = pass;
+        p.passes = passes;
+        MOK_CUDA_OK(cuda::launch_pass_segments(p, nullptr));
+        MOK_CUDA_OK(cudaDeviceSynchronize());
+        const auto got_s = p_starts.download(), got_r = p_rows.download(),
+                   got_p = p_steps.download();
+        auto clip = [&](std::int64_t v) { return std::clamp<std::int64_t>(v - offset, 0, M); };
+        for (int e = 0; e <= E; ++e) {
+          ASSERT_EQ(got_s[e], clip(starts[e])) << "E " << E << " offset " << offset << " e " << e;
+          ASSERT_EQ(got_s[e] % 128, 0);
+          if (e == E) break;
+          ASSERT_EQ(got_r[e], clip(std::int64_t{starts[e]} + counts[e]) - clip(starts[e]));
+          seen[e] += got_r[e];
+          step_of[e].push_back(got_p[e]);
+        }
+      }
+      std::vector<int> open_slot_pass(std::max(slots, 1), -1);  // last pass each slot was open
+      for (int e = 0; e < E; ++e) {
+        ASSERT_EQ(seen[e], counts[e]) << "expert " << e;
+        const auto& st = step_of[e];
+        std::vector<int> active;
+        for (int pass = 0; pass < passes; ++pass) {
+          if ((st[pass] & 0xff) != gemm::kSkip) active.push_back(pass);
+        }
+        ASSERT_FALSE(active.empty()) << "expert " << e << " is skipped in every pass";
+        ASSERT_EQ(active.back() - active.front() + 1, static_cast<int>(active.size()))
+            << "expert " << e << ": passes not consecutive";
+        if (active.size() == 1) {
+          ASSERT_EQ(st[active[0]], gemm::kWhole) << "expert " << e;
+          continue;
+        }
+        ASSERT_GT(counts[e], 0) << "expert " << e << " has no rows but spans passes";
+        const int slot = st[active[0]] >> gemm::kPassSlotShift;
+        ASSERT_GE(slot, 0);
+        ASSERT_LT(slot, slots) << "expert " << e;
+        for (std::size_t i = 0; i < active.size(); ++i) {
+          const int want = i == 0 ? gemm::kOpen
+                           : i + 1 == active.size() ? gemm::kClose
+                                                    : gemm::kCarry;
+          ASSERT_EQ(st[active[i]], want | slot << gemm::kPassSlotShift)
+              << "expert " << e << " pass " << active[i];
+          ASSERT_GT(seen[e], 0);
+        }
+        // Experts come in row order: a slot is free again once its last expert closed.
+        ASSERT_LT(open_slot_pass[slot], active.front()) << "slot " << slot << " shared";
+        open_slot_pass[slot] = active.back();
       }
     }
-    for (int e = 0; e < E; ++e) ASSERT_EQ(seen[e], counts[e]) << "expert " << e;
   }
 }
 

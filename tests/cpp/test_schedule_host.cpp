@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "core/schedule_host.hpp"
 #include "core/workspace_plan.hpp"
@@ -93,7 +94,7 @@ TEST(WorkspacePlan, BuffersAlignedDisjointAndSized) {
                           .macrobatch_size = 1024,
                           .minibatch_size = 256};
   const plan::WorkspacePlan p = plan::make_workspace_plan(s);
-  for (plan::Region region : {plan::Region::symmetric, plan::Region::local}) {
+  for (plan::Region region : {plan::Region::symmetric, plan::Region::local, plan::Region::layer}) {
     std::int64_t end = 0;
     for (const plan::BufferInfo& b : plan::kBuffers) {
       if (b.region != region) continue;
@@ -102,7 +103,9 @@ TEST(WorkspacePlan, BuffersAlignedDisjointAndSized) {
       EXPECT_GE(buf.offset, end) << b.name << " overlaps the buffer before it";
       end = buf.offset + buf.bytes;
     }
-    EXPECT_LE(end, region == plan::Region::symmetric ? p.symmetric_bytes : p.local_bytes);
+    EXPECT_LE(end, region == plan::Region::symmetric ? p.symmetric_bytes
+                   : region == plan::Region::local   ? p.local_bytes
+                                                     : p.layer_bytes);
   }
   EXPECT_EQ(p.x_staging.bytes, 7 * 128 * 2);
   EXPECT_EQ(p.combine.bytes, 7 * 3 * 128 * 2);
@@ -112,8 +115,56 @@ TEST(WorkspacePlan, BuffersAlignedDisjointAndSized) {
   EXPECT_EQ(p.schedule_table.bytes, (3 * 7 * 3 + 4 * 127) * 4);
   EXPECT_EQ(p.segment_starts.bytes, 5 * 4);
   // The ring: the 571-row table rounded up to whole minibatches (256 rows), under macrobatch 1024.
-  EXPECT_EQ(p.ring_buffer.bytes, 768 * 128 * 2);
-  EXPECT_EQ(p.ready_counters.bytes, 2 * 4 * 4);
+  EXPECT_EQ(p.ring_rows, 768);
+  // No intermediate sizes given: the layer region holds only what does not depend on them.
+  EXPECT_EQ(p.max_passes, 1);
+  EXPECT_EQ(p.carry_slots, 0);
+  EXPECT_EQ(p.pass_gate.bytes + p.pass_x.bytes, 0);
+  EXPECT_EQ(p.rows_d_out.bytes, 768 * 128 * 2);
+  EXPECT_EQ(p.total_bytes(), p.symmetric_bytes + p.local_bytes + p.layer_bytes);
+}
+
+// The layer region: passes and carry slots follow the worst-case table and the macrobatch; the
+// pass scratch, pass plan and carries exist only with several passes, the shared expert's buffers
+// only with one.
+TEST(WorkspacePlan, LayerRegionFollowsPassesAndSharedExpert) {
+  plan::PlanShape s{.num_tokens = 300,
+                    .hidden_size = 128,
+                    .topk = 3,
+                    .num_experts = 5,
+                    .ep_size = 1,
+                    .macrobatch_size = 1 << 20,
+                    .minibatch_size = 128,
+                    .intermediate_size = 192,
+                    .shared_intermediate_size = 64};
+  // 900 rows + 5 * 127 padding = 1535 rows worst case.
+  const plan::WorkspacePlan one = plan::make_workspace_plan(s);
+  EXPECT_EQ(one.max_passes, 1);
+  EXPECT_EQ(one.carry_slots, 0);
+  EXPECT_EQ(one.pass_gate.bytes + one.pass_up.bytes + one.pass_hidden.bytes, 0);
+  EXPECT_EQ(one.pass_steps.bytes + one.carry_gate.bytes + one.carry_down.bytes, 0);
+  EXPECT_EQ(one.rows_d_gate.bytes, 1536 * 192 * 2);
+  EXPECT_EQ(one.row_dots.bytes, 1536 * 2 * 4);  // ceil(192 / 128) chunks
+  EXPECT_EQ(one.shared_out.bytes, 300 * 128 * 2);
+  EXPECT_EQ(one.shared_d_gate.bytes, 300 * 64 * 2);
+  EXPECT_EQ(one.peers.bytes, 6 * 8);
+  for (auto [macro, passes, slots] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1024, 2, 1}, {512, 3, 2},
+        {256, 6, 5}, {128, 12, 5}}) {
+    s.macrobatch_size = macro;
+    const plan::WorkspacePlan p = plan::make_workspace_plan(s);
+    EXPECT_EQ(p.max_passes, passes) << macro;
+    EXPECT_EQ(p.carry_slots, slots) << macro;  // min(passes - 1, E_local)
+    EXPECT_EQ(p.ring_rows, macro) << macro;
+    EXPECT_EQ(p.pass_x.bytes, macro * 128 * 2) << macro;
+    EXPECT_EQ(p.pass_gate.bytes, macro * 192 * 2) << macro;
+    EXPECT_EQ(p.pass_steps.bytes, 5 * 4) << macro;
+    EXPECT_EQ(p.carry_gate.bytes, slots * 192 * 128 * 4) << macro;
+    EXPECT_EQ(p.carry_down.bytes, slots * 128 * 192 * 4) << macro;
+  }
+  s.shared_intermediate_size = 0;
+  const plan::WorkspacePlan no_shared = plan::make_workspace_plan(s);
+  EXPECT_EQ(no_shared.shared_out.bytes + no_shared.shared_d_gate.bytes, 0);
 }
 
 // Host twin vs direct re-derivation, every rank, over the whole grid.

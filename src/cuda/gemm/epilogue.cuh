@@ -125,25 +125,59 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
   }
 }
 
-// K-grouped fp32 accumulation: the accumulators start from the output's current values (the
-// exact inverse of store_plain's fp32 path; elements outside [m, n] start at zero).
+// Where a K-grouped tile's group keeps its sum in this launch: the output, or (a pass plan's
+// kOpen and kCarry groups) its fp32 carry slot.
+struct GroupOutput {
+  void* base;  // the group's [m, n] matrix
+  long long ld;
+  int fp32;
+  int accumulate;
+};
+
+__device__ __forceinline__ GroupOutput group_output(const TileInfo& t, const KernelParams& p) {
+  if (p.sched.steps != nullptr) {
+    const int code = __ldg(p.sched.steps + t.group);
+    const int step = code & ((1 << kPassSlotShift) - 1);
+    if (step == kOpen || step == kCarry) {
+      const long long slot = code >> kPassSlotShift;  // < slots (runs_group)
+      return {p.carry + slot * p.m * p.n, p.n, 1, 0};
+    }
+  }
+  const std::size_t bytes = p.out_fp32 ? 4 : 2;
+  return {static_cast<std::uint8_t*>(p.out) + t.group * p.out_group_stride * bytes, p.ld_out,
+          p.out_fp32, p.accumulate};
+}
+
+// K-grouped fp32 accumulation: the accumulators start from the values the reduction carries: the
+// output's (continue_reduction), or the group's carry slot (a pass plan's kCarry and kClose
+// groups). The exact inverse of store_plain's fp32 path; elements outside [m, n] start at zero.
 template <class F>
 __device__ __forceinline__ void load_fp32_accumulators(float (&acc)[F::kAcc], const TileInfo& t,
                                                        const KernelParams& p, int wg, int warp,
                                                        int lane) {
   const int n0 = t.n0 * F::kTileN;
+  const float* seed;
+  long long ld;
+  if (p.sched.steps != nullptr) {
+    const long long slot = __ldg(p.sched.steps + t.group) >> kPassSlotShift;
+    seed = p.carry + slot * p.m * p.n;
+    ld = p.n;
+  } else {
+    seed = static_cast<const float*>(p.out) + t.group * p.out_group_stride;
+    ld = p.ld_out;
+  }
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-      const long long offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+      const long long offset = static_cast<long long>(r) * ld;
 #pragma unroll
       for (int j = 0; j < F::kTileN / 8; ++j) {
         const int col = n0 + acc_col(lane, j);
         float2 v = make_float2(0.0f, 0.0f);
         if (r < p.m && col < p.n) {
-          v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.out) + offset + col);
+          v = *reinterpret_cast<const float2*>(seed + offset + col);
         }
         acc[b * F::kBlockAcc + 4 * j + 2 * h] = v.x;
         acc[b * F::kBlockAcc + 4 * j + 2 * h + 1] = v.y;
@@ -160,6 +194,9 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
   constexpr bool kKGrouped = F::kKGrouped;
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
+  // M-grouped: the rows of `out`; K-grouped: the group's matrix (the output or a carry slot).
+  GroupOutput o{p.out, p.ld_out, p.out_fp32, p.accumulate};
+  if constexpr (kKGrouped) o = group_output(t, p);
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
@@ -170,13 +207,13 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
       bool row_ok;
       if constexpr (kKGrouped) {
         row_ok = r < p.m;
-        offset = t.group * p.out_group_stride + static_cast<long long>(r) * p.ld_out;
+        offset = static_cast<long long>(r) * o.ld;
       } else {
         row_ok = r < t.row_count;
-        offset = static_cast<long long>(t.row_base + r) * p.ld_out;
+        offset = static_cast<long long>(t.row_base + r) * o.ld;
         if (row_ok && p.row_scale != nullptr) scale = __ldg(p.row_scale + t.row_base + r);
       }
-      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) + offset;
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(o.base) + offset;
       if (!kKGrouped && p.scatter_rows != nullptr) {  // the row's slot on its home rank
         const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
         row_ok = src >= 0;
@@ -188,16 +225,16 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
         }
       }
       const bool scaled = !kKGrouped && p.row_scale != nullptr;
-      if (p.out_fp32) {
+      if (o.fp32) {
         if (!row_ok) continue;
 #pragma unroll
         for (int j = 0; j < F::kTileN / 8; ++j) {
           const int col = n0 + acc_col(lane, j);
           if (col < p.n) {
-            auto* out = reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + col);
+            auto* out = reinterpret_cast<float2*>(static_cast<float*>(o.base) + offset + col);
             const int a = b * F::kBlockAcc + 4 * j + 2 * h;
             float2 v = make_float2(acc[a], acc[a + 1]);
-            if (p.accumulate) {
+            if (o.accumulate) {
               const float2 old = *out;
               v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
             }
@@ -404,7 +441,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[F::kAcc], const Ti
                                            const KernelParams& p, int wg, int warp, int lane,
                                            std::uint8_t* staging, const CUtensorMap* map_out) {
   if constexpr (F::kTmaStore) {
-    if (!p.out_fp32) {
+    if (!group_output(t, p).fp32) {  // bf16 to the output; carry slots are fp32
       store_tile_tma<F>(acc, t, p, wg, warp, lane, staging, map_out);
       return;
     }

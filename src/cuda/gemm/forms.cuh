@@ -100,6 +100,7 @@ struct KernelParams {
   void* const* scatter_peers;
   int k_blocks_first;  // RowsW with a second product: its first K block
   int accumulate;      // K-grouped fp32: out += the sum
+  float* carry;        // K-grouped with a pass plan (sched.steps): the fp32 carry slots [slots, m, n]
   unsigned* tickets;   // K-grouped: the launch's ticket counter pair, or null (static order)
   int tile_order;      // K-grouped: a TileOrder (automatic or fixed without `tickets`)
   unsigned long long wait_timeout_ns;  // every engine wait gives up after this long

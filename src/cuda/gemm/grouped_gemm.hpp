@@ -171,6 +171,28 @@ struct RowsTimesWeightArgs {
 // each. Null: no counter (the static order); TileOrder::tickets then is an error.
 enum class TileOrder { automatic, fixed, tickets };
 
+// A reduction whose rows come in several launches (the layer's ring passes), planned per group on
+// the device (src/cuda/kernels/pass_segments.cu writes the plan). steps[g] = step | slot << 8:
+//   kSkip  the group has no rows in this launch: no tile of it is loaded, computed or stored;
+//   kWhole all its rows are in this launch: its sum goes to `out` as without a plan (bf16, fp32,
+//          or fp32 added to `out`);
+//   kOpen  its first rows: the fp32 sum goes to carry slot `slot` ([m, n], ld n);
+//   kCarry middle rows: the sum continues from the slot and goes back to it;
+//   kClose its last rows: the sum continues from the slot and goes to `out` as kWhole's would.
+// A plain launch (continue_reduction false) runs the kWhole and kOpen groups, a continued launch
+// the kCarry and kClose ones; the others have no tiles. So a reduction split over launches is
+// bitwise the unsplit one (splits on multiples of kTileK rows of each group), and only groups
+// whose rows span launches touch fp32 carries. Groups with an out-of-range step or slot have no
+// tiles.
+enum PassStep : int { kSkip = 0, kWhole = 1, kOpen = 2, kCarry = 3, kClose = 4 };
+inline constexpr int kPassSlotShift = 8;
+
+struct PassPlan {
+  const int* steps = nullptr;  // [num_groups], device; null: every group kWhole (no plan)
+  float* carry = nullptr;      // [slots, m, n] fp32 partial sums, device
+  int slots = 0;
+};
+
 struct WeightGradArgs {
   RowSegments segments;
   Consumers consumers = Consumers::automatic;
@@ -186,8 +208,11 @@ struct WeightGradArgs {
   // (fp32 main-grad accumulation). continue_reduction: the values in `out` seed the accumulators,
   // so a reduction split over row ranges (ring passes) gives the bits of the unsplit one when
   // every split falls on a multiple of kTileK rows of each group. Empty groups keep `out` in both.
+  // With a `passes` plan the seeds are the carry slots instead, and `out` may be bf16 (and
+  // accumulate may go with continue_reduction: it applies to the kClose groups' stores).
   bool accumulate = false;
   bool continue_reduction = false;
+  PassPlan passes;
   int m = 0;                    // multiple of 64
   int n = 0;                    // multiple of 64
   unsigned* tickets = nullptr;  // optional: [2] zeroed device words (see above)

@@ -28,7 +28,23 @@ struct SchedulerParams {
   int m_tiles;  // K-grouped only
   int n_tiles;
   int k_blocks;  // M-grouped only: K / kTileK
+  // K-grouped with a pass plan (PassPlan): steps[g] = step | slot << kPassSlotShift; the launch
+  // runs the groups whose step is first_step or first_step + 1 and whose slot is below `slots`
+  // (kWhole groups need none). Null: every group.
+  const int* steps;
+  int first_step;
+  int slots;
 };
+
+// Whether a K-grouped launch runs group g (its pass step, PassPlan).
+__device__ __forceinline__ bool runs_group(const SchedulerParams& p, int g) {
+  if (p.steps == nullptr) return true;
+  const int code = __ldg(p.steps + g);
+  const int step = code & ((1 << kPassSlotShift) - 1);
+  const int slot = code >> kPassSlotShift;
+  if (step != p.first_step && step != p.first_step + 1) return false;
+  return step == kWhole || (slot >= 0 && slot < p.slots);
+}
 
 struct TileInfo {
   int group;
@@ -42,7 +58,7 @@ struct TileInfo {
 // Shared-memory tables, filled once per CTA by one warp.
 struct SchedulerTables {
   int start[kMaxGroups];
-  int count[kMaxGroups];
+  int count[kMaxGroups];  // K-grouped: -1 for a group the launch does not run (pass plan)
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
   int order[kMaxGroups];       // K-grouped: groups, heaviest first
   int static_order;            // K-grouped: 1 = CTA c takes tickets c, c + grid, ... (no counter)
@@ -90,9 +106,15 @@ struct TileScheduler {
         }
         start = max(start, 0);
         count = max(0, min(count, p.capacity_rows - start));
+        if constexpr (kKGrouped) {
+          const bool runs = runs_group(p, g);
+          tiles = runs ? p.m_tiles * p.n_tiles : 0;
+          count = runs ? count : -1;
+        } else {
+          tiles = (count + kTileM - 1) / kTileM * p.n_tiles;
+        }
         t.start[g] = start;
         t.count[g] = count;
-        tiles = kKGrouped ? p.m_tiles * p.n_tiles : (count + kTileM - 1) / kTileM * p.n_tiles;
       }
       int inclusive = tiles;
 #pragma unroll
@@ -108,15 +130,19 @@ struct TileScheduler {
 
   // Warp-cooperative, after prepare (same warp): t.order = the groups by decreasing order_key of
   // their K blocks, ties in increasing group index (a stable counting sort; integer atomics only
-  // count, the placement is fixed by group index).
+  // count, the placement is fixed by group index). Groups the launch does not run come last, so
+  // the first num_tiles / (m_tiles n_tiles) entries are the ones it runs.
   __device__ static void order_heavy_first(const SchedulerParams& p, SchedulerTables& t,
                                            SchedulerScratch& scratch, int lane) {
     static_assert(kKGrouped, "only K-grouped tiles differ in cost");
     __syncwarp();
     for (int b = lane; b < kOrderBuckets; b += 32) scratch.bucket[b] = 0;
     __syncwarp();
+    static_assert(1 + 30 * 8 + 7 + 1 < kOrderBuckets, "order_key and the skipped bucket fit");
     auto bucket_of = [&](int g) {
-      return kOrderBuckets - 1 - order_key((t.count[g] + kTileK - 1) / kTileK);
+      const int count = t.count[g];
+      return count < 0 ? kOrderBuckets - 1
+                       : kOrderBuckets - 2 - order_key((count + kTileK - 1) / kTileK);
     };
     for (int g = lane; g < p.num_groups; g += 32) atomicAdd(&scratch.bucket[bucket_of(g)], 1);
     __syncwarp();
@@ -177,6 +203,7 @@ struct TileScheduler {
     __syncwarp();
     long long base = 0, total = 0, longest = 0;
     for (int i = lane; i < p.num_groups; i += 32) {
+      if (t.count[t.order[i]] < 0) continue;  // not run (pass plan): after every group that is
       const long long cost = (t.count[t.order[i]] + kTileK - 1) / kTileK + kTileFixedCost;
       const long long q = pg / ctas;
       const int r = static_cast<int>(pg - q * ctas);

@@ -5,10 +5,18 @@
 //   rows_p[e]   = clamp(segment_starts[e] + expert_counts[e] - p*M, 0, M) - starts_p[e], >= 0
 //   starts_p[E] = clamp(segment_starts[E] - p*M, 0, M)
 // Every starts_p entry stays a multiple of the segment alignment when M is one.
+//
+// With `steps`, also the pass plan of the weight gradients (gemm::PassPlan): expert e's rows lie in
+// passes first(e) .. last(e) (an expert without rows: the pass holding its segment start), so in
+// pass p it is kSkip outside them, kWhole when first = last = p, else kOpen / kCarry / kClose. The
+// segments are in expert order, so at most one expert spans each pass boundary: carry slot
+// first(e) (< passes - 1) is its own; with more boundaries than experts, slot e.
+// pass_carry_slots() is the number of slots either way.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace mok::cuda {
@@ -21,7 +29,16 @@ struct PassSegmentsParams {
   std::int64_t ring_rows = 0;                    // M
   std::int32_t* pass_starts = nullptr;           // [E_local + 1]
   std::int32_t* pass_rows = nullptr;             // [E_local]
+  // Optional: the pass plan (gemm::PassPlan steps) of pass `pass` of `passes`.
+  std::int32_t* steps = nullptr;  // [E_local]
+  std::int32_t pass = 0;
+  std::int32_t passes = 1;
 };
 cudaError_t launch_pass_segments(const PassSegmentsParams& p, cudaStream_t stream);
+
+// The fp32 carry slots a pass plan of `passes` passes over `experts` experts uses.
+inline std::int64_t pass_carry_slots(std::int64_t passes, std::int64_t experts) {
+  return std::min(std::max<std::int64_t>(passes - 1, 0), experts);
+}
 
 }  // namespace mok::cuda

@@ -575,10 +575,24 @@ void weight_grad_form(const WeightGradArgs& args) {
   p.out_fp32 = args.out_fp32 ? 1 : 0;
   check(!args.accumulate || args.out_fp32, "accumulate", "an fp32 output (out_fp32)",
         "a bf16 output");
-  check(!args.continue_reduction || args.out_fp32, "continue_reduction",
-        "an fp32 output (out_fp32)", "a bf16 output");
-  check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
-        "at most one of them", "both");
+  const PassPlan& plan = args.passes;
+  if (plan.steps == nullptr) {
+    check(!args.continue_reduction || args.out_fp32, "continue_reduction",
+          "an fp32 output (out_fp32), or a pass plan (passes.steps)", "a bf16 output");
+    check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
+          "at most one of them without a pass plan", "both");
+  } else {
+    // NOTES: the plan's slots are [m, n] fp32 matrices with ld n; plain launches write them
+    // (kOpen), continued ones read and write them.
+    check(plan.slots >= 0, "passes.slots", ">= 0", to_text(plan.slots));
+    check(plan.slots == 0 || plan.carry != nullptr, "passes.carry",
+          "a device pointer to passes.slots fp32 [m, n] matrices", "null");
+    check_aligned(plan.carry, "passes.carry");
+    p.sched.steps = plan.steps;
+    p.sched.first_step = args.continue_reduction ? kCarry : kWhole;
+    p.sched.slots = plan.slots;
+    p.carry = plan.carry;
+  }
   p.accumulate = args.accumulate ? 1 : 0;
   // NOTES: the counter pair is the caller's (WeightGradArgs::tickets), so no two launches share
   // one unless the caller says so: launches in flight at once each have their own.

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/schedule_layout.hpp"
 #include "cuda/comm/team.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
-#include "cuda/kernels/finalize_grad.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
 #include "cuda/kernels/router_grad.hpp"
@@ -23,33 +23,11 @@ void check(cudaError_t e, const char* what) {
   mok::cuda_check(e, what);
 }
 
-// One device allocation carved into 256-byte aligned buffers.
-class Arena {
- public:
-  // An offset disguised as a pointer, until rebase() adds the allocation's base.
-  template <typename T>
-  T* take(std::int64_t count) {
-    const std::int64_t offset = end_;
-    end_ = (end_ + count * static_cast<std::int64_t>(sizeof(T)) + 255) / 256 * 256;
-    return reinterpret_cast<T*>(offset);
-  }
-  std::int64_t bytes() const { return end_; }
-
- private:
-  std::int64_t end_ = 0;
-};
-
-template <typename T>
-T* rebase(T* offset_ptr, std::uint8_t* base) {
-  return reinterpret_cast<T*>(base + reinterpret_cast<std::intptr_t>(offset_ptr));
-}
-
-// The buffers of one rank beyond the team's workspace: scratch only (the forward context is the
-// caller's, RankTensors::ctx).
+// One rank's buffers of the plan's layer region (plan::WorkspacePlan): scratch only (the forward
+// context is the caller's, RankTensors::ctx).
 struct RankBuffers {
   // The rows of a pass: pass 0's are the caller's context; later passes (and backward's replays
-  // of them) use this scratch set (only when there can be several passes). Its x rows are the
-  // team's ring_buffer.
+  // of them) use this scratch set (only when there can be several passes).
   struct PassSet {
     bf16 *x = nullptr, *gate = nullptr, *up = nullptr, *hidden = nullptr;
   };
@@ -60,11 +38,12 @@ struct RankBuffers {
   float* row_weights = nullptr; // [R]: the router weight of each row of the pass (backward)
   float* dot = nullptr;         // [R, ceil(I / 128)]: d_w partials of the down dgrad's epilogue
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
+  std::int32_t* pass_steps = nullptr;  // [E_l]: the weight gradients' pass plan (passes > 1)
   // shared expert
   bf16* s_out = nullptr;                  // [T, H]: output, then dx
   bf16 *s_dg = nullptr, *s_du = nullptr;  // [T, S]
-  // fp32 reductions of the routed weight gradients over several passes (max_passes > 1 only)
-  float *acc_gate = nullptr, *acc_up = nullptr, *acc_down = nullptr;
+  // fp32 sums of the experts whose rows span passes (passes > 1): carry_slots [I, H] / [H, I]
+  float *carry_gate = nullptr, *carry_up = nullptr, *carry_down = nullptr;
 };
 
 // One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
@@ -159,47 +138,44 @@ void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx
   gemm::rows_times_weight(a);
 }
 
-// Where one weight gradient goes: the caller's view (bf16, or fp32 written or added to), or, when
-// the rows come in several ring passes, an fp32 reduction carried across the passes and written
-// to the view once, after the last.
+// Where one weight gradient goes: the caller's view (bf16, or fp32 written or added to). When the
+// rows come in several ring passes, the pass plan (`steps`, on the device) says per expert
+// whether this pass holds all its rows (stored to the view as in one pass), none (untouched), or
+// part of them (an fp32 sum carried in its slot of `carry` from pass to pass, stored to the view
+// at its last pass).
 struct GradTarget {
   const TensorView* view;
   bool add_to_view;  // fp32 main-grad accumulation
-  float* carried;    // several passes: the fp32 partial sums, else null
-  bool first_pass;
-  bool last_pass;
+  gemm::PassPlan passes;  // steps null: one pass
+  bool later_pass;        // a pass after the first: some experts may continue a carried sum
 };
 
 // out[G, m, n] = a[rows]^T b[rows] per group. `tickets`: the workspace's ticket counter pair
 // (zero between launches; the launches of one workspace are ordered on its stream).
 void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
                  const GradTarget& t, unsigned* tickets) {
-  const bool view_fp32 = t.view->dtype == DType::f32;
   gemm::WeightGradArgs w;
   w.segments = e.segments;
   w.a = a;
   w.ld_a = m;
   w.b = b;
   w.ld_b = n;
+  w.out = t.view->data;
   w.ld_out = n;
+  w.out_fp32 = t.view->dtype == DType::f32;
+  w.accumulate = t.add_to_view;  // out + the fresh sum
   w.m = static_cast<int>(m);
   w.n = static_cast<int>(n);
   w.tickets = tickets;
   w.stream = e.stream;
-  if (t.carried == nullptr) {
-    w.out = t.view->data;
-    w.out_fp32 = view_fp32;
-    w.accumulate = t.add_to_view;  // out + the fresh sum
+  w.passes = t.passes;
+  gemm::weight_grad(w);  // one pass: every expert; else the kWhole and kOpen ones
+  if (t.passes.steps != nullptr && t.later_pass) {
+    // NOTES: the experts that continue a carried sum (kCarry, kClose: at most the one expert
+    // whose rows cross into this pass) run in a launch of their own, because seeding the
+    // accumulators makes ptxas serialize the wgmma pipeline of the whole kernel (forms.cuh).
+    w.continue_reduction = true;
     gemm::weight_grad(w);
-    return;
-  }
-  w.out = t.carried;
-  w.out_fp32 = true;
-  w.continue_reduction = !t.first_pass;
-  gemm::weight_grad(w);
-  if (t.last_pass) {
-    FinalizeGradParams f{t.carried, t.view->data, view_fp32, t.add_to_view, t.view->numel()};
-    check(launch_finalize_grad(f, e.stream), "weight gradient");
   }
 }
 
@@ -239,8 +215,8 @@ struct UnfusedLayer::Impl {
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
   std::vector<RankBuffers> ranks;
-  void* arena = nullptr;
-  std::int64_t arena_bytes = 0;
+  void* layer = nullptr;  // every rank's layer region (plan::WorkspacePlan), one allocation
+  std::int64_t layer_bytes = 0;
   std::int32_t* dense_rows = nullptr;  // device scalar T: the shared expert's row count
   unsigned* tickets = nullptr;         // the wgrad launches' ticket counter pair (zeroed once)
   // Peer-address arrays (device), one entry per rank.
@@ -256,7 +232,7 @@ struct UnfusedLayer::Impl {
         config(c),
         device(dev),
         team(Team::local_virtual(p, c, {.device_index = dev})) {}
-  ~Impl() { cudaFree(arena); }
+  ~Impl() { cudaFree(layer); }
 
   const plan::WorkspacePlan& plan() const { return team.impl().plan; }
   std::uint8_t* symmetric(int r) const { return team.impl().symmetric[r]; }
@@ -279,7 +255,7 @@ struct UnfusedLayer::Impl {
     return {problem.num_tokens, problem.topk, problem.hidden_size, problem.ep_size};
   }
   PassRows pass_rows(int r, int pass) const {
-    return {table(r), total_rows(r), std::int64_t{pass} * config.macrobatch_size, ring};
+    return {table(r), total_rows(r), std::int64_t{pass} * ring, ring};
   }
   // The combine fused into a GEMM's epilogue: ring row i of the pass goes to the slot that table
   // row (pass offset + i) names, in `peers` (each rank's [T*k, H] slot buffer).
@@ -296,15 +272,25 @@ struct UnfusedLayer::Impl {
     return {nullptr, nullptr, 1, T, T};
   }
 
+  // The pass's segments and, with several passes, the weight gradients' pass plan.
   void compute_pass_segments(int r, int pass, cudaStream_t s) {
-    PassSegmentsParams p{loc<std::int32_t>(r, plan().segment_starts),
-                         loc<std::int32_t>(r, plan().expert_counts),
-                         static_cast<std::int32_t>(problem.num_local_experts()),
-                         std::int64_t{pass} * config.macrobatch_size,
-                         ring,
-                         ranks[r].pass_starts,
-                         ranks[r].pass_rows};
+    PassSegmentsParams p;
+    p.segment_starts = loc<std::int32_t>(r, plan().segment_starts);
+    p.expert_counts = loc<std::int32_t>(r, plan().expert_counts);
+    p.num_experts = static_cast<std::int32_t>(problem.num_local_experts());
+    p.row_offset = std::int64_t{pass} * ring;
+    p.ring_rows = ring;
+    p.pass_starts = ranks[r].pass_starts;
+    p.pass_rows = ranks[r].pass_rows;
+    p.steps = ranks[r].pass_steps;  // null with one pass
+    p.pass = pass;
+    p.passes = passes;
     check(launch_pass_segments(p, s), "pass segments");
+  }
+  // The pass plan of rank r's weight gradients into `carry` (none with one pass).
+  gemm::PassPlan pass_plan(int r, float* carry) const {
+    if (passes == 1) return {};
+    return {ranks[r].pass_steps, carry, static_cast<int>(plan().carry_slots)};
   }
 
   // The routed experts of rank r over the current pass (its segments), and its shared expert.
@@ -381,99 +367,73 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     : impl_(std::make_unique<Impl>(p, config, device)) {
   Impl& m = *impl_;
   check(cudaSetDevice(device), "cudaSetDevice");
-  const std::int64_t W = p.ep_size, T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
-                     S = p.shared_intermediate_size, E = p.num_local_experts();
-  const std::int64_t max_rows = schedule_capacity_rows(p);
-  // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
-  // (so passes keep their alignment); the Config's macrobatch_size only caps it. The workspace
-  // plan sizes the team's ring_buffer so (plan::ring_rows); the scratch set's x rows live there.
-  m.ring = m.plan().ring_buffer.bytes / (H * 2);
-  m.passes = static_cast<int>((max_rows + config.macrobatch_size - 1) / config.macrobatch_size);
-  const std::int64_t dot_chunks = (I + gemm::kDotColumns - 1) / gemm::kDotColumns;
-
-  Arena a;
-  m.ranks.resize(W);
-  for (auto& b : m.ranks) {
-    if (m.passes > 1) {  // one pass: the caller's context holds every row
-      b.scratch.gate = a.take<bf16>(m.ring * I);
-      b.scratch.up = a.take<bf16>(m.ring * I);
-      b.scratch.hidden = a.take<bf16>(m.ring * I);
-    }
-    b.y = a.take<bf16>(m.ring * H);
-    b.dg = a.take<bf16>(m.ring * I);
-    b.du = a.take<bf16>(m.ring * I);
-    b.row_weights = a.take<float>(m.ring);
-    b.dot = a.take<float>(m.ring * dot_chunks);
-    b.pass_starts = a.take<std::int32_t>(E + 1);
-    b.pass_rows = a.take<std::int32_t>(E);
-    if (S > 0) {
-      b.s_out = a.take<bf16>(T * H);
-      b.s_dg = a.take<bf16>(T * S);
-      b.s_du = a.take<bf16>(T * S);
-    }
-    if (m.passes > 1) {
-      b.acc_gate = a.take<float>(E * I * H);
-      b.acc_up = a.take<float>(E * I * H);
-      b.acc_down = a.take<float>(E * H * I);
-    }
-  }
-  std::int32_t* dense_rows = a.take<std::int32_t>(1);
-  unsigned* tickets = a.take<unsigned>(2);
-  auto* x_peers = a.take<const void*>(W);
-  auto* d_out_peers = a.take<const void*>(W);
-  auto* w_peers = a.take<const float*>(W);
-  auto* combine_peers = a.take<void*>(W);
-  auto* dx_peers = a.take<void*>(W);
-  auto* dw_peers = a.take<float*>(W);
-
-  m.arena_bytes = a.bytes();
-  check(cudaMalloc(&m.arena, m.arena_bytes), "cudaMalloc of the layer buffers");
-  auto* base = static_cast<std::uint8_t*>(m.arena);
-  // Every field below was set by take() as an offset (the first one is 0): rebase them all.
-  auto place = [&](auto*& ptr) { ptr = rebase(ptr, base); };
-  for (int r = 0; r < W; ++r) {
-    RankBuffers& b = m.ranks[r];
-    if (m.passes > 1) {
-      place(b.scratch.gate), place(b.scratch.up), place(b.scratch.hidden);
-      b.scratch.x = m.loc<bf16>(r, m.plan().ring_buffer);
-    }
-    place(b.y), place(b.dg), place(b.du), place(b.row_weights), place(b.dot);
-    place(b.pass_starts), place(b.pass_rows);
-    if (S > 0) place(b.s_out), place(b.s_dg), place(b.s_du);
-    if (m.passes > 1) place(b.acc_gate), place(b.acc_up), place(b.acc_down);
-  }
-  m.dense_rows = rebase(dense_rows, base);
-  m.tickets = rebase(tickets, base);
-  m.x_peers = rebase(x_peers, base);
-  m.d_out_peers = rebase(d_out_peers, base);
-  m.w_peers = rebase(w_peers, base);
-  m.combine_peers = rebase(combine_peers, base);
-  m.dx_peers = rebase(dx_peers, base);
-  m.dw_peers = rebase(dw_peers, base);
-
   const plan::WorkspacePlan& pl = m.plan();
-  std::vector<const void*> xs, ds;
-  std::vector<const float*> ws;
-  std::vector<void*> cs, dxs;
-  std::vector<float*> dws;
-  for (int r = 0; r < W; ++r) {
-    xs.push_back(m.symmetric(r) + pl.x_staging.offset);
-    ds.push_back(m.symmetric(r) + pl.d_out_staging.offset);
-    ws.push_back(reinterpret_cast<const float*>(m.symmetric(r) + pl.router_weights.offset));
-    cs.push_back(m.symmetric(r) + pl.combine.offset);
-    dxs.push_back(m.symmetric(r) + pl.dx_routed.offset);
-    dws.push_back(reinterpret_cast<float*>(m.symmetric(r) + pl.router_weight_grads.offset));
+  const int W = p.ep_size;
+  const std::int64_t T = p.num_tokens, H = p.hidden_size;
+  static_assert(gemm::kDotColumns == 128, "the plan's row_dots assume 128-column chunks");
+  // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
+  // (so passes keep their alignment); the Config's macrobatch_size only caps it (plan::ring_rows).
+  // With several passes the ring is the macrobatch, so pass p holds table rows [p R, (p + 1) R).
+  m.ring = pl.ring_rows;
+  m.passes = static_cast<int>(pl.max_passes);
+  if (m.passes > 1 && m.ring != config.macrobatch_size) {
+    throw Error("internal: a ring of several passes is not one macrobatch");
   }
+
+  // The layer region of every rank, one after the other (each starts aligned: layer_bytes is a
+  // multiple of the plan's alignment).
+  m.layer_bytes = pl.layer_bytes;
+  check(cudaMalloc(&m.layer, static_cast<std::size_t>(W * m.layer_bytes)),
+        "cudaMalloc of the layer buffers");
+  m.ranks.resize(W);
+  for (int r = 0; r < W; ++r) {
+    std::uint8_t* base = static_cast<std::uint8_t*>(m.layer) + r * m.layer_bytes;
+    auto at = [&](auto*& ptr, const plan::Buffer& b) {
+      using V = std::remove_reference_t<decltype(*ptr)>;
+      ptr = b.bytes > 0 ? reinterpret_cast<V*>(base + b.offset) : nullptr;
+    };
+    RankBuffers& b = m.ranks[r];
+    at(b.scratch.gate, pl.pass_gate), at(b.scratch.up, pl.pass_up);
+    at(b.scratch.hidden, pl.pass_hidden);
+    at(b.scratch.x, pl.pass_x);
+    at(b.y, pl.rows_d_out), at(b.dg, pl.rows_d_gate), at(b.du, pl.rows_d_up);
+    at(b.row_weights, pl.row_weights), at(b.dot, pl.row_dots);
+    at(b.pass_starts, pl.pass_starts), at(b.pass_rows, pl.pass_rows);
+    at(b.pass_steps, pl.pass_steps);
+    at(b.carry_gate, pl.carry_gate), at(b.carry_up, pl.carry_up), at(b.carry_down, pl.carry_down);
+    at(b.s_out, pl.shared_out), at(b.s_dg, pl.shared_d_gate), at(b.s_du, pl.shared_d_up);
+  }
+  // Team-wide scalars and peer arrays: rank 0's copies.
+  auto* base0 = static_cast<std::uint8_t*>(m.layer);
+  m.dense_rows = reinterpret_cast<std::int32_t*>(base0 + pl.dense_rows.offset);
+  m.tickets = reinterpret_cast<unsigned*>(base0 + pl.wgrad_tickets.offset);
+  // Each array: W pointers at its place in the peers buffer.
+  auto peers = [&](plan::Peers which) {
+    return base0 + pl.peers.offset + static_cast<int>(which) * W * sizeof(void*);
+  };
+  m.x_peers = reinterpret_cast<const void**>(peers(plan::Peers::x));
+  m.d_out_peers = reinterpret_cast<const void**>(peers(plan::Peers::d_out));
+  m.w_peers = reinterpret_cast<const float**>(peers(plan::Peers::router_weights));
+  m.combine_peers = reinterpret_cast<void**>(peers(plan::Peers::combine));
+  m.dx_peers = reinterpret_cast<void**>(peers(plan::Peers::dx));
+  m.dw_peers = reinterpret_cast<float**>(peers(plan::Peers::router_weight_grads));
+
+  std::vector<void*> table(static_cast<std::size_t>(plan::Peers::count) * W);
+  auto fill = [&](plan::Peers which, const plan::Buffer& b) {
+    for (int r = 0; r < W; ++r) table[static_cast<int>(which) * W + r] = m.symmetric(r) + b.offset;
+  };
+  fill(plan::Peers::x, pl.x_staging);
+  fill(plan::Peers::d_out, pl.d_out_staging);
+  fill(plan::Peers::router_weights, pl.router_weights);
+  fill(plan::Peers::combine, pl.combine);
+  fill(plan::Peers::dx, pl.dx_routed);
+  fill(plan::Peers::router_weight_grads, pl.router_weight_grads);
   const std::int32_t rows = static_cast<std::int32_t>(T);
   check(cudaMemcpy(m.dense_rows, &rows, sizeof rows, cudaMemcpyHostToDevice), "upload");
   check(cudaMemset(m.tickets, 0, 2 * sizeof(unsigned)), "cudaMemset of the ticket counters");
-  check(cudaMemcpy(m.x_peers, xs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(m.d_out_peers, ds.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(m.w_peers, ws.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(m.combine_peers, cs.data(), W * sizeof(void*), cudaMemcpyHostToDevice),
-        "upload");
-  check(cudaMemcpy(m.dx_peers, dxs.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(m.dw_peers, dws.data(), W * sizeof(void*), cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(peers(plan::Peers::x), table.data(), table.size() * sizeof(void*),
+                   cudaMemcpyHostToDevice),
+        "upload of the peer addresses");
 }
 
 UnfusedLayer::~UnfusedLayer() = default;
@@ -486,7 +446,8 @@ int UnfusedLayer::max_passes() const {
 }
 std::size_t UnfusedLayer::bytes() const {
   const auto& t = impl_->team.impl();
-  return static_cast<std::size_t>(impl_->arena_bytes + t.allocation_bytes);
+  return static_cast<std::size_t>(impl_->problem.ep_size * impl_->layer_bytes +
+                                  t.allocation_bytes);
 }
 void UnfusedLayer::check_errors(cudaStream_t stream) {
   impl_->team.check_errors(stream);
@@ -573,18 +534,18 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                       b.s_dg,
                       b.s_du,
                       b.s_out /* its d_x */,
-                      {&t.grads.d_shared_gate, add, nullptr, true, true},
-                      {&t.grads.d_shared_up, add, nullptr, true, true},
-                      {&t.grads.d_shared_down, add, nullptr, true, true},
+                      {&t.grads.d_shared_gate, add, {}, false},
+                      {&t.grads.d_shared_up, add, {}, false},
+                      {&t.grads.d_shared_down, add, {}, false},
                       {}};
     expert_backward(m.shared(t, s), eb, m.tickets, [] {});
   }
 
   // Routed experts, pass by pass. Weight gradients reduce straight into the caller's views when
-  // one pass holds every row; else in fp32 carried across the passes.
-  const bool multi = m.passes > 1;
+  // one pass holds every row of an expert; else its sum is carried in fp32 across the passes
+  // (the pass plan, computed on the device with the pass's segments).
   for (int pass = 0; pass < m.passes; ++pass) {
-    const bool first = pass == 0, last = pass == m.passes - 1;
+    const bool first = pass == 0;
     for (int r = 0; r < W; ++r) {
       RankBuffers& b = m.ranks[r];
       const RankTensors& t = ranks[r];
@@ -615,9 +576,9 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         b.dg,
                         b.du,
                         nullptr /* dx: scattered home (dx_to) */,
-                        {&t.grads.d_gate, add, multi ? b.acc_gate : nullptr, first, last},
-                        {&t.grads.d_up, add, multi ? b.acc_up : nullptr, first, last},
-                        {&t.grads.d_down, add, multi ? b.acc_down : nullptr, first, last},
+                        {&t.grads.d_gate, add, m.pass_plan(r, b.carry_gate), !first},
+                        {&t.grads.d_up, add, m.pass_plan(r, b.carry_up), !first},
+                        {&t.grads.d_down, add, m.pass_plan(r, b.carry_down), !first},
                         m.to_home_slots(r, pass, m.dx_peers)};  // the backward combine
       expert_backward(m.routed(r, t, s), eb, m.tickets, between);
     }
