@@ -140,10 +140,11 @@ TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
   EXPECT_TRUE(check_against_f64(one).passed());
 }
 
-// `mok run --plan` is what the CUDA layer allocates: a workspace's bytes are the plan's three
+// `mok run --plan` is what the CUDA layer allocates: the layer's bytes are the plan's three
 // regions for every rank plus the team's guard zones, and the device's free memory drops by that
-// much (up to the driver's page rounding of the two allocations); with one pass no pass scratch
-// and no fp32 carries, with several the carries of min(passes - 1, E_local) experts only.
+// much (up to the driver's page rounding of the two allocations); a Workspace holds one such
+// layer. With one pass no pass scratch and no fp32 carries, with several the carries of
+// min(passes - 1, E_local) experts only.
 TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
   MOK_SKIP_WITHOUT_GPU();
   struct Case {
@@ -154,12 +155,12 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
   many.minibatch_size = 128;
   many.macrobatch_size = 512;
   Problem ep2 = layer_shape(300, 256, 192, 8, 3, 64);
-  ep2.ep_size = 2;
+  ep2.ep_size = 2;  // a local virtual team: both ranks' regions in this process
   const Case cases[] = {{layer_shape(300, 256, 192, 5, 3, 64), {}},
                         {layer_shape(300, 256, 192, 5, 3, 0), many},
                         {ep2, many},
                         {layer_shape(4096, 1024, 512, 64, 6, 0), {}}};
-  { Workspace warm(cases[0].problem, cases[0].config, {.backend = Backend::cuda}); }
+  { cuda::UnfusedLayer warm(cases[0].problem, cases[0].config, 0); }
   for (const Case& c : cases) {
     const plan::WorkspacePlan pl = plan::make_workspace_plan(plan_shape_of(c.problem, c.config));
     const std::int64_t W = c.problem.ep_size;
@@ -167,21 +168,27 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::size_t free0 = 0, free1 = 0, total = 0;
     ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    Workspace ws(c.problem, c.config, {.backend = Backend::cuda});
+    cuda::UnfusedLayer layer(c.problem, c.config, 0);
     ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
     const std::string name = c.problem.to_string();
-    EXPECT_EQ(static_cast<std::int64_t>(ws.bytes()), W * pl.total_bytes() + guards) << name;
+    EXPECT_EQ(static_cast<std::int64_t>(layer.bytes()), W * pl.total_bytes() + guards) << name;
     const std::int64_t drop = static_cast<std::int64_t>(free0) - static_cast<std::int64_t>(free1);
     constexpr std::int64_t kPage = 2 << 20;  // the driver rounds each allocation to 2 MiB pages
     EXPECT_GE(drop, W * pl.total_bytes()) << name;
     EXPECT_LE(drop, W * pl.total_bytes() + guards + 2 * kPage) << name;
+    EXPECT_EQ(layer.max_passes(), pl.max_passes) << name;
+    EXPECT_EQ(layer.ring_rows(), pl.ring_rows) << name;
     if (pl.max_passes == 1) {
       EXPECT_EQ(pl.carry_slots, 0) << name;
-      EXPECT_EQ(pl.pass_gate.bytes + pl.carry_gate.bytes, 0) << name;
+      EXPECT_EQ(pl.pass_x.bytes + pl.pass_gate.bytes + pl.carry_gate.bytes, 0) << name;
     } else {
       EXPECT_EQ(pl.carry_slots, std::min(pl.max_passes - 1, c.problem.num_local_experts()))
           << name;
       EXPECT_GT(pl.carry_gate.bytes, 0) << name;
+    }
+    if (W == 1) {
+      const Workspace ws(c.problem, c.config, {.backend = Backend::cuda});
+      EXPECT_EQ(ws.bytes(), layer.bytes()) << name;
     }
   }
 }
