@@ -77,7 +77,7 @@ run options:
   --threads N           CPU threads (default: all)
   --seed N              seed of the synthetic inputs, weights and router (default 1)
   --json                print one JSON object instead of text
-  --plan                print the workspace plan (every buffer's bytes, symmetric and local) for
+  --plan                print the workspace plan (every buffer's bytes: symmetric, local and layer) for
                         the shape and config, and exit
   --ep-size W           ranks in the expert-parallel group (default 1; the CPU run needs 1)
   --minibatch N         config.minibatch_size, rows (default 4096)
