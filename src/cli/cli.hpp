@@ -7,7 +7,7 @@
 #include <string>
 
 #include "mok/api.hpp"
-#include "reference/synthetic.hpp"
+#include "synthetic/synthetic.hpp"
 
 namespace mok::cli {
 

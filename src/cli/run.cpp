@@ -8,8 +8,9 @@
 #include "cli/cli.hpp"
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
-#include "cuda/runtime.hpp"
-#include "reference/check.hpp"
+#include "core/backend.hpp"
+#include "synthetic/check.hpp"
+#include "synthetic/synthetic_step.hpp"
 
 namespace mok::cli {
 namespace {

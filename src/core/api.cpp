@@ -7,7 +7,6 @@
 #include "core/validate.hpp"
 #include "core/workspace.hpp"
 #include "core/workspace_plan.hpp"
-#include "cuda/runtime.hpp"
 
 namespace mok {
 
@@ -72,11 +71,9 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
   impl_->config = config;
   impl_->options = options;
   impl_->backend = backend;
-  if (backend == Backend::cpu) {
-    impl_->cpu = std::make_unique<reference::State>(options.activation_dtype, options.num_threads);
-  } else {
-    impl_->gpu = cuda::make_layer(problem, config, options.device_index);
-  }
+  impl_->layer = backend == Backend::cpu
+                     ? make_cpu_backend(problem, options.activation_dtype, options.num_threads)
+                     : make_cuda_backend(problem, config, options.device_index);
 }
 
 Workspace::~Workspace() = default;
@@ -96,10 +93,10 @@ DType Workspace::activation_dtype() const {
   return impl_->options.activation_dtype;
 }
 int Workspace::num_threads() const {
-  return impl_->cpu ? impl_->cpu->pool.size() : 0;
+  return impl_->layer->num_threads();
 }
 std::size_t Workspace::bytes() const {
-  return impl_->cpu ? impl_->cpu->bytes() : impl_->gpu->bytes();
+  return impl_->layer->bytes();
 }
 void Workspace::set_stream(void* stream) {
   impl_->stream = stream;
@@ -176,8 +173,8 @@ ForwardContextLayout forward_context_layout(const Workspace& ws_) {
   const Workspace::Impl& ws = const_cast<Workspace&>(ws_).impl();
   const ForwardContextLayout l = forward_context_layout(
       ws.problem, ws.config, ws.backend, ws.options.activation_dtype, ws.options.device_index);
-  if (ws.gpu && ws.gpu->context_rows() != l.routed_rows) {
-    throw Error("internal: the CUDA layer's ring rows differ from the workspace plan's");
+  if (ws.layer->context_rows() != l.routed_rows) {
+    throw Error("internal: the backend's context rows differ from the context layout's");
   }
   return l;
 }
@@ -275,15 +272,11 @@ void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const Tenso
   }
   check_context(ws_, ctx);
   ctx.key = ContextKey{};
-  if (ws.cpu) {
-    check_expert_ids_host(ws.problem, in.topk_experts);
-    reference::forward(*ws.cpu, ws.problem, in, w, out, ctx);
-  } else {
-    // Ids are checked on the device (no host synchronization); a bad one from an earlier call
-    // is raised here, at the latest.
-    ws.gpu->check_errors(ws.stream);
-    ws.gpu->forward(in, w, out, ctx, ws.stream);
-  }
+  // The CPU checks ids on the host; the GPU on the device (no host synchronization), and a bad
+  // one from an earlier call is raised here, at the latest.
+  if (ws.backend == Backend::cpu) check_expert_ids_host(ws.problem, in.topk_experts);
+  ws.layer->check_errors(ws.stream);
+  ws.layer->forward(in, w, out, ctx, ws.stream);
   ctx.key = key_of(in, w);
   if (recompute) {
     ctx.key.tensors[2] = nullptr;  // neither topk_weights nor the down weights are read
@@ -317,13 +310,9 @@ void backward(Workspace& ws_, const Inputs& in, const Weights& w, const ForwardC
   if (dev.kind == DeviceKind::cuda) check_aligned_16("d_out", d_out);
   check_context(ws_, ctx);
   check_key(ctx.key, in, w);
-  if (ws.cpu) {
-    check_expert_ids_host(ws.problem, in.topk_experts);
-    reference::backward(*ws.cpu, ws.problem, in, w, ctx, d_out, grads, options);
-  } else {
-    ws.gpu->check_errors(ws.stream);
-    ws.gpu->backward(in, w, ctx, d_out, grads, options, ws.stream);
-  }
+  if (ws.backend == Backend::cpu) check_expert_ids_host(ws.problem, in.topk_experts);
+  ws.layer->check_errors(ws.stream);
+  ws.layer->backward(in, w, ctx, d_out, grads, options, ws.stream);
   ++ws.calls.backward;
 }
 

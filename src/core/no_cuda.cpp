@@ -1,6 +1,6 @@
 // The CUDA runtime facts for a build without CUDA: no devices.
+#include "core/backend.hpp"
 #include "core/gemm_ops.hpp"
-#include "cuda/runtime.hpp"
 #include "mok/error.hpp"
 
 namespace mok::cuda {
@@ -20,14 +20,16 @@ std::string smoke_test(int) {
 bool layer_available() {
   return false;
 }
-StepTimes run_synthetic_step(LayerData&, const Config&, int, int, int) {
-  throw Error("the CUDA backend is not available (this build has no CUDA support)");
-}
-std::unique_ptr<Layer> make_layer(const Problem&, const Config&, int) {
+
+}  // namespace mok::cuda
+
+namespace mok {
+
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem&, const Config&, int) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 
-}  // namespace mok::cuda
+}  // namespace mok
 
 namespace mok::gemm_ops {
 

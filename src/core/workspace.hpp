@@ -1,11 +1,10 @@
-// What a Workspace holds, per backend. Internal: backends include this, users do not.
+// What a Workspace holds. Internal: backends include this, users do not.
 #pragma once
 
 #include <memory>
 
-#include "cuda/runtime.hpp"
+#include "core/backend.hpp"
 #include "mok/api.hpp"
-#include "reference/reference.hpp"
 
 namespace mok {
 
@@ -14,9 +13,8 @@ struct Workspace::Impl {
   Config config;
   WorkspaceOptions options;
   Backend backend = Backend::cpu;
-  std::unique_ptr<reference::State> cpu;  // backend == cpu
-  std::unique_ptr<cuda::Layer> gpu;       // backend == cuda
-  void* stream = nullptr;                 // cudaStream_t of the next calls (cuda backend)
+  std::unique_ptr<LayerBackend> layer;  // cpu: the reference; cuda: the CUDA layer
+  void* stream = nullptr;               // cudaStream_t of the next calls (cuda backend)
   Workspace::CallCounts calls;
 };
 

@@ -47,7 +47,7 @@
 #include <cstdint>
 
 #include "core/schedule_layout.hpp"
-#include "cuda/comm/error_record.hpp"
+#include "core/error_record.hpp"
 
 namespace mok::plan {
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/runtime.hpp"
+#include "core/backend.hpp"
 
 namespace mok::cuda {
 namespace {

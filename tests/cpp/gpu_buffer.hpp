@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda/runtime.hpp"
+#include "core/backend.hpp"
 
 #define MOK_CUDA_OK(call)                                                              \
   do {                                                                                 \

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "mok/api.hpp"
-#include "reference/check.hpp"
-#include "reference/synthetic.hpp"
+#include "synthetic/check.hpp"
+#include "synthetic/synthetic.hpp"
 
 namespace mok::test {
 

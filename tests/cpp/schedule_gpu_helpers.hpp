@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cuda/comm/team.hpp"
-#include "cuda/runtime.hpp"
+#include "core/backend.hpp"
 #include "mok/schedule.hpp"
 #include "schedule_test_helpers.hpp"
 

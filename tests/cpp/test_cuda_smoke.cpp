@@ -1,7 +1,7 @@
 // The GPU smoke test: a device query and one launch. Skipped (visibly) without a GPU.
 #include <gtest/gtest.h>
 
-#include "cuda/runtime.hpp"
+#include "core/backend.hpp"
 
 TEST(CudaSmoke, DeviceQueryAndOneLaunch) {
   if (!mok::cuda::compiled()) GTEST_SKIP() << "this build has no CUDA support";

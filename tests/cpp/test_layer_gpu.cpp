@@ -8,7 +8,7 @@
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
 #include "cuda/comm/team.hpp"
-#include "cuda/layer/device_layer.hpp"
+#include "synthetic/device_layer.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_helpers.hpp"

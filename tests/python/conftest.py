@@ -17,7 +17,7 @@ import mok.ops
 
 SEED = int(os.environ.get("MOK_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
-# bf16 stores round with relative error at most u = 2^-8. As in src/reference/check.hpp, the bound
+# bf16 stores round with relative error at most u = 2^-8. As in src/synthetic/check.hpp, the bound
 # on the relative Frobenius error is u times the number of bf16 stores on the longest path: 4 for
 # the output (g/u, h, y, out), at most 5 for a gradient (plus one for fp32 accumulation): 6.
 BF16_U = 2.0**-8

@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "core/workspace_plan.hpp"
-#include "cuda/comm/error_record.hpp"
+#include "core/error_record.hpp"
 #include "cuda/comm/team_args.hpp"
 #include "cuda/ptx/flags.cuh"
 

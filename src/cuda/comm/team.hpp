@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/workspace_plan.hpp"
-#include "cuda/comm/error_record.hpp"
+#include "core/error_record.hpp"
 #include "cuda/comm/team_args.hpp"
 #include "mok/schedule.hpp"
 

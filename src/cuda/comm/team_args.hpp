@@ -5,7 +5,7 @@
 
 #include "core/schedule_layout.hpp"
 #include "core/workspace_plan.hpp"
-#include "cuda/comm/error_record.hpp"
+#include "core/error_record.hpp"
 
 namespace mok::comm {
 

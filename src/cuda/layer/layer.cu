@@ -1,13 +1,13 @@
-// mok::cuda::Layer: the single-GPU layer (one rank) on the unfused path.
+// The CUDA layer as a Workspace backend (core/backend.hpp): one GPU (one rank), the unfused path.
 #include <array>
 
+#include "core/backend.hpp"
 #include "cuda/layer/unfused_layer.hpp"
-#include "cuda/runtime.hpp"
 
 namespace mok::cuda {
 namespace {
 
-class UnfusedSingleRank final : public Layer {
+class UnfusedSingleRank final : public LayerBackend {
  public:
   UnfusedSingleRank(const Problem& p, const Config& c, int device) : layer_(p, c, device) {}
 
@@ -28,6 +28,7 @@ class UnfusedSingleRank final : public Layer {
   }
   std::int64_t context_rows() const override { return layer_.ring_rows(); }
   std::size_t bytes() const override { return layer_.bytes(); }
+  int num_threads() const override { return 0; }
 
  private:
   UnfusedLayer layer_;
@@ -39,8 +40,13 @@ bool layer_available() {
   return true;
 }
 
-std::unique_ptr<Layer> make_layer(const Problem& p, const Config& config, int device) {
-  return std::make_unique<UnfusedSingleRank>(p, config, device);
+}  // namespace mok::cuda
+
+namespace mok {
+
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config,
+                                                int device) {
+  return std::make_unique<cuda::UnfusedSingleRank>(p, config, device);
 }
 
-}  // namespace mok::cuda
+}  // namespace mok

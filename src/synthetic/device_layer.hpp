@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "reference/synthetic.hpp"
+#include "synthetic/synthetic.hpp"
 
 namespace mok::cuda {
 

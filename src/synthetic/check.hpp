@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "reference/synthetic.hpp"
+#include "synthetic/synthetic.hpp"
 
 namespace mok {
 

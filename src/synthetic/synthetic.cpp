@@ -1,4 +1,4 @@
-#include "reference/synthetic.hpp"
+#include "synthetic/synthetic.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -4,8 +4,8 @@
 
 #include "core/workspace.hpp"
 #include "cuda/comm/team.hpp"  // cuda_check
-#include "cuda/layer/device_layer.hpp"
-#include "cuda/runtime.hpp"
+#include "synthetic/device_layer.hpp"
+#include "synthetic/synthetic_step.hpp"
 
 namespace mok::cuda {
 
@@ -36,7 +36,7 @@ StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, 
   }
   for (auto& e : marks) cudaEventDestroy(e);
   // Device-side errors of the steps (bad ids, timeouts) before their outputs are trusted.
-  ws.impl().gpu->check_errors(nullptr);
+  ws.impl().layer->check_errors(nullptr);
   g.download(data);
   std::sort(fwd.begin(), fwd.end());
   std::sort(bwd.begin(), bwd.end());

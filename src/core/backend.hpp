@@ -1,0 +1,51 @@
+// The backend interface: core validates every call (src/core/api.cpp), then hands it to the
+// Workspace's backend. The CPU reference (src/reference/backend.cpp) and the CUDA layer
+// (src/cuda/layer/layer.cu) implement it; core includes neither. Internal: users see mok::Workspace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mok/api.hpp"
+
+namespace mok {
+
+class LayerBackend {
+ public:
+  virtual ~LayerBackend() = default;
+  // Inputs, weights and the context are validated. `out` null: recompute_forward_context (the
+  // context only). `stream`: the cudaStream_t of the call (CUDA), ignored by the CPU.
+  virtual void forward(const Inputs& in, const Weights& w, const TensorView* out,
+                       const ForwardContext& ctx, void* stream) = 0;
+  virtual void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
+                        const TensorView& d_out, const Grads& grads,
+                        const BackwardOptions& options, void* stream) = 0;
+  // Raises the errors a device found since the last call (bad expert ids, timed-out waits); the
+  // device-side clear is ordered on `stream`. The CPU checks before it computes: nothing to raise.
+  virtual void check_errors(void* stream) = 0;
+  virtual std::int64_t context_rows() const = 0;  // rows of the forward context's routed tensors
+  virtual std::size_t bytes() const = 0;          // device memory the backend holds
+  virtual int num_threads() const = 0;            // CPU threads (0: not a CPU backend)
+};
+
+// The CPU reference: `act` bf16 (the GPU's precision model) or f64 (exact); `num_threads` 0: all.
+std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int num_threads);
+
+// The CUDA layer on `device` (ep_size 1). A build without CUDA throws (src/core/no_cuda.cpp).
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device);
+
+// The CUDA runtime facts core and the CLI need, in every build (src/cuda/runtime.cu, or
+// src/core/no_cuda.cpp without CUDA).
+namespace cuda {
+bool compiled();                        // this build has the CUDA backend's sources
+int device_count();                     // 0 when not compiled or no device
+std::string device_summary(int index);  // "NVIDIA H200, sm_90, 132 SMs" or the reason it failed
+// Launches one small kernel on `index` and checks its result: the GPU smoke test. Returns an
+// empty string on success, else what went wrong.
+std::string smoke_test(int index);
+bool layer_available();  // the CUDA layer kernels are part of this build
+}  // namespace cuda
+
+}  // namespace mok
