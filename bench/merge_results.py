@@ -2,7 +2,7 @@
 """Merge the per-suite measurement files of docs/perf/ into docs/perf/results.json (PERF.md's
 schema) and render the table in docs/perf/README.md.
 
-Each part file (docs/perf/{ceilings,schedule,gemm,layer}.json, whichever exist) holds
+Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small}.json, whichever exist) holds
 {"gpu", "commit", "date", "cases": [...]} (ceilings.json: {"gpu", "commit", "date", "ceilings"}).
 A case keeps the commit and date of the run that measured it, since suites are measured at
 different times; the top-level commit and date are those of the newest part.
@@ -12,7 +12,7 @@ import pathlib
 import sys
 
 PERF = pathlib.Path(__file__).resolve().parent.parent / "docs" / "perf"
-PARTS = ["ceilings", "schedule", "gemm", "layer"]
+PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small"]
 
 
 def layer_summary(cases, ceilings):
@@ -26,7 +26,7 @@ def layer_summary(cases, ceilings):
     rows = []
     for case, routing, pss in keys:
         tr = layer[(case, routing, pss, "torch")]
-        for impl in ("mok", "mok-unfused"):
+        for impl in ("mok", "mok-unfused", "mok-unfused-1pass", "mok-unfused-2pass"):
             m = layer.get((case, routing, pss, impl))
             if m is None or m.get("commit") != tr.get("commit"):
                 continue  # only same-run comparisons
@@ -39,7 +39,22 @@ def layer_summary(cases, ceilings):
                         f"{held} | {m['commit']} |")
     if not rows:
         return []
-    return ["## Layer: mok against the PyTorch baseline (same run)", "",
+    passes = []  # the ring's cost: the default config and two real passes over one pass
+    for case, routing, pss in keys:
+        one = layer.get((case, routing, pss, "mok-unfused-1pass"))
+        if one is None:
+            continue
+        cells = []
+        for impl in ("mok-unfused", "mok-unfused-2pass"):
+            m = layer.get((case, routing, pss, impl))
+            same = m is not None and m.get("commit") == one.get("commit")
+            cells.append(f"{m['median_ms'] / one['median_ms']:.3f}x" if same else "-")
+        passes.append(f"| {case} | {routing} | {pss} | {one['median_ms']:.3f} | {cells[0]} | {cells[1]} | "
+                      f"{one['commit']} |")
+    ring = ["## Ring passes: the default config and two real passes against one pass (same run)", "",
+            "| case | routing | pass | 1 pass ms | default / 1 pass | 2 passes / 1 pass | commit |",
+            "| --- | --- | --- | --- | --- | --- | --- |"] + passes + [""] if passes else []
+    return ring + ["## Layer: mok against the PyTorch baseline (same run)", "",
             "Floor: the larger of FLOPs at `bf16_tflops` and bytes at `hbm_tbps`. Sustained: mok's time over",
             "its FLOPs at `bf16_tflops_sustained`, the rate cuBLAS holds in a long run under the H200's",
             "700 W limit (docs/perf/NOTES.md, ## layer, session 4).", "",
