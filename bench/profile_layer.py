@@ -64,7 +64,7 @@ def main():
         weights = bl.make_weights(case, 7)
         inp = bl.make_inputs(case, args.routing == "skewed", 0, weights)
         for name in args.impls.split(","):
-            impl = {"mok": bl.MokImpl, "torch": bl.TorchImpl}[name]()
+            impl = bl.IMPLS[name][0]()  # mok, mok-1pass, mok-2pass, torch
             impl.setup(inp)
 
             def fwd():
