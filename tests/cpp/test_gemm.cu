@@ -1182,6 +1182,19 @@ TEST_P(GemmWgrad, Dsv3Ep8SliceDown) {
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
 }
 
+// Random A [capacity, m] and B [capacity, n] row buffers of a wgrad over `l`, every padding row
+// poisoned (it must contribute nothing).
+struct WgradOperands {
+  Buffer<__nv_bfloat16> a, b;
+  WgradOperands(const Layout& l, int m, int n)
+      : a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n) {
+    fill_random(a, 1.0f);
+    fill_random(b, 1.0f);
+    l.poison_padding(a, m);
+    l.poison_padding(b, n);
+  }
+};
+
 // A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
 // sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
 TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
@@ -1189,11 +1202,9 @@ TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   Layout l({300, 0, 700, 129, 64});
   const int G = l.groups(), m = 192, n = 320;
   const int split = 640;  // a multiple of 128: inside group 2's segment [384, 1152)
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
-  fill_random(a, 1.0f);
-  fill_random(b, 1.0f);
-  l.poison_padding(a, m);
-  l.poison_padding(b, n);
+  const WgradOperands ops(l, m, n);
+  const auto& a = ops.a;
+  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   Buffer<float> whole(elems), parts(elems), added(elems);
   std::vector<int> s1(G + 1), r1(G), s2(G + 1), r2(G);
@@ -1271,11 +1282,9 @@ TEST_P(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
   // Rows per group: a group spanning many passes, empty groups, one in a single pass, odd counts.
   Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
   const int G = l.groups(), m = 192, n = 320;
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
-  fill_random(a, 1.0f);
-  fill_random(b, 1.0f);
-  l.poison_padding(a, m);
-  l.poison_padding(b, n);
+  const WgradOperands ops(l, m, n);
+  const auto& a = ops.a;
+  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   std::vector<float> base(elems);
   for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
@@ -1373,11 +1382,9 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   REQUIRE_HOPPER();
   Layout l({900, 0, 77, 2000, 128, 1, 640});
   const int G = l.groups(), m = 192, n = 320;
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
-  fill_random(a, 1.0f);
-  fill_random(b, 1.0f);
-  l.poison_padding(a, m);
-  l.poison_padding(b, n);
+  const WgradOperands ops(l, m, n);
+  const auto& a = ops.a;
+  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   constexpr int kCopies = 6;
   std::vector<std::unique_ptr<Buffer<__nv_bfloat16>>> outs;
