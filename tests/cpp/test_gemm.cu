@@ -1185,13 +1185,30 @@ TEST_P(GemmWgrad, Dsv3Ep8SliceDown) {
 // Random A [capacity, m] and B [capacity, n] row buffers of a wgrad over `l`, every padding row
 // poisoned (it must contribute nothing).
 struct WgradOperands {
+  int m, n;
   Buffer<__nv_bfloat16> a, b;
-  WgradOperands(const Layout& l, int m, int n)
-      : a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n) {
+  WgradOperands(const Layout& l, int m_, int n_)
+      : m(m_), n(n_), a(std::size_t(l.capacity) * m_), b(std::size_t(l.capacity) * n_) {
     fill_random(a, 1.0f);
     fill_random(b, 1.0f);
     l.poison_padding(a, m);
     l.poison_padding(b, n);
+  }
+  // A launch over these operands into `out` ([groups, m, n], ld n), with the suite's consumer
+  // schedule; segments, tickets and the rest are the caller's.
+  mok::gemm::WeightGradArgs args(void* out, bool out_fp32) const {
+    mok::gemm::WeightGradArgs w;
+    w.consumers = g_consumers;
+    w.a = a.p;
+    w.ld_a = m;
+    w.b = b.p;
+    w.ld_b = n;
+    w.out = out;
+    w.ld_out = n;
+    w.out_fp32 = out_fp32;
+    w.m = m;
+    w.n = n;
+    return w;
   }
 };
 
@@ -1203,8 +1220,6 @@ TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   const int G = l.groups(), m = 192, n = 320;
   const int split = 640;  // a multiple of 128: inside group 2's segment [384, 1152)
   const WgradOperands ops(l, m, n);
-  const auto& a = ops.a;
-  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   Buffer<float> whole(elems), parts(elems), added(elems);
   std::vector<int> s1(G + 1), r1(G), s2(G + 1), r2(G);
@@ -1221,20 +1236,10 @@ TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   d_s2.upload(s2);
   d_r2.upload(r2);
   auto launch = [&](RowSegments seg, float* out, bool cont, bool acc) {
-    mok::gemm::WeightGradArgs args;
-    args.consumers = g_consumers;
+    mok::gemm::WeightGradArgs args = ops.args(out, true);
     args.segments = seg;
-    args.a = a.p;
-    args.ld_a = m;
-    args.b = b.p;
-    args.ld_b = n;
-    args.out = out;
-    args.ld_out = n;
-    args.out_fp32 = true;
     args.continue_reduction = cont;
     args.accumulate = acc;
-    args.m = m;
-    args.n = n;
     mok::gemm::weight_grad(args);
   };
   whole.poison();
@@ -1292,18 +1297,8 @@ TEST_P(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
   Buffer<unsigned> tickets(2);
   CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
   auto args_for = [&](Out o, void* out) {
-    mok::gemm::WeightGradArgs args;
-    args.consumers = g_consumers;
-    args.a = a.p;
-    args.ld_a = m;
-    args.b = b.p;
-    args.ld_b = n;
-    args.out = out;
-    args.ld_out = n;
-    args.out_fp32 = o != Out::bf16;
+    mok::gemm::WeightGradArgs args = ops.args(out, o != Out::bf16);
     args.accumulate = o == Out::fp32_accumulate;
-    args.m = m;
-    args.n = n;
     args.tickets = tickets.p;
     return args;
   };
@@ -1383,8 +1378,6 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   Layout l({900, 0, 77, 2000, 128, 1, 640});
   const int G = l.groups(), m = 192, n = 320;
   const WgradOperands ops(l, m, n);
-  const auto& a = ops.a;
-  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   constexpr int kCopies = 6;
   std::vector<std::unique_ptr<Buffer<__nv_bfloat16>>> outs;
@@ -1394,20 +1387,11 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   Buffer<unsigned> pairs(2 * (kCopies + 1));  // the counter pair of outs[i]: pairs[2i, 2i + 2)
   CUDA_OK(cudaMemset(pairs.p, 0, pairs.n * sizeof(unsigned)));
   auto launch = [&](int i, cudaStream_t stream) {
-    mok::gemm::WeightGradArgs args;
-    args.consumers = g_consumers;
+    mok::gemm::WeightGradArgs args = ops.args(outs[i]->p, false);
     args.segments = l.segments();
 #ifndef MOK_TEST_OLD_TICKET_API
     args.tickets = pairs.p + 2 * i;
 #endif
-    args.a = a.p;
-    args.ld_a = m;
-    args.b = b.p;
-    args.ld_b = n;
-    args.out = outs[i]->p;
-    args.ld_out = n;
-    args.m = m;
-    args.n = n;
     args.stream = stream;
     mok::gemm::weight_grad(args);
   };
