@@ -5,7 +5,8 @@ precision, and holds scratch only: the forward context is tensors the caller own
 them), so one C++ workspace serves every layer of its shape. MoK's Python API creates a workspace
 from (T, H, k) only, before the weights are seen, so a Python Workspace creates its C++ workspaces
 lazily, one per layer shape and config it meets (a small LRU), sized from shapes only, never from
-routing data.
+routing data. A C++ workspace that a CUDA graph captured is never dropped: the graph's replays
+use its memory.
 
 The ops (mok.ops) take a workspace as an int handle, so that torch.compile sees a constant. A
 handle names a Python workspace and the config its calls use (`Workspace.handle_for(config)`);
@@ -31,11 +32,18 @@ _shared_lock = threading.Lock()
 
 
 class _Core:
-    """One C++ workspace. `lock` serializes the calls that use its scratch."""
+    """One C++ workspace. `lock` serializes the calls that use its scratch. `captured`: a call ran
+    while a CUDA graph was being captured, so the graph holds its memory and the LRU must keep it."""
 
     def __init__(self, native):
         self.native = native
         self.lock = threading.Lock()
+        self.captured = False
+
+
+def _capturing(device):
+    """Whether this call is being captured into a CUDA graph (its workspace then outlives it)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _layout_key(shape, config):
@@ -126,12 +134,16 @@ class Workspace:
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
     def core(self, shape, config):
-        """The C++ workspace for `shape` and `config`, created on first use."""
+        """The C++ workspace for `shape` and `config`, created on first use. The least recently
+        used beyond _MAX_CORES are dropped, except those a CUDA graph captured (kept for good:
+        a graph's replays use them)."""
         key = _layout_key(shape, config)
+        capturing = _capturing(shape.device)
         with self._cores_lock:
             core = self._cores.get(key)
             if core is not None:
                 self._cores.move_to_end(key)
+                core.captured = core.captured or capturing
                 return core
             d = shape.device
             native = _C.Workspace(
@@ -140,8 +152,10 @@ class Workspace:
                 num_threads=torch.get_num_threads(),
                 device_index=d.index if d.index is not None else 0)
             core = self._cores[key] = _Core(native)
-            while len(self._cores) > _MAX_CORES:
-                _, dropped = self._cores.popitem(last=False)
+            core.captured = capturing
+            droppable = [k for k, c in self._cores.items() if not c.captured and k != key]
+            for k in droppable[:max(0, len(self._cores) - _MAX_CORES)]:  # oldest first
+                dropped = self._cores.pop(k)
                 self._dropped_counts = tuple(
                     a + b for a, b in zip(self._dropped_counts, dropped.native.call_counts))
             return core

@@ -165,6 +165,49 @@ def test_cuda_graph_training_step_replays_new_inputs(gen):
         check_against_reference(data, static_out, grads, OUT_TOLERANCE, GRAD_TOLERANCE)
 
 
+@requires_cuda
+def test_cuda_graph_keeps_its_workspace_past_the_lru(gen):
+    """A captured forward keeps its C++ workspace for good: after more layer shapes than the
+    workspace's LRU keeps have run through the same workspace, the captured one is still there
+    (a dropped one would leave the graph's replays in freed memory), and a replay, its output
+    poisoned first, still gives the captured step's bits."""
+    from mok import _workspace, functional
+    T, H, k, S = 64, 128, 2, 64
+    dev = torch.device("cuda")
+    ws = functional.create_workspace(functional.MoKConfig(), None, device=dev,
+                                     num_local_tokens=T, hidden_size=H, topk=k)
+
+    def inputs(I, E):
+        d = make_layer(gen, T, H, I, E, k, S)
+        return [d.x.to(dev), d.topk_experts.to(dev), d.topk_weights.to(dev),
+                *[t.to(dev) for t in d.weights]]
+
+    static = inputs(64, 8)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():  # warm-up outside the capture
+        for _ in range(2):
+            mok.moe(*static, workspace=ws)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = mok.moe(*static, workspace=ws)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = out.clone()
+    captured = [key for key, core in ws._cores.items() if core.captured]
+    assert len(captured) == 1, "the captured call's workspace is not marked"
+    with torch.no_grad():
+        for i in range(2 * _workspace._MAX_CORES):  # other layer shapes, eagerly
+            mok.moe(*inputs(128 + 64 * i, 8), workspace=ws)
+    assert captured[0] in ws._cores, "the captured workspace was dropped"
+    assert len(ws._cores) == _workspace._MAX_CORES
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), "a replay after the LRU turned over differs"
+
+
 # --- bad inputs -------------------------------------------------------------------------------
 
 def misaligned(shape, dtype, offset_elements=1):

@@ -262,3 +262,30 @@ def test_call_counts_count_every_call(gen, device):
         _, ctx = layer.forward()
         layer.backward(ctx)
         assert ws.call_counts == (n, 0, n), f"after {n} layer shapes"
+
+
+def test_captured_workspaces_are_never_dropped(gen, monkeypatch):
+    """A C++ workspace used while a CUDA graph was being captured stays for good (the graph's
+    replays use its memory); the least recently used of the others are still dropped beyond
+    _MAX_CORES. The capture is simulated (_capturing), so this runs on the CPU backend; the GPU
+    form with a real capture is test_gpu.py::test_cuda_graph_keeps_its_workspace_past_the_lru."""
+    ws = _workspace_for("cpu", cached=False)
+
+    def run(I, E, captured):
+        monkeypatch.setattr(_workspace, "_capturing", lambda device: captured)
+        layer = Layer(ws, DEFAULT, make_layer(gen, T, H, I, E, K, 0))
+        _, ctx = layer.forward()
+        layer.backward(ctx)
+        return next(reversed(ws._cores))  # the key of the core this layer used
+
+    first = run(64, K, captured=True)
+    second = run(128, K, captured=False)
+    pinned = ws._cores[first]
+    for i in range(2, 2 + 2 * _workspace._MAX_CORES):  # many more shapes than the LRU keeps
+        run(64 * (i + 1), K + i % 2, captured=False)
+        assert len(ws._cores) == min(i + 1, _workspace._MAX_CORES), f"after {i + 1} layer shapes"
+    assert ws._cores.get(first) is pinned, "the captured workspace was dropped"
+    assert second not in ws._cores, "an uncaptured workspace was kept past the LRU"
+    # Using a kept workspace again, outside a capture, does not unpin it.
+    again = run(64, K, captured=False)
+    assert again == first and ws._cores[first].captured
