@@ -52,6 +52,9 @@
 namespace mok::plan {
 
 inline constexpr std::int64_t kBufferAlignment = 256;
+// The down dgrad epilogue leaves the router-weight gradient's fp32 partial sums per row and chunk
+// of this many columns (row_dots; gemm::kDotColumns is this constant).
+inline constexpr std::int64_t kDotColumns = 128;
 inline constexpr std::int64_t kProbeBlocks = 64;  // team self-test: blocks per rank it can check
 inline constexpr std::int64_t kProbeWords = 16;
 
@@ -129,6 +132,14 @@ constexpr std::int64_t ring_rows(const PlanShape& s) {
   return table < s.macrobatch_size ? table : s.macrobatch_size;
 }
 
+// fp32 carry slots of the weight gradients' pass plan: the expert segments are in order, so at
+// most one expert crosses each of the passes - 1 boundaries, and there are no more carried experts
+// than experts (src/cuda/kernels/pass_segments.cu gives each its slot).
+constexpr std::int64_t carry_slots(std::int64_t passes, std::int64_t experts) {
+  const std::int64_t boundaries = passes > 1 ? passes - 1 : 0;
+  return boundaries < experts ? boundaries : experts;
+}
+
 // Ring passes the worst-case table needs (at least 1).
 constexpr std::int64_t max_passes(const PlanShape& s) {
   const std::int64_t rows = schedule::max_schedule_rows(s.schedule());
@@ -166,10 +177,10 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.local_bytes = end;
 
   const std::int64_t R = ring_rows(s), I = s.intermediate_size, S = s.shared_intermediate_size;
-  const std::int64_t P = max_passes(s), dot_chunks = (I + 127) / 128;
+  const std::int64_t P = max_passes(s), dot_chunks = (I + kDotColumns - 1) / kDotColumns;
   p.ring_rows = R;
   p.max_passes = P;
-  p.carry_slots = P - 1 < E_local ? P - 1 : E_local;
+  p.carry_slots = carry_slots(P, E_local);
   const std::int64_t later = P > 1 ? 1 : 0, shared = S > 0 ? 1 : 0;
   end = 0;
   p.pass_x = carve(end, later * R * H * bf16);

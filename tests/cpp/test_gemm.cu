@@ -1817,25 +1817,14 @@ TEST_P(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
   REQUIRE_HOPPER();
   Layout l({150, 0, 64});  // 3, 0 and 1 K blocks; 6 or 12 tiles
   const int G = l.groups(), m = 256, n = 256;
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * m), b(std::size_t(l.capacity) * n);
+  const WgradOperands ops(l, m, n);
+  const auto& a = ops.a;
+  const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   Buffer<__nv_bfloat16> out(elems), out2(elems);
-  fill_random(a, 1.0f);
-  fill_random(b, 1.0f);
-  l.poison_padding(a, m);
-  l.poison_padding(b, n);
   auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits) {
-    mok::gemm::WeightGradArgs args;
-    args.consumers = g_consumers;
+    mok::gemm::WeightGradArgs args = ops.args(dst, false);
     args.segments = l.segments();
-    args.a = a.p;
-    args.ld_a = m;
-    args.b = b.p;
-    args.ld_b = n;
-    args.out = dst;
-    args.ld_out = n;
-    args.m = m;
-    args.n = n;
     args.waits = waits;
     mok::gemm::weight_grad(args);
   };

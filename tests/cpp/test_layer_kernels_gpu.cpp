@@ -7,6 +7,7 @@
 
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
+#include "core/workspace_plan.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
@@ -375,7 +376,7 @@ TEST(PassSegmentsGpu, ClipsTheScheduleToEachPassAndPlansTheCarries) {
         starts[e + 1] = starts[e] + (counts[e] + 127) / 128 * 128;
       }
       const int passes = static_cast<int>(std::max<std::int64_t>(1, (starts[E] + M - 1) / M));
-      const int slots = static_cast<int>(cuda::pass_carry_slots(passes, E));
+      const int slots = static_cast<int>(plan::carry_slots(passes, E));
       DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts), p_starts(E + 1), p_rows(E),
           p_steps(E);
       std::vector<std::int64_t> seen(E, 0);

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "core/schedule_layout.hpp"
+#include "core/workspace_plan.hpp"
 
 namespace mok::gemm {
 
@@ -116,7 +117,7 @@ struct RowsTimesWeightTArgs {
 //     accumulator and h = bf16(silu(g) * u) (numerics::swiglu_fast; bitwise the forward's hidden),
 //     in a fixed order (epilogue.cuh): the same bits under both consumer schedules, every run.
 // Rows past a group's rows (padding) are written in none of the outputs.
-inline constexpr int kDotColumns = 128;
+inline constexpr int kDotColumns = static_cast<int>(plan::kDotColumns);
 
 struct SwigluBackwardEpilogue {
   const __nv_bfloat16* gate = nullptr;  // g of the forward

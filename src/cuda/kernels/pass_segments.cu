@@ -22,7 +22,8 @@ __device__ inline std::int32_t pass_step(std::int64_t start, std::int64_t count,
   const std::int64_t last = count > 0 ? pass_of(start + count - 1) : first;
   if (p.pass < first || p.pass > last) return gemm::kSkip;
   if (first == last) return gemm::kWhole;
-  // Slot `first` is this expert's alone when there are fewer boundaries than experts.
+  // Slot `first` is this expert's alone when there are no more boundaries than experts (then
+  // plan::carry_slots is the boundaries, else the experts).
   const std::int64_t slot = last_pass <= p.num_experts ? first : e;
   const int step = p.pass == first ? gemm::kOpen : p.pass == last ? gemm::kClose : gemm::kCarry;
   return static_cast<std::int32_t>(step | (slot << gemm::kPassSlotShift));

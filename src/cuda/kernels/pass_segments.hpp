@@ -10,13 +10,12 @@
 // passes first(e) .. last(e) (an expert without rows: the pass holding its segment start), so in
 // pass p it is kSkip outside them, kWhole when first = last = p, else kOpen / kCarry / kClose. The
 // segments are in expert order, so at most one expert spans each pass boundary: carry slot
-// first(e) (< passes - 1) is its own; with more boundaries than experts, slot e.
-// pass_carry_slots() is the number of slots either way.
+// first(e) (< passes - 1) is its own; with more boundaries than experts, slot e. Either way the
+// slots are below plan::carry_slots(passes, E_local).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 namespace mok::cuda {
@@ -35,10 +34,5 @@ struct PassSegmentsParams {
   std::int32_t passes = 1;
 };
 cudaError_t launch_pass_segments(const PassSegmentsParams& p, cudaStream_t stream);
-
-// The fp32 carry slots a pass plan of `passes` passes over `experts` experts uses.
-inline std::int64_t pass_carry_slots(std::int64_t passes, std::int64_t experts) {
-  return std::min(std::max<std::int64_t>(passes - 1, 0), experts);
-}
 
 }  // namespace mok::cuda

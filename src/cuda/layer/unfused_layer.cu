@@ -370,7 +370,6 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   const plan::WorkspacePlan& pl = m.plan();
   const int W = p.ep_size;
   const std::int64_t T = p.num_tokens;
-  static_assert(gemm::kDotColumns == 128, "the plan's row_dots assume 128-column chunks");
   // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
   // (so passes keep their alignment); the Config's macrobatch_size only caps it (plan::ring_rows).
   // With several passes the ring is the macrobatch, so pass p holds table rows [p R, (p + 1) R).
