@@ -167,8 +167,9 @@ def round_up(v, m):
 def mok_config(variant, T, k, E):
     """mok's MoKConfig for `variant` at EP=1.
 
-    default: MoKConfig(): macrobatch 131072 rows, the ring the smaller of that and the worst-case
-             table (two passes at qwen3-30b-a3b, whose worst case is 147328 rows; one elsewhere).
+    default: MoKConfig(): the automatic ring (macrobatch_size 0): 131072 routed rows plus each
+             local expert's padding, so one pass on every PERF.md case (qwen3-30b-a3b's worst
+             case, 147328 rows, is exactly that).
     1pass:   a ring of the worst-case schedule table (schedule_capacity_rows: T*k rows plus a
              partial tile of padding per expert), so one pass whatever the routing.
     2pass:   a ring of half the worst-case table, so two passes.
@@ -204,8 +205,9 @@ def mok_config_record(config, sets):
                                   config.macrobatch_size)[4]
         table_rows.append(int(plan[0]))
         ring_passes.append(int(plan[1]))
+    ring = int(plan[2])  # the ring's rows (the automatic macrobatch resolved)
     return {"minibatch_size": config.minibatch_size, "macrobatch_size": config.macrobatch_size,
-            "max_passes": -(-capacity // config.macrobatch_size), "table_rows": table_rows,
+            "ring_rows": ring, "max_passes": -(-capacity // ring), "table_rows": table_rows,
             "ring_passes": ring_passes}
 
 

@@ -11,7 +11,9 @@ struct Config {
   int fwd_num_comm_sms = 40;                  // CTAs of the forward megakernel that move tokens
   int bwd_num_comm_sms = 28;                  // same, backward
   std::int64_t minibatch_size = 4096;         // rows pulled per dispatch step inside a pass
-  std::int64_t macrobatch_size = 131072;      // rows in the ring buffer: one pass
+  std::int64_t macrobatch_size = 0;           // rows of the ring buffer (one pass); 0: automatic,
+                                              // 131072 routed rows plus each local expert's
+                                              // padding to the 128-row tile
   double schedule_capacity_multiplier = 0.5;  // accepted for MoK compatibility; see below
 
   // NOTES: MoK sizes its schedule from schedule_capacity_multiplier and can overflow when the

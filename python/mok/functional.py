@@ -38,12 +38,17 @@ MoKWorkspace = Workspace
 
 @dataclasses.dataclass(frozen=True)
 class MoKConfig:
-    """MoK's tuning knobs, with MoK's defaults. None of them changes the result."""
+    """MoK's tuning knobs. None of them changes the result.
+
+    The defaults are MoK's but one: `macrobatch_size` 0 (automatic) sizes the ring for 131072
+    routed rows plus each local expert's padding to the 128-row GEMM tile, so a rank that receives
+    up to 131072 rows runs in one pass whatever the routing. Any other value is the ring's rows,
+    as in MoK (a multiple of `minibatch_size`)."""
 
     fwd_num_comm_sms: int = 40
     bwd_num_comm_sms: int = 28
     minibatch_size: int = 4096
-    macrobatch_size: int = 131072
+    macrobatch_size: int = 0
     schedule_capacity_multiplier: float = 0.5
 
     def __post_init__(self):

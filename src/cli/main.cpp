@@ -81,7 +81,8 @@ run options:
                         the shape and config, and exit
   --ep-size W           ranks in the expert-parallel group (default 1; the CPU run needs 1)
   --minibatch N         config.minibatch_size, rows (default 4096)
-  --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 131072)
+  --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 0: automatic, 131072
+                        routed rows plus each local expert's padding to the tile)
 
 The check compares every output and gradient with the exact f64 layer on the same bf16 inputs
 (relative Frobenius error, tolerances derived from bf16 rounding); large layers are checked on a

@@ -145,10 +145,13 @@ int print_plan(const RunArgs& args) {
   }
   std::printf("mok workspace plan: preset %s, %s\n", args.preset.c_str(), p.to_string().c_str());
   std::printf(
-      "  config: minibatch_size=%lld macrobatch_size=%lld; schedule capacity %lld rows, "
-      "segments aligned to %d rows\n",
+      "  config: minibatch_size=%lld macrobatch_size=%lld (a ring of %lld rows); schedule "
+      "capacity %lld rows, segments aligned to %d rows\n",
       static_cast<long long>(args.config.minibatch_size),
       static_cast<long long>(args.config.macrobatch_size),
+      static_cast<long long>(schedule::macrobatch_rows(schedule_shape_of(p),
+                                                       args.config.macrobatch_size,
+                                                       args.config.minibatch_size)),
       static_cast<long long>(schedule::max_schedule_rows(schedule_shape_of(p))),
       schedule::kExpertSegmentAlignment);
   std::printf("  %-10s %-20s %-34s %14s %14s %10s\n", "region", "buffer", "layout", "offset",

@@ -26,7 +26,7 @@ void Config::validate() const {
         "a multiple of " + to_text(schedule::kExpertSegmentAlignment) + " rows (the GEMM tile)",
         to_text(minibatch_size));
   }
-  if (macrobatch_size < minibatch_size) {
+  if (macrobatch_size != 0 && macrobatch_size < minibatch_size) {
     throw Error("config.macrobatch_size",
                 "at least config.minibatch_size = " + to_text(minibatch_size),
                 to_text(macrobatch_size));

@@ -32,7 +32,8 @@ plan::PlanShape plan_shape_of(const Problem& p, const Config& c) {
           .topk = p.topk,
           .num_experts = p.num_experts,
           .ep_size = p.ep_size,
-          .macrobatch_size = c.macrobatch_size,
+          .macrobatch_size = schedule::macrobatch_rows(schedule_shape_of(p), c.macrobatch_size,
+                                                     c.minibatch_size),
           .minibatch_size = c.minibatch_size,
           .intermediate_size = p.intermediate_size,
           .shared_intermediate_size = p.shared_intermediate_size};
@@ -52,8 +53,10 @@ void validate_schedule_problem(const Problem& p, const Config& c) {
                 "a schedule of at most 2^31 - 1 rows (int32 row ids), padding included",
                 to_text(rows) + " rows");
   }
-  if (c.macrobatch_size > kInt32Max) {
-    throw Error("config.macrobatch_size", "at most 2^31 - 1 rows", to_text(c.macrobatch_size));
+  const std::int64_t ring =
+      schedule::macrobatch_rows(schedule_shape_of(p), c.macrobatch_size, c.minibatch_size);
+  if (ring > kInt32Max) {
+    throw Error("config.macrobatch_size", "a ring of at most 2^31 - 1 rows", to_text(ring) + " rows");
   }
 }
 

@@ -55,7 +55,8 @@ HostSchedule build_schedule_host(const Shape& shape, std::int64_t macrobatch_siz
       if (e >= 0) s.table[cursor[e]++] = encode_row(src, slot, n);
     }
   }
-  s.ring_plan = make_ring_plan(start, macrobatch_size, minibatch_size);
+  s.ring_plan =
+      make_ring_plan(start, macrobatch_rows(shape, macrobatch_size, minibatch_size), minibatch_size);
   return s;
 }
 

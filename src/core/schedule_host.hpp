@@ -31,7 +31,7 @@ struct HostSchedule {
 };
 
 // Rank `rank`'s schedule from every rank's expert ids (`ids_per_rank[s]` points at rank s's
-// [T, k] int64 ids).
+// [T, k] int64 ids). `macrobatch_size` is the Config's (0: automatic, macrobatch_rows).
 HostSchedule build_schedule_host(const Shape& shape, std::int64_t macrobatch_size,
                                  std::int64_t minibatch_size, int rank,
                                  std::span<const std::int64_t* const> ids_per_rank);

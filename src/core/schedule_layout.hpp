@@ -75,6 +75,20 @@ MOK_HOST_DEVICE constexpr std::int64_t max_schedule_rows(const Shape& s) {
          s.num_local_experts() * (kExpertSegmentAlignment - 1);
 }
 
+// Config::macrobatch_size 0 (the default) asks for a ring of kAutoRoutedRows routed rows: that
+// many rows plus a partial tile of padding per local expert, in whole minibatches. Then a layer
+// whose rank receives at most kAutoRoutedRows rows runs in one pass whatever the routing, and the
+// table's padding alone never starts a second pass. Any other value is the ring's rows as given.
+inline constexpr std::int64_t kAutoRoutedRows = 131072;
+
+MOK_HOST_DEVICE constexpr std::int64_t macrobatch_rows(const Shape& s,
+                                                       std::int64_t macrobatch_size,
+                                                       std::int64_t minibatch_size) {
+  if (macrobatch_size != 0) return macrobatch_size;
+  return round_up(kAutoRoutedRows + s.num_local_experts() * (kExpertSegmentAlignment - 1),
+                  minibatch_size);
+}
+
 // Row encoding. `slot` = t * k + j inside the source rank's [T, k] routing.
 MOK_HOST_DEVICE constexpr std::int32_t encode_row(int src_rank, std::int64_t slot,
                                                   std::int64_t slots_per_rank) {
@@ -132,7 +146,7 @@ MOK_HOST_DEVICE inline std::int32_t expert_of_row(const std::int32_t* segment_st
 struct RingPlan {
   std::int32_t total_rows = 0;            // segment_starts[E_local]
   std::int32_t num_passes = 0;            // ceil(total_rows / macrobatch_rows); 0 when no rows
-  std::int32_t macrobatch_rows = 0;       // Config::macrobatch_size
+  std::int32_t macrobatch_rows = 0;       // macrobatch_rows(shape, Config)
   std::int32_t minibatch_rows = 0;        // Config::minibatch_size
   std::int32_t minibatches_per_pass = 0;  // macrobatch_rows / minibatch_rows (a full pass)
   std::int32_t num_minibatches = 0;       // over all passes (the last ones may be short)

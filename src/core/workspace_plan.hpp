@@ -76,7 +76,7 @@ struct PlanShape {
   std::int64_t topk = 0;             // k
   std::int64_t num_experts = 0;      // E
   int ep_size = 1;                   // W
-  std::int64_t macrobatch_size = 0;  // ring rows
+  std::int64_t macrobatch_size = 0;  // ring rows: schedule::macrobatch_rows, resolved
   std::int64_t minibatch_size = 0;   // rows per minibatch
   std::int64_t intermediate_size = 0;         // I (the layer region only)
   std::int64_t shared_intermediate_size = 0;  // S (the layer region only)

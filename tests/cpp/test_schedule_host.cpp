@@ -167,6 +167,47 @@ TEST(WorkspacePlan, LayerRegionFollowsPassesAndSharedExpert) {
   EXPECT_EQ(no_shared.shared_out.bytes + no_shared.shared_d_gate.bytes, 0);
 }
 
+// The automatic ring (Config::macrobatch_size 0): kAutoRoutedRows routed rows plus a partial tile
+// per local expert, so the worst case of a rank that receives 131072 rows (qwen3-30b-a3b: T 16384,
+// k 8, 128 experts, 147328 rows) is one pass, and only more routed rows than that start a second.
+TEST(WorkspacePlan, TheAutomaticRingHoldsItsRoutedRowsAndTheirPadding) {
+  const Config defaults;
+  EXPECT_EQ(defaults.macrobatch_size, 0);
+  EXPECT_NO_THROW(defaults.validate());
+  const auto plan_of = [&](std::int64_t T, std::int64_t k, std::int64_t E, int W) {
+    return plan::make_workspace_plan({.num_tokens = T,
+                                      .hidden_size = 2048,
+                                      .topk = k,
+                                      .num_experts = E,
+                                      .ep_size = W,
+                                      .macrobatch_size = macrobatch_rows(
+                                          {T, k, E, W}, 0, defaults.minibatch_size),
+                                      .minibatch_size = defaults.minibatch_size,
+                                      .intermediate_size = 768});
+  };
+  EXPECT_EQ(macrobatch_rows({16384, 8, 128, 1}, 0, 4096), 147456);  // 131072 + 128 * 127, rounded
+  EXPECT_EQ(macrobatch_rows({16384, 8, 128, 1}, 8192, 4096), 8192);  // as given
+  const plan::WorkspacePlan qwen3 = plan_of(16384, 8, 128, 1);
+  EXPECT_EQ(qwen3.max_passes, 1);
+  EXPECT_EQ(qwen3.ring_rows, 147456);  // 147328 rounded to whole minibatches
+  EXPECT_EQ(qwen3.carry_gate.bytes, 0);
+  const plan::WorkspacePlan more = plan_of(16384 + 512, 8, 128, 1);  // 135168 routed rows
+  EXPECT_EQ(more.max_passes, 2);
+  EXPECT_EQ(more.ring_rows, 147456);
+  // EP 8: each rank's worst case is every rank's rows on it; the padding is per local expert.
+  EXPECT_EQ(macrobatch_rows({4096, 8, 256, 8}, 0, 4096), 135168);  // 131072 + 32 * 127
+  EXPECT_EQ(plan_of(4096, 8, 256, 8).max_passes, 2);                // 262144 + 4064 rows
+  // The host twin's ring plan resolves the same automatic macrobatch: a table of all 131072 rows
+  // under skew (every row on 3 experts, the rest 1 each: 125 partial tiles) stays one pass.
+  std::vector<std::int64_t> ids(16384 * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i % 8 < 3 ? i % 8 : 3 + i % 125;
+  const std::int64_t* ptr = ids.data();
+  const HostSchedule s = build_schedule_host({16384, 8, 128, 1}, 0, 4096, 0, {&ptr, 1});
+  EXPECT_EQ(s.ring_plan.macrobatch_rows, 147456);
+  EXPECT_EQ(s.ring_plan.num_passes, 1);
+  EXPECT_GT(s.ring_plan.total_rows, 131072);
+}
+
 // Host twin vs direct re-derivation, every rank, over the whole grid.
 TEST(ScheduleHost, TwinMatchesDirectDerivation) {
   std::mt19937_64 rng(test_seed());

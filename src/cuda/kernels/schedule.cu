@@ -187,7 +187,8 @@ void build_schedule(Team& team, std::span<const TensorView> topk_experts,
   args.num_tokens = p.num_tokens;
   args.topk = p.topk;
   args.num_experts = p.num_experts;
-  args.macrobatch_size = t.config.macrobatch_size;
+  args.macrobatch_size = schedule::macrobatch_rows({p.num_tokens, p.topk, p.num_experts, p.ep_size},
+                                                  t.config.macrobatch_size, t.config.minibatch_size);
   args.minibatch_size = t.config.minibatch_size;
   if (t.virtual_ranks) {
     launch<ptx::Scope::gpu>(t, args, stream);

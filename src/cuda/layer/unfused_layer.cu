@@ -371,11 +371,15 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   const int W = p.ep_size;
   const std::int64_t T = p.num_tokens;
   // NOTES: the ring never needs more rows than the worst-case table, rounded to whole minibatches
-  // (so passes keep their alignment); the Config's macrobatch_size only caps it (plan::ring_rows).
+  // (so passes keep their alignment); the Config's macrobatch (schedule::macrobatch_rows) only
+  // caps it (plan::ring_rows).
   // With several passes the ring is the macrobatch, so pass p holds table rows [p R, (p + 1) R).
   m.ring = pl.ring_rows;
   m.passes = static_cast<int>(pl.max_passes);
-  if (m.passes > 1 && m.ring != config.macrobatch_size) {
+  const std::int64_t macrobatch = schedule::macrobatch_rows(
+      {p.num_tokens, p.topk, p.num_experts, p.ep_size}, config.macrobatch_size,
+      config.minibatch_size);
+  if (m.passes > 1 && m.ring != macrobatch) {
     throw Error("internal: a ring of several passes is not one macrobatch");
   }
 
