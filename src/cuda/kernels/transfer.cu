@@ -57,15 +57,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) pull_rows_kernel(PullPara
     const RowSource s = decode(src, p.geo);
     const std::int64_t t =
         static_cast<std::uint32_t>(s.slot) / static_cast<std::uint32_t>(p.geo.topk);
-    const uint4* from = reinterpret_cast<const uint4*>(p.src_peers[s.rank]) + t * vectors;
-    if (p.scale_peers == nullptr || p.row_weights != nullptr) {
-      if (p.row_weights != nullptr && lane == 0) {
-        p.row_weights[i] = p.scale_peers[s.rank][s.slot];
-      }
+    const void* source = p.src_own != nullptr ? p.src_own : p.src_peers[s.rank];
+    const uint4* from = reinterpret_cast<const uint4*>(source) + t * vectors;
+    const float* weights = p.scale_own;
+    if (weights == nullptr && p.scale_peers != nullptr) weights = p.scale_peers[s.rank];
+    if (weights == nullptr || p.row_weights != nullptr) {
+      if (p.row_weights != nullptr && lane == 0) p.row_weights[i] = weights[s.slot];
       for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = from[v];
       continue;
     }
-    const float w = p.scale_peers[s.rank][s.slot];
+    const float w = weights[s.slot];
     for (std::int64_t v = lane; v < vectors; v += 32) {
       const uint4 in = from[v];
       dst[v] = make_uint4(scale_pair(in.x, w), scale_pair(in.y, w), scale_pair(in.z, w),

@@ -31,13 +31,17 @@ struct RowGeometry {
 // unscaled and its weight in row_weights[i] (backward: the down dgrad scales in its epilogue).
 // Padding rows are written as zeros (weight 0).
 // `src_peers`: W pointers to [T, H] bf16; `scale_peers`: W pointers to [T, k] fp32, or null.
+// `src_own`, `scale_own`: with one rank (W = 1), the rank's own tensors, read where they are
+// instead of through the peer arrays (no staging copy); `scale_own` stands for `scale_peers`.
 struct PullParams {
   PassRows pass;
   RowGeometry geo;
   const void* const* src_peers = nullptr;
   const float* const* scale_peers = nullptr;
   void* ring = nullptr;          // [ring_rows, H] bf16
-  float* row_weights = nullptr;  // [ring_rows] fp32, with scale_peers only
+  float* row_weights = nullptr;  // [ring_rows] fp32, with scale_peers (or scale_own) only
+  const void* src_own = nullptr;
+  const float* scale_own = nullptr;
 };
 
 // In place, for the pass's kept rows: ring[i] = bf16(row_weights[i] * ring[i]) (the same

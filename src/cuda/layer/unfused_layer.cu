@@ -321,11 +321,13 @@ struct UnfusedLayer::Impl {
   }
 
   // Every rank's x (and, backward, its router weights and d_out) into its symmetric region,
-  // where peers pull from.
+  // where peers pull from. One rank reads its own tensors where they are (PullParams::src_own):
+  // nothing to stage.
   void stage(std::span<const RankTensors> ranks_in, bool x, bool weights, bool d_out,
              cudaStream_t s) {
     const std::int64_t T = problem.num_tokens, H = problem.hidden_size, k = problem.topk;
     const plan::WorkspacePlan& pl = plan();
+    if (problem.ep_size == 1) return;
     for (int r = 0; r < problem.ep_size; ++r) {
       const RankTensors& t = ranks_in[r];
       if (x) {
@@ -358,6 +360,7 @@ struct UnfusedLayer::Impl {
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
+    if (problem.ep_size == 1) pull.src_own = t.in.x.data;
     check(launch_pull_rows(pull, s), "dispatch of x");
     gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
   }
@@ -558,6 +561,10 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
       // The rows' d_out, unscaled, and their router weights, pulled from the home ranks.
       PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y,
                       b.row_weights};
+      if (W == 1) {
+        pull.src_own = t.d_out.data;
+        pull.scale_own = t.in.topk_weights.ptr<const float>();
+      }
       check(launch_pull_rows(pull, s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
       auto between = [&] {
