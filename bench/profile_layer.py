@@ -6,6 +6,7 @@ kernels of one call (torch.profiler), for mok through mok.functional and for the
 """
 import argparse
 import json
+import re
 import pathlib
 import sys
 import time
@@ -30,6 +31,14 @@ def host_ms(fn, reps=10):
     return times[len(times) // 2]
 
 
+def short_name(key):
+    """A kernel's name without namespaces, argument lists or template noise, so the GEMM forms
+    (FormKind 0-4, ping-pong or not) stay distinguishable."""
+    key = re.sub(r"\(anonymous namespace\)::|mok::[a-z_]+::|void |\(mok::gemm::FormKind\)", "", key)
+    key = re.sub(r"\((CUtensorMap_st|KernelParams|[A-Za-z_:]+Params)[^)]*\)$", "", key)
+    return key[:120]
+
+
 def kernels(fn, trace=None):
     """Kernels of one call of fn(): [(name, count, total us)] by total time, and the GPU busy sum.
     With `trace`, the call's timeline is also written there (Chrome trace JSON)."""
@@ -45,7 +54,7 @@ def kernels(fn, trace=None):
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if e.device_type == torch.autograd.DeviceType.CUDA and us > 0:
-            rows.append((e.key[:90], e.count, us))
+            rows.append((short_name(e.key), e.count, us))
     rows.sort(key=lambda r: -r[2])
     return rows
 
