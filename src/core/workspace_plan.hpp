@@ -38,7 +38,7 @@
 //     shared_out           bf16 [T, H]         shared expert: out, then dx (S > 0 only)
 //     shared_d_gate/d_up   bf16 [T, S] each    (S > 0 only)
 //     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
-//     wgrad_tickets        u32  [2]            the wgrad launches' ticket counter pair
+//     wgrad_tickets        u32  [3, 2]         a ticket counter pair per weight-gradient stream
 //     peers                ptr  [6, W]         every rank's staging and slot buffers
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
@@ -69,6 +69,12 @@ struct SyncState {
   std::uint32_t reserved[12];
 };
 static_assert(sizeof(SyncState) == 64);
+
+// The three weight gradients of an expert family (down, gate, up) are independent GEMMs and run
+// at the same time, each on a stream of its own (src/cuda/layer/unfused_layer.cu), so one
+// gradient's long tiles (an expert that holds most rows) overlap the others' instead of leaving
+// SMs idle. Launches that may run at once need a ticket counter pair each.
+inline constexpr int kWgradStreams = 3;
 
 struct PlanShape {
   std::int64_t num_tokens = 0;       // T
@@ -202,7 +208,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.shared_d_gate = carve(end, T * S * bf16);
   p.shared_d_up = carve(end, T * S * bf16);
   p.dense_rows = carve(end, i32);
-  p.wgrad_tickets = carve(end, 2 * u32);
+  p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
   p.layer_bytes = end;
   return p;
@@ -260,7 +266,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"shared_d_gate", Region::layer, &WorkspacePlan::shared_d_gate, "bf16 [T, S]"},
     {"shared_d_up", Region::layer, &WorkspacePlan::shared_d_up, "bf16 [T, S]"},
     {"dense_rows", Region::layer, &WorkspacePlan::dense_rows, "i32 [1]"},
-    {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [2]"},
+    {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [3, 2]"},
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
 };
 

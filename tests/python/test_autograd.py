@@ -61,8 +61,11 @@ def test_compile_fullgraph_forward_and_backward(gen, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_nn_module(gen, device):
-    """mok.nn.MoE under torch.compile(fullgraph=True), router included: mok's output bitwise
-    eager's; the gradients within rounding (the compiled router may fuse its fp32 arithmetic)."""
+    """mok.nn.MoE under torch.compile(fullgraph=True), router included: output and gradients
+    within rounding of eager's. NOTES: not bitwise: on CUDA the compiled router fuses its fp32
+    arithmetic (sigmoid, normalization), so its weights may differ from eager's in the last bits,
+    and a 1-ulp change of a weight flips an output's bf16 rounding now and then (seen on the H200,
+    MOK_TEST_SEED=3568479774). mok's own op under compile is bitwise: test_compile_fullgraph."""
     torch._dynamo.reset()
     torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
     layer = mok.nn.MoE(64, 64, 6, 2, shared_intermediate_size=64, router="sigmoid",
@@ -80,7 +83,7 @@ def test_compile_fullgraph_nn_module(gen, device):
     eager_out, eager_grads = step(layer)
     compiled = torch.compile(layer, fullgraph=True)
     out, grads = step(compiled)
-    assert torch.equal(out, eager_out)
+    torch.testing.assert_close(out, eager_out)  # bf16: rtol 1.6e-2, a few bf16 ulps
     for (name, _), a, b in zip(layer.named_parameters(), grads, eager_grads):
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
 

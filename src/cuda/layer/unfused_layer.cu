@@ -150,8 +150,8 @@ struct GradTarget {
   bool later_pass;        // a pass after the first: some experts may continue a carried sum
 };
 
-// out[G, m, n] = a[rows]^T b[rows] per group. `tickets`: the workspace's ticket counter pair
-// (zero between launches; the launches of one workspace are ordered on its stream).
+// out[G, m, n] = a[rows]^T b[rows] per group, on e.stream. `tickets`: that stream's ticket
+// counter pair (zero between launches; the launches that use a pair are ordered on its stream).
 void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
                  const GradTarget& t, unsigned* tickets) {
   gemm::WeightGradArgs w;
@@ -194,15 +194,41 @@ struct ExpertBackward {
   gemm::RowScatter dx_to;        // routed: dx rows go to their home slots
 };
 
+// Two streams beside the caller's, for the weight gradients (plan::kWgradStreams), and the
+// events that fork them from it and join them back. `tickets`: one counter pair per stream.
+struct WgradStreams {
+  cudaStream_t side[plan::kWgradStreams - 1] = {};
+  cudaEvent_t forked = nullptr;
+  cudaEvent_t done[plan::kWgradStreams - 1] = {};
+  unsigned* tickets = nullptr;  // [kWgradStreams, 2]
+};
+
+// NOTES: the three weight gradients only read buffers that nothing writes until the join (dy, dg,
+// du, x, h), and each writes its own view and carry, so they run at once: dW_down and dW_gate on
+// the side streams, launched first so that their heaviest tiles start first, and dx and dW_up on
+// the caller's. Under skew (one expert holding half the rows) each gradient is bound by that
+// expert's 48-odd long tiles; run one after the other, two thirds of the SMs idle through each.
+// Which CTA runs a tile never changes its bits, so the results are those of the serial order.
+// The join comes before anything overwrites the rows (the next pass, or the next call).
 template <class Between>
-void expert_backward(const ExpertRows& e, const ExpertBackward& b, unsigned* tickets,
+void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                      Between&& between) {
   down_dgrad_swiglu(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
   between();
+  check(cudaEventRecord(w.forked, e.stream), "cudaEventRecord (weight gradients fork)");
+  ExpertRows on_side[2] = {e, e};
+  for (int i = 0; i < 2; ++i) {
+    check(cudaStreamWaitEvent(w.side[i], w.forked, 0), "cudaStreamWaitEvent (fork)");
+    on_side[i].stream = w.side[i];
+  }
+  weight_grad(on_side[0], b.d_out, e.hidden, b.hidden, e.width, b.d_down, w.tickets + 2);
+  weight_grad(on_side[1], b.dg, e.width, b.x, e.hidden, b.d_gate, w.tickets + 4);
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
-  weight_grad(e, b.d_out, e.hidden, b.hidden, e.width, b.d_down, tickets);
-  weight_grad(e, b.dg, e.width, b.x, e.hidden, b.d_gate, tickets);
-  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up, tickets);
+  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up, w.tickets);
+  for (int i = 0; i < 2; ++i) {
+    check(cudaEventRecord(w.done[i], w.side[i]), "cudaEventRecord (weight gradients join)");
+    check(cudaStreamWaitEvent(e.stream, w.done[i], 0), "cudaStreamWaitEvent (join)");
+  }
 }
 
 }  // namespace
@@ -218,7 +244,7 @@ struct UnfusedLayer::Impl {
   void* layer = nullptr;  // every rank's layer region (plan::WorkspacePlan), one allocation
   std::int64_t layer_bytes = 0;
   std::int32_t* dense_rows = nullptr;  // device scalar T: the shared expert's row count
-  unsigned* tickets = nullptr;         // the wgrad launches' ticket counter pair (zeroed once)
+  WgradStreams wgrad;                  // its ticket counter pairs are zeroed once
   // Peer-address arrays (device), one entry per rank.
   const void** x_peers = nullptr;
   const void** d_out_peers = nullptr;
@@ -232,7 +258,16 @@ struct UnfusedLayer::Impl {
         config(c),
         device(dev),
         team(Team::local_virtual(p, c, {.device_index = dev})) {}
-  ~Impl() { cudaFree(layer); }
+  ~Impl() {
+    for (cudaStream_t s : wgrad.side) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+    for (cudaEvent_t e : wgrad.done) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (wgrad.forked != nullptr) cudaEventDestroy(wgrad.forked);
+    cudaFree(layer);
+  }
 
   const plan::WorkspacePlan& plan() const { return team.impl().plan; }
   std::uint8_t* symmetric(int r) const { return team.impl().symmetric[r]; }
@@ -412,7 +447,13 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   // Team-wide scalars and peer arrays: rank 0's copies.
   auto* base0 = static_cast<std::uint8_t*>(m.layer);
   m.dense_rows = reinterpret_cast<std::int32_t*>(base0 + pl.dense_rows.offset);
-  m.tickets = reinterpret_cast<unsigned*>(base0 + pl.wgrad_tickets.offset);
+  m.wgrad.tickets = reinterpret_cast<unsigned*>(base0 + pl.wgrad_tickets.offset);
+  for (int i = 0; i < plan::kWgradStreams - 1; ++i) {
+    check(cudaStreamCreateWithFlags(&m.wgrad.side[i], cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags (weight gradients)");
+    check(cudaEventCreateWithFlags(&m.wgrad.done[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaEventCreateWithFlags(&m.wgrad.forked, cudaEventDisableTiming), "cudaEventCreate");
   // Each array: W pointers at its place in the peers buffer.
   auto peers = [&](plan::Peers which) {
     return base0 + pl.peers.offset + static_cast<int>(which) * W * sizeof(void*);
@@ -436,7 +477,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   fill(plan::Peers::router_weight_grads, pl.router_weight_grads);
   const std::int32_t rows = static_cast<std::int32_t>(T);
   check(cudaMemcpy(m.dense_rows, &rows, sizeof rows, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemset(m.tickets, 0, 2 * sizeof(unsigned)), "cudaMemset of the ticket counters");
+  check(cudaMemset(m.wgrad.tickets, 0, pl.wgrad_tickets.bytes), "cudaMemset of the ticket counters");
   check(cudaMemcpy(peers(plan::Peers::x), table.data(), table.size() * sizeof(void*),
                    cudaMemcpyHostToDevice),
         "upload of the peer addresses");
@@ -544,7 +585,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                       {&t.grads.d_shared_up, add, {}, false},
                       {&t.grads.d_shared_down, add, {}, false},
                       {}};
-    expert_backward(m.shared(t, s), eb, m.tickets, [] {});
+    expert_backward(m.shared(t, s), eb, m.wgrad, [] {});
   }
 
   // Routed experts, pass by pass. Weight gradients reduce straight into the caller's views when
@@ -590,7 +631,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         {&t.grads.d_up, add, m.pass_plan(r, b.carry_up), !first},
                         {&t.grads.d_down, add, m.pass_plan(r, b.carry_down), !first},
                         m.to_home_slots(r, pass, m.dx_peers)};  // the backward combine
-      expert_backward(m.routed(r, t, s), eb, m.tickets, between);
+      expert_backward(m.routed(r, t, s), eb, m.wgrad, between);
     }
   }
 
