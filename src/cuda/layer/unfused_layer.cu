@@ -194,41 +194,54 @@ struct ExpertBackward {
   gemm::RowScatter dx_to;        // routed: dx rows go to their home slots
 };
 
-// Two streams beside the caller's, for the weight gradients (plan::kWgradStreams), and the
-// events that fork them from it and join them back. `tickets`: one counter pair per stream.
+// Streams beside the caller's, one per weight gradient (plan::kWgradStreams), and the events that
+// fork them from the caller's stream and join them back. `tickets`: one counter pair per stream.
 struct WgradStreams {
-  cudaStream_t side[plan::kWgradStreams - 1] = {};
+  cudaStream_t side[plan::kWgradStreams] = {};
   cudaEvent_t forked = nullptr;
-  cudaEvent_t done[plan::kWgradStreams - 1] = {};
+  cudaEvent_t done[plan::kWgradStreams] = {};
   unsigned* tickets = nullptr;  // [kWgradStreams, 2]
+
+  // The side streams wait for what `s` has queued so far.
+  void fork(cudaStream_t s) const {
+    check(cudaEventRecord(forked, s), "cudaEventRecord (weight gradients fork)");
+    for (cudaStream_t side_stream : side) {
+      check(cudaStreamWaitEvent(side_stream, forked, 0), "cudaStreamWaitEvent (fork)");
+    }
+  }
+  // `s` waits for what the side streams have queued so far.
+  void join(cudaStream_t s) const {
+    for (int i = 0; i < plan::kWgradStreams; ++i) {
+      check(cudaEventRecord(done[i], side[i]), "cudaEventRecord (weight gradients join)");
+      check(cudaStreamWaitEvent(s, done[i], 0), "cudaStreamWaitEvent (join)");
+    }
+  }
 };
 
-// NOTES: the three weight gradients only read buffers that nothing writes until the join (dy, dg,
-// du, x, h), and each writes its own view and carry, so they run at once: dW_down and dW_gate on
-// the side streams, launched first so that their heaviest tiles start first, and dx and dW_up on
-// the caller's. Under skew (one expert holding half the rows) each gradient is bound by that
-// expert's 48-odd long tiles; run one after the other, two thirds of the SMs idle through each.
-// Which CTA runs a tile never changes its bits, so the results are those of the serial order.
-// The join comes before anything overwrites the rows (the next pass, or the next call).
+// Backward through one expert family. After the down dgrad (on the caller's stream) the work
+// forks: `between` and dW_down on side stream 0, dW_gate on 1, dW_up on 2, and dx on the
+// caller's stream, all at once. The caller joins (WgradStreams::join) before anything overwrites
+// the rows they read (the next pass) and before it reads what `between` pushed.
+//
+// NOTES: the three weight gradients and dx only read dg, du, x and h, which nothing writes until
+// the join; `between` rewrites d_out in place into dy, which only dW_down reads after it (the down
+// dgrad read it before the fork); each gradient writes its own view and carry slot. So they run at
+// once, and which CTA runs a tile never changes its bits: the results are the serial order's.
+// Why at once: under skew (one expert holding half the rows) each weight gradient is bound by
+// that expert's long tiles (48 at qwen3-30b-a3b) and, run one after the other, leaves most SMs
+// idle; and the memory-bound `between` (a read and a write of every row) hides under the GEMMs.
 template <class Between>
 void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                      Between&& between) {
   down_dgrad_swiglu(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
-  between();
-  check(cudaEventRecord(w.forked, e.stream), "cudaEventRecord (weight gradients fork)");
-  ExpertRows on_side[2] = {e, e};
-  for (int i = 0; i < 2; ++i) {
-    check(cudaStreamWaitEvent(w.side[i], w.forked, 0), "cudaStreamWaitEvent (fork)");
-    on_side[i].stream = w.side[i];
-  }
-  weight_grad(on_side[0], b.d_out, e.hidden, b.hidden, e.width, b.d_down, w.tickets + 2);
-  weight_grad(on_side[1], b.dg, e.width, b.x, e.hidden, b.d_gate, w.tickets + 4);
+  w.fork(e.stream);
+  ExpertRows on[plan::kWgradStreams] = {e, e, e};
+  for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
+  between(w.side[0]);
+  weight_grad(on[0], b.d_out, e.hidden, b.hidden, e.width, b.d_down, w.tickets);
+  weight_grad(on[1], b.dg, e.width, b.x, e.hidden, b.d_gate, w.tickets + 2);
+  weight_grad(on[2], b.du, e.width, b.x, e.hidden, b.d_up, w.tickets + 4);
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
-  weight_grad(e, b.du, e.width, b.x, e.hidden, b.d_up, w.tickets);
-  for (int i = 0; i < 2; ++i) {
-    check(cudaEventRecord(w.done[i], w.side[i]), "cudaEventRecord (weight gradients join)");
-    check(cudaStreamWaitEvent(e.stream, w.done[i], 0), "cudaStreamWaitEvent (join)");
-  }
 }
 
 }  // namespace
@@ -448,7 +461,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
   auto* base0 = static_cast<std::uint8_t*>(m.layer);
   m.dense_rows = reinterpret_cast<std::int32_t*>(base0 + pl.dense_rows.offset);
   m.wgrad.tickets = reinterpret_cast<unsigned*>(base0 + pl.wgrad_tickets.offset);
-  for (int i = 0; i < plan::kWgradStreams - 1; ++i) {
+  for (int i = 0; i < plan::kWgradStreams; ++i) {
     check(cudaStreamCreateWithFlags(&m.wgrad.side[i], cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags (weight gradients)");
     check(cudaEventCreateWithFlags(&m.wgrad.done[i], cudaEventDisableTiming), "cudaEventCreate");
@@ -585,7 +598,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                       {&t.grads.d_shared_up, add, {}, false},
                       {&t.grads.d_shared_down, add, {}, false},
                       {}};
-    expert_backward(m.shared(t, s), eb, m.wgrad, [] {});
+    expert_backward(m.shared(t, s), eb, m.wgrad, [](cudaStream_t) {});
   }
 
   // Routed experts, pass by pass. Weight gradients reduce straight into the caller's views when
@@ -593,6 +606,9 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   // (the pass plan, computed on the device with the pass's segments).
   for (int pass = 0; pass < m.passes; ++pass) {
     const bool first = pass == 0;
+    // The previous pass's weight gradients read its rows, segments and pass plan: all rewritten
+    // below. (The shared expert's need no join here: nothing below writes what they read.)
+    if (!first) m.wgrad.join(s);
     for (int r = 0; r < W; ++r) {
       RankBuffers& b = m.ranks[r];
       const RankTensors& t = ranks[r];
@@ -608,14 +624,14 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
       }
       check(launch_pull_rows(pull, s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
-      auto between = [&] {
+      auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then
         // dy = bf16(w d_out) in place for the down weight gradient.
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
-        check(launch_router_grad_push(push, s), "router weight gradient");
+        check(launch_router_grad_push(push, on), "router weight gradient");
         ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
-        check(launch_scale_rows(scale, s), "scaling of d_out rows");
+        check(launch_scale_rows(scale, on), "scaling of d_out rows");
       };
       ExpertBackward eb{set.x,
                         set.gate,
@@ -646,6 +662,11 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                        S > 0 ? m.ranks[r].s_out : nullptr,
                        ranks[r].grads.d_x.data};
     check(launch_dx_reduce(h, s), "home reduction of d_x");
+  }
+  // The pushed d_w (side stream 0) and every weight gradient have landed past this point: the
+  // next call may overwrite any row.
+  m.wgrad.join(s);
+  for (int r = 0; r < W; ++r) {
     RouterGradGatherParams g{T, k, p.num_experts,
                              ranks[r].in.topk_experts.ptr<const std::int64_t>(),
                              m.sym<const float>(r, pl.router_weight_grads),
