@@ -29,6 +29,10 @@ enum class InputUse : std::uint8_t { forward, context_only };
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
                   InputUse use = InputUse::forward);
 
+// The weights alone (check_inputs' second half).
+void check_weights(const Problem& p, DType act, Device device, const Weights& w,
+                   InputUse use = InputUse::forward);
+
 // `v` (when present) starts at a multiple of 16 bytes; the error names the view and its address.
 void check_aligned_16(const char* name, const TensorView& v);
 
