@@ -209,6 +209,23 @@ def for_config(config):
         return ws
 
 
+_by_group: "dict[tuple, Workspace]" = {}
+
+
+def for_group(config, group, ep_rank, ep_size):
+    """The shared workspace of an EP group for `config` (any shape): mok.nn.MoE modules with that
+    group and config share it."""
+    from mok.functional import MoKConfig, _group_key
+
+    config = MoKConfig() if config is None else config
+    key = (_group_key(group), config)
+    with _shared_lock:
+        ws = _by_group.get(key)
+        if ws is None:
+            ws = _by_group[key] = Workspace(config, group=group, ep_rank=ep_rank, ep_size=ep_size)
+        return ws
+
+
 def resolve(handle):
     """(workspace, config) of an op handle."""
     if handle == 0:

@@ -55,19 +55,6 @@ std::int64_t total(const std::vector<std::int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), std::int64_t{0});
 }
 
-// Every id of every rank in [-1, E); the error names the rank, the token and the slot.
-void check_gathered_ids(const Problem& p, const TensorView& ids_all) {
-  const auto* ids = ids_all.ptr<const std::int64_t>();
-  const std::int64_t per_rank = p.num_tokens * p.topk;
-  for (std::int64_t i = 0; i < std::int64_t{p.ep_size} * per_rank; ++i) {
-    if (ids[i] >= -1 && ids[i] < p.num_experts) continue;
-    const std::int64_t q = i / per_rank, s = i % per_rank;
-    throw Error("topk_experts[" + std::to_string(s / p.topk) + ", " + std::to_string(s % p.topk) +
-                    "] of rank " + std::to_string(q),
-                "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(ids[i]));
-  }
-}
-
 // Every rank's inputs, concatenated in rank order; their ids validated.
 void check_gathered(const Problem& p, DType act, Device dev, const Inputs& g,
                     bool with_topk_weights) {
@@ -77,7 +64,7 @@ void check_gathered(const Problem& p, DType act, Device dev, const Inputs& g,
   if (with_topk_weights) {
     check_view("topk_weights_all", g.topk_weights, router_dtype(act), {rows, p.topk}, dev);
   }
-  check_gathered_ids(p, g.topk_experts);
+  check_expert_ids_all_ranks(p, g.topk_experts);
 }
 
 }  // namespace
@@ -87,7 +74,7 @@ ExchangeCounts exchange_counts(const Workspace& ws_, const TensorView& topk_expe
   const Problem& p = ws.problem;
   check_view("topk_experts_all", topk_experts_all, DType::i64,
              {std::int64_t{p.ep_size} * p.num_tokens, p.topk}, device_of(ws));
-  check_gathered_ids(p, topk_experts_all);
+  check_expert_ids_all_ranks(p, topk_experts_all);
   return exchange_counts(p, topk_experts_all.ptr<const std::int64_t>());
 }
 

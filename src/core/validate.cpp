@@ -125,6 +125,18 @@ void check_expert_ids_host(const Problem& p, const TensorView& topk_experts) {
   }
 }
 
+void check_expert_ids_all_ranks(const Problem& p, const TensorView& topk_experts_all) {
+  const auto* ids = topk_experts_all.ptr<const std::int64_t>();
+  const std::int64_t per_rank = p.num_tokens * p.topk;
+  for (std::int64_t i = 0; i < std::int64_t{p.ep_size} * per_rank; ++i) {
+    if (ids[i] >= -1 && ids[i] < p.num_experts) continue;
+    const std::int64_t q = i / per_rank, s = i % per_rank;
+    throw Error("topk_experts[" + std::to_string(s / p.topk) + ", " + std::to_string(s % p.topk) +
+                    "] of rank " + std::to_string(q),
+                "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(ids[i]));
+  }
+}
+
 void check_grads(const Problem& p, DType act, Device device, const Grads& g,
                  const BackwardOptions& options) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
