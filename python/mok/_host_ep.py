@@ -58,6 +58,10 @@ class _Exchange:
     into mok's error naming the call and what it waited for."""
 
     def __init__(self, ws, call):
+        if ws.group is None:  # an unpickled workspace of an EP group: its group is gone
+            _checks.fail("workspace", "a workspace with its process group (get_workspace or "
+                         "create_workspace in this process)",
+                         f"a workspace of {ws.ep_size} ranks without a group (unpickled?)")
         self.group, self.rank, self.size, self.call = ws.group, ws.ep_rank, ws.ep_size, call
 
     def _where(self):

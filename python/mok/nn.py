@@ -116,7 +116,7 @@ class MoE(torch.nn.Module):
         self.router, self.route_scale, self.bias_update_rate = router, route_scale, bias_update_rate
         self.backend = backend
         ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
-        self.group, self.ep_rank, self.ep_size = group, ep_rank, ep_size
+        self.ep_rank, self.ep_size = ep_rank, ep_size  # the group: self.group (the workspace's)
         router_dtype = _checks.router_dtype(dtype)
         E, I, H, S = num_experts, intermediate_size, hidden_size, shared_intermediate_size
         El = num_experts // ep_size  # this rank's experts
@@ -142,6 +142,12 @@ class MoE(torch.nn.Module):
         self._workspace = (_workspace.for_config(config) if group is None else
                            _workspace.for_group(config, group, ep_rank, ep_size))
         self.reset_parameters()
+
+    @property
+    def group(self):
+        """The EP group (None: one process). NOTES: kept by the workspace only, whose copies keep
+        it: a process group cannot be deep-copied."""
+        return self._workspace.group
 
     @torch.no_grad()
     def reset_parameters(self):

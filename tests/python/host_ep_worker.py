@@ -22,6 +22,7 @@ global problem); outputs are poisoned (NaN) before mok writes them. Each rank pr
 """
 
 import argparse
+import copy
 import datetime
 import os
 import sys
@@ -233,6 +234,10 @@ def module_case(chk, group, seed):
         chk.bits(f"MoE rank {r}: d_routed_{n}", p.grad, leaf.grad[local])
     chk.true(f"MoE rank {r}: router gradient finite",
              bool(torch.isfinite(layer.router_weight.grad).all()))
+    clone = copy.deepcopy(layer)  # a copy keeps the group
+    chk.true(f"MoE rank {r}: a copy's workspace has the group", clone._workspace.group is group)
+    with torch.no_grad():
+        chk.bits(f"MoE rank {r}: a copy's out", clone(x.detach())[0], out.detach())
 
 
 def suite_layer(chk, seed):
