@@ -85,10 +85,11 @@ def _static(value, stand_in):
 
 
 def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
-                shared_down, *, with_topk_weights=True, with_down=True):
+                shared_down, *, with_topk_weights=True, with_down=True, ep_size=1):
     """Checks one layer call's inputs and weights; returns its LayerShape. Without
     `with_topk_weights` / `with_down` (recompute_forward_context), topk_weights and the down
-    weights are not read (pass None)."""
+    weights are not read (pass None). `ep_size`: the ranks of the expert-parallel group (the
+    weights hold E / ep_size experts; topk is bounded by E)."""
     require_tensor("x", x)
     if x.dtype not in ACTIVATION_DTYPES:
         fail("x.dtype", "bfloat16 (or float64 on the cpu backend)", dtype_name(x.dtype), TypeError)
@@ -139,8 +140,8 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
     # Sizes, alignment (bf16: H, I, S multiples of 64) and topk <= num_experts: mok's own rules.
     _C.validate_problem(
         num_tokens=_static(T, 1), hidden_size=_static(H, 64), intermediate_size=_static(I, 64),
-        num_experts=_static(E, 1 << 20), topk=_static(k, 1),
-        shared_intermediate_size=_static(S, 64 if given else 0), ep_size=1, ep_rank=0,
+        num_experts=_static(E, 1 << 20) * ep_size, topk=_static(k, 1),
+        shared_intermediate_size=_static(S, 64 if given else 0), ep_size=ep_size, ep_rank=0,
         activation_dtype=dtype_name(act))
     return LayerShape(T, H, I, E, k, S, act, device)
 

@@ -12,9 +12,10 @@ from mok.ops import _checks_schedule, _schedule_outputs, check_context, context_
 
 def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
            with_down=True):
-    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
-                                with_topk_weights=with_topk_weights, with_down=with_down)
     ws, config = _workspace.resolve(handle)
+    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
+                                with_topk_weights=with_topk_weights, with_down=with_down,
+                                ep_size=ws.ep_size)
     ws.check_shape(shape)
     return shape, ws, config
 

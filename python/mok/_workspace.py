@@ -90,14 +90,15 @@ class Workspace:
             "device", "num_local_tokens", "hidden_size", "topk", "ep_size", "ep_rank"))
         return f"Workspace(handle={self.handle}, {fields}, layers={len(self._cores)})"
 
-    # A copied or unpickled workspace is a new, empty one with the same settings.
+    # A copied or unpickled workspace is a new, empty one with the same settings (a copy keeps
+    # the process group; an unpickled one has none: process groups do not pickle).
     def __reduce__(self):
         return (_rebuild, (self.config, self.ep_rank, self.ep_size, self.device,
                            self.num_local_tokens, self.hidden_size, self.topk))
 
     def __deepcopy__(self, memo):
         return _rebuild(self.config, self.ep_rank, self.ep_size, self.device,
-                        self.num_local_tokens, self.hidden_size, self.topk)
+                        self.num_local_tokens, self.hidden_size, self.topk, self.group)
 
     @property
     def bytes(self):
@@ -172,8 +173,8 @@ def _native_args(shape, c, ep_size, ep_rank):
                 schedule_capacity_multiplier=float(c.schedule_capacity_multiplier))
 
 
-def _rebuild(config, ep_rank, ep_size, device, num_local_tokens, hidden_size, topk):
-    return Workspace(config, ep_rank=ep_rank, ep_size=ep_size, device=device,
+def _rebuild(config, ep_rank, ep_size, device, num_local_tokens, hidden_size, topk, group=None):
+    return Workspace(config, group=group, ep_rank=ep_rank, ep_size=ep_size, device=device,
                      num_local_tokens=num_local_tokens, hidden_size=hidden_size, topk=topk)
 
 
@@ -206,6 +207,23 @@ def for_config(config):
         ws = _by_config.get(config)
         if ws is None:
             ws = _by_config[config] = Workspace(config)
+        return ws
+
+
+_by_group: "dict[tuple, Workspace]" = {}
+
+
+def for_group(config, group, ep_rank, ep_size):
+    """The shared workspace of an EP group for `config` (any shape): mok.nn.MoE modules with that
+    group and config share it."""
+    from mok.functional import MoKConfig, _group_key
+
+    config = MoKConfig() if config is None else config
+    key = (_group_key(group), config)
+    with _shared_lock:
+        ws = _by_group.get(key)
+        if ws is None:
+            ws = _by_group[key] = Workspace(config, group=group, ep_rank=ep_rank, ep_size=ep_size)
         return ws
 
 

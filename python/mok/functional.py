@@ -13,6 +13,12 @@
         config, workspace, schedule, ctx, d_out, x, router_weights,
         w_shared_gate, w_shared_up, w_shared_down, w_routed_gate, w_routed_up, w_routed_down)
 
+Expert parallelism: `group` a torch.distributed group of W ranks (gloo) with CPU tensors runs
+every call across the group's processes (mok/_host_ep.py): each rank holds its own tokens (the
+same number on every rank) and experts [r*E/W, (r+1)*E/W) (weights [E/W, ...]), every rank calls
+the same functions in the same order, and each call's results are bitwise those of one process
+holding every expert. On CUDA tensors a group of several ranks is not supported yet.
+
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
 expert's weights may be None (its gradients and context tensors are then None); any number of
 tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported
@@ -30,7 +36,7 @@ import threading
 
 import torch
 
-from mok import _C, _checks, _workspace, ops
+from mok import _C, _checks, _host_ep, _workspace, ops
 
 Workspace = _workspace.Workspace
 MoKWorkspace = Workspace
@@ -167,11 +173,27 @@ def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
             _checks.fail(name, "a positive int", repr(value))
     rank, size = _group_rank_size(group)
     if size != 1:
-        _checks.fail("group", "None or a group of one rank (expert parallelism needs the CUDA "
-                     "backend, not available yet)", f"a group of {size} ranks")
+        _check_host_ep_group(group, device, rank, size)
     if device.type == "cuda":
         _C.require_backend("cuda")  # mok's own error while the CUDA backend is not available
     return device, rank, size
+
+
+def _check_host_ep_group(group, device, rank, size):
+    """A group of several ranks: expert parallelism across processes, which runs on the CPU
+    backend over a gloo group today (mok/_host_ep.py)."""
+    import torch.distributed as dist
+
+    if device.type != "cpu":
+        _checks.fail("group", "None or a group of one rank on CUDA (expert parallelism across "
+                     "processes runs on CPU tensors with a gloo group; on CUDA it is not "
+                     "available yet)", f"a group of {size} ranks")
+    if rank < 0:
+        _checks.fail("group", "a group this process is a member of", "a group without it")
+    backend = str(dist.get_backend(group))
+    if "gloo" not in backend:
+        _checks.fail("group", "a group with the gloo backend (expert parallelism across "
+                     "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
 def create_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
@@ -267,6 +289,11 @@ def build_schedule(workspace, config, topk_experts, *, num_local_experts):
         topk_experts = topk_experts.to(torch.int64)
     num_experts = num_local_experts * workspace.ep_size
     first = num_local_experts * workspace.ep_rank
+    if workspace.ep_size > 1:  # every rank checks every rank's ids; rows from all ranks
+        counts = _host_ep.build_schedule(workspace, config, topk_experts, num_experts,
+                                         num_local_experts, first)
+        return MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle,
+                           counts)
     schedule = MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle)
     if topk_experts.device.type == "cpu":
         schedule.tokens_per_expert  # validates every id now (the CPU backend's contract)

@@ -38,6 +38,25 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     return out
 
 
+def _ep_rank_size(group, device, num_experts, backend):
+    """(rank, size) of the module's EP group (0, 1 without one), checked as mok.functional checks
+    a workspace's group."""
+    if group is None:
+        return 0, 1
+    from mok import functional
+
+    rank, size = functional._group_rank_size(group)
+    if size == 1:
+        return 0, 1
+    functional._check_host_ep_group(group, torch.device(device or "cpu"), rank, size)
+    if backend != "mok":
+        _checks.fail("backend", "'mok' with a group of several ranks (the torch baseline runs "
+                     "one process)", repr(backend))
+    if num_experts % size:
+        _checks.fail("num_experts", f"a multiple of the group's {size} ranks", num_experts)
+    return rank, size
+
+
 class MoEStats(NamedTuple):
     """The router's load statistics for one call."""
 
@@ -64,11 +83,18 @@ class MoE(torch.nn.Module):
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
+
+    group: a torch.distributed group of W ranks (gloo, CPU tensors) for expert parallelism across
+    processes: this rank's module holds experts [r*E/W, (r+1)*E/W) (routed weights [E/W, ...]) and
+    routes its own tokens over all E. Every rank must call it with the same number of tokens. The
+    router and the shared expert are replicated, as in data parallelism: give them the same
+    initial values on every rank (e.g. the same seed, or a broadcast) and reduce their gradients
+    across the group as a data-parallel job does; the experts' gradients need no reduction.
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, topk,
                  shared_intermediate_size=0, router="softmax", *, route_scale=1.0,
-                 bias_update_rate=1e-3, config=None, backend="mok", device=None,
+                 bias_update_rate=1e-3, config=None, backend="mok", group=None, device=None,
                  dtype=torch.bfloat16):
         super().__init__()
         if router not in _ROUTERS:
@@ -89,8 +115,11 @@ class MoE(torch.nn.Module):
         self.shared_intermediate_size = shared_intermediate_size
         self.router, self.route_scale, self.bias_update_rate = router, route_scale, bias_update_rate
         self.backend = backend
+        ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
+        self.ep_rank, self.ep_size = ep_rank, ep_size  # the group: self.group (the workspace's)
         router_dtype = _checks.router_dtype(dtype)
         E, I, H, S = num_experts, intermediate_size, hidden_size, shared_intermediate_size
+        El = num_experts // ep_size  # this rank's experts
         p = dict(device=device, dtype=dtype)
         self.router_weight = torch.nn.Parameter(
             torch.empty(E, H, device=device, dtype=router_dtype))
@@ -98,9 +127,9 @@ class MoE(torch.nn.Module):
             self.register_buffer("router_bias", torch.zeros(E, device=device, dtype=router_dtype))
         else:
             self.router_bias = None
-        self.routed_gate_weights = torch.nn.Parameter(torch.empty(E, I, H, **p))
-        self.routed_up_weights = torch.nn.Parameter(torch.empty(E, I, H, **p))
-        self.routed_down_weights = torch.nn.Parameter(torch.empty(E, H, I, **p))
+        self.routed_gate_weights = torch.nn.Parameter(torch.empty(El, I, H, **p))
+        self.routed_up_weights = torch.nn.Parameter(torch.empty(El, I, H, **p))
+        self.routed_down_weights = torch.nn.Parameter(torch.empty(El, H, I, **p))
         if S > 0:
             self.shared_gate_weights = torch.nn.Parameter(torch.empty(S, H, **p))
             self.shared_up_weights = torch.nn.Parameter(torch.empty(S, H, **p))
@@ -110,8 +139,15 @@ class MoE(torch.nn.Module):
                 self.register_parameter(name, None)
         # Scratch shared with every module of this config (and, through it, of this shape): the
         # forward context is autograd's, so nothing of one layer's call outlives it there.
-        self._workspace = _workspace.for_config(config)
+        self._workspace = (_workspace.for_config(config) if group is None else
+                           _workspace.for_group(config, group, ep_rank, ep_size))
         self.reset_parameters()
+
+    @property
+    def group(self):
+        """The EP group (None: one process). NOTES: kept by the workspace only, whose copies keep
+        it: a process group cannot be deep-copied."""
+        return self._workspace.group
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -128,10 +164,11 @@ class MoE(torch.nn.Module):
             self.router_bias.zero_()
 
     def extra_repr(self):
+        ep = f", ep_rank={self.ep_rank}, ep_size={self.ep_size}" if self.ep_size > 1 else ""
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, topk={self.topk}, "
                 f"shared_intermediate_size={self.shared_intermediate_size}, "
-                f"router={self.router!r}, backend={self.backend!r}")
+                f"router={self.router!r}, backend={self.backend!r}{ep}")
 
     def route(self, x):
         """x [T, H] -> (topk_experts int64 [T, k], topk_weights [T, k], MoEStats)."""

@@ -37,7 +37,10 @@ details): grouped_gate_up, grouped_rows_times_weight_t, grouped_rows_times_weigh
 grouped_weight_grad; rows in groups given by int32 device tensors (starts [G + 1], rows [G]).
 
 `workspace` is a workspace handle (mok.functional.Workspace.handle_for(config), or 0 for the
-automatic workspace). `forward` is differentiable: its gradient runs `backward`.
+automatic workspace). `forward` is differentiable: its gradient runs `backward`. A workspace of a
+torch.distributed group of several ranks runs the layer ops as expert parallelism across
+processes (CPU tensors, a gloo group: mok/_host_ep.py); every rank of the group must call them in
+the same order.
 """
 
 import torch
@@ -71,9 +74,10 @@ _CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
 
 def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
            with_down=True):
-    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
-                                with_topk_weights=with_topk_weights, with_down=with_down)
     ws, config = _workspace.resolve(handle)
+    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
+                                with_topk_weights=with_topk_weights, with_down=with_down,
+                                ep_size=ws.ep_size)
     ws.check_shape(shape)
     return shape, ws, config
 
@@ -209,6 +213,9 @@ def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weight
             workspace):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
+    ws, config = _workspace.resolve(workspace)
+    if ws.ep_size > 1:  # expert parallelism across processes (CPU backend, gloo)
+        return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     out = _new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
     context = _new_context(ws, config, shape)
@@ -226,6 +233,9 @@ def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_we
                               shared_gate_weights, shared_up_weights, workspace):
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
+    ws, config = _workspace.resolve(workspace)
+    if ws.ep_size > 1:
+        return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights)
     shape, ws, config = _layer(workspace, x, topk_experts, None, weights,
                                with_topk_weights=False, with_down=False)
     context = _new_context(ws, config, shape)
@@ -266,6 +276,11 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
                shared_up_weights, shared_down_weights)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
+    ws, config = _workspace.resolve(workspace)
+    if ws.ep_size > 1:
+        d_x, d_w, *routed_shared = _host_ep.backward(ws, config, d_out, x, topk_experts,
+                                                     topk_weights, weights, context)
+        return (d_x, d_w, *[g if g is not None else x.new_empty(0) for g in routed_shared])
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     check_context(context, context_shapes(ws, config, shape), shape)
@@ -297,6 +312,11 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
             main_shared_down)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
+    ws, config = _workspace.resolve(workspace)
+    if ws.ep_size > 1:
+        d_x, d_w, *_ = _host_ep.backward(ws, config, d_out, x, topk_experts, topk_weights,
+                                         weights, context, main=main)
+        return d_x, d_w
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     _checks.check_main_grads(shape, main)
@@ -349,6 +369,7 @@ def _backward_formula(ctx, d_out, *_d_context):
 torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
 
 from mok import _fake  # noqa: E402,F401  (registers the fake implementations)
+from mok import _host_ep  # noqa: E402  (expert parallelism across processes, CPU backend)
 # The grouped GEMM forms (issue 5): mok.ops.grouped_gate_up, grouped_rows_times_weight_t,
 # grouped_rows_times_weight, grouped_weight_grad (see mok/_grouped_gemm.py).
 from mok._grouped_gemm import (  # noqa: E402,F401

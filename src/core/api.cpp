@@ -61,10 +61,10 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
     throw Error("WorkspaceOptions.activation_dtype", "bfloat16 on the cuda backend",
                 "float64 (the exact mode runs on the cpu backend only)");
   }
-  if (problem.ep_size != 1) {
+  if (problem.ep_size != 1 && backend != Backend::cpu) {
     throw Error("ep_size",
-                "1 for a Workspace (it computes one whole layer; expert parallelism runs through "
-                "mok::Team)",
+                "1 for a cuda Workspace (it computes one whole layer; expert parallelism runs "
+                "through mok::Team; on the cpu backend through mok::host_ep)",
                 to_text(problem.ep_size));
   }
   impl_->problem = problem;
@@ -105,7 +105,7 @@ Workspace::Impl& Workspace::impl() {
   return *impl_;
 }
 
-static Device device_of(const Workspace::Impl& ws) {
+Device device_of(const Workspace::Impl& ws) {
   return ws.backend == Backend::cpu ? Device{DeviceKind::cpu, 0}
                                     : Device{DeviceKind::cuda, ws.options.device_index};
 }
@@ -158,7 +158,8 @@ ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, B
   l.shared_intermediate_size = p.shared_intermediate_size;
   if (backend == Backend::cpu) {
     l.x_rows = 0;  // the reference gathers x again
-    l.routed_rows = p.num_tokens * p.topk;
+    // One row per slot (with host expert parallelism: per slot of every rank, host_ep.hpp).
+    l.routed_rows = std::int64_t{p.ep_size} * p.num_tokens * p.topk;
   } else {
     // The first ring pass: the rows of the ring (core/workspace_plan.hpp).
     l.x_rows = l.routed_rows = plan::ring_rows(plan_shape_of(p, c));
@@ -227,6 +228,8 @@ void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w) {
   }
 }
 
+}  // namespace
+
 // The context's views: shapes from the workspace, on its device, in its dtype, 16-byte aligned
 // on the CUDA backend (vector accesses).
 void check_context(const Workspace& ws_, const ForwardContext& c) {
@@ -258,9 +261,21 @@ void check_context(const Workspace& ws_, const ForwardContext& c) {
   }
 }
 
+void require_one_rank(const Workspace::Impl& ws, const char* call) {
+  if (ws.problem.ep_size == 1) return;
+  throw Error("ep_size",
+              std::string("1 for mok::") + call +
+                  " (a workspace of several ranks runs its calls through mok::host_ep: the "
+                  "caller moves the rows between ranks)",
+              to_text(ws.problem.ep_size));
+}
+
+namespace {
+
 void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const TensorView* out,
                  ForwardContext& ctx) {
   Workspace::Impl& ws = ws_.impl();
+  require_one_rank(ws, out != nullptr ? "forward" : "recompute_forward_context");
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
   const bool recompute = out == nullptr;
@@ -302,6 +317,7 @@ void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w
 void backward(Workspace& ws_, const Inputs& in, const Weights& w, const ForwardContext& ctx,
               const TensorView& d_out, const Grads& grads, const BackwardOptions& options) {
   Workspace::Impl& ws = ws_.impl();
+  require_one_rank(ws, "backward");
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
   check_inputs(ws.problem, act, dev, in, w, InputUse::forward);

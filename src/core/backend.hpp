@@ -1,6 +1,7 @@
 // The backend interface: core validates every call (src/core/api.cpp), then hands it to the
 // Workspace's backend. The CPU reference (src/reference/backend.cpp) and the CUDA layer
-// (src/cuda/layer/layer.cu) implement it; core includes neither. Internal: users see mok::Workspace.
+// (src/cuda/layer/layer.cu) implement it; core includes neither. Internal: users see
+// mok::Workspace.
 #pragma once
 
 #include <cstddef>
@@ -20,14 +21,31 @@ class LayerBackend {
   virtual void forward(const Inputs& in, const Weights& w, const TensorView* out,
                        const ForwardContext& ctx, void* stream) = 0;
   virtual void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
-                        const TensorView& d_out, const Grads& grads,
-                        const BackwardOptions& options, void* stream) = 0;
+                        const TensorView& d_out, const Grads& grads, const BackwardOptions& options,
+                        void* stream) = 0;
   // Raises the errors a device found since the last call (bad expert ids, timed-out waits); the
   // device-side clear is ordered on `stream`. The CPU checks before it computes: nothing to raise.
   virtual void check_errors(void* stream) = 0;
   virtual std::int64_t context_rows() const = 0;  // rows of the forward context's routed tensors
   virtual std::size_t bytes() const = 0;          // device memory the backend holds
   virtual int num_threads() const = 0;            // CPU threads (0: not a CPU backend)
+
+  // Host expert parallelism (include/mok/host_ep.hpp; validated by src/core/host_ep.cpp): the
+  // expert and home halves of a call whose rows the caller moves between processes. Only the
+  // CPU reference has them; the defaults say so.
+  virtual void ep_expert_forward(const Inputs& gathered, const Weights& w,
+                                 const TensorView* combine_send, const ForwardContext& ctx);
+  virtual void ep_home_forward(const Inputs& in, const Weights& w,
+                               const TensorView* combine_received, const TensorView* out,
+                               const ForwardContext& ctx);
+  virtual void ep_expert_backward(const Inputs& gathered, const Weights& w,
+                                  const ForwardContext& ctx, const TensorView& d_out_all,
+                                  const TensorView& dx_send, const TensorView& dw_send,
+                                  const Grads& grads, const BackwardOptions& options);
+  virtual void ep_home_backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
+                                const TensorView& d_out, const TensorView& dx_received,
+                                const TensorView& dw_received, const Grads& grads,
+                                const BackwardOptions& options);
 };
 
 // The CPU reference: `act` bf16 (the GPU's precision model) or f64 (exact); `num_threads` 0: all.

@@ -69,8 +69,7 @@ void check_aligned_16(const char* name, const TensorView& v) {
 
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
                   InputUse use) {
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
-                     E = p.num_local_experts(), k = p.topk, S = p.shared_intermediate_size;
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
   // recompute_forward_context does not read these: absent is fine, present must be right.
   const bool optional = use == InputUse::context_only;
   auto unless_absent = [&](const TensorView& v) { return !(optional && !v.defined()); };
@@ -79,6 +78,15 @@ void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, 
   if (unless_absent(in.topk_weights)) {
     check_view("topk_weights", in.topk_weights, router_dtype(act), {T, k}, device);
   }
+  if (device.kind == DeviceKind::cuda) check_aligned_16("x", in.x);
+  check_weights(p, act, device, w, use);
+}
+
+void check_weights(const Problem& p, DType act, Device device, const Weights& w, InputUse use) {
+  const std::int64_t H = p.hidden_size, I = p.intermediate_size, E = p.num_local_experts(),
+                     S = p.shared_intermediate_size;
+  const bool optional = use == InputUse::context_only;
+  auto unless_absent = [&](const TensorView& v) { return !(optional && !v.defined()); };
   check_view("routed_gate_weights", w.gate, act, {E, I, H}, device);
   check_view("routed_up_weights", w.up, act, {E, I, H}, device);
   if (unless_absent(w.down)) check_view("routed_down_weights", w.down, act, {E, H, I}, device);
@@ -95,7 +103,6 @@ void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, 
     check_absent("shared_down_weights", w.shared_down, why);
   }
   if (device.kind == DeviceKind::cuda) {
-    check_aligned_16("x", in.x);
     check_aligned_16("routed_gate_weights", w.gate);
     check_aligned_16("routed_up_weights", w.up);
     check_aligned_16("routed_down_weights", w.down);
@@ -115,6 +122,18 @@ void check_expert_ids_host(const Problem& p, const TensorView& topk_experts) {
           "topk_experts[" + std::to_string(i / p.topk) + ", " + std::to_string(i % p.topk) + "]",
           "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(e));
     }
+  }
+}
+
+void check_expert_ids_all_ranks(const Problem& p, const TensorView& topk_experts_all) {
+  const auto* ids = topk_experts_all.ptr<const std::int64_t>();
+  const std::int64_t per_rank = p.num_tokens * p.topk;
+  for (std::int64_t i = 0; i < std::int64_t{p.ep_size} * per_rank; ++i) {
+    if (ids[i] >= -1 && ids[i] < p.num_experts) continue;
+    const std::int64_t q = i / per_rank, s = i % per_rank;
+    throw Error("topk_experts[" + std::to_string(s / p.topk) + ", " + std::to_string(s % p.topk) +
+                    "] of rank " + std::to_string(q),
+                "an expert id in [-1, " + std::to_string(p.num_experts) + ")", to_text(ids[i]));
   }
 }
 

@@ -29,11 +29,19 @@ enum class InputUse : std::uint8_t { forward, context_only };
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
                   InputUse use = InputUse::forward);
 
+// The weights alone (check_inputs' second half).
+void check_weights(const Problem& p, DType act, Device device, const Weights& w,
+                   InputUse use = InputUse::forward);
+
 // `v` (when present) starts at a multiple of 16 bytes; the error names the view and its address.
 void check_aligned_16(const char* name, const TensorView& v);
 
 // Every topk_experts entry in [-1, E). Host-readable ids only (CPU backend).
 void check_expert_ids_host(const Problem& p, const TensorView& topk_experts);
+
+// Every rank's ids, concatenated in rank order ([ep_size * T, k], host-readable), in [-1, E);
+// the error names the rank, the token and the slot.
+void check_expert_ids_all_ranks(const Problem& p, const TensorView& topk_experts_all);
 
 // Gradient views; on a CUDA device each also 16-byte aligned.
 void check_grads(const Problem& p, DType act, Device device, const Grads& g,

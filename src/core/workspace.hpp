@@ -18,4 +18,11 @@ struct Workspace::Impl {
   Workspace::CallCounts calls;
 };
 
+// Shared by the entry points (src/core/api.cpp, src/core/host_ep.cpp).
+Device device_of(const Workspace::Impl& ws);
+// The forward context's views against the workspace's layout (shapes, dtype, device).
+void check_context(const Workspace& ws, const ForwardContext& c);
+// Throws unless the workspace has one rank (`call` names the entry point refused).
+void require_one_rank(const Workspace::Impl& ws, const char* call);
+
 }  // namespace mok

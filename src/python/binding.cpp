@@ -22,6 +22,7 @@
 
 #include "core/gemm_ops.hpp"
 #include "core/validate.hpp"
+#include "mok/host_ep.hpp"
 #include "mok/mok.hpp"
 #include "mok/schedule.hpp"
 
@@ -119,6 +120,23 @@ ForwardContext context_of(nb::handle x_routed, nb::handle gate_routed, nb::handl
   c.up_shared = view_of(up_shared, "forward_context.up_shared");
   c.hidden_shared = view_of(hidden_shared, "forward_context.hidden_shared");
   return c;
+}
+
+// Gradient views in mok's order (d_x, d_topk_weights, routed gate, up, down, shared gate, up,
+// down; the shared ones None without a shared expert).
+Grads grads_of(nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up,
+               nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
+               nb::handle d_shared_down) {
+  Grads g;
+  g.d_x = view_of(d_x, "d_x");
+  g.d_topk_weights = view_of(d_topk_weights, "d_topk_weights");
+  g.d_gate = view_of(d_gate, "d_routed_gate_weights");
+  g.d_up = view_of(d_up, "d_routed_up_weights");
+  g.d_down = view_of(d_down, "d_routed_down_weights");
+  g.d_shared_gate = view_of(d_shared_gate, "d_shared_gate_weights");
+  g.d_shared_up = view_of(d_shared_up, "d_shared_up_weights");
+  g.d_shared_down = view_of(d_shared_down, "d_shared_down_weights");
+  return g;
 }
 
 Problem problem_of(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
@@ -408,15 +426,8 @@ NB_MODULE(_C, m) {
         const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                             gate_shared, up_shared, hidden_shared);
         const TensorView g_out = view_of(d_out, "d_out");
-        Grads g;
-        g.d_x = view_of(d_x, "d_x");
-        g.d_topk_weights = view_of(d_topk_weights, "d_topk_weights");
-        g.d_gate = view_of(d_gate, "d_routed_gate_weights");
-        g.d_up = view_of(d_up, "d_routed_up_weights");
-        g.d_down = view_of(d_down, "d_routed_down_weights");
-        g.d_shared_gate = view_of(d_shared_gate, "d_shared_gate_weights");
-        g.d_shared_up = view_of(d_shared_up, "d_shared_up_weights");
-        g.d_shared_down = view_of(d_shared_down, "d_shared_down_weights");
+        const Grads g = grads_of(d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate,
+                                 d_shared_up, d_shared_down);
         BackwardOptions options;
         options.accumulate_weight_grads = accumulate_weight_grads;
         nb::gil_scoped_release release;
@@ -432,4 +443,160 @@ NB_MODULE(_C, m) {
       nb::arg("d_routed_up_weights"), nb::arg("d_routed_down_weights"),
       nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
       nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false);
+  // Host expert parallelism (include/mok/host_ep.hpp): the expert and home halves of each call;
+  // mok/_host_ep.py moves the rows between ranks. Gathered views are every rank's tensor in rank
+  // order; optional buffers are None (recompute: no combine rows, no out).
+  m.def(
+      "check_expert_ids_all_ranks",
+      [](nb::handle topk_experts_all, std::int64_t num_experts, int ep_size) {
+        const TensorView v = view_of(topk_experts_all, "topk_experts_all");
+        if (v.ndim != 2) throw Error("topk_experts_all.ndim", "2", to_text(v.ndim));
+        if (ep_size < 1 || v.shape[0] % ep_size != 0) {
+          throw Error("topk_experts_all.shape[0]",
+                      "a multiple of ep_size = " + to_text(ep_size), to_text(v.shape[0]));
+        }
+        check_view("topk_experts_all", v, DType::i64, {v.shape[0], v.shape[1]}, Device{});
+        Problem p;
+        p.num_tokens = v.shape[0] / ep_size;
+        p.topk = v.shape[1];
+        p.num_experts = num_experts;
+        p.ep_size = ep_size;
+        nb::gil_scoped_release release;
+        check_expert_ids_all_ranks(p, v);
+      },
+      nb::arg("topk_experts_all"), nb::arg("num_experts"), nb::arg("ep_size"));
+  m.def(
+      "host_ep_counts",
+      [](Workspace& ws, nb::handle topk_experts_all) {
+        const TensorView v = view_of(topk_experts_all, "topk_experts_all");
+        host_ep::ExchangeCounts c;
+        {
+          nb::gil_scoped_release release;
+          c = host_ep::exchange_counts(ws, v);
+        }
+        return nb::make_tuple(c.send, c.receive);
+      },
+      nb::arg("workspace"), nb::arg("topk_experts_all"));
+  m.def(
+      "host_ep_expert_forward",
+      [](Workspace& ws, nb::handle x_all, nb::handle topk_experts_all, nb::handle gate,
+         nb::handle up, nb::handle down, nb::handle shared_gate, nb::handle shared_up,
+         nb::handle shared_down, nb::handle combine_send, nb::handle x_routed,
+         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
+        const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
+                        TensorView{}};
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const TensorView send = view_of(combine_send, "combine_send");
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                      gate_shared, up_shared, hidden_shared);
+        nb::gil_scoped_release release;
+        host_ep::expert_forward(ws, in, w, send, c);
+      },
+      nb::arg("workspace"), nb::arg("x_all"), nb::arg("topk_experts_all"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
+      nb::arg("routed_down_weights").none(), nb::arg("shared_gate_weights").none(),
+      nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
+      nb::arg("combine_send").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
+      nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none());
+  m.def(
+      "host_ep_home_forward",
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down, nb::handle combine_received,
+         nb::handle out, nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
+         nb::handle hidden_routed, nb::handle gate_shared, nb::handle up_shared,
+         nb::handle hidden_shared) {
+        const Inputs in = inputs_of(x, topk_experts, topk_weights);
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const TensorView received = view_of(combine_received, "combine_received");
+        const TensorView o = view_of(out, "out");
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                      gate_shared, up_shared, hidden_shared);
+        nb::gil_scoped_release release;
+        host_ep::home_forward(ws, in, w, received, o, c);
+      },
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"),
+      nb::arg("topk_weights").none(), nb::arg("routed_gate_weights"),
+      nb::arg("routed_up_weights"), nb::arg("routed_down_weights").none(),
+      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
+      nb::arg("shared_down_weights").none(), nb::arg("combine_received").none(),
+      nb::arg("out").none(), nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
+      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
+      nb::arg("hidden_shared").none());
+  m.def(
+      "host_ep_expert_backward",
+      [](Workspace& ws, nb::handle x_all, nb::handle topk_experts_all,
+         nb::handle topk_weights_all, nb::handle gate, nb::handle up, nb::handle down,
+         nb::handle shared_gate, nb::handle shared_up, nb::handle shared_down,
+         nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
+         nb::handle hidden_routed, nb::handle gate_shared, nb::handle up_shared,
+         nb::handle hidden_shared, nb::handle d_out_all, nb::handle dx_send, nb::handle dw_send,
+         nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up,
+         nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
+         nb::handle d_shared_down, bool accumulate_weight_grads) {
+        const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
+                        view_of(topk_weights_all, "topk_weights_all")};
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                            gate_shared, up_shared, hidden_shared);
+        const TensorView g_out = view_of(d_out_all, "d_out_all"),
+                         dx = view_of(dx_send, "dx_send"), dw = view_of(dw_send, "dw_send");
+        const Grads g = grads_of(d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate,
+                                 d_shared_up, d_shared_down);
+        BackwardOptions options;
+        options.accumulate_weight_grads = accumulate_weight_grads;
+        nb::gil_scoped_release release;
+        host_ep::expert_backward(ws, in, w, c, g_out, dx, dw, g, options);
+      },
+      nb::arg("workspace"), nb::arg("x_all"), nb::arg("topk_experts_all"),
+      nb::arg("topk_weights_all"), nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
+      nb::arg("routed_down_weights"), nb::arg("shared_gate_weights").none(),
+      nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
+      nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
+      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
+      nb::arg("hidden_shared").none(), nb::arg("d_out_all"), nb::arg("dx_send"),
+      nb::arg("dw_send"), nb::arg("d_x"), nb::arg("d_topk_weights"),
+      nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
+      nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
+      nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
+      nb::arg("accumulate_weight_grads") = false);
+  m.def(
+      "host_ep_home_backward",
+      [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed,
+         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
+         nb::handle d_out, nb::handle dx_received, nb::handle dw_received, nb::handle d_x,
+         nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
+         nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
+         bool accumulate_weight_grads) {
+        const Inputs in = inputs_of(x, topk_experts, topk_weights);
+        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
+                                            gate_shared, up_shared, hidden_shared);
+        const TensorView g_out = view_of(d_out, "d_out"),
+                         dx = view_of(dx_received, "dx_received"),
+                         dw = view_of(dw_received, "dw_received");
+        const Grads g = grads_of(d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate,
+                                 d_shared_up, d_shared_down);
+        BackwardOptions options;
+        options.accumulate_weight_grads = accumulate_weight_grads;
+        nb::gil_scoped_release release;
+        host_ep::home_backward(ws, in, w, c, g_out, dx, dw, g, options);
+      },
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
+      nb::arg("routed_down_weights"), nb::arg("shared_gate_weights").none(),
+      nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
+      nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
+      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
+      nb::arg("hidden_shared").none(), nb::arg("d_out"), nb::arg("dx_received"),
+      nb::arg("dw_received"), nb::arg("d_x"), nb::arg("d_topk_weights"),
+      nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
+      nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
+      nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
+      nb::arg("accumulate_weight_grads") = false);
 }

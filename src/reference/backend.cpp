@@ -9,8 +9,8 @@ class CpuLayer final : public LayerBackend {
  public:
   CpuLayer(const Problem& p, DType act, int num_threads) : problem_(p), state_(act, num_threads) {}
 
-  void forward(const Inputs& in, const Weights& w, const TensorView* out,
-               const ForwardContext& ctx, void*) override {
+  void forward(const Inputs& in, const Weights& w, const TensorView* out, const ForwardContext& ctx,
+               void*) override {
     reference::forward(state_, problem_, in, w, out, ctx);
   }
   void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
@@ -18,9 +18,33 @@ class CpuLayer final : public LayerBackend {
                 void*) override {
     reference::backward(state_, problem_, in, w, ctx, d_out, grads, options);
   }
+  void ep_expert_forward(const Inputs& gathered, const Weights& w, const TensorView* combine_send,
+                         const ForwardContext& ctx) override {
+    reference::ep_expert_forward(state_, problem_, gathered, w, combine_send, ctx);
+  }
+  void ep_home_forward(const Inputs& in, const Weights& w, const TensorView* combine_received,
+                       const TensorView* out, const ForwardContext& ctx) override {
+    reference::ep_home_forward(state_, problem_, in, w, combine_received, out, ctx);
+  }
+  void ep_expert_backward(const Inputs& gathered, const Weights& w, const ForwardContext& ctx,
+                          const TensorView& d_out_all, const TensorView& dx_send,
+                          const TensorView& dw_send, const Grads& grads,
+                          const BackwardOptions& options) override {
+    reference::ep_expert_backward(state_, problem_, gathered, w, ctx, d_out_all, dx_send, dw_send,
+                                  grads, options);
+  }
+  void ep_home_backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
+                        const TensorView& d_out, const TensorView& dx_received,
+                        const TensorView& dw_received, const Grads& grads,
+                        const BackwardOptions& options) override {
+    reference::ep_home_backward(state_, problem_, in, w, ctx, d_out, dx_received, dw_received,
+                                grads, options);
+  }
   void check_errors(void*) override {}
-  // One row per slot t*k + j (reference.hpp).
-  std::int64_t context_rows() const override { return problem_.num_tokens * problem_.topk; }
+  // One row per slot t*k + j of every rank of the EP group (reference.hpp).
+  std::int64_t context_rows() const override {
+    return std::int64_t{problem_.ep_size} * problem_.num_tokens * problem_.topk;
+  }
   std::size_t bytes() const override { return state_.bytes(); }
   int num_threads() const override { return state_.pool.size(); }
 

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/bf16.hpp"
+#include "core/host_ep_layout.hpp"
 #include "core/numerics.hpp"
 #include "reference/cpu_gemm.hpp"
 
@@ -65,12 +66,13 @@ std::vector<Real> load_range(const TensorView& v, std::int64_t offset, std::int6
   return out;
 }
 
-// Each local expert's slots (t*k + j), in the canonical order: t, then j.
-std::vector<std::vector<std::int64_t>> group_slots(const Problem& p, const TensorView& ids_view) {
+// Each local expert's slots among `num_slots` slots, in increasing slot order (t, then j; over
+// gathered inputs the source rank first): the canonical order of DESIGN.md section 2.
+std::vector<std::vector<std::int64_t>> group_slots(const Problem& p, const std::int64_t* ids,
+                                                   std::int64_t num_slots) {
   std::vector<std::vector<std::int64_t>> groups(p.num_local_experts());
-  const auto* ids = ids_view.ptr<const std::int64_t>();
   const std::int64_t first = p.first_local_expert();
-  for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s) {
+  for (std::int64_t s = 0; s < num_slots; ++s) {
     const std::int64_t e = ids[s] - first;
     if (ids[s] >= 0 && e >= 0 && e < p.num_local_experts()) groups[e].push_back(s);
   }
@@ -172,86 +174,117 @@ void zero_weight_grad(const TensorView& v, std::int64_t offset, std::int64_t cou
 
 constexpr std::int64_t kTokensPerTask = 16;
 
-template <typename Real>
-void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
-                  const TensorView* out, const ForwardContext& ctx) {
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size, k = p.topk,
-                     S = p.shared_intermediate_size;
-  const bool with_out = out != nullptr;
-  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
-  const auto groups = group_slots(p, in.topk_experts);
-  std::vector<Real> y_slots(with_out ? T * k * H : 0);  // the combine buffer: one row per slot
-
+// The expert side of a forward: each local expert over its slots among `num_slots` slots
+// (`ids`, tokens of `x` [num_slots / k, H]: this rank's own, or every rank's gathered). Writes g,
+// u and h into the context row of each slot and, with `with_y`, hands each slot's y row to
+// emit(slot, y_row).
+template <typename Real, typename Emit>
+void routed_forward(State& st, const Problem& p, const std::vector<Real>& x,
+                    const std::int64_t* ids, std::int64_t num_slots, const Weights& w, bool with_y,
+                    const ForwardContext& ctx, Emit&& emit) {
+  const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk;
+  const auto groups = group_slots(p, ids, num_slots);
   for (std::int64_t e = 0; e < p.num_local_experts(); ++e) {
     const auto& slots = groups[e];
     const auto rows = static_cast<std::int64_t>(slots.size());
     if (rows == 0) continue;
-    std::vector<Real> xr(rows * H), g(rows * I), u(rows * I), h(rows * I),
-        y(with_out ? rows * H : 0);
+    std::vector<Real> xr(rows * H), g(rows * I), u(rows * I), h(rows * I), y(with_y ? rows * H : 0);
     for (std::int64_t r = 0; r < rows; ++r) {
       std::copy_n(&x[(slots[r] / k) * H], H, &xr[r * H]);
     }
     const auto wg = load_range<Real>(w.gate, e * I * H, I * H);
     const auto wu = load_range<Real>(w.up, e * I * H, I * H);
-    const auto wd = with_out ? load_range<Real>(w.down, e * H * I, H * I) : std::vector<Real>();
+    const auto wd = with_y ? load_range<Real>(w.down, e * H * I, H * I) : std::vector<Real>();
     expert_forward<Real>(st.pool, rows, H, I, xr.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                         u.data(), h.data(), with_out ? y.data() : nullptr);
+                         u.data(), h.data(), with_y ? y.data() : nullptr);
     for (std::int64_t r = 0; r < rows; ++r) {
       store_rows<Real>(ctx.gate_routed, slots[r], I, &g[r * I]);
       store_rows<Real>(ctx.up_routed, slots[r], I, &u[r * I]);
       store_rows<Real>(ctx.hidden_routed, slots[r], I, &h[r * I]);
-      if (with_out) std::copy_n(&y[r * H], H, &y_slots[slots[r] * H]);
+      if (with_y) emit(slots[r], &y[r * H]);
     }
   }
+}
 
+// The shared expert over this rank's T tokens: its context rows, and (with `with_out`) its output
+// [T, H]; empty without a shared expert.
+template <typename Real>
+std::vector<Real> shared_forward(State& st, const Problem& p, const std::vector<Real>& x,
+                                 const Weights& w, bool with_out, const ForwardContext& ctx) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, S = p.shared_intermediate_size;
   std::vector<Real> shared_out;
-  if (S > 0) {
-    std::vector<Real> g(T * S), u(T * S), h(T * S);
-    if (with_out) shared_out.resize(T * H);
-    const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
-    const auto wu = load_range<Real>(w.shared_up, 0, S * H);
-    const auto wd =
-        with_out ? load_range<Real>(w.shared_down, 0, H * S) : std::vector<Real>();
-    expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                         u.data(), h.data(), with_out ? shared_out.data() : nullptr);
-    for (std::int64_t t = 0; t < T; ++t) {
-      store_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
-      store_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
-      store_rows<Real>(ctx.hidden_shared, t, S, &h[t * S]);
-    }
+  if (S == 0) return shared_out;
+  std::vector<Real> g(T * S), u(T * S), h(T * S);
+  if (with_out) shared_out.resize(T * H);
+  const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
+  const auto wu = load_range<Real>(w.shared_up, 0, S * H);
+  const auto wd = with_out ? load_range<Real>(w.shared_down, 0, H * S) : std::vector<Real>();
+  expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(), g.data(),
+                       u.data(), h.data(), with_out ? shared_out.data() : nullptr);
+  for (std::int64_t t = 0; t < T; ++t) {
+    store_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
+    store_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
+    store_rows<Real>(ctx.hidden_shared, t, S, &h[t * S]);
   }
-  if (!with_out) return;
+  return shared_out;
+}
 
+// The home reduction of a forward: out[t] = bf16(s[t] + sum_j w[t,j] * y[t,j]) in fp32, fma,
+// increasing j. The y row of slot t*k + j is row row_of_slot[t*k + j] of `rows` [*, H].
+template <typename Real>
+void combine(State& st, const Problem& p, const Inputs& in, const std::vector<Real>& shared_out,
+             const Real* rows, const std::vector<std::int64_t>& row_of_slot,
+             const TensorView& out) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
+  const bool shared = p.has_shared_expert();
   const auto* ids = in.topk_experts.ptr<const std::int64_t>();
   st.pool.run((T + kTokensPerTask - 1) / kTokensPerTask, [&](std::int64_t task) {
     const std::int64_t t_end = std::min(T, (task + 1) * kTokensPerTask);
     for (std::int64_t t = task * kTokensPerTask; t < t_end; ++t) {
       for (std::int64_t c = 0; c < H; ++c) {
-        Real acc = S > 0 ? shared_out[t * H + c] : Real(0);
+        Real acc = shared ? shared_out[t * H + c] : Real(0);
         for (std::int64_t j = 0; j < k; ++j) {
-          if (ids[t * k + j] < 0) continue;
-          acc = std::fma(load<Real>(in.topk_weights, t * k + j), y_slots[(t * k + j) * H + c], acc);
+          const std::int64_t s = t * k + j;
+          if (ids[s] < 0) continue;
+          acc = std::fma(load<Real>(in.topk_weights, s), rows[row_of_slot[s] * H + c], acc);
         }
-        store<Real>(*out, t * H + c, store_round(acc));
+        store<Real>(out, t * H + c, store_round(acc));
       }
     }
   });
 }
 
-template <typename Real>
-void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
-                   const ForwardContext& ctx, const TensorView& d_out_view, const Grads& grads,
-                   const BackwardOptions& options) {
-  const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size, k = p.topk,
-                     S = p.shared_intermediate_size;
-  const bool acc_w = options.accumulate_weight_grads;
-  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
-  const std::vector<Real> d_out = load_range<Real>(d_out_view, 0, T * H);
-  const auto* ids = in.topk_experts.ptr<const std::int64_t>();
-  const auto groups = group_slots(p, in.topk_experts);
-  std::vector<Real> dx_slots(T * k * H);  // dx_routed: one row per slot
-  std::vector<Real> dw_slots(T * k, Real(0));
+std::vector<std::int64_t> identity_rows(std::int64_t n) {
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) rows[i] = i;
+  return rows;
+}
 
+template <typename Real>
+void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                  const TensorView* out, const ForwardContext& ctx) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
+  const bool with_out = out != nullptr;
+  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
+  std::vector<Real> y_slots(with_out ? T * k * H : 0);  // the combine buffer: one row per slot
+  routed_forward<Real>(st, p, x, in.topk_experts.ptr<const std::int64_t>(), T * k, w, with_out, ctx,
+                       [&](std::int64_t s, const Real* y) { std::copy_n(y, H, &y_slots[s * H]); });
+  const std::vector<Real> shared_out = shared_forward<Real>(st, p, x, w, with_out, ctx);
+  if (!with_out) return;
+  combine<Real>(st, p, in, shared_out, y_slots.data(), identity_rows(T * k), *out);
+}
+
+// The expert side of a backward: each local expert over its slots among `num_slots` slots (`ids`,
+// with their tokens' x and d_out rows and their router weights `topk_weights`), from the context
+// rows of those slots. Writes the local experts' weight gradients and hands each slot's dx row and
+// d_w entry to emit(slot, dx_row, dw).
+template <typename Real, typename Emit>
+void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
+                     const std::vector<Real>& d_out, const std::int64_t* ids,
+                     const TensorView& topk_weights, std::int64_t num_slots, const Weights& w,
+                     const ForwardContext& ctx, const Grads& grads, bool acc_w, Emit&& emit) {
+  const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk;
+  const auto groups = group_slots(p, ids, num_slots);
   for (std::int64_t e = 0; e < p.num_local_experts(); ++e) {
     const auto& slots = groups[e];
     const auto rows = static_cast<std::int64_t>(slots.size());
@@ -270,7 +303,7 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
       load_rows<Real>(ctx.gate_routed, s, I, &g[r * I]);
       load_rows<Real>(ctx.up_routed, s, I, &u[r * I]);
       load_rows<Real>(ctx.hidden_routed, s, I, &h[r * I]);
-      row_w[r] = load<Real>(in.topk_weights, s);
+      row_w[r] = load<Real>(topk_weights, s);
     }
     const auto wg = load_range<Real>(w.gate, e * I * H, I * H);
     const auto wu = load_range<Real>(w.up, e * I * H, I * H);
@@ -279,60 +312,156 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
     expert_backward<Real>(st.pool, rows, H, I, xr.data(), g.data(), u.data(), h.data(),
                           d_outr.data(), row_w.data(), wg.data(), wu.data(), wd.data(), dx.data(),
                           d_gate.data(), d_up.data(), d_down.data(), dw.data());
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::copy_n(&dx[r * H], H, &dx_slots[slots[r] * H]);
-      dw_slots[slots[r]] = dw[r];
-    }
+    for (std::int64_t r = 0; r < rows; ++r) emit(slots[r], &dx[r * H], dw[r]);
     write_weight_grad<Real>(grads.d_gate, e * I * H, d_gate, acc_w);
     write_weight_grad<Real>(grads.d_up, e * I * H, d_up, acc_w);
     write_weight_grad<Real>(grads.d_down, e * H * I, d_down, acc_w);
   }
+}
 
+// The shared expert's backward over this rank's T tokens: writes its weight gradients, returns its
+// d_x part [T, H] (empty without a shared expert).
+template <typename Real>
+std::vector<Real> shared_backward(State& st, const Problem& p, const std::vector<Real>& x,
+                                  const std::vector<Real>& d_out, const Weights& w,
+                                  const ForwardContext& ctx, const Grads& grads, bool acc_w) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, S = p.shared_intermediate_size;
   std::vector<Real> shared_dx;
-  if (S > 0) {
-    shared_dx.resize(T * H);
-    std::vector<Real> g(T * S), u(T * S), h(T * S);
-    for (std::int64_t t = 0; t < T; ++t) {
-      load_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
-      load_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
-      load_rows<Real>(ctx.hidden_shared, t, S, &h[t * S]);
-    }
-    const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
-    const auto wu = load_range<Real>(w.shared_up, 0, S * H);
-    const auto wd = load_range<Real>(w.shared_down, 0, H * S);
-    std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
-    expert_backward<Real>(st.pool, T, H, S, x.data(), g.data(), u.data(), h.data(), d_out.data(),
-                          nullptr, wg.data(), wu.data(), wd.data(), shared_dx.data(),
-                          d_gate.data(), d_up.data(), d_down.data(), nullptr);
-    write_weight_grad<Real>(grads.d_shared_gate, 0, d_gate, acc_w);
-    write_weight_grad<Real>(grads.d_shared_up, 0, d_up, acc_w);
-    write_weight_grad<Real>(grads.d_shared_down, 0, d_down, acc_w);
+  if (S == 0) return shared_dx;
+  shared_dx.resize(T * H);
+  std::vector<Real> g(T * S), u(T * S), h(T * S);
+  for (std::int64_t t = 0; t < T; ++t) {
+    load_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
+    load_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
+    load_rows<Real>(ctx.hidden_shared, t, S, &h[t * S]);
   }
+  const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
+  const auto wu = load_range<Real>(w.shared_up, 0, S * H);
+  const auto wd = load_range<Real>(w.shared_down, 0, H * S);
+  std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
+  expert_backward<Real>(st.pool, T, H, S, x.data(), g.data(), u.data(), h.data(), d_out.data(),
+                        nullptr, wg.data(), wu.data(), wd.data(), shared_dx.data(), d_gate.data(),
+                        d_up.data(), d_down.data(), nullptr);
+  write_weight_grad<Real>(grads.d_shared_gate, 0, d_gate, acc_w);
+  write_weight_grad<Real>(grads.d_shared_up, 0, d_up, acc_w);
+  write_weight_grad<Real>(grads.d_shared_down, 0, d_down, acc_w);
+  return shared_dx;
+}
 
-  // Home reductions: d_x over slots in increasing j; d_w as the expert side computed it (0 for an
-  // unused slot).
+// The home reductions of a backward: d_x[t] = bf16(ds_x[t] + sum_j dx[t,j]) in increasing j;
+// d_w as the expert side computed it (0 for an unused slot). Slot t*k + j's dx row and d_w entry
+// are row row_of_slot[t*k + j] of `dx_rows` [*, H] and `dw_rows`.
+template <typename Real>
+void home_backward(State& st, const Problem& p, const Inputs& in,
+                   const std::vector<Real>& shared_dx, const Real* dx_rows, const Real* dw_rows,
+                   const std::vector<std::int64_t>& row_of_slot, const Grads& grads) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
+  const bool shared = p.has_shared_expert();
+  const auto* ids = in.topk_experts.ptr<const std::int64_t>();
   st.pool.run((T + kTokensPerTask - 1) / kTokensPerTask, [&](std::int64_t task) {
     const std::int64_t t_end = std::min(T, (task + 1) * kTokensPerTask);
     for (std::int64_t t = task * kTokensPerTask; t < t_end; ++t) {
       for (std::int64_t c = 0; c < H; ++c) {
-        Real acc = S > 0 ? shared_dx[t * H + c] : Real(0);
+        Real acc = shared ? shared_dx[t * H + c] : Real(0);
         for (std::int64_t j = 0; j < k; ++j) {
-          if (ids[t * k + j] >= 0) acc += dx_slots[(t * k + j) * H + c];
+          const std::int64_t s = t * k + j;
+          if (ids[s] >= 0) acc += dx_rows[row_of_slot[s] * H + c];
         }
         store<Real>(grads.d_x, t * H + c, store_round(acc));
       }
       for (std::int64_t j = 0; j < k; ++j) {
         const std::int64_t s = t * k + j;
-        store<Real>(grads.d_topk_weights, s, ids[s] >= 0 ? dw_slots[s] : Real(0));
+        store<Real>(grads.d_topk_weights, s, ids[s] >= 0 ? dw_rows[row_of_slot[s]] : Real(0));
       }
     }
   });
 }
 
+template <typename Real>
+void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                   const ForwardContext& ctx, const TensorView& d_out_view, const Grads& grads,
+                   const BackwardOptions& options) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
+  const bool acc_w = options.accumulate_weight_grads;
+  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
+  const std::vector<Real> d_out = load_range<Real>(d_out_view, 0, T * H);
+  std::vector<Real> dx_slots(T * k * H);  // dx_routed: one row per slot
+  std::vector<Real> dw_slots(T * k, Real(0));
+  routed_backward<Real>(st, p, x, d_out, in.topk_experts.ptr<const std::int64_t>(), in.topk_weights,
+                        T * k, w, ctx, grads, acc_w, [&](std::int64_t s, const Real* dx, Real dw) {
+                          std::copy_n(dx, H, &dx_slots[s * H]);
+                          dw_slots[s] = dw;
+                        });
+  const std::vector<Real> shared_dx = shared_backward<Real>(st, p, x, d_out, w, ctx, grads, acc_w);
+  home_backward<Real>(st, p, in, shared_dx, dx_slots.data(), dw_slots.data(), identity_rows(T * k),
+                      grads);
+}
+
+// Host expert parallelism (include/mok/host_ep.hpp): the same pieces over the gathered inputs,
+// with the exchange rows of core/host_ep_layout.hpp in place of the one-row-per-slot buffers.
+template <typename Real>
+void ep_expert_forward_impl(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                            const TensorView* send, const ForwardContext& ctx) {
+  const std::int64_t slots = std::int64_t{p.ep_size} * p.num_tokens * p.topk, H = p.hidden_size;
+  const std::vector<Real> x = load_range<Real>(gathered.x, 0, slots / p.topk * H);
+  const auto* ids = gathered.topk_experts.ptr<const std::int64_t>();
+  const std::vector<std::int64_t> row_of_slot = host_ep::send_rows(p, ids);
+  routed_forward<Real>(
+      st, p, x, ids, slots, w, send != nullptr, ctx,
+      [&](std::int64_t s, const Real* y) { store_rows<Real>(*send, row_of_slot[s], H, y); });
+}
+
+template <typename Real>
+void ep_home_forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                          const TensorView* received, const TensorView* out,
+                          const ForwardContext& ctx) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size;
+  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
+  const std::vector<Real> shared_out = shared_forward<Real>(st, p, x, w, out != nullptr, ctx);
+  if (out == nullptr) return;
+  const std::vector<Real> rows = load_range<Real>(*received, 0, received->numel());
+  combine<Real>(st, p, in, shared_out, rows.data(),
+                host_ep::receive_rows(p, in.topk_experts.ptr<const std::int64_t>()), *out);
+}
+
+template <typename Real>
+void ep_expert_backward_impl(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                             const ForwardContext& ctx, const TensorView& d_out_all,
+                             const TensorView& dx_send, const TensorView& dw_send,
+                             const Grads& grads, const BackwardOptions& options) {
+  const std::int64_t slots = std::int64_t{p.ep_size} * p.num_tokens * p.topk, H = p.hidden_size;
+  const std::vector<Real> x = load_range<Real>(gathered.x, 0, slots / p.topk * H);
+  const std::vector<Real> d_out = load_range<Real>(d_out_all, 0, slots / p.topk * H);
+  const auto* ids = gathered.topk_experts.ptr<const std::int64_t>();
+  const std::vector<std::int64_t> row_of_slot = host_ep::send_rows(p, ids);
+  routed_backward<Real>(st, p, x, d_out, ids, gathered.topk_weights, slots, w, ctx, grads,
+                        options.accumulate_weight_grads,
+                        [&](std::int64_t s, const Real* dx, Real dw) {
+                          store_rows<Real>(dx_send, row_of_slot[s], H, dx);
+                          store<Real>(dw_send, row_of_slot[s], dw);
+                        });
+}
+
+template <typename Real>
+void ep_home_backward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                           const ForwardContext& ctx, const TensorView& d_out_view,
+                           const TensorView& dx_received, const TensorView& dw_received,
+                           const Grads& grads, const BackwardOptions& options) {
+  const std::int64_t T = p.num_tokens, H = p.hidden_size;
+  const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
+  const std::vector<Real> d_out = load_range<Real>(d_out_view, 0, T * H);
+  const std::vector<Real> shared_dx =
+      shared_backward<Real>(st, p, x, d_out, w, ctx, grads, options.accumulate_weight_grads);
+  const std::vector<Real> dx_rows = load_range<Real>(dx_received, 0, dx_received.numel());
+  const std::vector<Real> dw_rows = load_range<Real>(dw_received, 0, dw_received.numel());
+  home_backward<Real>(st, p, in, shared_dx, dx_rows.data(), dw_rows.data(),
+                      host_ep::receive_rows(p, in.topk_experts.ptr<const std::int64_t>()), grads);
+}
+
 }  // namespace
 
-void forward(State& st, const Problem& p, const Inputs& in, const Weights& w,
-             const TensorView* out, const ForwardContext& ctx) {
+void forward(State& st, const Problem& p, const Inputs& in, const Weights& w, const TensorView* out,
+             const ForwardContext& ctx) {
   if (st.act == DType::f64) {
     forward_impl<double>(st, p, in, w, out, ctx);
   } else {
@@ -347,6 +476,55 @@ void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
     backward_impl<double>(st, p, in, w, ctx, d_out, grads, options);
   } else {
     backward_impl<float>(st, p, in, w, ctx, d_out, grads, options);
+  }
+}
+
+}  // namespace mok::reference
+
+namespace mok::reference {
+
+void ep_expert_forward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                       const TensorView* combine_send, const ForwardContext& ctx) {
+  if (st.act == DType::f64) {
+    ep_expert_forward_impl<double>(st, p, gathered, w, combine_send, ctx);
+  } else {
+    ep_expert_forward_impl<float>(st, p, gathered, w, combine_send, ctx);
+  }
+}
+
+void ep_home_forward(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                     const TensorView* combine_received, const TensorView* out,
+                     const ForwardContext& ctx) {
+  if (st.act == DType::f64) {
+    ep_home_forward_impl<double>(st, p, in, w, combine_received, out, ctx);
+  } else {
+    ep_home_forward_impl<float>(st, p, in, w, combine_received, out, ctx);
+  }
+}
+
+void ep_expert_backward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                        const ForwardContext& ctx, const TensorView& d_out_all,
+                        const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
+                        const BackwardOptions& options) {
+  if (st.act == DType::f64) {
+    ep_expert_backward_impl<double>(st, p, gathered, w, ctx, d_out_all, dx_send, dw_send, grads,
+                                    options);
+  } else {
+    ep_expert_backward_impl<float>(st, p, gathered, w, ctx, d_out_all, dx_send, dw_send, grads,
+                                   options);
+  }
+}
+
+void ep_home_backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                      const ForwardContext& ctx, const TensorView& d_out,
+                      const TensorView& dx_received, const TensorView& dw_received,
+                      const Grads& grads, const BackwardOptions& options) {
+  if (st.act == DType::f64) {
+    ep_home_backward_impl<double>(st, p, in, w, ctx, d_out, dx_received, dw_received, grads,
+                                  options);
+  } else {
+    ep_home_backward_impl<float>(st, p, in, w, ctx, d_out, dx_received, dw_received, grads,
+                                 options);
   }
 }
 

@@ -23,9 +23,9 @@
 //
 // The forward context (ForwardContext, caller-owned) holds g, u, h per slot t*k + j (rows
 // [T*k, I], slots of other ranks' experts and unused slots left as they are) and the shared
-// expert's g, u, h [T, S]; x_routed has no rows: backward gathers x again.
+// expert's g, u, h [T, S]; x_routed has no rows: backward gathers x again. With host expert
+// parallelism (W ranks) the routed rows are one per gathered slot of every rank: [W*T*k, I].
 #pragma once
-
 
 #include "core/thread_pool.hpp"
 #include "mok/api.hpp"
@@ -40,10 +40,30 @@ struct State {
 };
 
 // `out` may be null (recompute_forward_context: the context only).
-void forward(State& st, const Problem& p, const Inputs& in, const Weights& w,
-             const TensorView* out, const ForwardContext& ctx);
+void forward(State& st, const Problem& p, const Inputs& in, const Weights& w, const TensorView* out,
+             const ForwardContext& ctx);
 void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
               const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
               const BackwardOptions& options);
+
+// Host expert parallelism (include/mok/host_ep.hpp), `p` of rank p.ep_rank of p.ep_size: the
+// pieces above over every rank's gathered inputs (expert side) and this rank's own (home side),
+// with the exchange rows of core/host_ep_layout.hpp. The expert side writes the context's routed
+// rows (one per gathered slot) and the local experts' weight gradients; the home side the shared
+// expert's context rows and gradients, out, d_x and d_topk_weights. `combine_send` null: the
+// context only (recompute); `out` null likewise (then `combine_received` is not read).
+void ep_expert_forward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                       const TensorView* combine_send, const ForwardContext& ctx);
+void ep_home_forward(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                     const TensorView* combine_received, const TensorView* out,
+                     const ForwardContext& ctx);
+void ep_expert_backward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
+                        const ForwardContext& ctx, const TensorView& d_out_all,
+                        const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
+                        const BackwardOptions& options);
+void ep_home_backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
+                      const ForwardContext& ctx, const TensorView& d_out,
+                      const TensorView& dx_received, const TensorView& dw_received,
+                      const Grads& grads, const BackwardOptions& options);
 
 }  // namespace mok::reference

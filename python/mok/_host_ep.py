@@ -1,0 +1,301 @@
+"""Expert parallelism across processes on the CPU backend (issue 14's CPU form).
+
+A workspace made with a torch.distributed group of W ranks (gloo, CPU tensors) runs mok's calls
+as expert parallelism: rank r holds its own T tokens and the experts [r*E/W, (r+1)*E/W). The
+maths is mok's C++ core (include/mok/host_ep.hpp, the CPU reference); this file moves the rows:
+
+  every call   all-gather a fixed-size header (the call, the shapes, the dtype, the config and
+               this rank's own argument error, if any): every rank compares them and raises the
+               same error, naming the field and each rank's value, before any data moves
+  forward      all-gather x and topk_experts -> this rank's experts compute their rows
+               -> all-to-all of the combine rows -> the home reduction over j (fixed order)
+  recompute    all-gather x and topk_experts -> the context rows (nothing goes back)
+  backward     all-gather x, topk_experts, topk_weights, d_out -> this rank's experts' backward
+               (dx rows, d_w entries, the local experts' weight gradients) -> all-to-all of both
+               -> the home reductions
+  schedule     all-gather topk_experts: every rank checks every rank's ids
+
+Every output and gradient is bitwise that of one process holding every expert, over the tokens
+of all ranks in rank order (the shared expert's weight gradients: those of this rank's own
+tokens, as a data-parallel replica's). Every wait is bounded by the group's timeout
+(init_process_group / new_group `timeout=`): a rank that never calls makes the others raise
+mok.TimeoutError, naming the call and what it waited for. After a timeout the group's
+connections are closed (gloo): make a new group.
+"""
+
+import builtins
+
+import torch
+
+from mok import _C, _checks, ops
+
+
+class TimeoutError(RuntimeError, builtins.TimeoutError):  # noqa: A001 (mok.TimeoutError)
+    """A bounded wait of mok gave up: a rank of the EP group did not arrive in time."""
+
+
+_CALLS = ("build_schedule", "forward", "recompute_forward_context", "backward",
+          "backward_main_grad")
+_DTYPES = (None, torch.bfloat16, torch.float64)
+# The header's fields, in order, with the names a mismatch is reported by.
+_FIELDS = ("num_tokens (x.shape[0])", "hidden_size (x.shape[1])",
+           "intermediate_size (routed_gate_weights.shape[1])",
+           "num_local_experts (routed_gate_weights.shape[0])", "topk (topk_experts.shape[1])",
+           "shared_intermediate_size (shared_gate_weights.shape[0])", "activation dtype (x.dtype)",
+           "config.fwd_num_comm_sms", "config.bwd_num_comm_sms", "config.minibatch_size",
+           "config.macrobatch_size", "config.schedule_capacity_multiplier")
+_ERROR_TYPES = (ValueError, TypeError, RuntimeError)
+_MESSAGE_BYTES = 1024
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class _Exchange:
+    """The collectives of one call of rank `ep_rank` over the workspace's group, each wait turned
+    into mok's error naming the call and what it waited for."""
+
+    def __init__(self, ws, call):
+        if ws.group is None:  # an unpickled workspace of an EP group: its group is gone
+            _checks.fail("workspace", "a workspace with its process group (get_workspace or "
+                         "create_workspace in this process)",
+                         f"a workspace of {ws.ep_size} ranks without a group (unpickled?)")
+        self.group, self.rank, self.size, self.call = ws.group, ws.ep_rank, ws.ep_size, call
+
+    def _where(self):
+        return f"{self.call} on rank {self.rank} of an EP group of {self.size} ranks"
+
+    def _run(self, what, fn):
+        try:
+            return fn()
+        except RuntimeError as e:  # gloo's errors (DistBackendError is a RuntimeError)
+            text = _first_line(e)
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise TimeoutError(
+                    f"mok: {self._where()} gave up waiting for {what} from the other ranks "
+                    f"(the group's timeout): a rank did not call {self.call}, or died; the "
+                    f"group is unusable after this ({text})") from e
+            raise RuntimeError(f"mok: {self._where()} failed while exchanging {what}: "
+                               f"{text}") from e
+
+    def all_gather(self, t, what):
+        """Every rank's `t` (the same shape on each), concatenated in rank order."""
+        import torch.distributed as dist
+
+        t = t.contiguous()
+        out = ops._new((self.size * t.shape[0], *t.shape[1:]), t.dtype, t.device)
+        self._run(what, lambda: dist.all_gather(list(out.chunk(self.size)), t, group=self.group))
+        return out
+
+    def all_to_all(self, send, send_counts, receive_counts, what):
+        """Rows [sum(send_counts), ...] out, rank q getting send_counts[q] of them in rank order;
+        rows [sum(receive_counts), ...] in, from each rank in rank order."""
+        import torch.distributed as dist
+
+        received = ops._new((sum(receive_counts), *send.shape[1:]), send.dtype, send.device)
+        self._run(what, lambda: dist.all_to_all_single(
+            received, send, output_split_sizes=list(receive_counts),
+            input_split_sizes=list(send_counts), group=self.group))
+        return received
+
+    def agree(self, config, check):
+        """Runs this rank's argument checks (`check() -> (LayerShape or None, topk)`), exchanges
+        the header, and raises on every rank when any rank's checks failed or the ranks disagree
+        on a shape, the dtype or the config. Returns the shape."""
+        shape, error = None, None
+        try:
+            shape = check()
+        except _ERROR_TYPES as e:
+            error = e
+        header = self.all_gather(_header(self.call, shape, config, error), "the call's header")
+        header = header.reshape(self.size, -1)
+        if error is not None:
+            raise error
+        calls = [_CALLS[int(h[0])] for h in header]
+        if any(c != self.call for c in calls):
+            raise RuntimeError("mok: the ranks of the EP group called different ops: " +
+                               ", ".join(f"{c} on rank {r}" for r, c in enumerate(calls)))
+        for q in range(self.size):
+            message = _error_of(header[q])
+            if message is not None:
+                kind, text = message
+                raise kind(f"mok: rank {q} of the EP group rejected its {self.call} call, so "
+                           f"every rank does: {text}")
+        values = header[:, 2:2 + len(_FIELDS)]
+        for i, name in enumerate(_FIELDS):
+            column = values[:, i]
+            if bool((column != column[0]).any()):
+                seen = ", ".join(f"{_field_text(i, int(v))} on rank {r}"
+                                 for r, v in enumerate(column))
+                _checks.fail(name, "the same value on every rank of the EP group", seen)
+        return shape
+
+
+def _field_text(i, value):
+    name = _FIELDS[i]
+    if name.startswith("activation dtype"):
+        return _checks.dtype_name(_DTYPES[value]) if 0 < value < len(_DTYPES) else "unknown"
+    if name == "config.schedule_capacity_multiplier":
+        return str(torch.tensor([value], dtype=torch.int64).view(torch.float64).item())
+    return str(value)
+
+
+def _header(call, shape, config, error):
+    """int64 [2 + len(_FIELDS) + 2 + _MESSAGE_BYTES]: call, has-error, fields, the error's type
+    and its message in UTF-8 bytes (one per entry)."""
+    fields = [-1] * 7
+    if shape is not None:
+        fields = [shape.num_tokens, shape.hidden_size, shape.intermediate_size,
+                  shape.num_experts, shape.topk, shape.shared_intermediate_size,
+                  _DTYPES.index(shape.activation_dtype) if shape.activation_dtype else 0]
+    multiplier = torch.tensor([float(config.schedule_capacity_multiplier)], dtype=torch.float64)
+    fields += [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size,
+               config.macrobatch_size, int(multiplier.view(torch.int64).item())]
+    text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
+    kind = 0 if error is None else 1 + next(i for i, t in enumerate(_ERROR_TYPES)
+                                            if isinstance(error, t))
+    head = torch.zeros(2 + len(_FIELDS) + 2 + _MESSAGE_BYTES, dtype=torch.int64)
+    head[0] = _CALLS.index(call)
+    head[1] = error is not None
+    head[2:2 + len(fields)] = torch.tensor(fields, dtype=torch.int64)
+    at = 2 + len(_FIELDS)
+    head[at] = kind
+    head[at + 1] = len(text)
+    head[at + 2:at + 2 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
+    return head
+
+
+def _error_of(head):
+    """(exception type, message) a rank's header carries, or None."""
+    if not int(head[1]):
+        return None
+    at = 2 + len(_FIELDS)
+    kind, n = int(head[at]), int(head[at + 1])
+    text = bytes(head[at + 2:at + 2 + n].tolist()).decode(errors="replace")
+    return _ERROR_TYPES[kind - 1], text
+
+
+class _Shape:
+    """The header's fields of a call that has no layer shape (build_schedule)."""
+
+    def __init__(self, num_tokens, num_experts, topk):
+        self.num_tokens, self.num_experts, self.topk = num_tokens, num_experts, topk
+        self.hidden_size = self.intermediate_size = self.shared_intermediate_size = 0
+        self.activation_dtype = None
+
+
+def _views(*tensors):
+    return [_checks.view_of(t) for t in tensors]
+
+
+def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, first):
+    """Every rank's ids checked on every rank; returns the rows per local expert over all ranks
+    (int32 [num_local_experts])."""
+    ex = _Exchange(ws, "build_schedule")
+
+    def check():  # metadata only: the ids are checked once gathered, the same on every rank
+        _checks.require_tensor("topk_experts", topk_experts)
+        ops._checks_schedule(topk_experts, num_experts, num_local_experts, first)
+        return _Shape(topk_experts.shape[0], num_local_experts, topk_experts.shape[1])
+
+    ex.agree(config, check)
+    ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
+    _C.check_expert_ids_all_ranks(_checks.view_of(ids_all), num_experts, ws.ep_size)
+    return ops.build_schedule(ids_all, num_experts, num_local_experts, first)
+
+
+def forward(ws, config, x, topk_experts, topk_weights, weights):
+    ex = _Exchange(ws, "forward")
+
+    def check():
+        shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
+                                    ep_size=ws.ep_size)
+        ws.check_shape(shape)
+        return shape
+
+    shape = ex.agree(config, check)
+    core = ws.core(shape, config)
+    out = ops._new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
+    context = ops._new_context(ws, config, shape)
+    ctx_views = ops._context_views(context)
+    with core.lock:
+        x_all = ex.all_gather(x, "every rank's x")
+        ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
+        send, receive = _C.host_ep_counts(core.native, _checks.view_of(ids_all))
+        combine_send = ops._new((sum(send), shape.hidden_size), shape.activation_dtype, x.device)
+        _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, combine_send),
+                                  *ctx_views)
+        received = ex.all_to_all(combine_send, send, receive, "the combine rows")
+        _C.host_ep_home_forward(core.native, *_views(x, topk_experts, topk_weights, *weights,
+                                                     received, out), *ctx_views)
+    return (out, *context)
+
+
+def recompute_forward_context(ws, config, x, topk_experts, weights):
+    ex = _Exchange(ws, "recompute_forward_context")
+
+    def check():
+        shape = _checks.check_layer(x, topk_experts, None, *weights, with_topk_weights=False,
+                                    with_down=False, ep_size=ws.ep_size)
+        ws.check_shape(shape)
+        return shape
+
+    shape = ex.agree(config, check)
+    core = ws.core(shape, config)
+    context = ops._new_context(ws, config, shape)
+    ctx_views = ops._context_views(context)
+    with core.lock:
+        x_all = ex.all_gather(x, "every rank's x")
+        ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
+        _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, None),
+                                  *ctx_views)
+        _C.host_ep_home_forward(core.native, *_views(x, topk_experts, None, *weights, None, None),
+                                *ctx_views)
+    return context
+
+
+def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context, main=None):
+    """All gradients (main None), or (d_x, d_topk_weights) with the weight gradients added into
+    the six fp32 `main` buffers (routed gate, up, down, shared gate, up, down)."""
+    ex = _Exchange(ws, "backward" if main is None else "backward_main_grad")
+
+    def check():
+        shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
+                                    ep_size=ws.ep_size)
+        ws.check_shape(shape)
+        _checks.check_d_out(d_out, shape)
+        if main is not None:
+            _checks.check_main_grads(shape, main)
+        ops.check_context(context, ops.context_shapes(ws, config, shape), shape)
+        return shape
+
+    shape = ex.agree(config, check)
+    core = ws.core(shape, config)
+    act, H = shape.activation_dtype, shape.hidden_size
+    if main is None:
+        d_x, d_w, routed, shared = ops._grad_buffers(shape, act)
+        grads = (d_x, d_w, *routed, *shared)
+    else:
+        d_x, d_w = ops._grad_buffers(shape, None)
+        grads = (d_x, d_w, *main)
+    ctx_views = ops._context_views(context)
+    with core.lock:
+        x_all = ex.all_gather(x, "every rank's x")
+        ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
+        w_all = ex.all_gather(topk_weights, "every rank's topk_weights")
+        d_out_all = ex.all_gather(d_out, "every rank's d_out")
+        send, receive = _C.host_ep_counts(core.native, _checks.view_of(ids_all))
+        dx_send = ops._new((sum(send), H), act, x.device)
+        dw_send = ops._new((sum(send),), _checks.router_dtype(act), x.device)
+        accumulate = main is not None
+        _C.host_ep_expert_backward(core.native, *_views(x_all, ids_all, w_all, *weights),
+                                   *ctx_views, *_views(d_out_all, dx_send, dw_send, *grads),
+                                   accumulate_weight_grads=accumulate)
+        dx_received = ex.all_to_all(dx_send, send, receive, "the dx rows")
+        dw_received = ex.all_to_all(dw_send, send, receive, "the router-weight gradients")
+        _C.host_ep_home_backward(core.native, *_views(x, topk_experts, topk_weights, *weights),
+                                 *ctx_views, *_views(d_out, dx_received, dw_received, *grads),
+                                 accumulate_weight_grads=accumulate)
+    return grads
