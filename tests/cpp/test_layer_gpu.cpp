@@ -432,6 +432,28 @@ TEST(LayerGpuContext, LayersShareOneWorkspaceAndRecomputeIsBitwise) {
   }
 }
 
+// A layer of W ranks of T tokens (every `unused_every`-th slot unused): `one` run whole on one
+// GPU, `many` the same inputs for the ranks, `rank` the problem of one rank (ep_rank 0).
+struct EpCase {
+  LayerData one, many;
+  Problem rank;
+};
+EpCase ep_case(int W, std::int64_t T, const Problem& shape, std::uint64_t seed, Routing routing,
+               std::int64_t unused_every) {
+  const Problem global = layer_shape(W * T, shape.hidden_size, shape.intermediate_size,
+                                     shape.num_experts, shape.topk,
+                                     shape.shared_intermediate_size);
+  EpCase c{make_layer_data(global, DType::bf16, seed, routing), {}, global};
+  for (std::int64_t s = 3; s < W * T * shape.topk; s += unused_every) {
+    c.one.topk_experts.set(s, -1);
+  }
+  c.many = c.one;
+  run_gpu(c.one);
+  c.rank.num_tokens = T;
+  c.rank.ep_size = W;
+  return c;
+}
+
 // Rank r of W over one global layer: tokens [r T, (r + 1) T), experts [r E_l, (r + 1) E_l), the
 // shared expert's weights whole. Shared-expert gradients are per rank (a data-parallel sum, not
 // the layer's): rank 0's land in the global buffers, the others' in `scratch`; each rank gets a
@@ -503,16 +525,10 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   const std::uint64_t seed = test_seed();
   for (int W : {2, 4, 8}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
-      const Problem global = layer_shape(W * T, H, I, E, k, S);
-      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
-      for (std::int64_t s = 3; s < W * T * k; s += 11) one.topk_experts.set(s, -1);
-      LayerData many = one;
-      run_gpu(one);
-
+      EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 11);
+      LayerData &one = c.one, &many = c.many;
+      const Problem& p = c.rank;
       DeviceLayer g(many);
-      Problem p = global;
-      p.num_tokens = T;
-      p.ep_size = W;
       cuda::UnfusedLayer layer(p, Config{}, 0);
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
       std::vector<std::unique_ptr<DeviceContext>> contexts;
@@ -556,16 +572,10 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
   const std::uint64_t seed = test_seed() + 77;
   for (int W : {2, 4}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
-      const Problem global = layer_shape(W * T, H, I, E, k, S);
-      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
-      for (std::int64_t s = 5; s < W * T * k; s += 13) one.topk_experts.set(s, -1);
-      LayerData many = one;
-      run_gpu(one);
-
+      EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 13);
+      LayerData &one = c.one, &many = c.many;
+      const Problem& p = c.rank;
       DeviceLayer g(many);
-      Problem p = global;
-      p.num_tokens = T;
-      p.ep_size = W;
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
       std::vector<std::unique_ptr<DeviceContext>> contexts;
       std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);

@@ -110,12 +110,7 @@ def main():
             layer_case(chk, mf.MoKConfig(), case, args.seed + i, device)
     except Exception:  # noqa: BLE001
         chk.failures.append("unexpected error:\n" + traceback.format_exc())
-    for f in chk.failures:
-        print(f"[rank {rank}] FAILED {f}", flush=True)
-    if chk.failures:
-        os._exit(1)
-    print(f"[rank {rank}] GPU EP: passed ({chk.count} checks)", flush=True)
-    os._exit(0)
+    chk.finish("GPU EP")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,17 @@ class Checks:
         if not ok:
             self.failures.append(what)
 
+    def finish(self, label):
+        """Prints every failure, or "[rank R] LABEL: passed (N checks)", and ends the process
+        (exit status 1 on a failure). NOTES: os._exit, no destroy_process_group: after a timeout
+        or a dead peer the group cannot shut down cleanly."""
+        for f in self.failures:
+            print(f"[rank {self.rank}] FAILED {f}", flush=True)
+        if self.failures:
+            os._exit(1)
+        print(f"[rank {self.rank}] {label}: passed ({self.count} checks)", flush=True)
+        os._exit(0)
+
 
 def single(config, T, H, k):
     return mf.create_workspace(config, None, device="cpu", num_local_tokens=T, hidden_size=H,
@@ -386,14 +397,7 @@ def main():
             suite_dead(chk, args.seed)
     except Exception:  # noqa: BLE001
         chk.failures.append("unexpected error:\n" + traceback.format_exc())
-    for f in chk.failures:
-        print(f"[rank {rank}] FAILED {f}", flush=True)
-    if chk.failures:
-        os._exit(1)
-    print(f"[rank {rank}] host EP {args.suite}: passed ({chk.count} checks)", flush=True)
-    # NOTES: no destroy_process_group: after a timeout or a dead peer the group cannot shut down
-    # cleanly, and the process ends here anyway.
-    os._exit(0)
+    chk.finish(f"host EP {args.suite}")
 
 
 if __name__ == "__main__":
