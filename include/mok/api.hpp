@@ -25,8 +25,10 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mok/config.hpp"
 #include "mok/error.hpp"
@@ -106,6 +108,14 @@ struct WorkspaceOptions {
   DType activation_dtype = DType::bf16;  // bf16; f64 only on the CPU backend (exact reference)
   int num_threads = 0;                   // CPU backend: 0 = all hardware threads
   int device_index = 0;                  // CUDA backend
+  // CUDA backend, expert parallelism across processes (problem.ep_size > 1): this process runs
+  // rank problem.ep_rank, and these are every rank's symmetric regions, ep_size entries of
+  // symmetric_workspace_bytes() each, in rank order (e.g. from PyTorch symmetric memory). Every
+  // rank must construct its Workspace before any rank calls it (a host barrier in between).
+  std::vector<void*> symmetric_bases;
+  // Every device-side wait for a peer gives up after this long and the next call raises
+  // mok::Error naming the rank, the flag, the expected and the seen value.
+  std::uint64_t barrier_timeout_ms = 10000;
 };
 
 struct BackwardOptions {

@@ -15,6 +15,7 @@ handle 0 is the automatic workspace (default MoKConfig, any shape and device).
 
 import collections
 import itertools
+import os
 import threading
 import weakref
 
@@ -39,6 +40,7 @@ class _Core:
         self.native = native
         self.lock = threading.Lock()
         self.captured = False
+        self.symmetric = None  # CUDA team across processes: (region, bases, handle)
 
 
 def _capturing(device):
@@ -147,12 +149,21 @@ class Workspace:
                 core.captured = core.captured or capturing
                 return core
             d = shape.device
+            symmetric = None
+            extra = {}
+            if d.type == "cuda" and self.ep_size > 1:
+                symmetric = _symmetric_region(self, shape, config, capturing)
+                extra = dict(symmetric_bases=symmetric[1], barrier_timeout_ms=barrier_timeout_ms)
             native = _C.Workspace(
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
                 activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
-                device_index=d.index if d.index is not None else 0)
+                device_index=d.index if d.index is not None else 0, **extra)
+            if symmetric is not None:
+                # Every rank's team exists (its flags zeroed) before any rank's first signal.
+                _group_barrier(self.group, d)
             core = self._cores[key] = _Core(native)
+            core.symmetric = symmetric  # keeps the symmetric memory mapped while the core lives
             core.captured = capturing
             droppable = [k for k, c in self._cores.items() if not c.captured and k != key]
             for k in droppable[:max(0, len(self._cores) - _MAX_CORES)]:  # oldest first
@@ -160,6 +171,40 @@ class Workspace:
                 self._dropped_counts = tuple(
                     a + b for a, b in zip(self._dropped_counts, dropped.native.call_counts))
             return core
+
+
+# Every device-side wait of a CUDA team across processes for a peer gives up after this long; the
+# next call then raises mok's error naming the rank and the flag (MOK_BARRIER_TIMEOUT_MS).
+barrier_timeout_ms = int(os.environ.get("MOK_BARRIER_TIMEOUT_MS", "10000"))
+
+
+def _symmetric_region(ws, shape, config, capturing):
+    """This rank's symmetric region for a CUDA team across processes, from PyTorch symmetric
+    memory on the workspace's group: (tensor, every rank's base address, handle). A collective:
+    every rank of the group creates its C++ workspace for this shape and config in the same call.
+    NOTES: no NVLink multicast is asked for or used (only the peers' unicast addresses)."""
+    import torch.distributed as dist
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    if capturing:
+        _checks.fail("the first call of a CUDA expert-parallel layer of this shape",
+                     "outside CUDA graph capture (it allocates and exchanges the symmetric "
+                     "memory: run one step before capturing)", "a call during capture")
+    nbytes = _C.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
+    region = symm_mem.empty(nbytes, dtype=torch.uint8, device=shape.device)
+    group_name = ws.group.group_name if ws.group is not None else dist.group.WORLD.group_name
+    handle = symm_mem.rendezvous(region, group_name)
+    bases = [int(p) for p in handle.buffer_ptrs]
+    if len(bases) != ws.ep_size or handle.rank != ws.ep_rank:
+        _checks.fail("group", f"a symmetric-memory group of {ws.ep_size} ranks with this process "
+                     f"at rank {ws.ep_rank}", f"{len(bases)} ranks, this process at {handle.rank}")
+    return region, bases, handle
+
+
+def _group_barrier(group, device):
+    import torch.distributed as dist
+
+    dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def _native_args(shape, c, ep_size, ep_rank):

@@ -89,14 +89,26 @@ class MoKSchedule:
     first_local_expert: int
     workspace_handle: int
     _counts: "torch.Tensor | None" = dataclasses.field(default=None, repr=False)
+    _group: object = dataclasses.field(default=None, repr=False)  # CUDA expert parallelism
+    _ep_size: int = dataclasses.field(default=1, repr=False)
 
     @property
     def tokens_per_expert(self):
-        """int32 [num_local_experts]: routed rows per local expert."""
+        """int32 [num_local_experts]: routed rows per local expert (from every rank's tokens).
+
+        With expert parallelism on CUDA this is a collective on the workspace's group (an
+        all-gather of the ids on the device, no host synchronization): every rank must ask for
+        it, in the same order as its other collectives."""
         if self._counts is None:
+            ids = self.topk_experts
+            if self._group is not None or self._ep_size > 1:
+                import torch.distributed as dist
+
+                gathered = ids.new_empty((self._ep_size * ids.shape[0], ids.shape[1]))
+                dist.all_gather_into_tensor(gathered, ids.contiguous(), group=self._group)
+                ids = gathered
             object.__setattr__(self, "_counts", ops.build_schedule(
-                self.topk_experts, self.num_experts, self.num_local_experts,
-                self.first_local_expert))
+                ids, self.num_experts, self.num_local_experts, self.first_local_expert))
         return self._counts
 
     @property
@@ -180,16 +192,20 @@ def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
 
 
 def _check_host_ep_group(group, device, rank, size):
-    """A group of several ranks: expert parallelism across processes, which runs on the CPU
-    backend over a gloo group today (mok/_host_ep.py)."""
+    """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
+    group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
+    moving the rows (mok/_workspace.py, src/cuda/layer/unfused_layer.cu)."""
     import torch.distributed as dist
 
-    if device.type != "cpu":
-        _checks.fail("group", "None or a group of one rank on CUDA (expert parallelism across "
-                     "processes runs on CPU tensors with a gloo group; on CUDA it is not "
-                     "available yet)", f"a group of {size} ranks")
     if rank < 0:
         _checks.fail("group", "a group this process is a member of", "a group without it")
+    if device.type == "cuda":
+        try:
+            from torch.distributed import _symmetric_memory  # noqa: F401
+        except ImportError as e:
+            _checks.fail("group", "a group on a PyTorch with torch.distributed._symmetric_memory "
+                         "(expert parallelism across processes on CUDA)", str(e))
+        return
     backend = str(dist.get_backend(group))
     if "gloo" not in backend:
         _checks.fail("group", "a group with the gloo backend (expert parallelism across "
@@ -289,6 +305,12 @@ def build_schedule(workspace, config, topk_experts, *, num_local_experts):
         topk_experts = topk_experts.to(torch.int64)
     num_experts = num_local_experts * workspace.ep_size
     first = num_local_experts * workspace.ep_rank
+    if workspace.ep_size > 1 and topk_experts.device.type == "cuda":
+        # The device exchanges the ids inside each call; the rows per local expert need every
+        # rank's ids, so counting them is a collective (MoKSchedule.tokens_per_expert).
+        ops.check_schedule_inputs(topk_experts, num_experts, num_local_experts, first)
+        return MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle,
+                           _group=workspace.group, _ep_size=workspace.ep_size)
     if workspace.ep_size > 1:  # every rank checks every rank's ids; rows from all ranks
         counts = _host_ep.build_schedule(workspace, config, topk_experts, num_experts,
                                          num_local_experts, first)

@@ -214,7 +214,7 @@ def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weight
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     ws, config = _workspace.resolve(workspace)
-    if ws.ep_size > 1:  # expert parallelism across processes (CPU backend, gloo)
+    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes: CPU backend, gloo
         return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     out = _new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
@@ -234,7 +234,7 @@ def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_we
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
     ws, config = _workspace.resolve(workspace)
-    if ws.ep_size > 1:
+    if ws.ep_size > 1 and x.device.type == "cpu":
         return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights)
     shape, ws, config = _layer(workspace, x, topk_experts, None, weights,
                                with_topk_weights=False, with_down=False)
@@ -277,7 +277,7 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     ws, config = _workspace.resolve(workspace)
-    if ws.ep_size > 1:
+    if ws.ep_size > 1 and x.device.type == "cpu":
         d_x, d_w, *routed_shared = _host_ep.backward(ws, config, d_out, x, topk_experts,
                                                      topk_weights, weights, context)
         return (d_x, d_w, *[g if g is not None else x.new_empty(0) for g in routed_shared])
@@ -313,7 +313,7 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     ws, config = _workspace.resolve(workspace)
-    if ws.ep_size > 1:
+    if ws.ep_size > 1 and x.device.type == "cpu":
         d_x, d_w, *_ = _host_ep.backward(ws, config, d_out, x, topk_experts, topk_weights,
                                          weights, context, main=main)
         return d_x, d_w

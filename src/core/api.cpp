@@ -61,11 +61,23 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
     throw Error("WorkspaceOptions.activation_dtype", "bfloat16 on the cuda backend",
                 "float64 (the exact mode runs on the cpu backend only)");
   }
-  if (problem.ep_size != 1 && backend != Backend::cpu) {
-    throw Error("ep_size",
-                "1 for a cuda Workspace (it computes one whole layer; expert parallelism runs "
-                "through mok::Team; on the cpu backend through mok::host_ep)",
-                to_text(problem.ep_size));
+  const std::size_t bases = options.symmetric_bases.size();
+  if (backend == Backend::cuda && problem.ep_size != 1 &&
+      bases != static_cast<std::size_t>(problem.ep_size)) {
+    throw Error("WorkspaceOptions.symmetric_bases",
+                "ep_size = " + to_text(problem.ep_size) +
+                    " pointers (every rank's symmetric region) for a cuda Workspace of several "
+                    "ranks",
+                to_text(bases) + " pointers");
+  }
+  if (bases != 0 && backend != Backend::cuda) {
+    throw Error("WorkspaceOptions.symmetric_bases",
+                "none on the cpu backend (its expert parallelism moves rows through the caller: "
+                "mok::host_ep)",
+                to_text(bases) + " pointers");
+  }
+  if (options.barrier_timeout_ms == 0) {
+    throw Error("WorkspaceOptions.barrier_timeout_ms", "a positive bound", "0");
   }
   impl_->problem = problem;
   impl_->config = config;
@@ -73,7 +85,8 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
   impl_->backend = backend;
   impl_->layer = backend == Backend::cpu
                      ? make_cpu_backend(problem, options.activation_dtype, options.num_threads)
-                     : make_cuda_backend(problem, config, options.device_index);
+                     : make_cuda_backend(problem, config, options.device_index,
+                                         options.symmetric_bases, options.barrier_timeout_ms);
 }
 
 Workspace::~Workspace() = default;
@@ -262,7 +275,9 @@ void check_context(const Workspace& ws_, const ForwardContext& c) {
 }
 
 void require_one_rank(const Workspace::Impl& ws, const char* call) {
-  if (ws.problem.ep_size == 1) return;
+  // A cuda workspace of several ranks is one rank of a team across processes: the device moves
+  // the rows (WorkspaceOptions::symmetric_bases).
+  if (ws.problem.ep_size == 1 || ws.backend == Backend::cuda) return;
   throw Error("ep_size",
               std::string("1 for mok::") + call +
                   " (a workspace of several ranks runs its calls through mok::host_ep: the "

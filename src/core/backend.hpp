@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "mok/api.hpp"
@@ -51,8 +52,12 @@ class LayerBackend {
 // The CPU reference: `act` bf16 (the GPU's precision model) or f64 (exact); `num_threads` 0: all.
 std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int num_threads);
 
-// The CUDA layer on `device` (ep_size 1). A build without CUDA throws (src/core/no_cuda.cpp).
-std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device);
+// The CUDA layer on `device`: the whole layer (ep_size 1), or with `symmetric_bases` (ep_size
+// entries) rank p.ep_rank of a team across processes. A build without CUDA throws
+// (src/core/no_cuda.cpp).
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
+                                                const std::vector<void*>& symmetric_bases = {},
+                                                std::uint64_t barrier_timeout_ms = 10000);
 
 // The CUDA runtime facts core and the CLI need, in every build (src/cuda/runtime.cu, or
 // src/core/no_cuda.cpp without CUDA).

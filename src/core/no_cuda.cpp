@@ -25,7 +25,8 @@ bool layer_available() {
 
 namespace mok {
 
-std::unique_ptr<LayerBackend> make_cuda_backend(const Problem&, const Config&, int) {
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem&, const Config&, int,
+                                                const std::vector<void*>&, std::uint64_t) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 

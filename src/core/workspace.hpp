@@ -22,7 +22,8 @@ struct Workspace::Impl {
 Device device_of(const Workspace::Impl& ws);
 // The forward context's views against the workspace's layout (shapes, dtype, device).
 void check_context(const Workspace& ws, const ForwardContext& c);
-// Throws unless the workspace has one rank (`call` names the entry point refused).
+// Throws unless the workspace runs its calls by itself: one rank, or a cuda rank of a team across
+// processes (`call` names the entry point refused; the cpu backend's ranks go through host_ep).
 void require_one_rank(const Workspace::Impl& ws, const char* call);
 
 }  // namespace mok

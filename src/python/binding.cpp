@@ -232,6 +232,21 @@ NB_MODULE(_C, m) {
         return schedule_capacity_rows(problem_of(T, 1, 1, E, k, 0, ep_size, 0));
       },
       nb::arg("num_tokens"), nb::arg("topk"), nb::arg("num_experts"), nb::arg("ep_size"));
+  // Bytes of one rank's symmetric region (every rank of a team across processes allocates this
+  // much, e.g. as PyTorch symmetric memory, and passes all ranks' addresses to Workspace).
+  m.def(
+      "symmetric_workspace_bytes",
+      [](std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
+         std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms, std::int64_t mini,
+         std::int64_t macro, double mult) {
+        return symmetric_workspace_bytes(problem_of(T, H, I, E, k, S, ep_size, ep_rank),
+                                         config_of(fwd_sms, bwd_sms, mini, macro, mult));
+      },
+      nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
+      nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
+      nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("fwd_num_comm_sms"),
+      nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"), nb::arg("macrobatch_size"),
+      nb::arg("schedule_capacity_multiplier"));
   m.def(
       "schedule_table",
       [](const std::vector<nb::handle>& topk_experts, std::int64_t num_experts, int ep_rank,
@@ -280,12 +295,18 @@ NB_MODULE(_C, m) {
           [](Workspace* self, std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E,
              std::int64_t k, std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms,
              std::int64_t mini, std::int64_t macro, double mult, const std::string& backend,
-             const std::string& activation_dtype, int num_threads, int device_index) {
+             const std::string& activation_dtype, int num_threads, int device_index,
+             const std::vector<std::uintptr_t>& symmetric_bases,
+             std::uint64_t barrier_timeout_ms) {
             WorkspaceOptions o;
             o.backend = parse_backend(backend);
             o.activation_dtype = parse_dtype(activation_dtype, "activation");
             o.num_threads = num_threads;
             o.device_index = device_index;
+            for (std::uintptr_t b : symmetric_bases) {
+              o.symmetric_bases.push_back(reinterpret_cast<void*>(b));
+            }
+            o.barrier_timeout_ms = barrier_timeout_ms;
             new (self) Workspace(problem_of(T, H, I, E, k, S, ep_size, ep_rank),
                                  config_of(fwd_sms, bwd_sms, mini, macro, mult), o);
           },
@@ -294,7 +315,9 @@ NB_MODULE(_C, m) {
           nb::arg("shared_intermediate_size"), nb::arg("ep_size"), nb::arg("ep_rank"),
           nb::arg("fwd_num_comm_sms"), nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"),
           nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"), nb::arg("backend"),
-          nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"))
+          nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"),
+          nb::arg("symmetric_bases") = std::vector<std::uintptr_t>{},
+          nb::arg("barrier_timeout_ms") = 10000)
       .def_prop_ro("backend",
                    [](const Workspace& ws) { return std::string(backend_name(ws.backend())); })
       .def_prop_ro(

@@ -2,6 +2,11 @@
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
 #include <cstdlib>
+#include <memory>
+#include <span>
+#include <thread>
+#include <string>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -427,6 +432,88 @@ TEST(LayerGpuContext, LayersShareOneWorkspaceAndRecomputeIsBitwise) {
   }
 }
 
+// A layer of W ranks of T tokens (every `unused_every`-th slot unused): `one` run whole on one
+// GPU, `many` the same inputs for the ranks, `rank` the problem of one rank (ep_rank 0).
+struct EpCase {
+  LayerData one, many;
+  Problem rank;
+};
+EpCase ep_case(int W, std::int64_t T, const Problem& shape, std::uint64_t seed, Routing routing,
+               std::int64_t unused_every) {
+  const Problem global = layer_shape(W * T, shape.hidden_size, shape.intermediate_size,
+                                     shape.num_experts, shape.topk,
+                                     shape.shared_intermediate_size);
+  EpCase c{make_layer_data(global, DType::bf16, seed, routing), {}, global};
+  for (std::int64_t s = 3; s < W * T * shape.topk; s += unused_every) {
+    c.one.topk_experts.set(s, -1);
+  }
+  c.many = c.one;
+  run_gpu(c.one);
+  c.rank.num_tokens = T;
+  c.rank.ep_size = W;
+  return c;
+}
+
+// Rank r of W over one global layer: tokens [r T, (r + 1) T), experts [r E_l, (r + 1) E_l), the
+// shared expert's weights whole. Shared-expert gradients are per rank (a data-parallel sum, not
+// the layer's): rank 0's land in the global buffers, the others' in `scratch`; each rank gets a
+// forward context in `contexts`.
+std::vector<cuda::RankTensors> split_into_ranks(
+    DeviceLayer& g, const Problem& p, std::vector<std::unique_ptr<DeviceTensor>>& scratch,
+    std::vector<std::unique_ptr<DeviceContext>>& contexts) {
+  const int W = p.ep_size;
+  const std::int64_t T = p.num_tokens, E_l = p.num_local_experts();
+  auto rows = [](const TensorView& v, std::int64_t first, std::int64_t count) {
+    TensorView r = v;
+    r.data = static_cast<char*>(v.data) + first * v.strides[0] * dtype_size(v.dtype);
+    r.shape[0] = count;
+    return r;
+  };
+  std::vector<cuda::RankTensors> ranks(W);
+  for (int r = 0; r < W; ++r) {
+    cuda::RankTensors& t = ranks[r];
+    t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T),
+            rows(g.w.view(), r * T, T)};
+    t.w = {rows(g.gate.view(), r * E_l, E_l),
+           rows(g.up.view(), r * E_l, E_l),
+           rows(g.down.view(), r * E_l, E_l),
+           g.sg.view(),
+           g.su.view(),
+           g.sd.view()};
+    t.out = rows(g.out.view(), r * T, T);
+    t.d_out = rows(g.d_out.view(), r * T, T);
+    t.grads = {rows(g.d_x.view(), r * T, T),
+               rows(g.d_w.view(), r * T, T),
+               rows(g.d_gate.view(), r * E_l, E_l),
+               rows(g.d_up.view(), r * E_l, E_l),
+               rows(g.d_down.view(), r * E_l, E_l),
+               g.d_sg.view(),
+               g.d_su.view(),
+               g.d_sd.view()};
+    contexts.push_back(std::make_unique<DeviceContext>(
+        forward_context_layout(p, Config{}, Backend::cuda, DType::bf16)));
+    t.ctx = contexts.back()->get();
+    if (r == 0) continue;
+    for (TensorView* v : {&t.grads.d_shared_gate, &t.grads.d_shared_up,
+                          &t.grads.d_shared_down}) {
+      HostTensor h(DType::bf16, {v->shape[0], v->shape[1]});
+      scratch.push_back(std::make_unique<DeviceTensor>(h));
+      *v = scratch.back()->view();
+    }
+  }
+  return ranks;
+}
+
+// The routed results of the ranks (`many`) against one GPU running the whole layer (`one`).
+void expect_single_gpu_bits(const LayerData& one, const LayerData& many, const std::string& what) {
+  EXPECT_TRUE(same_bits(one.out, many.out)) << what << ": out";
+  EXPECT_TRUE(same_bits(one.d_x, many.d_x)) << what << ": d_x";
+  EXPECT_TRUE(same_bits(one.d_topk_weights, many.d_topk_weights)) << what << ": d_w";
+  EXPECT_TRUE(same_bits(one.d_gate, many.d_gate)) << what << ": d_gate";
+  EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << what << ": d_up";
+  EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << what << ": d_down";
+}
+
 // Expert parallelism over W virtual ranks on one GPU (one launch covers every rank wherever ranks
 // wait on each other): every rank's output and gradients are bitwise those of one GPU running the
 // whole layer. NOTES: bitwise, because each expert sees its rows in the same order either way
@@ -438,75 +525,21 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   const std::uint64_t seed = test_seed();
   for (int W : {2, 4, 8}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
-      const Problem global = layer_shape(W * T, H, I, E, k, S);
-      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
-      for (std::int64_t s = 3; s < W * T * k; s += 11) one.topk_experts.set(s, -1);
-      LayerData many = one;
-      run_gpu(one);
-
+      EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 11);
+      LayerData &one = c.one, &many = c.many;
+      const Problem& p = c.rank;
       DeviceLayer g(many);
-      Problem p = global;
-      p.num_tokens = T;
-      p.ep_size = W;
       cuda::UnfusedLayer layer(p, Config{}, 0);
-      std::vector<cuda::RankTensors> ranks(W);
-      auto rows = [](const TensorView& v, std::int64_t first, std::int64_t count) {
-        TensorView r = v;
-        r.data = static_cast<char*>(v.data) + first * v.strides[0] * dtype_size(v.dtype);
-        r.shape[0] = count;
-        return r;
-      };
-      const std::int64_t E_l = E / W;
-      for (int r = 0; r < W; ++r) {
-        cuda::RankTensors& t = ranks[r];
-        t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T),
-                rows(g.w.view(), r * T, T)};
-        t.w = {rows(g.gate.view(), r * E_l, E_l),
-               rows(g.up.view(), r * E_l, E_l),
-               rows(g.down.view(), r * E_l, E_l),
-               g.sg.view(),
-               g.su.view(),
-               g.sd.view()};
-        t.out = rows(g.out.view(), r * T, T);
-        t.d_out = rows(g.d_out.view(), r * T, T);
-        // Shared-expert gradients are per rank (a data-parallel sum, not the layer's): rank 0's
-        // land in the global buffers, the others in scratch.
-        t.grads = {rows(g.d_x.view(), r * T, T),
-                   rows(g.d_w.view(), r * T, T),
-                   rows(g.d_gate.view(), r * E_l, E_l),
-                   rows(g.d_up.view(), r * E_l, E_l),
-                   rows(g.d_down.view(), r * E_l, E_l),
-                   g.d_sg.view(),
-                   g.d_su.view(),
-                   g.d_sd.view()};
-      }
-      std::vector<std::unique_ptr<DeviceContext>> contexts;
-      for (int r = 0; r < W; ++r) {
-        contexts.push_back(std::make_unique<DeviceContext>(
-            forward_context_layout(p, Config{}, Backend::cuda, DType::bf16)));
-        ranks[r].ctx = contexts.back()->get();
-      }
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
-      for (int r = 1; r < W; ++r) {
-        for (TensorView* v : {&ranks[r].grads.d_shared_gate, &ranks[r].grads.d_shared_up,
-                              &ranks[r].grads.d_shared_down}) {
-          HostTensor h(DType::bf16, {v->shape[0], v->shape[1]});
-          scratch.push_back(std::make_unique<DeviceTensor>(h));
-          *v = scratch.back()->view();
-        }
-      }
+      std::vector<std::unique_ptr<DeviceContext>> contexts;
+      std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
       layer.forward(ranks, true, nullptr);
       layer.backward(ranks, BackwardOptions{}, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       layer.check_errors(nullptr);
       g.download(many);
       const char* what = routing == Routing::softmax ? "uniform" : "skewed";
-      EXPECT_TRUE(same_bits(one.out, many.out)) << "W " << W << " " << what << ": out";
-      EXPECT_TRUE(same_bits(one.d_x, many.d_x)) << "W " << W << " " << what << ": d_x";
-      EXPECT_TRUE(same_bits(one.d_topk_weights, many.d_topk_weights)) << "W " << W << ": d_w";
-      EXPECT_TRUE(same_bits(one.d_gate, many.d_gate)) << "W " << W << " " << what << ": d_gate";
-      EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << "W " << W << " " << what << ": d_up";
-      EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << "W " << W << " " << what << ": d_down";
+      expect_single_gpu_bits(one, many, "W " + std::to_string(W) + " " + what);
       // Rank 0's shared-expert gradients: those of one GPU running rank 0's tokens alone.
       LayerData rank0 =
           make_layer_data(layer_shape(T, H, I, E, k, S), DType::bf16, seed + W, routing);
@@ -527,5 +560,108 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   }
 }
 
+
+// A team across processes, its ranks simulated in one process on one GPU: each rank an
+// UnfusedLayer of an external team (cuda::ExternalRank) over symmetric regions this test
+// allocates, called from its own host thread on its own stream, so the ranks meet only through
+// the device-side team barriers at system scope (the schedule's, and the layer's between
+// staging and pulls, pushes and home reductions). Bitwise one GPU running the whole layer.
+TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::int64_t T = 48, H = 128, I = 128, E = 16, k = 4, S = 64;
+  const std::uint64_t seed = test_seed() + 77;
+  for (int W : {2, 4}) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 13);
+      LayerData &one = c.one, &many = c.many;
+      const Problem& p = c.rank;
+      DeviceLayer g(many);
+      std::vector<std::unique_ptr<DeviceTensor>> scratch;
+      std::vector<std::unique_ptr<DeviceContext>> contexts;
+      std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+      const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
+      std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
+      std::vector<void*> bases;
+      for (int r = 0; r < W; ++r) {
+        regions.push_back(
+            std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
+        bases.push_back(regions.back()->get());
+      }
+      std::vector<std::unique_ptr<cuda::UnfusedLayer>> layers;
+      for (int r = 0; r < W; ++r) {
+        Problem mine = p;
+        mine.ep_rank = r;
+        layers.push_back(std::make_unique<cuda::UnfusedLayer>(
+            mine, Config{}, 0, cuda::ExternalRank{bases, 20000}));
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists: the host barrier
+      std::vector<cudaStream_t> streams(W);
+      for (cudaStream_t& s : streams) {
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      }
+      std::vector<std::string> failures(W);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < W; ++r) {
+        threads.emplace_back([&, r] {
+          try {
+            const std::span<const cuda::RankTensors> mine(&ranks[r], 1);
+            layers[r]->forward(mine, true, streams[r]);
+            layers[r]->backward(mine, BackwardOptions{}, streams[r]);
+            if (cudaStreamSynchronize(streams[r]) != cudaSuccess) failures[r] = "sync";
+            layers[r]->check_errors(streams[r]);
+          } catch (const std::exception& e) {
+            failures[r] = e.what();
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      for (cudaStream_t s : streams) cudaStreamDestroy(s);
+      const std::string what =
+          "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
+      for (int r = 0; r < W; ++r) EXPECT_EQ(failures[r], "") << what << ", rank " << r;
+      g.download(many);
+      expect_single_gpu_bits(one, many, what);
+    }
+  }
+}
+
+// A rank that never calls: the others' first wait for it gives up within the bound, and the next
+// call raises mok::Error naming the rank and the flag it waited for, instead of hanging.
+TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::int64_t T = 16, H = 64, I = 64, E = 4, k = 2, S = 0;
+  const Problem global = layer_shape(2 * T, H, I, E, k, S);
+  LayerData data = make_layer_data(global, DType::bf16, test_seed() + 5, Routing::softmax);
+  DeviceLayer g(data);
+  Problem p = global;
+  p.num_tokens = T;
+  p.ep_size = 2;
+  std::vector<std::unique_ptr<DeviceTensor>> scratch;
+  std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+  const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
+  DeviceBuffer<std::uint8_t> region0(static_cast<std::size_t>(bytes));
+  DeviceBuffer<std::uint8_t> region1(static_cast<std::size_t>(bytes));
+  const std::vector<void*> bases{region0.get(), region1.get()};
+  cuda::UnfusedLayer rank0(p, Config{}, 0, cuda::ExternalRank{bases, 200});
+  Problem p1 = p;
+  p1.ep_rank = 1;
+  cuda::UnfusedLayer rank1(p1, Config{}, 0, cuda::ExternalRank{bases, 200});  // never called
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  rank0.forward(std::span<const cuda::RankTensors>(&ranks[0], 1), true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // no hang, and the context survives
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
+  try {
+    rank0.check_errors(nullptr);
+    ADD_FAILURE() << "no error reported";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("timed out on rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("arrivals from rank 1"), std::string::npos) << m;
+  }
+}
 }  // namespace
 }  // namespace mok::test

@@ -6,6 +6,9 @@ GPU tests skip visibly without a GPU, always with a reason that says so (NO_GPU_
 NO_CUDA_BACKEND_REASON): scripts/gpu-suite fails a GPU run on any such skip."""
 
 import os
+import signal
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -140,3 +143,29 @@ def rel_error(got, ref, scale=None):
     if den == 0:
         return float("inf") if bool((got != ref).any()) else 0.0
     return float((got - ref).norm() / den)
+
+
+def torchrun(worker, nproc, args, timeout, what, env=None):
+    """Runs `worker` under torchrun in `nproc` processes (its own session, so that a hung run is
+    killed with every process it started); its output, or a test failure naming `what` when it
+    does not finish in `timeout` s or exits non-zero."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", worker, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"seed {SEED}: {what} ({nproc} processes) did not finish in {timeout} s:\n"
+                    f"{out[-6000:]}")
+    assert proc.returncode == 0, \
+        f"seed {SEED}: torchrun exit status {proc.returncode}:\n{out[-8000:]}"
+    return out
+
+
+def passed_ranks(out, nproc, label):
+    """The ranks whose "[rank R] LABEL: passed" line is in torchrun's output. NOTES: searched
+    anywhere: the ranks' lines may interleave on one line."""
+    return [r for r in range(nproc) if f"[rank {r}] {label}: passed" in out]

@@ -76,6 +76,10 @@ void prepare_build_schedule(Team::Impl& t);
 // A description of the device error for the host (one line).
 std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_t timeout_ns);
 
+// Enqueues one team barrier on `stream`: every local rank waits (bounded, reported) until every
+// rank of the team has arrived, each after all its earlier work on its stream. Capturable.
+cudaError_t launch_team_barrier(const Team::Impl& t, cudaStream_t stream);
+
 // Team self-test (tests, diagnostics): `rounds` team barriers with a random delay of up to
 // `max_delay_ns` per rank, block and round before each; after each barrier every block checks every
 // peer block's payload for that round. Ranks equal to `missing_rank` skip the test entirely (so

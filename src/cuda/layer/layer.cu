@@ -1,4 +1,5 @@
-// The CUDA layer as a Workspace backend (core/backend.hpp): one GPU (one rank), the unfused path.
+// The CUDA layer as a Workspace backend (core/backend.hpp): one GPU running one rank (the whole
+// layer at ep_size 1, or one rank of a team across processes), the unfused path.
 #include <array>
 
 #include "core/backend.hpp"
@@ -9,7 +10,8 @@ namespace {
 
 class UnfusedSingleRank final : public LayerBackend {
  public:
-  UnfusedSingleRank(const Problem& p, const Config& c, int device) : layer_(p, c, device) {}
+  UnfusedSingleRank(const Problem& p, const Config& c, int device, const ExternalRank& external)
+      : layer_(p, c, device, external) {}
 
   void forward(const Inputs& in, const Weights& w, const TensorView* out,
                const ForwardContext& ctx, void* stream) override {
@@ -44,9 +46,11 @@ bool layer_available() {
 
 namespace mok {
 
-std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config,
-                                                int device) {
-  return std::make_unique<cuda::UnfusedSingleRank>(p, config, device);
+std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
+                                                const std::vector<void*>& symmetric_bases,
+                                                std::uint64_t barrier_timeout_ms) {
+  return std::make_unique<cuda::UnfusedSingleRank>(
+      p, config, device, cuda::ExternalRank{symmetric_bases, barrier_timeout_ms});
 }
 
 }  // namespace mok

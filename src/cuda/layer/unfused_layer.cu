@@ -251,6 +251,11 @@ struct UnfusedLayer::Impl {
   Config config;
   int device = 0;
   Team team;
+  // The ranks this process runs: [first, first + count). Virtual team: every rank (0, W); external
+  // team: this process's one rank (ep_rank, 1). Ranks are global everywhere below; the per-rank
+  // arrays (`ranks`, the call's RankTensors, the team's local regions) are indexed rank - first.
+  int first = 0;
+  int count = 1;
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
   std::vector<RankBuffers> ranks;
@@ -266,11 +271,28 @@ struct UnfusedLayer::Impl {
   void** dx_peers = nullptr;
   float** dw_peers = nullptr;
 
-  Impl(const Problem& p, const Config& c, int dev)
+  Impl(const Problem& p, const Config& c, int dev, const ExternalRank& external)
       : problem(p),
         config(c),
         device(dev),
-        team(Team::local_virtual(p, c, {.device_index = dev})) {}
+        team(external.symmetric_bases.empty()
+                 ? Team::local_virtual(p, c, {.device_index = dev})
+                 : Team::external(p, c, {p.ep_rank, external.symmetric_bases},
+                                  {.device_index = dev,
+                                   .barrier_timeout_ms = external.barrier_timeout_ms})),
+        first(team.first_rank()),
+        count(team.num_local_ranks()) {}
+
+  bool external() const { return !team.impl().virtual_ranks; }
+  RankBuffers& buffers(int r) { return ranks[r - first]; }
+  const RankBuffers& buffers(int r) const { return ranks[r - first]; }
+
+  // External team: every rank's launches up to here, on every GPU, have completed before any
+  // rank's work after it (a team barrier at system scope). A virtual team's ranks share the
+  // stream, whose order is enough.
+  void team_barrier(cudaStream_t s) {
+    if (external()) check(launch_team_barrier(team.impl(), s), "team barrier");
+  }
   ~Impl() {
     for (cudaStream_t s : wgrad.side) {
       if (s != nullptr) cudaStreamDestroy(s);
@@ -284,7 +306,7 @@ struct UnfusedLayer::Impl {
 
   const plan::WorkspacePlan& plan() const { return team.impl().plan; }
   std::uint8_t* symmetric(int r) const { return team.impl().symmetric[r]; }
-  std::uint8_t* local(int r) const { return team.impl().local[r]; }
+  std::uint8_t* local(int r) const { return team.impl().local[r - first]; }
   template <typename T>
   T* sym(int r, const plan::Buffer& b) const {
     return reinterpret_cast<T*>(symmetric(r) + b.offset);
@@ -312,8 +334,8 @@ struct UnfusedLayer::Impl {
     return {rows.table + rows.row_offset, problem.num_tokens * problem.topk, peers};
   }
   gemm::RowSegments pass_segments(int r) const {
-    return {ranks[r].pass_starts, ranks[r].pass_rows, static_cast<int>(problem.num_local_experts()),
-            static_cast<int>(ring), 0};
+    return {buffers(r).pass_starts, buffers(r).pass_rows,
+            static_cast<int>(problem.num_local_experts()), static_cast<int>(ring), 0};
   }
   gemm::RowSegments dense_segments() const {
     const int T = static_cast<int>(problem.num_tokens);
@@ -328,9 +350,9 @@ struct UnfusedLayer::Impl {
     p.num_experts = static_cast<std::int32_t>(problem.num_local_experts());
     p.row_offset = std::int64_t{pass} * ring;
     p.ring_rows = ring;
-    p.pass_starts = ranks[r].pass_starts;
-    p.pass_rows = ranks[r].pass_rows;
-    p.steps = ranks[r].pass_steps;  // null with one pass
+    p.pass_starts = buffers(r).pass_starts;
+    p.pass_rows = buffers(r).pass_rows;
+    p.steps = buffers(r).pass_steps;  // null with one pass
     p.pass = pass;
     p.passes = passes;
     check(launch_pass_segments(p, s), "pass segments");
@@ -338,7 +360,7 @@ struct UnfusedLayer::Impl {
   // The pass plan of rank r's weight gradients into `carry` (none with one pass).
   gemm::PassPlan pass_plan(int r, float* carry) const {
     if (passes == 1) return {};
-    return {ranks[r].pass_steps, carry, static_cast<int>(plan().carry_slots)};
+    return {buffers(r).pass_steps, carry, static_cast<int>(plan().carry_slots)};
   }
 
   // The routed experts of rank r over the current pass (its segments), and its shared expert.
@@ -363,21 +385,26 @@ struct UnfusedLayer::Impl {
 
   // Pass 0's rows live in the caller's forward context, later passes' in the scratch set.
   RankBuffers::PassSet pass_set(int r, int pass, const RankTensors& t) const {
-    if (pass > 0) return ranks[r].scratch;
+    if (pass > 0) return buffers(r).scratch;
     return {t.ctx.x_routed.ptr<bf16>(), t.ctx.gate_routed.ptr<bf16>(), t.ctx.up_routed.ptr<bf16>(),
             t.ctx.hidden_routed.ptr<bf16>()};
   }
 
-  // Every rank's x (and, backward, its router weights and d_out) into its symmetric region,
-  // where peers pull from. One rank reads its own tensors where they are (PullParams::src_own):
-  // nothing to stage.
+  // This process's ranks' x (and, backward, router weights and d_out) into their symmetric
+  // regions, where peers pull from. One rank reads its own tensors where they are
+  // (PullParams::src_own): nothing to stage.
+  //
+  // NOTES: an external team stages after the schedule's team barrier, which every peer reaches
+  // only once its stream has finished the previous call (pulls of these buffers included: the
+  // write-after-read across calls), and then barriers again so that no peer pulls before the
+  // rows are here.
   void stage(std::span<const RankTensors> ranks_in, bool x, bool weights, bool d_out,
              cudaStream_t s) {
     const std::int64_t T = problem.num_tokens, H = problem.hidden_size, k = problem.topk;
     const plan::WorkspacePlan& pl = plan();
     if (problem.ep_size == 1) return;
-    for (int r = 0; r < problem.ep_size; ++r) {
-      const RankTensors& t = ranks_in[r];
+    for (int r = first; r < first + count; ++r) {
+      const RankTensors& t = ranks_in[r - first];
       if (x) {
         check(cudaMemcpyAsync(sym<void>(r, pl.x_staging), t.in.x.data, T * H * 2,
                               cudaMemcpyDeviceToDevice, s),
@@ -394,13 +421,14 @@ struct UnfusedLayer::Impl {
               "staging d_out");
       }
     }
+    team_barrier(s);
   }
 
   // The schedule table of this call's routing (forward and backward each build it: the
   // workspace keeps nothing between calls).
   void schedule(std::span<const RankTensors> ranks_in, cudaStream_t s) {
     std::vector<TensorView> ids;
-    for (int r = 0; r < problem.ep_size; ++r) ids.push_back(ranks_in[r].in.topk_experts);
+    for (int i = 0; i < count; ++i) ids.push_back(ranks_in[i].in.topk_experts);
     build_schedule(team, ids, {.stream = s});
   }
 
@@ -414,8 +442,9 @@ struct UnfusedLayer::Impl {
   }
 };
 
-UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
-    : impl_(std::make_unique<Impl>(p, config, device)) {
+UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
+                           const ExternalRank& external)
+    : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
   check(cudaSetDevice(device), "cudaSetDevice");
   const plan::WorkspacePlan& pl = m.plan();
@@ -434,19 +463,19 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     throw Error("internal: a ring of several passes is not one macrobatch");
   }
 
-  // The layer region of every rank, one after the other (each starts aligned: layer_bytes is a
-  // multiple of the plan's alignment).
+  // The layer region of every rank this process runs, one after the other (each starts aligned:
+  // layer_bytes is a multiple of the plan's alignment).
   m.layer_bytes = pl.layer_bytes;
-  check(cudaMalloc(&m.layer, static_cast<std::size_t>(W * m.layer_bytes)),
+  check(cudaMalloc(&m.layer, static_cast<std::size_t>(m.count * m.layer_bytes)),
         "cudaMalloc of the layer buffers");
-  m.ranks.resize(W);
-  for (int r = 0; r < W; ++r) {
-    std::uint8_t* base = static_cast<std::uint8_t*>(m.layer) + r * m.layer_bytes;
+  m.ranks.resize(m.count);
+  for (int i = 0; i < m.count; ++i) {
+    std::uint8_t* base = static_cast<std::uint8_t*>(m.layer) + i * m.layer_bytes;
     auto at = [&](auto*& ptr, const plan::Buffer& b) {
       using V = std::remove_reference_t<decltype(*ptr)>;
       ptr = b.bytes > 0 ? reinterpret_cast<V*>(base + b.offset) : nullptr;
     };
-    RankBuffers& b = m.ranks[r];
+    RankBuffers& b = m.ranks[i];
     at(b.scratch.gate, pl.pass_gate), at(b.scratch.up, pl.pass_up);
     at(b.scratch.hidden, pl.pass_hidden);
     at(b.scratch.x, pl.pass_x);
@@ -457,7 +486,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device)
     at(b.carry_gate, pl.carry_gate), at(b.carry_up, pl.carry_up), at(b.carry_down, pl.carry_down);
     at(b.s_out, pl.shared_out), at(b.s_dg, pl.shared_d_gate), at(b.s_du, pl.shared_d_up);
   }
-  // Team-wide scalars and peer arrays: rank 0's copies.
+  // Team-wide scalars and peer arrays: the first local rank's copies.
   auto* base0 = static_cast<std::uint8_t*>(m.layer);
   m.dense_rows = reinterpret_cast<std::int32_t*>(base0 + pl.dense_rows.offset);
   m.wgrad.tickets = reinterpret_cast<unsigned*>(base0 + pl.wgrad_tickets.offset);
@@ -506,7 +535,7 @@ int UnfusedLayer::max_passes() const {
 }
 std::size_t UnfusedLayer::bytes() const {
   const auto& t = impl_->team.impl();
-  return static_cast<std::size_t>(impl_->problem.ep_size * impl_->layer_bytes +
+  return static_cast<std::size_t>(impl_->count * impl_->layer_bytes +
                                   t.allocation_bytes);
 }
 void UnfusedLayer::check_errors(cudaStream_t stream) {
@@ -520,46 +549,47 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   const Problem& p = m.problem;
   const std::int64_t T = p.num_tokens, k = p.topk, H = p.hidden_size,
                      S = p.shared_intermediate_size;
-  const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
 
-  m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
+  // The schedule first: its team barrier is where every peer has finished its previous call.
   m.schedule(ranks, s);
+  m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
 
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch in the megakernel).
-  for (int r = 0; r < W && S > 0; ++r) {
-    const RankTensors& t = ranks[r];
+  for (int r = m.first; r < m.first + m.count && S > 0; ++r) {
+    const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);
     gate_up_forward(e, t.in.x.ptr<const bf16>(), t.ctx.gate_shared.ptr<bf16>(),
                     t.ctx.up_shared.ptr<bf16>(), t.ctx.hidden_shared.ptr<bf16>());
-    if (write_output) down_forward(e, t.ctx.hidden_shared.ptr<const bf16>(), m.ranks[r].s_out);
+    if (write_output) down_forward(e, t.ctx.hidden_shared.ptr<const bf16>(), m.buffers(r).s_out);
   }
 
   // recompute_forward_context: pass 0 (the context) only, and no down projection.
   const int passes = write_output ? m.passes : 1;
   for (int pass = 0; pass < passes; ++pass) {
-    for (int r = 0; r < W; ++r) {
-      const RankBuffers::PassSet set = m.pass_set(r, pass, ranks[r]);
+    for (int r = m.first; r < m.first + m.count; ++r) {
+      const RankBuffers::PassSet set = m.pass_set(r, pass, ranks[r - m.first]);
       m.compute_pass_segments(r, pass, s);
-      m.gate_up_pass(r, pass, ranks[r], set, s);
+      m.gate_up_pass(r, pass, ranks[r - m.first], set, s);
       // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
       if (write_output) {
-        down_forward(m.routed(r, ranks[r], s), set.hidden, nullptr,
+        down_forward(m.routed(r, ranks[r - m.first], s), set.hidden, nullptr,
                      m.to_home_slots(r, pass, m.combine_peers));
       }
     }
   }
   if (!write_output) return;
-  for (int r = 0; r < W; ++r) {
+  m.team_barrier(s);  // every peer's combine rows have landed in this rank's slots
+  for (int r = m.first; r < m.first + m.count; ++r) {
     HomeReduceParams h{T,
                        k,
                        H,
                        p.num_experts,
-                       ranks[r].in.topk_experts.ptr<const std::int64_t>(),
-                       ranks[r].in.topk_weights.ptr<const float>(),
+                       ranks[r - m.first].in.topk_experts.ptr<const std::int64_t>(),
+                       ranks[r - m.first].in.topk_weights.ptr<const float>(),
                        m.sym<const void>(r, pl.combine),
-                       S > 0 ? m.ranks[r].s_out : nullptr,
-                       ranks[r].out.data};
+                       S > 0 ? m.buffers(r).s_out : nullptr,
+                       ranks[r - m.first].out.data};
     check(launch_combine_reduce(h, s), "home reduction of out");
   }
 }
@@ -570,20 +600,20 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   const Problem& p = m.problem;
   const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk,
                      S = p.shared_intermediate_size;
-  const int W = p.ep_size;
   const plan::WorkspacePlan& pl = m.plan();
   const std::int64_t dot_chunks =
       (p.intermediate_size + gemm::kDotColumns - 1) / gemm::kDotColumns;
 
-  // x only for the replays of later passes; the router weights scale the pulled rows.
-  m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
+  // x only for the replays of later passes; the router weights scale the pulled rows. The
+  // schedule first, as in forward.
   m.schedule(ranks, s);
+  m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
 
   const bool add = options.accumulate_weight_grads;
   // Shared expert (dense, every token): one pass.
-  for (int r = 0; r < W && S > 0; ++r) {
-    RankBuffers& b = m.ranks[r];
-    const RankTensors& t = ranks[r];
+  for (int r = m.first; r < m.first + m.count && S > 0; ++r) {
+    RankBuffers& b = m.buffers(r);
+    const RankTensors& t = ranks[r - m.first];
     ExpertBackward eb{t.in.x.ptr<const bf16>(),
                       t.ctx.gate_shared.ptr<const bf16>(),
                       t.ctx.up_shared.ptr<const bf16>(),
@@ -609,16 +639,16 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
     // The previous pass's weight gradients read its rows, segments and pass plan: all rewritten
     // below. (The shared expert's need no join here: nothing below writes what they read.)
     if (!first) m.wgrad.join(s);
-    for (int r = 0; r < W; ++r) {
-      RankBuffers& b = m.ranks[r];
-      const RankTensors& t = ranks[r];
+    for (int r = m.first; r < m.first + m.count; ++r) {
+      RankBuffers& b = m.buffers(r);
+      const RankTensors& t = ranks[r - m.first];
       const RankBuffers::PassSet set = m.pass_set(r, pass, t);
       m.compute_pass_segments(r, pass, s);
       if (!first) m.gate_up_pass(r, pass, t, set, s);  // replay: only pass 0 was kept
       // The rows' d_out, unscaled, and their router weights, pulled from the home ranks.
       PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y,
                       b.row_weights};
-      if (W == 1) {
+      if (p.ep_size == 1) {
         pull.src_own = t.d_out.data;
         pull.scale_own = t.in.topk_weights.ptr<const float>();
       }
@@ -651,26 +681,32 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
     }
   }
 
-  for (int r = 0; r < W; ++r) {
+  if (m.external()) {
+    // Every peer's dx rows and d_w entries (pushed by dx and by `between` on side stream 0) have
+    // landed in this rank's slots before its home reductions read them.
+    m.wgrad.join(s);
+    m.team_barrier(s);
+  }
+  for (int r = m.first; r < m.first + m.count; ++r) {
     HomeReduceParams h{T,
                        k,
                        H,
                        p.num_experts,
-                       ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                       ranks[r - m.first].in.topk_experts.ptr<const std::int64_t>(),
                        nullptr,
                        m.sym<const void>(r, pl.dx_routed),
-                       S > 0 ? m.ranks[r].s_out : nullptr,
-                       ranks[r].grads.d_x.data};
+                       S > 0 ? m.buffers(r).s_out : nullptr,
+                       ranks[r - m.first].grads.d_x.data};
     check(launch_dx_reduce(h, s), "home reduction of d_x");
   }
   // The pushed d_w (side stream 0) and every weight gradient have landed past this point: the
   // next call may overwrite any row.
   m.wgrad.join(s);
-  for (int r = 0; r < W; ++r) {
+  for (int r = m.first; r < m.first + m.count; ++r) {
     RouterGradGatherParams g{T, k, p.num_experts,
-                             ranks[r].in.topk_experts.ptr<const std::int64_t>(),
+                             ranks[r - m.first].in.topk_experts.ptr<const std::int64_t>(),
                              m.sym<const float>(r, pl.router_weight_grads),
-                             ranks[r].grads.d_topk_weights.ptr<float>()};
+                             ranks[r - m.first].grads.d_topk_weights.ptr<float>()};
     check(launch_router_grad_gather(g, s), "home copy of d_topk_weights");
   }
 }

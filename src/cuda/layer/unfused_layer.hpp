@@ -4,8 +4,10 @@
 // dgrad, SwiGLU backward, gate/up dgrad whose epilogue is the combine of d_x, the three routed
 // weight gradients; the shared expert through the dense forms.
 //
-// It runs every rank of a local virtual team (W ranks on one GPU, DESIGN.md section 8); W = 1 is
-// the single-GPU layer behind mok::forward / mok::backward. Launches only enqueue work on the given
+// It runs every rank of a local virtual team (W ranks on one GPU, DESIGN.md section 8; W = 1 is
+// the single-GPU layer behind mok::forward / mok::backward), or one rank of a team across
+// processes (ExternalRank), whose peers' rows move through their symmetric regions at system
+// scope, ordered by team barriers. Launches only enqueue work on the given
 // stream: no host synchronization, no allocation after construction, so a whole step can be
 // captured in a CUDA graph.
 #pragma once
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "mok/api.hpp"
 
@@ -31,14 +34,27 @@ struct RankTensors {
   ForwardContext ctx;
 };
 
+// This process's one rank of a team across processes: every rank's symmetric region (ep_size
+// entries, symmetric_workspace_bytes() each, [ep_rank] its own; e.g. PyTorch symmetric memory)
+// and the bound on every device-side wait for a peer. Empty bases: a local virtual team.
+struct ExternalRank {
+  std::vector<void*> symmetric_bases;
+  std::uint64_t barrier_timeout_ms = 10000;
+};
+
 class UnfusedLayer {
  public:
-  // `p.ep_size` ranks, all in this process on `device`.
-  UnfusedLayer(const Problem& p, const Config& config, int device);
+  // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
+  // `external.symmetric_bases`, rank p.ep_rank of a team whose other ranks are other processes.
+  // Every rank of an external team must construct its layer before any rank calls it (a host
+  // barrier between construction and the first call: the team's flags start at zero).
+  UnfusedLayer(const Problem& p, const Config& config, int device,
+               const ExternalRank& external = {});
   ~UnfusedLayer();
   UnfusedLayer(const UnfusedLayer&) = delete;
   UnfusedLayer& operator=(const UnfusedLayer&) = delete;
 
+  // `ranks`: one entry per rank this process runs (all W, or the one external rank).
   // Every rank's forward (`write_output` false: recompute_forward_context, which writes the same
   // context, the first ring pass's gate/up only, without the down projection or `out`).
   void forward(std::span<const RankTensors> ranks, bool write_output, cudaStream_t stream);
