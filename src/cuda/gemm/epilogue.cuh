@@ -2,6 +2,12 @@
 // the tile; ping-pong: the whole 128 x 128 tile as two 64-row blocks) straight to global memory
 // (bf16 pairs or fp32 pairs), masking rows past the group and columns past n. Every rounding step
 // is spelled out so the CPU reference can follow it (src/reference/reference.hpp).
+//
+// What a GEMM stores is a compile-time policy type (namespace epilogue, at the end): the engine
+// (engine.cuh) calls E::store<F>(...) for each tile; the launcher (launch.cu) picks the type from
+// the arguments. Within a policy, only data-dependent choices are made at run time: the rows and
+// columns a tile has, the scatter destinations, and a K-grouped group's pass step (carry slot or
+// output).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,7 +15,9 @@
 #include <cstdint>
 
 #include "core/numerics.hpp"
+#include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
+#include "cuda/gemm/scheduler.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/tma.cuh"
 
@@ -35,8 +43,8 @@ struct GroupRow {
   long long offset;
 };
 template <class F>
-__device__ __forceinline__ GroupRow group_row(const TileInfo& t, const KernelParams& p, int wg,
-                                              int b, int warp, int lane, int h) {
+__device__ __forceinline__ GroupRow group_row(const TileInfo& t, const GemmParams& p, int wg, int b,
+                                              int warp, int lane, int h) {
   const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
   return {r < t.row_count, t.row_base + r, static_cast<long long>(t.row_base + r) * p.ld_out};
 }
@@ -82,9 +90,10 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
 // SwiGLU: in each accumulator block, the first half of the columns is the gate tile, the second
 // the up tile of the same kTileN / 2 output columns.
 //   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
-template <class F>
+// kPreActivations: g and u are stored too (p.gate_out, p.up_out).
+template <class F, bool kPreActivations>
 __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const TileInfo& t,
-                                             const KernelParams& p, int wg, int warp, int lane) {
+                                             const GemmParams& p, int wg, int warp, int lane) {
   auto* hidden = static_cast<__nv_bfloat16*>(p.out);
   const int n0 = t.n0 * F::kOutTileN;
   const int q = lane % 4;
@@ -112,7 +121,7 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
         const bool ok = row.ok && col < p.n;
         const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
         if (ok) *reinterpret_cast<uint4*>(hidden + row.offset + col) = hs;
-        if (p.gate_out != nullptr) {
+        if constexpr (kPreActivations) {
           const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
           const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
           if (ok) {
@@ -125,8 +134,9 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
   }
 }
 
-// Where a K-grouped tile's group keeps its sum in this launch: the output, or (a pass plan's
-// kOpen and kCarry groups) its fp32 carry slot.
+// Where a K-grouped tile's group keeps its sum in this launch: the output (as the policy E stores
+// it: fp32 or bf16, added to or not), or (a pass plan's kOpen and kCarry groups, a data-dependent
+// choice) its fp32 carry slot.
 struct GroupOutput {
   void* base;  // the group's [m, n] matrix
   long long ld;
@@ -134,7 +144,8 @@ struct GroupOutput {
   int accumulate;
 };
 
-__device__ __forceinline__ GroupOutput group_output(const TileInfo& t, const KernelParams& p) {
+template <class E>
+__device__ __forceinline__ GroupOutput group_output(const TileInfo& t, const GemmParams& p) {
   if (p.sched.steps != nullptr) {
     const int code = __ldg(p.sched.steps + t.group);
     const int step = code & ((1 << kPassSlotShift) - 1);
@@ -143,9 +154,9 @@ __device__ __forceinline__ GroupOutput group_output(const TileInfo& t, const Ker
       return {p.carry + slot * p.m * p.n, p.n, 1, 0};
     }
   }
-  const std::size_t bytes = p.out_fp32 ? 4 : 2;
+  const std::size_t bytes = E::kFp32 ? 4 : 2;
   return {static_cast<std::uint8_t*>(p.out) + t.group * p.out_group_stride * bytes, p.ld_out,
-          p.out_fp32, p.accumulate};
+          E::kFp32 ? 1 : 0, E::kAccumulate ? 1 : 0};
 }
 
 // K-grouped fp32 accumulation: the accumulators start from the values the reduction carries: the
@@ -153,7 +164,7 @@ __device__ __forceinline__ GroupOutput group_output(const TileInfo& t, const Ker
 // groups). The exact inverse of store_plain's fp32 path; elements outside [m, n] start at zero.
 template <class F>
 __device__ __forceinline__ void load_fp32_accumulators(float (&acc)[F::kAcc], const TileInfo& t,
-                                                       const KernelParams& p, int wg, int warp,
+                                                       const GemmParams& p, int wg, int warp,
                                                        int lane) {
   const int n0 = t.n0 * F::kTileN;
   const float* seed;
@@ -186,17 +197,19 @@ __device__ __forceinline__ void load_fp32_accumulators(float (&acc)[F::kAcc], co
   }
 }
 
-// Plain store of the accumulators: out[row, col] = round(scale_row * acc) (scale only if given).
-// M-grouped: rows of the row buffer; K-grouped: rows of the group's [m, n] output.
-template <class F>
+// Plain store of the accumulators: out[row, col] = round(scale_row * acc) (E::kRowScale: scaled).
+// M-grouped: rows of the row buffer (E::kScatter: to their home slots instead); K-grouped: rows of
+// the group's [m, n] output. E::kFp32: fp32 pairs (E::kAccumulate: added to the output's values).
+template <class F, class E>
 __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const TileInfo& t,
-                                            const KernelParams& p, int wg, int warp, int lane) {
+                                            const GemmParams& p, int wg, int warp, int lane) {
   constexpr bool kKGrouped = F::kKGrouped;
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
   // M-grouped: the rows of `out`; K-grouped: the group's matrix (the output or a carry slot).
-  GroupOutput o{p.out, p.ld_out, p.out_fp32, p.accumulate};
-  if constexpr (kKGrouped) o = group_output(t, p);
+  static_assert(!(kKGrouped && (E::kRowScale || E::kScatter)), "rows of the row buffer only");
+  GroupOutput o{p.out, p.ld_out, E::kFp32 ? 1 : 0, E::kAccumulate ? 1 : 0};
+  if constexpr (kKGrouped) o = group_output<E>(t, p);
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
@@ -211,10 +224,12 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
       } else {
         row_ok = r < t.row_count;
         offset = static_cast<long long>(t.row_base + r) * o.ld;
-        if (row_ok && p.row_scale != nullptr) scale = __ldg(p.row_scale + t.row_base + r);
+        if constexpr (E::kRowScale) {
+          if (row_ok) scale = __ldg(p.row_scale + t.row_base + r);
+        }
       }
       __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(o.base) + offset;
-      if (!kKGrouped && p.scatter_rows != nullptr) {  // the row's slot on its home rank
+      if constexpr (E::kScatter) {  // the row's slot on its home rank
         const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
         row_ok = src >= 0;
         if (row_ok) {
@@ -224,7 +239,7 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
                 static_cast<long long>(slot) * p.ld_out;
         }
       }
-      const bool scaled = !kKGrouped && p.row_scale != nullptr;
+      constexpr bool scaled = E::kRowScale;
       if (o.fp32) {
         if (!row_ok) continue;
 #pragma unroll
@@ -265,7 +280,7 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 }
 
 // The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
-// would store it (bf16(row_scale[r] * acc) with a row scale), then, per 8 columns of a row, 16
+// would store it (kRowScale: bf16(row_scale[r] * acc)), then, per 8 columns of a row, 16
 // bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
 // before the first is used.
 // kDot: also dot[r][c] = sum over the kDotColumns columns of chunk c of acc * h, h = bf16(silu(g) *
@@ -280,9 +295,9 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 // stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
 // transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
 // the accumulator layout.
-template <class F, bool kDot>
+template <class F, bool kRowScale, bool kDot>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
-                                                      const TileInfo& t, const KernelParams& p,
+                                                      const TileInfo& t, const GemmParams& p,
                                                       int wg, int warp, int lane) {
   static_assert(F::kind == FormKind::kRowsW, "the down dgrad's epilogue");
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
@@ -291,7 +306,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   static_assert(kBatch * 32 == kDotColumns, "a batch of pieces is one dot chunk");
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
-  const bool scaled = p.row_scale != nullptr;
+  constexpr bool scaled = kRowScale;
   const int dot_columns = (p.n + kDotColumns - 1) / kDotColumns;
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
@@ -299,7 +314,9 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
     for (int h = 0; h < 2; ++h) {
       const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
       float scale = 1.0f;
-      if (row.ok && scaled) scale = __ldg(p.row_scale + row.index);
+      if constexpr (kRowScale) {
+        if (row.ok) scale = __ldg(p.row_scale + row.index);
+      }
 #pragma unroll
       for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
         uint4 g[kBatch], u[kBatch];
@@ -385,7 +402,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
 // again only after that group has been read out of shared memory (the wait at the start).
 template <class F>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
-                                               const KernelParams& p, int wg, int warp, int lane,
+                                               const GemmParams& p, int wg, int warp, int lane,
                                                std::uint8_t* staging, const CUtensorMap* map_out) {
   static_assert(F::kTmaStore && !F::kPingPong && F::kTileN % 64 == 0, "cooperative bf16 tiles");
   constexpr std::uint32_t kBoxBytes = 64 * 128;
@@ -428,39 +445,92 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], cons
 // reduction continues.
 template <class F>
 __device__ __forceinline__ void init_accumulators(float (&acc)[F::kAcc], const TileInfo& t,
-                                                  const KernelParams& p, int wg, int warp,
-                                                  int lane) {
+                                                  const GemmParams& p, int wg, int warp, int lane) {
 #pragma unroll
   for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
   if constexpr (F::kSeeded) load_fp32_accumulators<F>(acc, t, p, wg, warp, lane);
 }
 
-// The form's epilogue for one consumer warpgroup's accumulators.
-template <class F>
-__device__ __forceinline__ void store_tile(const float (&acc)[F::kAcc], const TileInfo& t,
-                                           const KernelParams& p, int wg, int warp, int lane,
-                                           std::uint8_t* staging, const CUtensorMap* map_out) {
-  if constexpr (F::kTmaStore) {
-    if (!group_output(t, p).fp32) {  // bf16 to the output; carry slots are fp32
-      store_tile_tma<F>(acc, t, p, wg, warp, lane, staging, map_out);
-      return;
-    }
+// The epilogue policies: what a GEMM stores, fixed at compile time. Each has
+//   template <class F> static void store(acc, tile, descriptor, wg, warp, lane, staging)
+// for one consumer warpgroup's accumulators of one tile (staging: the ring's staging tile, for the
+// TMA-store epilogue), and says which forms it serves (static_assert in store).
+namespace epilogue {
+
+// Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up).
+template <bool kPreActivations>
+struct SwigluForward {
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging) {
+    static_assert(F::kind == FormKind::kGateUp, "the gate/up epilogue");
+    store_swiglu<F, kPreActivations>(acc, t, d.p, wg, warp, lane);
   }
-  if constexpr (F::kind == FormKind::kGateUp) {
-    store_swiglu<F>(acc, t, p, wg, warp, lane);
-  } else {
-    if constexpr (F::kind == FormKind::kRowsW) {
-      if (p.d_gate != nullptr) {
-        if (p.swiglu_dot != nullptr) {
-          store_swiglu_backward<F, true>(acc, t, p, wg, warp, lane);
-        } else {
-          store_swiglu_backward<F, false>(acc, t, p, wg, warp, lane);
-        }
+};
+
+// M-grouped plain bf16 rows: out = bf16(acc), or bf16(row_scale[r] * acc) (kRowScale), to `out`
+// or scattered to the rows' home slots (kScatter: RowScatter).
+template <bool kRowScaleOn, bool kScatterOn>
+struct RowsBf16 {
+  static constexpr bool kFp32 = false, kAccumulate = false;
+  static constexpr bool kRowScale = kRowScaleOn, kScatter = kScatterOn;
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging) {
+    static_assert(F::kind == FormKind::kRowsWT || F::kind == FormKind::kRowsW, "plain rows");
+    store_plain<F, RowsBf16>(acc, t, d.p, wg, warp, lane);
+  }
+};
+
+// RowsW with an fp32 output: the accumulators as they are.
+struct RowsFp32 {
+  static constexpr bool kFp32 = true, kAccumulate = false, kRowScale = false, kScatter = false;
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging) {
+    static_assert(F::kind == FormKind::kRowsW, "the fp32 dgrad output");
+    store_plain<F, RowsFp32>(acc, t, d.p, wg, warp, lane);
+  }
+};
+
+// RowsW (the down dgrad) with the SwiGLU backward: dg, du from dh (kRowScale: dh scaled per row),
+// kDot: and the router-weight dot partials (SwigluBackwardEpilogue).
+template <bool kRowScale, bool kDot>
+struct SwigluBackward {
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging) {
+    store_swiglu_backward<F, kRowScale, kDot>(acc, t, d.p, wg, warp, lane);
+  }
+};
+
+// K-grouped (wgrad): each group's [m, n] sum to the output (bf16, fp32, or fp32 added to it), or,
+// by the group's pass step (data-dependent), to its fp32 carry slot. The cooperative bf16 wgrad
+// (F::kTmaStore) stores its output tiles through the staging tile and TMA (d.out).
+enum class GradOut { bf16, fp32, fp32_add };
+template <GradOut kOut>
+struct WeightGrad {
+  static constexpr bool kFp32 = kOut != GradOut::bf16, kAccumulate = kOut == GradOut::fp32_add;
+  static constexpr bool kRowScale = false, kScatter = false;
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging) {
+    static_assert(F::kKGrouped, "the K-grouped forms");
+    if constexpr (F::kTmaStore && !kFp32) {
+      if (!group_output<WeightGrad>(t, d.p).fp32) {  // bf16 to the output; carry slots are fp32
+        store_tile_tma<F>(acc, t, d.p, wg, warp, lane, staging, &d.out);
         return;
       }
     }
-    store_plain<F>(acc, t, p, wg, warp, lane);
+    store_plain<F, WeightGrad>(acc, t, d.p, wg, warp, lane);
   }
-}
+};
+
+}  // namespace epilogue
 
 }  // namespace mok::gemm

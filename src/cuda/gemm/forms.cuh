@@ -1,10 +1,9 @@
-// The four GEMM forms the engine runs, as compile-time traits, and the kernel's parameters.
+// The GEMM forms the engine runs, as compile-time traits (operand layouts, tile width, ring
+// geometry). What a form stores is its epilogue policy (epilogue.cuh); what one GEMM reads and
+// writes is its descriptor (descriptor.cuh).
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include "cuda/gemm/scheduler.cuh"
-#include "cuda/ptx/mbarrier.cuh"
 
 namespace mok::gemm {
 
@@ -62,50 +61,6 @@ struct Form {
   // M-grouped forms load B in two halves (mainloop.cuh, load_b_half): kTileN / 2 K-major rows a
   // box (gate/up: W_gate's and W_up's rows of the same output columns).
   static constexpr int kBoxRowsB = kTransB ? kTileK : kTileN / 2;
-};
-
-// Where a launch that gave up on a wait says which one (DESIGN.md section 4: never hang, never
-// trap): one per device, in mapped pinned host memory (the launcher's take_wait_timeout reads it).
-// The first wait to give up after the host cleared it fills the fields, then sets `timed_out`.
-struct WaitTimeoutReport {
-  int timed_out;  // 1 once a wait gave up (written last)
-  int barrier_id;
-  unsigned parity;
-  int block;
-  int thread;
-  unsigned smem_address;
-  unsigned long long timeout_ns;
-};
-
-struct KernelParams {
-  SchedulerParams sched;
-  int m;                 // K-grouped: output rows per group
-  int n;                 // output columns
-  int b_rows_per_group;  // rows of B's tensor map per group (n for W^T forms, k for W)
-  void* out;
-  long long ld_out;
-  long long out_group_stride;  // K-grouped: elements between groups' outputs
-  int out_fp32;
-  __nv_bfloat16* gate_out;  // gate/up: optional pre-activations
-  __nv_bfloat16* up_out;
-  // RowsWT: optional output scale; RowsW with the SwiGLU epilogue: optional dh scale.
-  const float* row_scale;
-  const __nv_bfloat16* swiglu_gate;  // RowsW: optional SwigluBackwardEpilogue (d_gate set)
-  const __nv_bfloat16* swiglu_up;
-  __nv_bfloat16* d_gate;
-  __nv_bfloat16* d_up;
-  float* swiglu_dot;        // RowsW with the SwiGLU epilogue: optional [rows, ceil(n / 128)]
-  const int* scatter_rows;  // M-grouped bf16: optional RowScatter
-  unsigned scatter_slots;
-  void* const* scatter_peers;
-  int k_blocks_first;  // RowsW with a second product: its first K block
-  int accumulate;      // K-grouped fp32: out += the sum
-  float* carry;        // K-grouped with a pass plan (sched.steps): the fp32 carry slots [slots, m, n]
-  unsigned* tickets;   // K-grouped: the launch's ticket counter pair, or null (static order)
-  int tile_order;      // K-grouped: a TileOrder (automatic or fixed without `tickets`)
-  unsigned long long wait_timeout_ns;  // every engine wait gives up after this long
-  int stall_block;                     // tests only (WaitOptions): -1, or the CTA that stalls
-  WaitTimeoutReport* timeout_report;   // mapped pinned host memory (this device's), or null
 };
 
 }  // namespace mok::gemm

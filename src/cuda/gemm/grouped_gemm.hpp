@@ -1,5 +1,6 @@
 // The grouped GEMM forms of the MoE layer: torch-free launchers over one Hopper engine (TMA +
-// wgmma, warp-specialized, persistent; see src/cuda/kernels/sm90_bf16_grouped_gemm.cu).
+// wgmma, warp-specialized, persistent: src/cuda/gemm/engine.cuh, its kernel
+// src/cuda/kernels/sm90_bf16_grouped_gemm.cu, these launchers src/cuda/gemm/launch.cu).
 //
 // Row layout contract (built by the schedule): routed rows are contiguous in segment order in
 // every row buffer. `starts` holds G+1 int32 entries (multiples of kExpertSegmentAlignment),

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -164,7 +165,7 @@ static_assert((2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth *
 // Producer's drain, which must outlast an abort).
 template <class F>
 __device__ __forceinline__ bool wait_barrier(const SharedRing<F>& ring, std::uint64_t* bar,
-                                             std::uint32_t parity, int id, const KernelParams& p,
+                                             std::uint32_t parity, int id, const GemmParams& p,
                                              bool heed_abort = true) {
   CtaAbort* abort = ring.abort();
   const ptx::WaitStatus s =
@@ -208,7 +209,7 @@ struct TensorMaps {
 template <class F>
 __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing<F>& ring,
                                             int s, const TileInfo& tile, int kb,
-                                            const KernelParams& p, int h) {
+                                            const GemmParams& p, int h) {
   constexpr int kHalfChunks = F::kTileN / 2 / kSwizzleChunk;
   std::uint64_t* bar = ring.full(s);
   std::uint8_t* dst = ring.b(s) + h * (F::kTileBBytes / 2);
@@ -272,7 +273,7 @@ __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigne
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
-                                             const KernelParams& p) {
+                                             const GemmParams& p) {
   std::uint64_t* bar = ring.full(s);
   ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
   const int k0 = kb * kTileK;
@@ -310,7 +311,7 @@ struct ProducerLoads {
 template <class F>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
-                                          const KernelParams& p, ProducerLoads& loads) {
+                                          const GemmParams& p, ProducerLoads& loads) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     // NOTES: the flag too, after the wait: once the CTA aborted, the Consumers pass stages without
     // waiting for their data and still release them, so an empty phase they completed says
@@ -342,7 +343,7 @@ __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRi
 template <class F>
 __device__ __forceinline__ void drain_loads(const SharedRing<F>& ring,
                                             const PipelineState<F::kStages>& state,
-                                            const ProducerLoads& loads, const KernelParams& p) {
+                                            const ProducerLoads& loads, const GemmParams& p) {
   for (int s = 0; s < F::kStages; ++s) {
     if ((loads.skipped >> s) & 1u) continue;
     const std::uint32_t parity = s < state.stage ? state.phase : state.phase ^ 1u;
@@ -429,7 +430,7 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 template <class F>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
-                                         const KernelParams& p, int consumer_wg, int lane,
+                                         const GemmParams& p, int consumer_wg, int lane,
                                          int reader_thread, std::uint32_t turn_parity) {
   if constexpr (F::kPingPong) {
     (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);

@@ -1,0 +1,78 @@
+// One GEMM's descriptor: its tensor maps and parameters, built by the host (launch.cu) and passed
+// to the kernel as one __grid_constant__ parameter, so the engine (engine.cuh) reads every field
+// and takes every map's address in parameter space, without a copy. A megakernel holds one per
+// GEMM it runs (one ring geometry per pass: every descriptor's form shares it).
+//
+// Launch-level choices of what the epilogue stores (pre-activations, row scale, scatter, SwiGLU
+// backward, fp32 or bf16, accumulate) are not here: they are the kernel's epilogue policy type
+// (epilogue.cuh), and the pointers below that a policy does not use are ignored. What stays a
+// run-time field is what depends on the data or only moves loads: the group tables, the pass plan
+// (whose per-group steps pick a carry slot or the output), the second product of RowsW.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include "cuda/gemm/scheduler.cuh"
+
+namespace mok::gemm {
+
+// Where a launch that gave up on a wait says which one (DESIGN.md section 4: never hang, never
+// trap): one per device, in mapped pinned host memory (the launcher's take_wait_timeout reads it).
+// The first wait to give up after the host cleared it fills the fields, then sets `timed_out`.
+struct WaitTimeoutReport {
+  int timed_out;  // 1 once a wait gave up (written last)
+  int barrier_id;
+  unsigned parity;
+  int block;
+  int thread;
+  unsigned smem_address;
+  unsigned long long timeout_ns;
+};
+
+struct GemmParams {
+  SchedulerParams sched;
+  // Mainloop.
+  int b_rows_per_group;  // rows of B's tensor map per group (n for W^T forms, k for W)
+  int k_blocks_first;    // RowsW with a second product: its first K block (0: none)
+  // Epilogue (the policy reads the fields it needs).
+  int m;  // K-grouped: output rows per group
+  int n;  // output columns
+  void* out;
+  long long ld_out;
+  long long out_group_stride;  // K-grouped: elements between groups' outputs
+  __nv_bfloat16* gate_out;     // gate/up with pre-activations
+  __nv_bfloat16* up_out;
+  // RowsWT with a row scale: the output scale; RowsW with the SwiGLU epilogue and a row scale: the
+  // dh scale.
+  const float* row_scale;
+  const __nv_bfloat16* swiglu_gate;  // RowsW with the SwiGLU epilogue (SwigluBackwardEpilogue)
+  const __nv_bfloat16* swiglu_up;
+  __nv_bfloat16* d_gate;
+  __nv_bfloat16* d_up;
+  float* swiglu_dot;        // ... with dot partials: [rows, ceil(n / 128)]
+  const int* scatter_rows;  // M-grouped bf16 with a scatter (RowScatter)
+  unsigned scatter_slots;
+  void* const* scatter_peers;
+  float* carry;  // K-grouped with a pass plan (sched.steps): the fp32 carry slots [slots, m, n]
+  // Tile order (K-grouped).
+  unsigned* tickets;  // the launch's ticket counter pair, or null (static order)
+  int tile_order;     // a TileOrder (automatic or fixed without `tickets`)
+  // Waits.
+  unsigned long long wait_timeout_ns;  // every engine wait gives up after this long
+  int stall_block;                     // tests only (WaitOptions): -1, or the CTA that stalls
+  WaitTimeoutReport* timeout_report;   // mapped pinned host memory (this device's), or null
+};
+
+struct GemmDescriptor {
+  CUtensorMap a;
+  CUtensorMap b;
+  CUtensorMap a2;   // RowsW with a second product: its A (else a copy of `a`)
+  CUtensorMap b2;   // gate/up: W_up; RowsW with a second product: its W (else a copy of `b`)
+  CUtensorMap out;  // the TMA-store epilogue's output (else a copy of `a`, never read)
+  GemmParams p;
+};
+// NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in of CUDA 12.1).
+static_assert(sizeof(GemmDescriptor) <= 4096, "the descriptor is one kernel parameter");
+
+}  // namespace mok::gemm

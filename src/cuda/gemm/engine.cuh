@@ -1,0 +1,194 @@
+// The GEMM engine: one CTA's machinery for running tile tasks of one form F with epilogue policy E
+// (epilogue.cuh), whichever loop picks the tiles. It owns the shared-memory ring, its mbarriers,
+// the tile queue between the roles, the pipeline state and the CTA's give-up state; the caller
+// owns the order of the tiles (a persistent tile loop, kernels/sm90_bf16_grouped_gemm.cu, or a
+// megakernel's task loop) and gives every role the same sequence of tiles.
+//
+//   Producer  (warpgroup 0, one elected thread): produce(tile) issues the TMA loads of every K
+//             block of the tile into the next stages of the ring; finish_producing() before
+//             leaving.
+//   Consumer0/1 (warpgroups 1, 2, all their threads): consume(tile) runs the tile's K loop with
+//             wgmma and then the epilogue E. Cooperative: both consume every tile (64 rows each).
+//             Ping-pong: each consumes every other tile of the CTA's sequence whole and passes
+//             over the other's (pass_over), the two K loops taking turns (mainloop.cuh).
+//             finish_consuming() before leaving.
+//   Tile queue: when only the Producer knows the next tile (tickets drawn from a counter), it
+//             hands the tile's ticket to the Consumers: reserve_ticket_slot() then
+//             publish_ticket(t) on the Producer, take_ticket() on every consumer thread.
+//
+// Every wait is bounded (descriptor's wait_timeout_ns); a CTA that gives up ends normally and
+// report_timeout() (one thread, after a CTA barrier that follows every role's loop) leaves the
+// report in mapped host memory (mainloop.cuh's header says how each role gives up).
+//
+// The engine is a value each thread holds; the members a role does not use cost it nothing (every
+// method is inlined). The descriptor must live in parameter space (__grid_constant__): the TMA
+// instructions take its maps' addresses.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/gemm/config.hpp"
+#include "cuda/gemm/descriptor.cuh"
+#include "cuda/gemm/epilogue.cuh"
+#include "cuda/gemm/forms.cuh"
+#include "cuda/gemm/mainloop.cuh"
+#include "cuda/gemm/scheduler.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace mok::gemm {
+
+// The warp roles of an engine CTA (kThreads threads: three warpgroups).
+enum class Role { kProducer, kConsumer0, kConsumer1 };
+
+template <class F, class E>
+class GemmEngine {
+ public:
+  using Form = F;
+  using Epilogue = E;
+
+  // Every thread: the engine over `smem` (the dynamic shared memory, kSharedBytes) and `d` (in
+  // parameter space).
+  __device__ __forceinline__ GemmEngine(std::uint8_t* smem, const GemmDescriptor& d)
+      : ring_{aligned(smem)},
+        d_(d),
+        warpgroup_(static_cast<int>(threadIdx.x) / 128),
+        warp_((static_cast<int>(threadIdx.x) / 32) % 4),
+        lane_(static_cast<int>(threadIdx.x) % 32) {}
+
+  __device__ __forceinline__ Role role() const {
+    return warpgroup_ == 0   ? Role::kProducer
+           : warpgroup_ == 1 ? Role::kConsumer0
+                             : Role::kConsumer1;
+  }
+  __device__ __forceinline__ bool is_producer_thread() const {
+    return warpgroup_ == 0 && warp_ == 0 && lane_ == 0;
+  }
+  __device__ __forceinline__ int lane() const { return lane_; }
+
+  // One thread, before the CTA barrier that precedes every other use: the barriers, the tile
+  // queue, the give-up state; prefetches the descriptor's tensor maps.
+  __device__ __forceinline__ void init() const {
+    ring_.init_barriers();
+    ptx::fence_barrier_init();
+    ptx::tma_prefetch_descriptor(&d_.a);
+    ptx::tma_prefetch_descriptor(&d_.b);
+    if constexpr (F::kind == FormKind::kGateUp) ptx::tma_prefetch_descriptor(&d_.b2);
+    if constexpr (F::kind == FormKind::kRowsW) {
+      if (d_.p.k_blocks_first > 0) {
+        ptx::tma_prefetch_descriptor(&d_.a2);
+        ptx::tma_prefetch_descriptor(&d_.b2);
+      }
+    }
+  }
+
+  // Set-up scratch (scheduler.cuh, SchedulerScratch): the ring's memory, free until the first
+  // load. NOTES: its writers fence the async proxy before the CTA barrier that precedes the first
+  // TMA load, which overwrites it.
+  __device__ __forceinline__ void* setup_scratch() const { return ring_.base; }
+
+  // Warpgroup 0, all its threads: the Producer's register budget.
+  __device__ __forceinline__ void become_producer() {
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    loads_.stall = static_cast<int>(blockIdx.x) == d_.p.stall_block;
+  }
+
+  // Producer: the loads of every K block of `tile`. False when the CTA gives up (then it issues
+  // no more loads and goes to finish_producing).
+  __device__ __forceinline__ bool produce(const TileInfo& tile) {
+    const TensorMaps maps{&d_.a, &d_.b, &d_.a2, &d_.b2};
+    return load_tile<F>(maps, ring_, state_, tile, d_.p, loads_);
+  }
+
+  // Producer, tile queue: waits for the next queue position to be free. False when the CTA gives
+  // up. NOTES: a caller drawing tickets from a counter draws after this wait, so a CTA takes its
+  // next tile only once the Consumers are within the queue's depth of it.
+  __device__ __forceinline__ bool reserve_ticket_slot() {
+    return wait_barrier(ring_, ring_.tile_empty(queue_.slot()), queue_.phase() ^ 1u,
+                        kBarrierTileEmpty, d_.p);
+  }
+  // Producer, tile queue, after reserve_ticket_slot: hands `ticket` (kNoTile: the end) to the
+  // Consumers. False when the Consumers closed the position (the CTA is aborting).
+  __device__ __forceinline__ bool publish_ticket(int ticket) {
+    if (!gemm::publish_ticket(ring_.tile_slot(queue_.slot()), queue_.tag(), ticket)) return false;
+    ptx::mbarrier_arrive(ring_.tile_full(queue_.slot()));
+    queue_.advance();
+    return true;
+  }
+
+  // Producer, last: waits for the loads it issued to land.
+  __device__ __forceinline__ void finish_producing() const {
+    drain_loads<F>(ring_, state_, loads_, d_.p);
+  }
+
+  // Warpgroups 1 and 2, all their threads: the Consumers' register budget.
+  __device__ __forceinline__ void become_consumer() { ptx::setmaxnreg_inc<kConsumerRegisters>(); }
+
+  // Consumer: this warpgroup's index among the Consumers (0 or 1).
+  __device__ __forceinline__ int consumer() const { return warpgroup_ - 1; }
+
+  // Consumer, tile queue: the next ticket the Producer handed over (kNoTile: the end, or the CTA
+  // gave up). Every consumer thread calls it and gets the same value.
+  __device__ __forceinline__ int take_ticket() {
+    const int ticket = take_queued_ticket(
+        ring_.tile_full(queue_.slot()), queue_.phase(), ring_.tile_slot(queue_.slot()),
+        ring_.tile_empty(queue_.slot()), lane_, queue_.tag(), ring_.abort(), d_.p.wait_timeout_ns);
+    queue_.advance();
+    return ticket;
+  }
+
+  // Consumer: the whole tile: accumulators zeroed (or seeded, F::kSeeded), the K loop, the
+  // epilogue E.
+  __device__ __forceinline__ void consume(const TileInfo& tile) {
+    const int wg = consumer();
+    // Ping-pong: this warpgroup's k-th tile (the CTA's tile 2k + wg) waits for the phase of its
+    // turn barrier that the other warpgroup's previous tile completes; warpgroup 0's first tile
+    // waits for parity 1 of a fresh barrier, which passes at once.
+    const int reader_thread = F::kPingPong ? (static_cast<int>(threadIdx.x) - 128) % 128
+                                           : static_cast<int>(threadIdx.x) - 128;
+    float acc[F::kAcc];
+    init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
+    const std::uint32_t turn_parity = (own_tiles_ & 1u) ^ (wg == 0 ? 1u : 0u);
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity);
+    ++own_tiles_;
+    E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
+  }
+
+  // Consumer, ping-pong: the other warpgroup's tile of `k_blocks` K blocks (its stages).
+  __device__ __forceinline__ void pass_over(int k_blocks) { state_.advance(k_blocks); }
+
+  // Consumer, last: the TMA-store epilogue's bulk stores have read the CTA's shared memory.
+  __device__ __forceinline__ void finish_consuming() const {
+    if constexpr (F::kTmaStore) {
+      if (warp_ == 0 && lane_ == 0) ptx::tma_store_wait<0>();
+    }
+  }
+
+  // One thread, after a CTA barrier that every role reaches once out of its loops: a CTA that gave
+  // up says which wait first did. `lock`: a device word, zero unless a CTA is writing the report.
+  __device__ __forceinline__ void report_timeout(unsigned* lock) const {
+    if (ring_.abort()->aborted != 0) {
+      report_wait_timeout(*ring_.abort(), d_.p.timeout_report, lock, d_.p.wait_timeout_ns);
+    }
+  }
+
+ private:
+  // NOTES: the dynamic shared-memory base rounded up to the 1024-byte alignment that
+  // 128-byte-swizzled wgmma operands need (kSharedBytes has the 1024 bytes for it).
+  __device__ __forceinline__ static std::uint8_t* aligned(std::uint8_t* smem) {
+    const std::uint32_t raw = ptx::smem_addr(smem);
+    return smem + ((raw + 1023u) & ~1023u) - raw;
+  }
+
+  const SharedRing<F> ring_;
+  const GemmDescriptor& d_;
+  const int warpgroup_, warp_, lane_;
+  PipelineState<F::kStages> state_;
+  TileQueueState queue_;
+  ProducerLoads loads_;
+  unsigned own_tiles_ = 0;  // ping-pong: tiles this warpgroup consumed
+};
+
+}  // namespace mok::gemm

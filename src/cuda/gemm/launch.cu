@@ -1,0 +1,499 @@
+// The grouped GEMM launchers (grouped_gemm.hpp): argument checks, tensor maps and the GEMM's
+// descriptor (descriptor.cuh), the choice of consumer schedule and epilogue policy, environment
+// overrides, and the wait-timeout reports. Host code only: the kernel and its instantiations are
+// in src/cuda/kernels/sm90_bf16_grouped_gemm.cu (launch.hpp between the two).
+#include "cuda/gemm/launch.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "cuda/gemm/config.hpp"
+#include "cuda/gemm/descriptor.cuh"
+#include "cuda/gemm/epilogue.cuh"
+#include "cuda/gemm/forms.cuh"
+#include "cuda/gemm/grouped_gemm.hpp"
+#include "cuda/gemm/tensor_map.hpp"
+#include "mok/error.hpp"
+
+namespace mok::gemm {
+
+int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("grouped GEMM: cannot query the current CUDA device");
+  }
+  return device;
+}
+
+namespace {
+
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+void check(bool ok, const std::string& argument, const std::string& expected,
+           const std::string& actual) {
+  if (!ok) throw Error(argument, expected, actual);
+}
+
+void check_aligned(const void* ptr, const char* name) {
+  check(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0, name, "16-byte alignment", to_text(ptr));
+}
+
+void check_multiple_of_64(int v, const char* name) {
+  check(v > 0 && v % 64 == 0, name, "a positive multiple of 64", to_text(v));
+}
+
+void check_segments(const RowSegments& s) {
+  check(s.num_groups >= 1 && s.num_groups <= kMaxGroups, "segments.num_groups",
+        "in [1, " + to_text(kMaxGroups) + "]", to_text(s.num_groups));
+  check(s.capacity_rows >= 0, "segments.capacity_rows", ">= 0", to_text(s.capacity_rows));
+  check((s.starts == nullptr) == (s.rows == nullptr), "segments.starts/rows",
+        "both device pointers or both null (dense)", "one of them null");
+  if (s.starts == nullptr) {
+    check(s.num_groups == 1, "segments.num_groups", "1 for the dense form", to_text(s.num_groups));
+    check(s.dense_rows >= 0 && s.dense_rows <= s.capacity_rows, "segments.dense_rows",
+          "in [0, capacity_rows]", to_text(s.dense_rows));
+  }
+}
+
+// Output checks of the M-grouped plain forms: `out`, or a row scatter in its place.
+void set_output(GemmParams& p, __nv_bfloat16* out, long long ld_out, int n,
+                const RowScatter& scatter) {
+  check(ld_out % 8 == 0 && ld_out >= n, "ld_out", "a multiple of 8 and >= n", to_text(ld_out));
+  if (scatter.rows == nullptr) {
+    check(out != nullptr, "out", "a device pointer", "null");
+    check_aligned(out, "out");
+  } else {
+    check(scatter.peers != nullptr, "scatter.peers", "a device array of destinations", "null");
+    check(scatter.slots > 0 && scatter.slots <= 0x7fffffff, "scatter.slots", "in [1, 2^31)",
+          to_text(scatter.slots));
+    check(ld_out % 8 == 0, "ld_out", "a multiple of 8 (16-byte rows at every slot)",
+          to_text(ld_out));
+  }
+  p.out = out;
+  p.ld_out = ld_out;
+  p.scatter_rows = scatter.rows;
+  p.scatter_slots = static_cast<unsigned>(scatter.slots);
+  p.scatter_peers = scatter.peers;
+}
+
+SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles, int k_blocks) {
+  return SchedulerParams{s.starts,     s.rows,  s.num_groups, s.capacity_rows,
+                         s.dense_rows, m_tiles, n_tiles,      k_blocks};
+}
+
+// Mapped pinned host memory for one WaitTimeoutReport per device, allocated on first use (retried
+// until it succeeds) and never freed: one per process. Portable, so it is mapped in every device's
+// context; with unified addressing (every sm_90 system) the host pointer is the device pointer.
+std::mutex g_reports_mutex;
+std::atomic<WaitTimeoutReport*> g_reports{nullptr};
+
+WaitTimeoutReport* timeout_reports() {
+  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
+  const std::lock_guard<std::mutex> lock(g_reports_mutex);
+  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
+  void* h = nullptr;
+  if (cudaHostAlloc(&h, kMaxDevices * sizeof(WaitTimeoutReport),
+                    cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  std::memset(h, 0, kMaxDevices * sizeof(WaitTimeoutReport));
+  auto* r = static_cast<WaitTimeoutReport*>(h);
+  g_reports.store(r, std::memory_order_release);
+  return r;
+}
+
+// A descriptor with the group tables and the waits set; the maps are the form's to set.
+GemmDescriptor base_descriptor(const RowSegments& s, const WaitOptions& waits) {
+  check(waits.timeout_ns > 0, "waits.timeout_ns", "> 0 nanoseconds", to_text(waits.timeout_ns));
+  check(waits.stall_block >= -1, "waits.stall_block", "-1 (off) or a block index",
+        to_text(waits.stall_block));
+  GemmDescriptor d{};
+  GemmParams& p = d.p;
+  p.sched = scheduler_params(s, 0, 0, 0);
+  p.wait_timeout_ns = waits.timeout_ns;
+  p.stall_block = waits.stall_block;
+  const int device = current_device();
+  WaitTimeoutReport* reports = device < kMaxDevices ? timeout_reports() : nullptr;
+  p.timeout_report = reports != nullptr ? reports + device : nullptr;
+  return d;
+}
+
+// The reports of every device that has one, as text; `take` clears them.
+std::string wait_timeouts(bool take) {
+  const char* const names[] = {"full", "empty", "tile queue full", "tile queue empty",
+                               "ping-pong turn"};
+  WaitTimeoutReport* reports = g_reports.load(std::memory_order_acquire);
+  if (reports == nullptr) return {};
+  const std::lock_guard<std::mutex> lock(g_reports_mutex);
+  std::string text;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    volatile WaitTimeoutReport* r = reports + d;
+    if (r->timed_out == 0) continue;
+    const int id = r->barrier_id;
+    if (!text.empty()) text += "; ";
+    text += "grouped GEMM gave up on device " + to_text(d) + ": barrier " +
+            (id >= 0 && id < 5 ? names[id] : "?") + " (shared offset " + to_text(r->smem_address) +
+            ", parity " + to_text(r->parity) + ") waited past " +
+            to_text(r->timeout_ns / 1000000ull) + " ms in block " + to_text(r->block) +
+            ", thread " + to_text(r->thread);
+    if (take) r->timed_out = 0;
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string take_wait_timeout() {
+  return wait_timeouts(true);
+}
+
+std::string last_wait_timeout() {
+  return wait_timeouts(false);
+}
+
+int persistent_grid_size() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    throw Error("cannot query the multiprocessor count of the current device");
+  }
+  return sms;
+}
+
+namespace {
+
+// A diagnostic override from the environment: `variable` unset, empty or "automatic" gives
+// Enum::automatic, else the choice named (`names[i]` for Enum value i + 1); anything else throws.
+template <class Enum, std::size_t kChoices>
+Enum choice_from_environment(const char* variable, const char* const (&names)[kChoices]) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return Enum::automatic;
+  std::string expected = "automatic";
+  for (std::size_t i = 0; i < kChoices; ++i) {
+    if (std::string(v) == names[i]) return static_cast<Enum>(i + 1);
+    expected += std::string(i + 1 < kChoices ? ", " : " or ") + names[i];
+  }
+  throw Error(variable, expected, v);
+}
+
+// NOTES: MOK_GEMM_CONSUMERS=cooperative|ping_pong replaces the automatic choice in every launch
+// that leaves `consumers` automatic (a diagnostic for layer-level A/B runs). Read once.
+Consumers default_consumers() {
+  static_assert(static_cast<int>(Consumers::ping_pong) == 2, "names in enum order");
+  static const Consumers consumers =
+      choice_from_environment<Consumers>("MOK_GEMM_CONSUMERS", {"cooperative", "ping_pong"});
+  return consumers;
+}
+
+// Runs body(Form<kKind, ping-pong?>{}) for the schedule `requested` resolves to.
+template <FormKind kKind, class Body>
+void with_form(Consumers requested, Body&& body) {
+  Consumers c = requested == Consumers::automatic ? default_consumers() : requested;
+  if (c == Consumers::automatic) {
+    c = kPingPongByDefault[static_cast<int>(kKind)] ? Consumers::ping_pong : Consumers::cooperative;
+  }
+  if (c == Consumers::ping_pong) {
+    body(Form<kKind, true>{});
+  } else {
+    body(Form<kKind, false>{});
+  }
+}
+
+// body(std::true_type{}) or body(std::false_type{}): a launch-level option as a compile-time one.
+template <class Body>
+void with_flag(bool on, Body&& body) {
+  if (on) {
+    body(std::true_type{});
+  } else {
+    body(std::false_type{});
+  }
+}
+
+// Form F with epilogue policy E over `d`.
+template <class F, class E>
+void launch(const GemmDescriptor& d, cudaStream_t stream) {
+  launch_grouped_gemm<F::kind, E>(d, F::kPingPong, stream);
+}
+
+template <class F>
+void gate_up_forward_form(const GateUpForwardArgs& args) {
+  check_segments(args.segments);
+  check_multiple_of_64(args.hidden_size, "hidden_size");
+  check_multiple_of_64(args.intermediate_size, "intermediate_size");
+  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
+        "one of them null");
+  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
+  check_aligned(args.hidden, "hidden");
+  check_aligned(args.gate, "gate");
+  check_aligned(args.up, "up");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
+        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const long long w_rows = static_cast<long long>(s.num_groups) * args.intermediate_size;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.x, s.capacity_rows, args.hidden_size, args.ld_x, F::kBoxRowsA, "x");
+  const CUtensorMap bg = make_tensor_map_bf16(args.w_gate, w_rows, args.hidden_size,
+                                              args.hidden_size, F::kBoxRowsB, "w_gate");
+  const CUtensorMap bu = make_tensor_map_bf16(args.w_up, w_rows, args.hidden_size, args.hidden_size,
+                                              F::kBoxRowsB, "w_up");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = bg;
+  d.b2 = bu;
+  GemmParams& p = d.p;
+  p.sched.n_tiles = ceil_div(args.intermediate_size, F::kOutTileN);
+  p.sched.k_blocks = args.hidden_size / kTileK;
+  p.n = args.intermediate_size;
+  p.b_rows_per_group = args.intermediate_size;
+  p.out = args.hidden;
+  p.ld_out = args.ld_out;
+  p.gate_out = args.gate;
+  p.up_out = args.up;
+  with_flag(args.gate != nullptr, [&](auto pre_activations) {
+    launch<F, epilogue::SwigluForward<pre_activations()>>(d, args.stream);
+  });
+}
+
+template <class F>
+void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
+  check_segments(args.segments);
+  check_multiple_of_64(args.n, "n");
+  check_multiple_of_64(args.k, "k");
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.n,
+                                             args.k, args.k, F::kBoxRowsB, "w");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = d.b2 = b;
+  GemmParams& p = d.p;
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = args.k / kTileK;
+  p.n = args.n;
+  p.b_rows_per_group = args.n;
+  set_output(p, args.out, args.ld_out, args.n, args.scatter);
+  p.row_scale = args.row_scale;
+  with_flag(args.row_scale != nullptr, [&](auto scaled) {
+    with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+      launch<F, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream);
+    });
+  });
+}
+
+template <class F>
+void rows_times_weight_form(const RowsTimesWeightArgs& args) {
+  check_segments(args.segments);
+  check_multiple_of_64(args.n, "n");
+  check_multiple_of_64(args.k, "k");
+  const RowSegments& s = args.segments;
+  const SwigluBackwardEpilogue& sw = args.swiglu;
+  const bool swiglu = sw.d_gate != nullptr;
+  check(swiglu == (sw.gate != nullptr) && swiglu == (sw.up != nullptr) &&
+            swiglu == (sw.d_up != nullptr),
+        "swiglu", "all four of gate, up, d_gate, d_up device pointers, or all null",
+        "some of them null");
+  const bool dual = args.a2 != nullptr;
+  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
+        "one of them null");
+  if (!swiglu) {
+    check(sw.row_scale == nullptr, "swiglu.row_scale",
+          "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.row_scale));
+    check(sw.dot == nullptr, "swiglu.dot",
+          "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.dot));
+  }
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a =
+      make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
+                                             args.n, args.n, F::kBoxRowsB, "w");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = d.b2 = b;
+  GemmParams& p = d.p;
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = (dual ? 2 : 1) * (args.k / kTileK);
+  p.k_blocks_first = dual ? args.k / kTileK : 0;
+  p.n = args.n;
+  p.b_rows_per_group = args.k;
+  if (swiglu) {
+    check(args.scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
+    check(!args.out_fp32, "out_fp32", "false with the SwiGLU epilogue (dg and du are bf16)",
+          "true");
+    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+          to_text(args.ld_out));
+    check_aligned(sw.gate, "swiglu.gate");
+    check_aligned(sw.up, "swiglu.up");
+    check_aligned(sw.d_gate, "swiglu.d_gate");
+    check_aligned(sw.d_up, "swiglu.d_up");
+    check(reinterpret_cast<std::uintptr_t>(sw.row_scale) % 4 == 0, "swiglu.row_scale",
+          "4-byte alignment", to_text(sw.row_scale));
+    check(reinterpret_cast<std::uintptr_t>(sw.dot) % 4 == 0, "swiglu.dot", "4-byte alignment",
+          to_text(sw.dot));
+    p.ld_out = args.ld_out;
+    p.swiglu_gate = sw.gate;
+    p.swiglu_up = sw.up;
+    p.d_gate = sw.d_gate;
+    p.d_up = sw.d_up;
+    p.row_scale = sw.row_scale;
+    p.swiglu_dot = sw.dot;
+  } else if (args.out_fp32) {
+    check(args.scatter.rows == nullptr, "scatter.rows",
+          "null with out_fp32 (a scatter stores bf16)", "set");
+    check(args.out != nullptr, "out", "a device pointer", "null");
+    check_aligned(args.out, "out");
+    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+          to_text(args.ld_out));
+    p.out = args.out;
+    p.ld_out = args.ld_out;
+  } else {
+    set_output(p, static_cast<__nv_bfloat16*>(args.out), args.ld_out, args.n, args.scatter);
+  }
+  if (dual) {
+    d.a2 = make_tensor_map_bf16(args.a2, s.capacity_rows, args.k, args.ld_a2, F::kBoxRowsA, "a2");
+    d.b2 = make_tensor_map_bf16(args.w2, static_cast<long long>(s.num_groups) * args.k, args.n,
+                                args.n, F::kBoxRowsB, "w2");
+  }
+  if (swiglu) {
+    with_flag(sw.row_scale != nullptr, [&](auto scaled) {
+      with_flag(sw.dot != nullptr, [&](auto dot) {
+        launch<F, epilogue::SwigluBackward<scaled(), dot()>>(d, args.stream);
+      });
+    });
+  } else if (args.out_fp32) {
+    launch<F, epilogue::RowsFp32>(d, args.stream);
+  } else {
+    with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+      launch<F, epilogue::RowsBf16<false, scattered()>>(d, args.stream);
+    });
+  }
+}
+
+// NOTES: MOK_GEMM_WGRAD_ORDER=fixed|tickets replaces the automatic choice in every launch that
+// leaves `order` automatic (a diagnostic: the layer's A/B of docs/perf/NOTES.md v4). Read once.
+TileOrder default_wgrad_order() {
+  static_assert(static_cast<int>(TileOrder::tickets) == 2, "names in enum order");
+  static const TileOrder order =
+      choice_from_environment<TileOrder>("MOK_GEMM_WGRAD_ORDER", {"fixed", "tickets"});
+  return order;
+}
+
+template <class F>
+void weight_grad_form(const WeightGradArgs& args) {
+  check_segments(args.segments);
+  check_multiple_of_64(args.m, "m");
+  check_multiple_of_64(args.n, "n");
+  check(args.out != nullptr, "out", "a device pointer", "null");
+  check_aligned(args.out, "out");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+        to_text(args.ld_out));
+  const RowSegments& s = args.segments;
+  // NOTES: with no rows the outputs are still written (zeros); the maps then cover one row that
+  // is never read.
+  const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;
+  const CUtensorMap a = make_tensor_map_bf16(args.a, rows, args.m, args.ld_a, F::kBoxRowsA, "a");
+  const CUtensorMap b = make_tensor_map_bf16(args.b, rows, args.n, args.ld_b, F::kBoxRowsB, "b");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = d.b2 = b;
+  GemmParams& p = d.p;
+  p.sched.m_tiles = ceil_div(args.m, kTileM);
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.m = args.m;
+  p.n = args.n;
+  p.out = args.out;
+  p.ld_out = args.ld_out;
+  p.out_group_stride = static_cast<long long>(args.m) * args.ld_out;
+  check(!args.accumulate || args.out_fp32, "accumulate", "an fp32 output (out_fp32)",
+        "a bf16 output");
+  const PassPlan& plan = args.passes;
+  if (plan.steps == nullptr) {
+    check(!args.continue_reduction || args.out_fp32, "continue_reduction",
+          "an fp32 output (out_fp32), or a pass plan (passes.steps)", "a bf16 output");
+    check(!(args.accumulate && args.continue_reduction), "accumulate/continue_reduction",
+          "at most one of them without a pass plan", "both");
+  } else {
+    // NOTES: the plan's slots are [m, n] fp32 matrices with ld n; plain launches write them
+    // (kOpen), continued ones read and write them.
+    check(plan.slots >= 0, "passes.slots", ">= 0", to_text(plan.slots));
+    check(plan.slots == 0 || plan.carry != nullptr, "passes.carry",
+          "a device pointer to passes.slots fp32 [m, n] matrices", "null");
+    check_aligned(plan.carry, "passes.carry");
+    p.sched.steps = plan.steps;
+    p.sched.first_step = args.continue_reduction ? kCarry : kWhole;
+    p.sched.slots = plan.slots;
+    p.carry = plan.carry;
+  }
+  // NOTES: the counter pair is the caller's (WeightGradArgs::tickets), so no two launches share
+  // one unless the caller says so: launches in flight at once each have their own.
+  const TileOrder order = args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
+  if (args.tickets == nullptr) {
+    check(args.order != TileOrder::tickets, "WeightGradArgs.tickets",
+          "2 zeroed words of device memory (order = TileOrder::tickets draws tiles from them)",
+          "null");
+    check(order != TileOrder::tickets, "MOK_GEMM_WGRAD_ORDER",
+          "fixed or automatic for a launch without WeightGradArgs.tickets", "tickets");
+  }
+  check(reinterpret_cast<std::uintptr_t>(args.tickets) % 4 == 0, "WeightGradArgs.tickets",
+        "4-byte alignment", to_text(args.tickets));
+  p.tickets = args.tickets;
+  p.tile_order = static_cast<int>(args.tickets == nullptr ? TileOrder::fixed : order);
+  if constexpr (F::kTmaStore) {
+    if (!args.out_fp32) {
+      // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are m rows apart.
+      d.out = make_tensor_map_bf16(args.out, static_cast<long long>(s.num_groups) * args.m, args.n,
+                                   args.ld_out, 64, "out");
+    }
+  }
+  using epilogue::GradOut;
+  if (!args.out_fp32) {
+    launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream);
+  } else if (args.accumulate) {
+    launch<F, epilogue::WeightGrad<GradOut::fp32_add>>(d, args.stream);
+  } else {
+    launch<F, epilogue::WeightGrad<GradOut::fp32>>(d, args.stream);
+  }
+}
+
+}  // namespace
+
+void gate_up_forward(const GateUpForwardArgs& args) {
+  with_form<FormKind::kGateUp>(args.consumers,
+                               [&](auto f) { gate_up_forward_form<decltype(f)>(args); });
+}
+
+void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
+  with_form<FormKind::kRowsWT>(args.consumers,
+                               [&](auto f) { rows_times_weight_t_form<decltype(f)>(args); });
+}
+
+void rows_times_weight(const RowsTimesWeightArgs& args) {
+  with_form<FormKind::kRowsW>(args.consumers,
+                              [&](auto f) { rows_times_weight_form<decltype(f)>(args); });
+}
+
+void weight_grad(const WeightGradArgs& args) {
+  if (args.continue_reduction) {
+    with_form<FormKind::kWeightGradContinued>(args.consumers,
+                                              [&](auto f) { weight_grad_form<decltype(f)>(args); });
+  } else {
+    with_form<FormKind::kWeightGrad>(args.consumers,
+                                     [&](auto f) { weight_grad_form<decltype(f)>(args); });
+  }
+}
+
+}  // namespace mok::gemm
