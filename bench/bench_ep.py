@@ -7,9 +7,9 @@
 
 Every rank holds its own T tokens and E/W experts. Implementations, forward and forward+backward:
   mok         mok.moe with a workspace of the EP group (mok.functional.get_workspace(config,
-              group, ...)): today the CPU form (gloo, mok's CPU reference backend); on CUDA mok
-              refuses a group of several ranks until the GPU form of issue 14 lands, and the
-              script says so and times the others
+              group, ...)): on CUDA the device moves the rows through PyTorch symmetric memory
+              (no NVLink multicast); on the CPU the host form (gloo, mok's CPU reference
+              backend). Where mok refuses the group, the script says why and times the others
   torch       the layer a user would write today: all_to_all_single dispatch of the routed rows to
               their experts' ranks (split sizes exchanged first: a host synchronisation), the
               PyTorch expert computation of bench_layer.py (bench/torch_moe.py, grouped_mm),
@@ -51,6 +51,7 @@ from mok import functional as mf  # noqa: E402
 CASES = {
     "dsv3-ep8slice": (4096, 7168, 2048, 256, 8, 2048),  # DeepSeek-V3 at EP 8: 32 experts a rank
     "qwen3-30b-a3b": (16384, 2048, 768, 128, 8, 0),
+    "mixtral-8x7b": (8192, 4096, 14336, 8, 2, 0),  # 8 experts: W <= 8
     "small": (2048, 1024, 512, 64, 6, 0),
     "cpu-smoke": (256, 256, 128, 16, 2, 0),  # seconds on a CPU: a check of the script
 }
@@ -274,10 +275,14 @@ def main():
     if args.quick:
         args.reps, args.warmup = QUICK["reps"], QUICK["warmup"]
     cases = args.cases.split(",") if args.cases else (
-        ["cpu-smoke"] if args.device == "cpu" else ["small", "qwen3-30b-a3b", "dsv3-ep8slice"])
+        ["cpu-smoke"] if args.device == "cpu" else
+        ["small", "qwen3-30b-a3b", "dsv3-ep8slice", "mixtral-8x7b"])
+    world = int(os.environ.get("WORLD_SIZE", 1))
     for c in cases:
         if c not in CASES:
             parser.error(f"unknown case {c!r} (one of {', '.join(CASES)})")
+        if CASES[c][3] % world != 0:
+            parser.error(f"case {c}: {CASES[c][3]} experts do not split over {world} ranks")
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
