@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from timing import event_ms  # noqa: E402
 from torch_moe import prepare_weights, torch_moe  # noqa: E402
 
 import mok  # noqa: E402
@@ -153,12 +154,7 @@ def slowest_median_ms(fn, reps, warmup, device, group):
         dist.barrier(group=group)
         sync()
         if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
+            times.append(event_ms(fn))
         else:
             start = time.perf_counter()
             fn()

@@ -4,6 +4,16 @@ import time
 import torch
 
 
+def event_ms(fn):
+    """One call of fn() between two CUDA events, in ms (waits for the second)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def median_ms(fn, reps=20, warmup=5, warmup_s=0.0):
     """Median over `reps` calls of fn(), each between two CUDA events, after `warmup` calls and,
     with `warmup_s`, after calls back to back for that many seconds. NOTES: the H200 holds its
@@ -16,13 +26,5 @@ def median_ms(fn, reps=20, warmup=5, warmup_s=0.0):
     while time.perf_counter() - start < warmup_s:
         fn()
         torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    times = sorted(event_ms(fn) for _ in range(reps))
     return times[len(times) // 2]
