@@ -21,6 +21,21 @@
 namespace mok::test {
 namespace {
 
+// The external-team tests run several ranks of one team in this process, each on its own streams
+// (a main stream and the layer's weight-gradient side streams: 4 per rank), and a rank's
+// device-side team barrier spins until every other rank's barrier kernel has run. CUDA maps a
+// context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default): with 16
+// streams, two ranks' streams can share a queue, and a rank's barrier kernel then waits behind
+// another rank's spinning one (seen once in two H200 runs at W = 4, 9f596aa: every rank timed out
+// after 20 s waiting for rank 2, cleanly). The most the driver allows gives each stream of the
+// test its own queue. It is read when the context is created, so it is set before main. NOTES:
+// one process per GPU (the layout of a training job) has one rank per context and no such
+// sharing. An explicit setting in the environment wins.
+[[maybe_unused]] const bool kConnectionsSet = [] {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  return true;
+}();
+
 using cuda::DeviceContext;
 using cuda::DeviceLayer;
 using cuda::DeviceTensor;
