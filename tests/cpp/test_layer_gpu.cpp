@@ -1,6 +1,7 @@
 // The CUDA layer (unfused path) end to end: forward and every gradient against the exact f64
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
@@ -20,21 +21,6 @@
 
 namespace mok::test {
 namespace {
-
-// The external-team tests run several ranks of one team in this process, each on its own streams
-// (a main stream and the layer's weight-gradient side streams: 4 per rank), and a rank's
-// device-side team barrier spins until every other rank's barrier kernel has run. CUDA maps a
-// context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default): with 16
-// streams, two ranks' streams can share a queue, and a rank's barrier kernel then waits behind
-// another rank's spinning one (seen once in two H200 runs at W = 4, 9f596aa: every rank timed out
-// after 20 s waiting for rank 2, cleanly). The most the driver allows gives each stream of the
-// test its own queue. It is read when the context is created, so it is set before main. NOTES:
-// one process per GPU (the layout of a training job) has one rank per context and no such
-// sharing. An explicit setting in the environment wins.
-[[maybe_unused]] const bool kConnectionsSet = [] {
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
-  return true;
-}();
 
 using cuda::DeviceContext;
 using cuda::DeviceLayer;
@@ -581,61 +567,98 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // allocates, called from its own host thread on its own stream, so the ranks meet only through
 // the device-side team barriers at system scope (the schedule's, and the layer's between
 // staging and pulls, pushes and home reductions). Bitwise one GPU running the whole layer.
+//
+// NOTES: CUDA does not promise that kernels of different streams run at the same time, and a
+// rank's barrier kernel spins until the others' have run. On the H200 a rank's first barrier was
+// now and then never joined by another rank's within the timeout (9f596aa: W 4; ad4f36e: W 2 and
+// W 4, also with CUDA_DEVICE_MAX_CONNECTIONS=32), while the same cases passed in other runs and
+// iterations in about 100 ms. That is a limit of simulating ranks on one GPU, not of the protocol
+// (one process per GPU runs each rank's kernels on its own device). So an attempt that ends in a
+// timeout report "rank r did not arrive" on every failing rank, with no other error, is retried on
+// fresh regions and layers, at most kAttempts times; the bits are checked on the attempt without
+// a timeout. Any other error fails at once, and so does a case that times out on every attempt
+// (a protocol that deadlocks). The retries are printed.
 TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
   MOK_SKIP_WITHOUT_GPU();
+  constexpr int kAttempts = 4;
+  constexpr std::uint64_t kTimeoutMs = 3000;  // a passing attempt takes about 0.1 s
   const std::int64_t T = 48, H = 128, I = 128, E = 16, k = 4, S = 64;
   const std::uint64_t seed = test_seed() + 77;
   for (int W : {2, 4}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      const std::string what =
+          "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
       EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 13);
       LayerData &one = c.one, &many = c.many;
       const Problem& p = c.rank;
-      DeviceLayer g(many);
-      std::vector<std::unique_ptr<DeviceTensor>> scratch;
-      std::vector<std::unique_ptr<DeviceContext>> contexts;
-      std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
-      const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
-      std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
-      std::vector<void*> bases;
-      for (int r = 0; r < W; ++r) {
-        regions.push_back(
-            std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
-        bases.push_back(regions.back()->get());
+      bool clean = false;
+      for (int attempt = 1; attempt <= kAttempts && !clean; ++attempt) {
+        DeviceLayer g(many);  // fresh, poisoned outputs
+        std::vector<std::unique_ptr<DeviceTensor>> scratch;
+        std::vector<std::unique_ptr<DeviceContext>> contexts;
+        std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+        const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
+        std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
+        std::vector<void*> bases;
+        for (int r = 0; r < W; ++r) {
+          regions.push_back(
+              std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
+          bases.push_back(regions.back()->get());
+        }
+        std::vector<std::unique_ptr<cuda::UnfusedLayer>> layers;
+        for (int r = 0; r < W; ++r) {
+          Problem mine = p;
+          mine.ep_rank = r;
+          layers.push_back(std::make_unique<cuda::UnfusedLayer>(
+              mine, Config{}, 0, cuda::ExternalRank{bases, kTimeoutMs}));
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists
+        std::vector<cudaStream_t> streams(W);
+        for (cudaStream_t& s : streams) {
+          ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        }
+        std::vector<std::string> failures(W);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < W; ++r) {
+          threads.emplace_back([&, r] {
+            try {
+              const std::span<const cuda::RankTensors> mine(&ranks[r], 1);
+              layers[r]->forward(mine, true, streams[r]);
+              layers[r]->backward(mine, BackwardOptions{}, streams[r]);
+              if (cudaStreamSynchronize(streams[r]) != cudaSuccess) failures[r] = "sync";
+              layers[r]->check_errors(streams[r]);
+            } catch (const std::exception& e) {
+              failures[r] = e.what();
+            }
+          });
+        }
+        for (std::thread& t : threads) t.join();
+        for (cudaStream_t s : streams) cudaStreamDestroy(s);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess) << what;
+        bool any = false, only_stalls = true;
+        for (const std::string& f : failures) {
+          if (f.empty()) continue;
+          any = true;
+          only_stalls = only_stalls && f.find("timed out") != std::string::npos &&
+                        f.find("did not arrive") != std::string::npos;
+        }
+        if (!any) {
+          clean = true;
+          g.download(many);
+          expect_single_gpu_bits(one, many, what);
+          break;
+        }
+        std::string all;
+        for (int r = 0; r < W; ++r) {
+          if (!failures[r].empty()) all += "\n  rank " + std::to_string(r) + ": " + failures[r];
+        }
+        ASSERT_TRUE(only_stalls) << what << ", attempt " << attempt << ":" << all;
+        std::printf("[ mok ] %s, attempt %d of %d: a rank's kernels did not run beside another's "
+                    "in time (no co-scheduling between streams); retrying:%s\n",
+                    what.c_str(), attempt, kAttempts, all.c_str());
       }
-      std::vector<std::unique_ptr<cuda::UnfusedLayer>> layers;
-      for (int r = 0; r < W; ++r) {
-        Problem mine = p;
-        mine.ep_rank = r;
-        layers.push_back(std::make_unique<cuda::UnfusedLayer>(
-            mine, Config{}, 0, cuda::ExternalRank{bases, 20000}));
-      }
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists: the host barrier
-      std::vector<cudaStream_t> streams(W);
-      for (cudaStream_t& s : streams) {
-        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-      }
-      std::vector<std::string> failures(W);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < W; ++r) {
-        threads.emplace_back([&, r] {
-          try {
-            const std::span<const cuda::RankTensors> mine(&ranks[r], 1);
-            layers[r]->forward(mine, true, streams[r]);
-            layers[r]->backward(mine, BackwardOptions{}, streams[r]);
-            if (cudaStreamSynchronize(streams[r]) != cudaSuccess) failures[r] = "sync";
-            layers[r]->check_errors(streams[r]);
-          } catch (const std::exception& e) {
-            failures[r] = e.what();
-          }
-        });
-      }
-      for (std::thread& t : threads) t.join();
-      for (cudaStream_t s : streams) cudaStreamDestroy(s);
-      const std::string what =
-          "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
-      for (int r = 0; r < W; ++r) EXPECT_EQ(failures[r], "") << what << ", rank " << r;
-      g.download(many);
-      expect_single_gpu_bits(one, many, what);
+      EXPECT_TRUE(clean) << what << ": every one of " << kAttempts
+                         << " attempts timed out (a protocol that deadlocks?)";
     }
   }
 }
