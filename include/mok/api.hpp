@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,15 @@ struct Inputs {
 struct Weights {
   TensorView gate, up, down;                       // routed experts held by this rank
   TensorView shared_gate, shared_up, shared_down;  // absent (default) when S == 0
+  // Clamped SwiGLU (MoK's swiglu_limit): absent, the plain silu(g) * u; L, silu(min(g, L)) *
+  // clamp(u, -L, L) in every expert, the shared one included (core/numerics.hpp has the
+  // gradients). A finite positive float; anything else raises mok::Error naming the value.
+  // NOTES: it lives here, beside the weights, because it is part of the expert function F_e the
+  // weights define, and MoK passes it on each forward, backward and recompute call. Not in
+  // Config (whose knobs never change the result, and which is fixed when the workspace is made)
+  // nor in Problem (the shape that sizes the workspace): layers of one shape share a workspace
+  // whatever their limits. The forward context records it; backward refuses another limit.
+  std::optional<float> swiglu_limit;
 };
 
 struct Grads {
@@ -71,6 +81,7 @@ struct Grads {
 struct ContextKey {
   static constexpr int kTensors = 9;
   std::array<const void*, kTensors> tensors{};
+  std::optional<float> swiglu_limit;  // Weights::swiglu_limit of the recording call
   bool recorded = false;  // false: nothing recorded (the context's pairing is the caller's)
 };
 

@@ -211,6 +211,7 @@ ContextKey key_of(const Inputs& in, const Weights& w) {
   k.tensors = {in.x.data,  in.topk_experts.data, in.topk_weights.data,
                w.gate.data, w.up.data,            w.down.data,
                w.shared_gate.data, w.shared_up.data, w.shared_down.data};
+  k.swiglu_limit = w.swiglu_limit;
   k.recorded = true;
   return k;
 }
@@ -238,6 +239,14 @@ void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w) {
                     kKeyNames[i],
                 std::string("a context computed from another ") + kKeyNames[i] + " (" +
                     to_text(recorded.tensors[i]) + ", not " + to_text(now.tensors[i]) + ")");
+  }
+  // The context keeps g and u unclamped and h clamped: gradients under another limit would be
+  // silently wrong.
+  if (recorded.swiglu_limit != now.swiglu_limit) {
+    auto text = [](const std::optional<float>& l) { return l ? to_text(*l) : std::string("None"); };
+    throw Error("swiglu_limit",
+                "the forward context's swiglu_limit = " + text(recorded.swiglu_limit),
+                text(now.swiglu_limit));
   }
 }
 

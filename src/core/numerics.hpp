@@ -63,4 +63,58 @@ __device__ inline void swiglu_backward_fast(float g, float u, float dh, float* d
 }
 #endif
 
+// Clamped SwiGLU (`swiglu_limit`, MoK's semantics, as DeepSeek-V4-style models use it), L > 0
+// finite. MoK clamps the gate from above only and the up projection on both sides, before the
+// SiLU, and keeps g and u themselves unclamped in the forward context (backward clamps again):
+//   gc = min(g, L)           uc = min(max(u, -L), L)
+//   h  = silu(gc) * uc
+// Gradients, as torch.clamp's (the derivative of the clamp is 1 on the closed interval, the
+// boundary included, and 0 outside it):
+//   dg = g <= L        ? dh * uc * silu'(gc) : 0      silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+//   du = -L <= u <= L  ? dh * silu(gc)       : 0
+// (Inside the interval gc = g and uc = u: the unclamped expressions.) min and max are fmin and
+// fmax: a NaN g or u takes the limit, as in MoK's kernels, and its gradient is 0 (the comparison
+// is false). Read in MoK's csrc/megakernel/swiglu.cuh (swiglu_bwd_pair, swiglu_fwd_kernel) and
+// its test reference tests/utils.py (run_swiglu_reference: clamp(max=L) on the gate,
+// clamp(-L, L) on up, autograd for the backward). The limit is an fp32 value everywhere (MoK's
+// kernels take a float); the f64 reference compares against the same value.
+template <typename Real>
+MOK_HOST_DEVICE inline Real clamp_gate(Real g, Real limit) {
+  return fmin(g, limit);
+}
+template <typename Real>
+MOK_HOST_DEVICE inline Real clamp_up(Real u, Real limit) {
+  return fmin(fmax(u, -limit), limit);
+}
+
+template <typename Real>
+MOK_HOST_DEVICE inline Real swiglu_clamped(Real g, Real u, Real limit) {
+  return swiglu(clamp_gate(g, limit), clamp_up(u, limit));
+}
+
+template <typename Real>
+MOK_HOST_DEVICE inline void swiglu_backward_clamped(Real g, Real u, Real dh, Real limit, Real* dg,
+                                                    Real* du) {
+  Real a, b;
+  swiglu_backward(clamp_gate(g, limit), clamp_up(u, limit), dh, &a, &b);
+  *dg = g <= limit ? a : Real(0);
+  *du = (u >= -limit && u <= limit) ? b : Real(0);
+}
+
+#if defined(__CUDACC__)
+// The epilogues' forms of the two above (sigmoid_fast); the unclamped epilogues call
+// swiglu_fast / swiglu_backward_fast, untouched.
+__device__ inline float swiglu_clamped_fast(float g, float u, float limit) {
+  return swiglu_fast(fminf(g, limit), fminf(fmaxf(u, -limit), limit));
+}
+
+__device__ inline void swiglu_backward_clamped_fast(float g, float u, float dh, float limit,
+                                                    float* dg, float* du) {
+  float a, b;
+  swiglu_backward_fast(fminf(g, limit), fminf(fmaxf(u, -limit), limit), dh, &a, &b);
+  *dg = g <= limit ? a : 0.0f;
+  *du = (u >= -limit && u <= limit) ? b : 0.0f;
+}
+#endif
+
 }  // namespace mok::numerics

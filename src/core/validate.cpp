@@ -1,5 +1,6 @@
 #include "core/validate.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -82,7 +83,15 @@ void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, 
   check_weights(p, act, device, w, use);
 }
 
+void check_swiglu_limit(const std::optional<float>& limit) {
+  if (!limit) return;
+  if (!(std::isfinite(*limit) && *limit > 0.0f)) {
+    throw Error("swiglu_limit", "None or a finite positive number", to_text(*limit));
+  }
+}
+
 void check_weights(const Problem& p, DType act, Device device, const Weights& w, InputUse use) {
+  check_swiglu_limit(w.swiglu_limit);
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, E = p.num_local_experts(),
                      S = p.shared_intermediate_size;
   const bool optional = use == InputUse::context_only;

@@ -33,6 +33,9 @@ void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, 
 void check_weights(const Problem& p, DType act, Device device, const Weights& w,
                    InputUse use = InputUse::forward);
 
+// Weights::swiglu_limit, when present: a finite positive float (the error names the value).
+void check_swiglu_limit(const std::optional<float>& limit);
+
 // `v` (when present) starts at a multiple of 16 bytes; the error names the view and its address.
 void check_aligned_16(const char* name, const TensorView& v);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "core/bf16.hpp"
@@ -88,16 +89,26 @@ void linear(ThreadPool& pool, std::int64_t rows, std::int64_t out, std::int64_t 
 
 // One SwiGLU expert's forward over `rows` gathered rows `xr` [rows, H]:
 // g, u [rows, N] rounded, h [rows, N], and (when `y` is not null) y [rows, H] rounded.
+// `limit`: Weights::swiglu_limit. Clamped, h = bf16(silu(min(g, L)) * clamp(u, -L, L)) from the
+// rounded g and u, which stay unclamped in the context (numerics::swiglu_clamped has the
+// semantics and the gradients).
 template <typename Real>
 void expert_forward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::int64_t N,
                     const Real* xr, const Real* w_gate, const Real* w_up, const Real* w_down,
-                    Real* g, Real* u, Real* h, Real* y) {
+                    Real* g, Real* u, Real* h, Real* y, std::optional<float> limit) {
   linear<Real>(pool, rows, N, H, xr, w_gate, g);
   linear<Real>(pool, rows, N, H, xr, w_up, u);
   for (std::int64_t i = 0; i < rows * N; ++i) {
     g[i] = store_round(g[i]);
     u[i] = store_round(u[i]);
-    h[i] = store_round(numerics::swiglu(g[i], u[i]));
+  }
+  if (limit) {
+    const Real L = static_cast<Real>(*limit);
+    for (std::int64_t i = 0; i < rows * N; ++i) {
+      h[i] = store_round(numerics::swiglu_clamped(g[i], u[i], L));
+    }
+  } else {
+    for (std::int64_t i = 0; i < rows * N; ++i) h[i] = store_round(numerics::swiglu(g[i], u[i]));
   }
   if (y == nullptr) return;
   linear<Real>(pool, rows, H, N, h, w_down, y);
@@ -112,8 +123,8 @@ template <typename Real>
 void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::int64_t N,
                      const Real* xr, const Real* g, const Real* u, const Real* h,
                      const Real* d_outr, const Real* row_w, const Real* w_gate, const Real* w_up,
-                     const Real* w_down, Real* dx, Real* d_gate, Real* d_up, Real* d_down,
-                     Real* dw) {
+                     const Real* w_down, Real* dx, Real* d_gate, Real* d_up, Real* d_down, Real* dw,
+                     std::optional<float> limit) {
   std::vector<Real> dh(rows * N), dg(rows * N), du(rows * N);
   // dh_u = d_out W_down: A = d_outr [rows, H], B(k = h, n = i) = W_down[h, i].
   gemm<Real>(pool, {rows, N, H, d_outr, H, 1, w_down, N, 1, dh.data(), N});
@@ -126,9 +137,15 @@ void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::i
     }
     if (dw != nullptr) dw[r] = dot;
   }
+  // Clamped (`limit`): dg, du = bf16(swiglu_backward_clamped(g, u, dh, L)), zero where the
+  // clamp was active (g > L; |u| > L).
   for (std::int64_t i = 0; i < rows * N; ++i) {
     Real a, b;
-    numerics::swiglu_backward(g[i], u[i], dh[i], &a, &b);
+    if (limit) {
+      numerics::swiglu_backward_clamped(g[i], u[i], dh[i], static_cast<Real>(*limit), &a, &b);
+    } else {
+      numerics::swiglu_backward(g[i], u[i], dh[i], &a, &b);
+    }
     dg[i] = store_round(a);
     du[i] = store_round(b);
   }
@@ -196,7 +213,7 @@ void routed_forward(State& st, const Problem& p, const std::vector<Real>& x,
     const auto wu = load_range<Real>(w.up, e * I * H, I * H);
     const auto wd = with_y ? load_range<Real>(w.down, e * H * I, H * I) : std::vector<Real>();
     expert_forward<Real>(st.pool, rows, H, I, xr.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                         u.data(), h.data(), with_y ? y.data() : nullptr);
+                         u.data(), h.data(), with_y ? y.data() : nullptr, w.swiglu_limit);
     for (std::int64_t r = 0; r < rows; ++r) {
       store_rows<Real>(ctx.gate_routed, slots[r], I, &g[r * I]);
       store_rows<Real>(ctx.up_routed, slots[r], I, &u[r * I]);
@@ -220,7 +237,7 @@ std::vector<Real> shared_forward(State& st, const Problem& p, const std::vector<
   const auto wu = load_range<Real>(w.shared_up, 0, S * H);
   const auto wd = with_out ? load_range<Real>(w.shared_down, 0, H * S) : std::vector<Real>();
   expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                       u.data(), h.data(), with_out ? shared_out.data() : nullptr);
+                       u.data(), h.data(), with_out ? shared_out.data() : nullptr, w.swiglu_limit);
   for (std::int64_t t = 0; t < T; ++t) {
     store_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
     store_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
@@ -311,7 +328,7 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
     std::vector<Real> d_gate(I * H), d_up(I * H), d_down(H * I);
     expert_backward<Real>(st.pool, rows, H, I, xr.data(), g.data(), u.data(), h.data(),
                           d_outr.data(), row_w.data(), wg.data(), wu.data(), wd.data(), dx.data(),
-                          d_gate.data(), d_up.data(), d_down.data(), dw.data());
+                          d_gate.data(), d_up.data(), d_down.data(), dw.data(), w.swiglu_limit);
     for (std::int64_t r = 0; r < rows; ++r) emit(slots[r], &dx[r * H], dw[r]);
     write_weight_grad<Real>(grads.d_gate, e * I * H, d_gate, acc_w);
     write_weight_grad<Real>(grads.d_up, e * I * H, d_up, acc_w);
@@ -341,7 +358,7 @@ std::vector<Real> shared_backward(State& st, const Problem& p, const std::vector
   std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
   expert_backward<Real>(st.pool, T, H, S, x.data(), g.data(), u.data(), h.data(), d_out.data(),
                         nullptr, wg.data(), wu.data(), wd.data(), shared_dx.data(), d_gate.data(),
-                        d_up.data(), d_down.data(), nullptr);
+                        d_up.data(), d_down.data(), nullptr, w.swiglu_limit);
   write_weight_grad<Real>(grads.d_shared_gate, 0, d_gate, acc_w);
   write_weight_grad<Real>(grads.d_shared_up, 0, d_up, acc_w);
   write_weight_grad<Real>(grads.d_shared_down, 0, d_down, acc_w);

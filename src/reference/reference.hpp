@@ -4,6 +4,8 @@
 //   forward, per routed row (t, j) with expert e, and likewise for the shared expert (w = 1):
 //     g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T)      fp32 accumulation, kept as context
 //     h = bf16(silu(g) * u)                                from the rounded g and u, kept
+//       (with Weights::swiglu_limit L: h = bf16(silu(min(g, L)) * clamp(u, -L, L)), g and u kept
+//       unclamped; numerics::swiglu_clamped)
 //     y = bf16(h W_down[e]^T)                              the "combine" row
 //     out[t] = bf16(s[t] + sum_j w[t,j] * y[t,j])          fp32, fma, increasing j; s =
 //     bf16(shared)
@@ -12,7 +14,7 @@
 //     d_w[t,j] = <dh_u, h>                                 fp32, increasing i (= <d_out, y>
 //                                                          before rounding; MoK's expert-side form)
 //     dh = bf16(w[t,j] * dh_u)
-//     dg, du = bf16(swiglu_backward(g, u, dh))
+//     dg, du = bf16(swiglu_backward(g, u, dh))           (clamped: swiglu_backward_clamped)
 //     dx_row = bf16(dg W_gate[e] + du W_up[e])             one fp32 accumulator over gate then up
 //     d_x[t] = bf16(ds_x[t] + sum_j dx_row[t,j])           fp32, increasing j
 //     dy = bf16(w[t,j] * d_out[t])

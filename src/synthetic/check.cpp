@@ -162,16 +162,36 @@ void matvec_t_add(const Mat& m, const std::vector<double>& v, std::vector<double
 
 struct ExpertMats {
   Mat gate, up, down;  // [N, H], [N, H], [H, N]
+  std::optional<float> swiglu_limit;
 };
+
+// The layer's activation and its gradients in f64, plain or clamped (Weights::swiglu_limit).
+double activation(const std::optional<float>& limit, double g, double u) {
+  return limit ? numerics::swiglu_clamped(g, u, double{*limit}) : numerics::swiglu(g, u);
+}
+void activation_backward(const std::optional<float>& limit, double g, double u, double dh,
+                         double* dg, double* du) {
+  if (limit) {
+    numerics::swiglu_backward_clamped(g, u, dh, double{*limit}, dg, du);
+  } else {
+    numerics::swiglu_backward(g, u, dh, dg, du);
+  }
+}
 
 ExpertMats routed_mats(const LayerData& d, std::int64_t e) {
   const std::int64_t H = d.problem.hidden_size, I = d.problem.intermediate_size;
-  return {{&d.gate, e * I * H, I, H}, {&d.up, e * I * H, I, H}, {&d.down, e * H * I, H, I}};
+  return {{&d.gate, e * I * H, I, H},
+          {&d.up, e * I * H, I, H},
+          {&d.down, e * H * I, H, I},
+          d.swiglu_limit};
 }
 
 ExpertMats shared_mats(const LayerData& d) {
   const std::int64_t H = d.problem.hidden_size, S = d.problem.shared_intermediate_size;
-  return {{&d.shared_gate, 0, S, H}, {&d.shared_up, 0, S, H}, {&d.shared_down, 0, H, S}};
+  return {{&d.shared_gate, 0, S, H},
+          {&d.shared_up, 0, S, H},
+          {&d.shared_down, 0, H, S},
+          d.swiglu_limit};
 }
 
 // One expert on one row: output y, and (given dy) the row's dx contribution.
@@ -179,13 +199,13 @@ void expert_row(const ExpertMats& m, const std::vector<double>& x, const std::ve
                 std::vector<double>* y, std::vector<double>* dx) {
   const auto g = matvec(m.gate, x), u = matvec(m.up, x);
   std::vector<double> h(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) h[i] = numerics::swiglu(g[i], u[i]);
+  for (std::size_t i = 0; i < g.size(); ++i) h[i] = activation(m.swiglu_limit, g[i], u[i]);
   if (y) *y = matvec(m.down, h);
   if (dy && dx) {
     std::vector<double> dh(g.size(), 0.0), dg(g.size()), du(g.size());
     matvec_t_add(m.down, *dy, dh);
     for (std::size_t i = 0; i < g.size(); ++i)
-      numerics::swiglu_backward(g[i], u[i], dh[i], &dg[i], &du[i]);
+      activation_backward(m.swiglu_limit, g[i], u[i], dh[i], &dg[i], &du[i]);
     matvec_t_add(m.gate, dg, *dx);
     matvec_t_add(m.up, du, *dx);
   }
@@ -361,9 +381,9 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
         dh += wd_i[c] * dout[c];
       }
       dh *= w;
-      const double h = numerics::swiglu(g, u);
+      const double h = activation(d.swiglu_limit, g, u);
       double dg, du;
-      numerics::swiglu_backward(g, u, dh, &dg, &du);
+      activation_backward(d.swiglu_limit, g, u, dh, &dg, &du);
       for (std::int64_t c = 0; c < H; ++c) {
         sl.gate_ref[c] += dg * x[c];
         sl.up_ref[c] += du * x[c];

@@ -118,7 +118,7 @@ Inputs LayerData::inputs() const {
 
 Weights LayerData::weights() const {
   return {gate.view(),        up.view(),        down.view(),
-          shared_gate.view(), shared_up.view(), shared_down.view()};
+          shared_gate.view(), shared_up.view(), shared_down.view(), swiglu_limit};
 }
 
 Grads LayerData::grads() const {
@@ -210,6 +210,7 @@ LayerData convert_layer_data(const LayerData& src, DType act) {
   LayerData d;
   d.problem = src.problem;
   d.act = act;
+  d.swiglu_limit = src.swiglu_limit;
   const DType router = act == DType::f64 ? DType::f64 : DType::f32;
   auto copy = [&](const HostTensor& from, DType dtype) {
     if (!from.defined()) return HostTensor();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@ struct LayerData {
   HostTensor gate, up, down, shared_gate, shared_up, shared_down;
   HostTensor out, d_out;
   HostTensor d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate, d_shared_up, d_shared_down;
+  std::optional<float> swiglu_limit;  // Weights::swiglu_limit (absent: plain SwiGLU)
 
   Inputs inputs() const;
   Weights weights() const;
