@@ -7,6 +7,7 @@ raises TypeError, every other problem (shape, strides, device, a value) ValueErr
 repeats its own checks behind these (and owns the data-dependent one, expert ids in [-1, E)).
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,19 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float64)
 
 def fail(argument, expected, actual, error=ValueError):
     raise error(f"mok: invalid {argument}: expected {expected}, got {actual}")
+
+
+def check_swiglu_limit(value):
+    """MoK's swiglu_limit: None, or a finite positive real number (int or float; not bool);
+    returns it as a float. mok refuses 0, inf and NaN, which MoK's own check lets through."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail("swiglu_limit", "None or a finite positive number", repr(value), TypeError)
+    limit = float(value)
+    if not (math.isfinite(limit) and limit > 0):
+        fail("swiglu_limit", "None or a finite positive number", repr(value))
+    return limit
 
 
 def dtype_name(dtype):

@@ -38,14 +38,17 @@ def _schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobat
 
 @torch.library.register_fake("mok::forward")
 def _forward(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
-             workspace):
+             workspace, swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     return (x.new_empty((shape.num_tokens, shape.hidden_size)), *_context(ws, config, shape, x))
 
 
 @torch.library.register_fake("mok::recompute_forward_context")
-def _recompute_forward_context(x, topk_experts, gate, up, shared_gate, shared_up, workspace):
+def _recompute_forward_context(x, topk_experts, gate, up, shared_gate, shared_up, workspace,
+                               swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, None, shared_gate, shared_up, None)
     shape, ws, config = _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False,
                                with_down=False)
@@ -55,7 +58,8 @@ def _recompute_forward_context(x, topk_experts, gate, up, shared_gate, shared_up
 @torch.library.register_fake("mok::backward")
 def _backward(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
               shared_down, x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
-              up_shared, hidden_shared, workspace):
+              up_shared, hidden_shared, workspace, swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
@@ -72,7 +76,9 @@ def _backward(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
 def _backward_main_grad(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
                         shared_up, shared_down, main_gate, main_up, main_down, main_shared_gate,
                         main_shared_up, main_shared_down, x_routed, gate_routed, up_routed,
-                        hidden_routed, gate_shared, up_shared, hidden_shared, workspace):
+                        hidden_routed, gate_shared, up_shared, hidden_shared, workspace,
+                        swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)

@@ -206,7 +206,7 @@ def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, fir
     return ops.build_schedule(ids_all, num_experts, num_local_experts, first)
 
 
-def forward(ws, config, x, topk_experts, topk_weights, weights):
+def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=None):
     ex = _Exchange(ws, "forward")
 
     def check():
@@ -226,14 +226,15 @@ def forward(ws, config, x, topk_experts, topk_weights, weights):
         send, receive = _C.host_ep_counts(core.native, _checks.view_of(ids_all))
         combine_send = ops._new((sum(send), shape.hidden_size), shape.activation_dtype, x.device)
         _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, combine_send),
-                                  *ctx_views)
+                                  *ctx_views, swiglu_limit=swiglu_limit)
         received = ex.all_to_all(combine_send, send, receive, "the combine rows")
         _C.host_ep_home_forward(core.native, *_views(x, topk_experts, topk_weights, *weights,
-                                                     received, out), *ctx_views)
+                                                     received, out), *ctx_views,
+                                swiglu_limit=swiglu_limit)
     return (out, *context)
 
 
-def recompute_forward_context(ws, config, x, topk_experts, weights):
+def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit=None):
     ex = _Exchange(ws, "recompute_forward_context")
 
     def check():
@@ -250,13 +251,14 @@ def recompute_forward_context(ws, config, x, topk_experts, weights):
         x_all = ex.all_gather(x, "every rank's x")
         ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
         _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, None),
-                                  *ctx_views)
+                                  *ctx_views, swiglu_limit=swiglu_limit)
         _C.host_ep_home_forward(core.native, *_views(x, topk_experts, None, *weights, None, None),
-                                *ctx_views)
+                                *ctx_views, swiglu_limit=swiglu_limit)
     return context
 
 
-def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context, main=None):
+def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context, main=None,
+             swiglu_limit=None):
     """All gradients (main None), or (d_x, d_topk_weights) with the weight gradients added into
     the six fp32 `main` buffers (routed gate, up, down, shared gate, up, down)."""
     ex = _Exchange(ws, "backward" if main is None else "backward_main_grad")
@@ -292,10 +294,10 @@ def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context,
         accumulate = main is not None
         _C.host_ep_expert_backward(core.native, *_views(x_all, ids_all, w_all, *weights),
                                    *ctx_views, *_views(d_out_all, dx_send, dw_send, *grads),
-                                   accumulate_weight_grads=accumulate)
+                                   accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
         dx_received = ex.all_to_all(dx_send, send, receive, "the dx rows")
         dw_received = ex.all_to_all(dw_send, send, receive, "the router-weight gradients")
         _C.host_ep_home_backward(core.native, *_views(x, topk_experts, topk_weights, *weights),
                                  *ctx_views, *_views(d_out, dx_received, dw_received, *grads),
-                                 accumulate_weight_grads=accumulate)
+                                 accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
     return grads

@@ -22,7 +22,9 @@ holding every expert. On CUDA tensors a group of several ranks is not supported 
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
 expert's weights may be None (its gradients and context tensors are then None); any number of
 tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported
-yet: MXFP8 weight tuples and `swiglu_limit` (both raise).
+yet: MXFP8 weight tuples (they raise). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
+silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK also accepts 0
+(which zeroes the layer) and lets inf and NaN through; mok raises for them.
 
 The forward context is MoK's MoKForwardContext: tensors the caller owns (autograd saves them), so
 one workspace serves any number of layers of its shape, and backward never recomputes the forward
@@ -264,8 +266,7 @@ def _common(config, workspace, schedule, swiglu_limit):
         if schedule.workspace_handle != workspace.handle:
             _checks.fail("schedule", "a schedule built with this workspace",
                          "one from another workspace")
-    if swiglu_limit is not None:
-        _checks.fail("swiglu_limit", "None (mok has no clamped SwiGLU yet)", swiglu_limit)
+    _checks.check_swiglu_limit(swiglu_limit)
     return workspace.handle_for(config)
 
 
@@ -334,7 +335,8 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
-    out, *context = ops.forward(x, schedule.topk_experts, router_weights, *weights, handle)
+    out, *context = ops.forward(x, schedule.topk_experts, router_weights, *weights, handle,
+                                _checks.check_swiglu_limit(swiglu_limit))
     return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -349,7 +351,8 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     _check_experts(schedule, routed_gate_weights)
     context = ops.recompute_forward_context(x, schedule.topk_experts, routed_gate_weights,
                                             routed_up_weights, shared_gate_weights,
-                                            shared_up_weights, handle)
+                                            shared_up_weights, handle,
+                                            _checks.check_swiglu_limit(swiglu_limit))
     return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -374,7 +377,8 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     has_shared = shared_gate_weights is not None
     if main_grads is None:
         d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.backward(
-            grad_output, x, schedule.topk_experts, router_weights, *weights, *context, handle)
+            grad_output, x, schedule.topk_experts, router_weights, *weights, *context, handle,
+            _checks.check_swiglu_limit(swiglu_limit))
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd
@@ -383,5 +387,6 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
                      "routed up, shared down, routed down)", repr(type(main_grads).__name__))
     msg, mrg, msu, mru, msd, mrd = main_grads
     d_x, d_w = ops.backward_main_grad(grad_output, x, schedule.topk_experts, router_weights,
-                                      *weights, mrg, mru, mrd, msg, msu, msd, *context, handle)
+                                      *weights, mrg, mru, mrd, msg, msu, msd, *context, handle,
+                                      _checks.check_swiglu_limit(swiglu_limit))
     return d_x, d_w, mrg, mru, mrd, msg, msu, msd

@@ -19,7 +19,7 @@ from mok import _checks, _workspace, ops, reference
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
-        shared_down_weights=None, *, workspace=None):
+        shared_down_weights=None, *, workspace=None, swiglu_limit=None):
     """One MoE layer, differentiable in x, topk_weights and every weight.
 
         out[t] = S(x[t]) + sum_{j, topk_experts[t, j] >= 0} topk_weights[t, j] * F_e(x[t])
@@ -28,13 +28,16 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     x [T, H] bf16 (or float64 on the CPU backend), topk_experts int64 [T, k] (ids in [0, E) or -1),
     topk_weights [T, k] fp32 (float64 with float64 x), routed weights [E, I, H], [E, I, H],
     [E, H, I], shared [S, H], [S, H], [H, S] or None. `workspace`: a mok.functional workspace, or
-    None for the automatic one. Works under torch.compile(fullgraph=True): it is one custom op
-    (mok::forward) whose gradient is another (mok::backward).
+    None for the automatic one. `swiglu_limit` L (None: plain SwiGLU): MoK's clamped SwiGLU,
+    silu(min(g, L)) * clamp(u, -L, L) in every expert, the shared one included. Works under
+    torch.compile(fullgraph=True): it is one custom op (mok::forward) whose gradient is another
+    (mok::backward).
     """
     handle = 0 if workspace is None else workspace.handle
     out, *_context = ops.forward(x, topk_experts, topk_weights, routed_gate_weights,
                                  routed_up_weights, routed_down_weights, shared_gate_weights,
-                                 shared_up_weights, shared_down_weights, handle)
+                                 shared_up_weights, shared_down_weights, handle,
+                                 _checks.check_swiglu_limit(swiglu_limit))
     return out
 
 
@@ -80,6 +83,8 @@ class MoE(torch.nn.Module):
     The router runs in fp32 (float64 for a float64 module); its gradient flows through the router
     weights into W_r. Experts and shared expert are SwiGLU, in `dtype` (bf16, or float64 for the
     CPU backend's exact mode). Initialisation as torch.nn.Linear (uniform in +-1/sqrt(fan_in)).
+    swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
+    DeepSeek-V4's form); None (default): plain SwiGLU.
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
@@ -95,7 +100,7 @@ class MoE(torch.nn.Module):
     def __init__(self, hidden_size, intermediate_size, num_experts, topk,
                  shared_intermediate_size=0, router="softmax", *, route_scale=1.0,
                  bias_update_rate=1e-3, config=None, backend="mok", group=None, device=None,
-                 dtype=torch.bfloat16):
+                 dtype=torch.bfloat16, swiglu_limit=None):
         super().__init__()
         if router not in _ROUTERS:
             _checks.fail("router", " or ".join(repr(r) for r in _ROUTERS), repr(router))
@@ -115,6 +120,7 @@ class MoE(torch.nn.Module):
         self.shared_intermediate_size = shared_intermediate_size
         self.router, self.route_scale, self.bias_update_rate = router, route_scale, bias_update_rate
         self.backend = backend
+        self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
         ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
         self.ep_rank, self.ep_size = ep_rank, ep_size  # the group: self.group (the workspace's)
         router_dtype = _checks.router_dtype(dtype)
@@ -168,7 +174,8 @@ class MoE(torch.nn.Module):
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, topk={self.topk}, "
                 f"shared_intermediate_size={self.shared_intermediate_size}, "
-                f"router={self.router!r}, backend={self.backend!r}{ep}")
+                f"router={self.router!r}, backend={self.backend!r}{ep}"
+                + (f", swiglu_limit={self.swiglu_limit}" if self.swiglu_limit is not None else ""))
 
     def route(self, x):
         """x [T, H] -> (topk_experts int64 [T, k], topk_weights [T, k], MoEStats)."""
@@ -202,9 +209,11 @@ class MoE(torch.nn.Module):
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
         if self.backend == "mok":
-            out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace)
+            out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
+                      swiglu_limit=self.swiglu_limit)
         else:
-            out = reference.moe(x2, topk_experts, topk_weights, *weights)
+            out = reference.moe(x2, topk_experts, topk_weights, *weights,
+                                swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
 
     @torch.no_grad()

@@ -70,6 +70,10 @@ def _views(*tensors):
 _CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
                  "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
 _CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
+# Clamped SwiGLU (MoK's swiglu_limit; None: plain SwiGLU): silu(min(g, L)) * clamp(u, -L, L), a
+# finite positive float (the C++ core checks it and names a bad value). Last, with a default, so
+# calls that leave it out are today's.
+_SWIGLU_LIMIT_ARG = "float? swiglu_limit=None"
 
 
 def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
@@ -206,21 +210,23 @@ def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_e
 
 @torch.library.custom_op(
     "mok::forward", mutates_args=(),
-    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace)"
-           f" -> (Tensor, {_CONTEXT_OUT})")
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace, "
+           f"{_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})")
 def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
-            workspace):
+            workspace, swiglu_limit=None):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     ws, config = _workspace.resolve(workspace)
     if ws.ep_size > 1 and x.device.type == "cpu":  # across processes: CPU backend, gloo
-        return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights)
+        return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights,
+                                swiglu_limit=swiglu_limit)
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     out = _new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
     context = _new_context(ws, config, shape)
     _call(_C.forward, ws.core(shape, config), x.device,
-          *_views(x, topk_experts, topk_weights, *weights, out), *_context_views(context))
+          *_views(x, topk_experts, topk_weights, *weights, out), *_context_views(context),
+          swiglu_limit=swiglu_limit)
     return (out, *context)
 
 
@@ -228,20 +234,22 @@ def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weight
     "mok::recompute_forward_context", mutates_args=(),
     schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
            "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
-           f"int workspace) -> ({_CONTEXT_OUT})")
+           f"int workspace, {_SWIGLU_LIMIT_ARG}) -> ({_CONTEXT_OUT})")
 def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
-                              shared_gate_weights, shared_up_weights, workspace):
+                              shared_gate_weights, shared_up_weights, workspace,
+                              swiglu_limit=None):
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
     ws, config = _workspace.resolve(workspace)
     if ws.ep_size > 1 and x.device.type == "cpu":
-        return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights)
+        return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights,
+                                                  swiglu_limit=swiglu_limit)
     shape, ws, config = _layer(workspace, x, topk_experts, None, weights,
                                with_topk_weights=False, with_down=False)
     context = _new_context(ws, config, shape)
     _call(_C.recompute_forward_context, ws.core(shape, config), x.device,
           *_views(x, topk_experts, routed_gate_weights, routed_up_weights, shared_gate_weights,
-                  shared_up_weights), *_context_views(context))
+                  shared_up_weights), *_context_views(context), swiglu_limit=swiglu_limit)
     return context
 
 
@@ -266,12 +274,12 @@ def _grad_buffers(shape, weight_dtype):
 @torch.library.custom_op(
     "mok::backward", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
-           f"{_CONTEXT_ARGS}, int workspace) -> "
+           f"{_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
              routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
              x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
-             hidden_shared, workspace):
+             hidden_shared, workspace, swiglu_limit=None):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
@@ -279,7 +287,8 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     ws, config = _workspace.resolve(workspace)
     if ws.ep_size > 1 and x.device.type == "cpu":
         d_x, d_w, *routed_shared = _host_ep.backward(ws, config, d_out, x, topk_experts,
-                                                     topk_weights, weights, context)
+                                                     topk_weights, weights, context,
+                                                     swiglu_limit=swiglu_limit)
         return (d_x, d_w, *[g if g is not None else x.new_empty(0) for g in routed_shared])
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
@@ -287,7 +296,7 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     d_x, d_w, routed, shared = _grad_buffers(shape, shape.activation_dtype)
     _call(_C.backward, ws.core(shape, config), x.device,
           *_views(x, topk_experts, topk_weights, *weights), *_context_views(context),
-          *_views(d_out, d_x, d_w, *routed, *shared))
+          *_views(d_out, d_x, d_w, *routed, *shared), swiglu_limit=swiglu_limit)
     shared = [g if g is not None else x.new_empty(0) for g in shared]
     return (d_x, d_w, *routed, *shared)
 
@@ -299,13 +308,14 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
            "Tensor(a!) main_routed_gate, Tensor(b!) main_routed_up, Tensor(c!) main_routed_down, "
            "Tensor(d!)? main_shared_gate, Tensor(e!)? main_shared_up, "
-           f"Tensor(f!)? main_shared_down, {_CONTEXT_ARGS}, int workspace) -> (Tensor, Tensor)")
+           f"Tensor(f!)? main_shared_down, {_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) "
+           "-> (Tensor, Tensor)")
 def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights,
                        routed_up_weights, routed_down_weights, shared_gate_weights,
                        shared_up_weights, shared_down_weights, main_routed_gate, main_routed_up,
                        main_routed_down, main_shared_gate, main_shared_up, main_shared_down,
                        x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
-                       hidden_shared, workspace):
+                       hidden_shared, workspace, swiglu_limit=None):
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     main = (main_routed_gate, main_routed_up, main_routed_down, main_shared_gate, main_shared_up,
@@ -315,7 +325,7 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
     ws, config = _workspace.resolve(workspace)
     if ws.ep_size > 1 and x.device.type == "cpu":
         d_x, d_w, *_ = _host_ep.backward(ws, config, d_out, x, topk_experts, topk_weights,
-                                         weights, context, main=main)
+                                         weights, context, main=main, swiglu_limit=swiglu_limit)
         return d_x, d_w
     shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
@@ -327,7 +337,8 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
     d_x, d_w = _grad_buffers(shape, None)
     _call(_C.backward, ws.core(shape, config), x.device,
           *_views(x, topk_experts, topk_weights, *weights), *_context_views(context),
-          *_views(d_out, d_x, d_w, *main), accumulate_weight_grads=True)
+          *_views(d_out, d_x, d_w, *main), accumulate_weight_grads=True,
+          swiglu_limit=swiglu_limit)
     return d_x, d_w
 
 
@@ -351,19 +362,20 @@ def check_context(context, shapes, shape):
 # Autograd for `forward`: one backward launch gives every gradient, from the context the forward
 # returned (saved by autograd).
 def _setup_context(ctx, inputs, output):
-    *tensors, workspace = inputs
+    *tensors, workspace, swiglu_limit = inputs
     ctx.save_for_backward(*tensors, *output[1:])
     ctx.workspace = workspace
+    ctx.swiglu_limit = swiglu_limit
 
 
 def _backward_formula(ctx, d_out, *_d_context):
     x, topk_experts, topk_weights, *rest = ctx.saved_tensors
     weights, context = rest[:6], rest[6:]
     grads = backward(d_out.contiguous(), x, topk_experts, topk_weights, *weights, *context,
-                     ctx.workspace)
+                     ctx.workspace, ctx.swiglu_limit)
     d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
     shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)
-    return (d_x, None, d_w, d_gate, d_up, d_down, *shared, None)
+    return (d_x, None, d_w, d_gate, d_up, d_down, *shared, None, None)
 
 
 torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)

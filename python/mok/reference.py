@@ -11,14 +11,18 @@ import torch
 import torch.nn.functional as F
 
 
-def swiglu_expert(x, gate, up, down):
-    """down (silu(gate x) * (up x)) for rows x [n, H]; weights [N, H], [N, H], [H, N]."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def swiglu_expert(x, gate, up, down, swiglu_limit=None):
+    """down (silu(gate x) * (up x)) for rows x [n, H]; weights [N, H], [N, H], [H, N]. With
+    `swiglu_limit` L: down (silu(min(gate x, L)) * clamp(up x, -L, L)) (MoK's clamped SwiGLU)."""
+    g, u = F.linear(x, gate), F.linear(x, up)
+    if swiglu_limit is not None:
+        g, u = g.clamp(max=swiglu_limit), u.clamp(-swiglu_limit, swiglu_limit)
+    return F.linear(F.silu(g) * u, down)
 
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
-        shared_down_weights=None):
+        shared_down_weights=None, *, swiglu_limit=None):
     """Same arguments and result as mok.moe."""
     T, H = x.shape
     k = topk_experts.shape[1]
@@ -32,7 +36,8 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         n = counts[e + 1]
         if n:
             outputs.append(swiglu_expert(rows[start:start + n], routed_gate_weights[e],
-                                         routed_up_weights[e], routed_down_weights[e]))
+                                         routed_up_weights[e], routed_down_weights[e],
+                                         swiglu_limit))
         start += n
     y = x.new_zeros(T * k, H)
     if outputs:
@@ -42,5 +47,5 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     out = (w.unsqueeze(-1) * y.view(T, k, H).to(acc_dtype)).sum(dim=1)
     if shared_gate_weights is not None:
         out = out + swiglu_expert(x, shared_gate_weights, shared_up_weights,
-                                  shared_down_weights).to(acc_dtype)
+                                  shared_down_weights, swiglu_limit).to(acc_dtype)
     return out.to(x.dtype)

@@ -13,10 +13,13 @@
 // other argument (shape, strides, device, value), and RuntimeError when it names no argument (a
 // backend that is not available). The message is mok's own text, unchanged.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,11 +99,31 @@ Inputs inputs_of(nb::handle x, nb::handle topk_experts, nb::handle topk_weights)
           view_of(topk_weights, "topk_weights")};
 }
 
+// Python's float (a double) as Weights::swiglu_limit: None, or a finite positive value that is
+// still one as a float32 (the C++ API's type; check_swiglu_limit checks that form again).
+std::optional<float> swiglu_limit_of(const std::optional<double>& limit) {
+  if (!limit) return std::nullopt;
+  const double l = *limit;
+  if (!(std::isfinite(l) && l > 0.0)) {
+    throw Error("swiglu_limit", "None or a finite positive number", to_text(l));
+  }
+  const auto f = static_cast<float>(l);
+  if (!(std::isfinite(f) && f > 0.0f)) {
+    throw Error("swiglu_limit", "a finite positive number as a float32", to_text(l));
+  }
+  return f;
+}
+
 Weights weights_of(nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-                   nb::handle shared_up, nb::handle shared_down) {
-  return {view_of(gate, "routed_gate_weights"),    view_of(up, "routed_up_weights"),
-          view_of(down, "routed_down_weights"),    view_of(shared_gate, "shared_gate_weights"),
-          view_of(shared_up, "shared_up_weights"), view_of(shared_down, "shared_down_weights")};
+                   nb::handle shared_up, nb::handle shared_down,
+                   const std::optional<double>& swiglu_limit) {
+  return {view_of(gate, "routed_gate_weights"),
+          view_of(up, "routed_up_weights"),
+          view_of(down, "routed_down_weights"),
+          view_of(shared_gate, "shared_gate_weights"),
+          view_of(shared_up, "shared_up_weights"),
+          view_of(shared_down, "shared_down_weights"),
+          swiglu_limit_of(swiglu_limit)};
 }
 
 // The forward context from its seven view tuples (x_routed, gate_routed, up_routed,
@@ -398,9 +421,11 @@ NB_MODULE(_C, m) {
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
          nb::handle shared_up, nb::handle shared_down, nb::handle out, nb::handle x_routed,
          nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
-         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
+         std::optional<double> swiglu_limit) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView o = view_of(out, "out");
         ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                       gate_shared, up_shared, hidden_shared);
@@ -412,19 +437,20 @@ NB_MODULE(_C, m) {
       nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
       nb::arg("shared_down_weights").none(), nb::arg("out"), nb::arg("x_routed"),
       nb::arg("gate_routed"), nb::arg("up_routed"), nb::arg("hidden_routed"),
-      nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
-      nb::arg("hidden_shared").none());
+      nb::arg("gate_shared").none(), nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
+      nb::arg("swiglu_limit").none() = nb::none());
 
   m.def(
       "recompute_forward_context",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle gate, nb::handle up,
-         nb::handle shared_gate, nb::handle shared_up, nb::handle x_routed,
-         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
-         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
+         nb::handle shared_gate, nb::handle shared_up, nb::handle x_routed, nb::handle gate_routed,
+         nb::handle up_routed, nb::handle hidden_routed, nb::handle gate_shared,
+         nb::handle up_shared, nb::handle hidden_shared, std::optional<double> swiglu_limit) {
         const Inputs in = inputs_of(x, topk_experts, nb::none());
-        const Weights w = weights_of(gate, up, nb::none(), shared_gate, shared_up, nb::none());
-        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
-                                      gate_shared, up_shared, hidden_shared);
+        const Weights w =
+            weights_of(gate, up, nb::none(), shared_gate, shared_up, nb::none(), swiglu_limit);
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+                                      up_shared, hidden_shared);
         nb::gil_scoped_release release;
         recompute_forward_context(ws, in, w, c);
       },
@@ -432,20 +458,22 @@ NB_MODULE(_C, m) {
       nb::arg("routed_up_weights"), nb::arg("shared_gate_weights").none(),
       nb::arg("shared_up_weights").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
       nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
-      nb::arg("up_shared").none(), nb::arg("hidden_shared").none());
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
+      nb::arg("swiglu_limit").none() = nb::none());
 
   m.def(
       "backward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed,
-         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
-         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
-         nb::handle d_out, nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate,
-         nb::handle d_up, nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
-         nb::handle d_shared_down, bool accumulate_weight_grads) {
+         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed, nb::handle gate_routed,
+         nb::handle up_routed, nb::handle hidden_routed, nb::handle gate_shared,
+         nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out, nb::handle d_x,
+         nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
+         nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
+         bool accumulate_weight_grads, std::optional<double> swiglu_limit) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                             gate_shared, up_shared, hidden_shared);
         const TensorView g_out = view_of(d_out, "d_out");
@@ -465,7 +493,8 @@ NB_MODULE(_C, m) {
       nb::arg("d_x"), nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"),
       nb::arg("d_routed_up_weights"), nb::arg("d_routed_down_weights"),
       nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
-      nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false);
+      nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false,
+      nb::arg("swiglu_limit").none() = nb::none());
   // Host expert parallelism (include/mok/host_ep.hpp): the expert and home halves of each call;
   // mok/_host_ep.py moves the rows between ranks. Gathered views are every rank's tensor in rank
   // order; optional buffers are None (recompute: no combine rows, no out).
@@ -506,10 +535,12 @@ NB_MODULE(_C, m) {
          nb::handle up, nb::handle down, nb::handle shared_gate, nb::handle shared_up,
          nb::handle shared_down, nb::handle combine_send, nb::handle x_routed,
          nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
-         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared) {
+         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
+         std::optional<double> swiglu_limit) {
         const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
                         TensorView{}};
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView send = view_of(combine_send, "combine_send");
         ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                       gate_shared, up_shared, hidden_shared);
@@ -522,50 +553,53 @@ NB_MODULE(_C, m) {
       nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
       nb::arg("combine_send").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
       nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
-      nb::arg("up_shared").none(), nb::arg("hidden_shared").none());
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
+      nb::arg("swiglu_limit").none() = nb::none());
   m.def(
       "host_ep_home_forward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down, nb::handle combine_received,
-         nb::handle out, nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
+         nb::handle shared_up, nb::handle shared_down, nb::handle combine_received, nb::handle out,
+         nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
          nb::handle hidden_routed, nb::handle gate_shared, nb::handle up_shared,
-         nb::handle hidden_shared) {
+         nb::handle hidden_shared, std::optional<double> swiglu_limit) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView received = view_of(combine_received, "combine_received");
         const TensorView o = view_of(out, "out");
-        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
-                                      gate_shared, up_shared, hidden_shared);
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+                                      up_shared, hidden_shared);
         nb::gil_scoped_release release;
         host_ep::home_forward(ws, in, w, received, o, c);
       },
-      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"),
-      nb::arg("topk_weights").none(), nb::arg("routed_gate_weights"),
-      nb::arg("routed_up_weights"), nb::arg("routed_down_weights").none(),
-      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
-      nb::arg("shared_down_weights").none(), nb::arg("combine_received").none(),
-      nb::arg("out").none(), nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
-      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
-      nb::arg("hidden_shared").none());
+      nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights").none(),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
+      nb::arg("routed_down_weights").none(), nb::arg("shared_gate_weights").none(),
+      nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
+      nb::arg("combine_received").none(), nb::arg("out").none(), nb::arg("x_routed"),
+      nb::arg("gate_routed"), nb::arg("up_routed"), nb::arg("hidden_routed"),
+      nb::arg("gate_shared").none(), nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
+      nb::arg("swiglu_limit").none() = nb::none());
   m.def(
       "host_ep_expert_backward",
-      [](Workspace& ws, nb::handle x_all, nb::handle topk_experts_all,
-         nb::handle topk_weights_all, nb::handle gate, nb::handle up, nb::handle down,
-         nb::handle shared_gate, nb::handle shared_up, nb::handle shared_down,
-         nb::handle x_routed, nb::handle gate_routed, nb::handle up_routed,
-         nb::handle hidden_routed, nb::handle gate_shared, nb::handle up_shared,
-         nb::handle hidden_shared, nb::handle d_out_all, nb::handle dx_send, nb::handle dw_send,
-         nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up,
-         nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
-         nb::handle d_shared_down, bool accumulate_weight_grads) {
+      [](Workspace& ws, nb::handle x_all, nb::handle topk_experts_all, nb::handle topk_weights_all,
+         nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
+         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed, nb::handle gate_routed,
+         nb::handle up_routed, nb::handle hidden_routed, nb::handle gate_shared,
+         nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out_all, nb::handle dx_send,
+         nb::handle dw_send, nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate,
+         nb::handle d_up, nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
+         nb::handle d_shared_down, bool accumulate_weight_grads,
+         std::optional<double> swiglu_limit) {
         const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
                         view_of(topk_weights_all, "topk_weights_all")};
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                             gate_shared, up_shared, hidden_shared);
-        const TensorView g_out = view_of(d_out_all, "d_out_all"),
-                         dx = view_of(dx_send, "dx_send"), dw = view_of(dw_send, "dw_send");
+        const TensorView g_out = view_of(d_out_all, "d_out_all"), dx = view_of(dx_send, "dx_send"),
+                         dw = view_of(dw_send, "dw_send");
         const Grads g = grads_of(d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate,
                                  d_shared_up, d_shared_down);
         BackwardOptions options;
@@ -584,24 +618,24 @@ NB_MODULE(_C, m) {
       nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
       nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
       nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
-      nb::arg("accumulate_weight_grads") = false);
+      nb::arg("accumulate_weight_grads") = false, nb::arg("swiglu_limit").none() = nb::none());
   m.def(
       "host_ep_home_backward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
          nb::handle gate, nb::handle up, nb::handle down, nb::handle shared_gate,
-         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed,
-         nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
-         nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
-         nb::handle d_out, nb::handle dx_received, nb::handle dw_received, nb::handle d_x,
-         nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
-         nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
-         bool accumulate_weight_grads) {
+         nb::handle shared_up, nb::handle shared_down, nb::handle x_routed, nb::handle gate_routed,
+         nb::handle up_routed, nb::handle hidden_routed, nb::handle gate_shared,
+         nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out, nb::handle dx_received,
+         nb::handle dw_received, nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate,
+         nb::handle d_up, nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
+         nb::handle d_shared_down, bool accumulate_weight_grads,
+         std::optional<double> swiglu_limit) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
-        const Weights w = weights_of(gate, up, down, shared_gate, shared_up, shared_down);
+        const Weights w =
+            weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                             gate_shared, up_shared, hidden_shared);
-        const TensorView g_out = view_of(d_out, "d_out"),
-                         dx = view_of(dx_received, "dx_received"),
+        const TensorView g_out = view_of(d_out, "d_out"), dx = view_of(dx_received, "dx_received"),
                          dw = view_of(dw_received, "dw_received");
         const Grads g = grads_of(d_x, d_topk_weights, d_gate, d_up, d_down, d_shared_gate,
                                  d_shared_up, d_shared_down);
@@ -621,5 +655,5 @@ NB_MODULE(_C, m) {
       nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
       nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
       nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
-      nb::arg("accumulate_weight_grads") = false);
+      nb::arg("accumulate_weight_grads") = false, nb::arg("swiglu_limit").none() = nb::none());
 }

@@ -180,10 +180,6 @@ def test_unsupported_mok_features(data):
                            "MXFP8 weights yet), got a tuple"):
         functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g), u,
                            d)
-    with raises(ValueError, "mok: invalid swiglu_limit: expected None (mok has no clamped SwiGLU "
-                            "yet), got 7.0"):
-        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, g, u, d,
-                           swiglu_limit=7.0)
 
 
 def test_cuda_workspace_without_cuda_backend():
