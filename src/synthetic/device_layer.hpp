@@ -1,6 +1,7 @@
 // A LayerData's tensors on the GPU: the CLI and the tests run the CUDA backend on synthetic data.
 #pragma once
 
+#include <optional>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -74,6 +75,7 @@ class DeviceContext {
 struct DeviceLayer {
   DeviceTensor x, ids, w, gate, up, down, sg, su, sd, out, d_out;
   DeviceTensor d_x, d_w, d_gate, d_up, d_down, d_sg, d_su, d_sd;
+  std::optional<float> swiglu_limit;
 
   explicit DeviceLayer(const LayerData& d)
       : x(d.x),
@@ -94,12 +96,13 @@ struct DeviceLayer {
         d_down(d.d_down),
         d_sg(d.d_shared_gate),
         d_su(d.d_shared_up),
-        d_sd(d.d_shared_down) {
+        d_sd(d.d_shared_down),
+        swiglu_limit(d.swiglu_limit) {
     poison();
   }
   Inputs inputs() const { return {x.view(), ids.view(), w.view()}; }
   Weights weights() const {
-    return {gate.view(), up.view(), down.view(), sg.view(), su.view(), sd.view()};
+    return {gate.view(), up.view(), down.view(), sg.view(), su.view(), sd.view(), swiglu_limit};
   }
   Grads grads() const {
     return {d_x.view(),    d_w.view(),  d_gate.view(), d_up.view(),

@@ -62,6 +62,9 @@ struct GemmParams {
   unsigned long long wait_timeout_ns;  // every engine wait gives up after this long
   int stall_block;                     // tests only (WaitOptions): -1, or the CTA that stalls
   WaitTimeoutReport* timeout_report;   // mapped pinned host memory (this device's), or null
+  // The SwiGLU epilogues with a clamp (kClamped): the limit L. Last, so the fields before it keep
+  // their offsets (the unclamped kernels read nothing new).
+  float swiglu_limit;
 };
 
 struct GemmDescriptor {

@@ -91,10 +91,16 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
 // the up tile of the same kTileN / 2 output columns.
 //   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
 // kPreActivations: g and u are stored too (p.gate_out, p.up_out).
-template <class F, bool kPreActivations>
+// kClamped: hidden = bf16(silu(min(g, L)) * clamp(u, -L, L)), L = p.swiglu_limit
+// (numerics::swiglu_clamped_fast); g and u are stored unclamped. NOTES: a template parameter, not
+// a runtime flag, so the unclamped instantiations' code is what it was (docs/perf/NOTES.md,
+// ## clamped SwiGLU, has the ptxas counts of both).
+template <class F, bool kPreActivations, bool kClamped>
 __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const TileInfo& t,
                                              const GemmParams& p, int wg, int warp, int lane) {
   auto* hidden = static_cast<__nv_bfloat16*>(p.out);
+  float limit = 0.0f;
+  if constexpr (kClamped) limit = p.swiglu_limit;
   const int n0 = t.n0 * F::kOutTileN;
   const int q = lane % 4;
 #pragma unroll
@@ -115,7 +121,12 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
           uv[i] = pack_bf16x2(acc[kUp + a], acc[kUp + a + 1]);
           const float g0 = low_bf16(gv[i]), g1 = high_bf16(gv[i]);
           const float u0 = low_bf16(uv[i]), u1 = high_bf16(uv[i]);
-          hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
+          if constexpr (kClamped) {
+            hv[i] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
+                                numerics::swiglu_clamped_fast(g1, u1, limit));
+          } else {
+            hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
+          }
         }
         const int col = n0 + 8 * (4 * c + q);
         const bool ok = row.ok && col < p.n;
@@ -295,7 +306,9 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 // stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
 // transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
 // the accumulator layout.
-template <class F, bool kRowScale, bool kDot>
+// kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
+// and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
+template <class F, bool kRowScale, bool kDot, bool kClamped>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
                                                       int wg, int warp, int lane) {
@@ -308,6 +321,8 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   const int q = lane % 4;
   constexpr bool scaled = kRowScale;
   const int dot_columns = (p.n + kDotColumns - 1) / kDotColumns;
+  float limit = 0.0f;
+  if constexpr (kClamped) limit = p.swiglu_limit;
 #pragma unroll
   for (int b = 0; b < F::kBlocks; ++b) {
 #pragma unroll
@@ -354,11 +369,20 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
             const float g0 = low_bf16(g_w[e]), g1 = high_bf16(g_w[e]);
             const float u0 = low_bf16(u_w[e]), u1 = high_bf16(u_w[e]);
             float dg0, du0, dg1, du1;
-            numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
-            numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
+            if constexpr (kClamped) {
+              numerics::swiglu_backward_clamped_fast(g0, u0, low_bf16(dh_w[e]), limit, &dg0, &du0);
+              numerics::swiglu_backward_clamped_fast(g1, u1, high_bf16(dh_w[e]), limit, &dg1,
+                                                     &du1);
+            } else {
+              numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
+              numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
+            }
             dg_w[e] = pack_bf16x2(dg0, dg1);
             du_w[e] = pack_bf16x2(du0, du1);
-            if constexpr (kDot) {
+            if constexpr (kDot && kClamped) {
+              h_w[e] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
+                                   numerics::swiglu_clamped_fast(g1, u1, limit));
+            } else if constexpr (kDot) {
               h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
             }
           }
@@ -457,15 +481,16 @@ __device__ __forceinline__ void init_accumulators(float (&acc)[F::kAcc], const T
 // TMA-store epilogue), and says which forms it serves (static_assert in store).
 namespace epilogue {
 
-// Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up).
-template <bool kPreActivations>
+// Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up);
+// kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
+template <bool kPreActivations, bool kClamped = false>
 struct SwigluForward {
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
     static_assert(F::kind == FormKind::kGateUp, "the gate/up epilogue");
-    store_swiglu<F, kPreActivations>(acc, t, d.p, wg, warp, lane);
+    store_swiglu<F, kPreActivations, kClamped>(acc, t, d.p, wg, warp, lane);
   }
 };
 
@@ -497,14 +522,15 @@ struct RowsFp32 {
 };
 
 // RowsW (the down dgrad) with the SwiGLU backward: dg, du from dh (kRowScale: dh scaled per row),
-// kDot: and the router-weight dot partials (SwigluBackwardEpilogue).
-template <bool kRowScale, bool kDot>
+// kDot: and the router-weight dot partials (SwigluBackwardEpilogue); kClamped: the clamped
+// SwiGLU's backward (GemmParams::swiglu_limit).
+template <bool kRowScale, bool kDot, bool kClamped = false>
 struct SwigluBackward {
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
-    store_swiglu_backward<F, kRowScale, kDot>(acc, t, d.p, wg, warp, lane);
+    store_swiglu_backward<F, kRowScale, kDot, kClamped>(acc, t, d.p, wg, warp, lane);
   }
 };
 

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/schedule_layout.hpp"
@@ -84,6 +85,10 @@ struct GateUpForwardArgs {
   std::int64_t ld_out = 0;
   int hidden_size = 0;        // K, multiple of 64
   int intermediate_size = 0;  // N, multiple of 64
+  // Clamped SwiGLU (core/numerics.hpp): hidden = bf16(silu(min(g, L)) * clamp(u, -L, L)); g and u
+  // are stored unclamped. A finite positive float; absent: the plain epilogue, whose code is
+  // unchanged (a separate instantiation, epilogue::SwigluForward's kClamped).
+  std::optional<float> swiglu_limit;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -127,6 +132,9 @@ struct SwigluBackwardEpilogue {
   __nv_bfloat16* d_up = nullptr;
   const float* row_scale = nullptr;  // optional, [capacity_rows]
   float* dot = nullptr;              // optional, [capacity_rows, ceil(n / kDotColumns)]
+  // Clamped SwiGLU: dg, du = bf16(swiglu_backward_clamped(g, u, dh, L)) and h (for `dot`) clamped
+  // as the forward's; absent: the plain epilogue (a separate instantiation).
+  std::optional<float> limit;
 };
 
 // out = bf16(a[r] W[e]): the input gradient of a projection (B not transposed), e.g.

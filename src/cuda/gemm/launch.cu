@@ -8,10 +8,12 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -47,6 +49,13 @@ void check(bool ok, const std::string& argument, const std::string& expected,
 
 void check_aligned(const void* ptr, const char* name) {
   check(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0, name, "16-byte alignment", to_text(ptr));
+}
+
+// A clamped SwiGLU epilogue's limit: absent, or finite and positive (mok::Error names the value).
+void check_swiglu_limit(const std::optional<float>& limit, const char* name) {
+  if (!limit) return;
+  check(std::isfinite(*limit) && *limit > 0.0f, name, "a finite positive number",
+        to_text(*limit));
 }
 
 void check_multiple_of_64(int v, const char* name) {
@@ -262,8 +271,12 @@ void gate_up_forward_form(const GateUpForwardArgs& args) {
   p.ld_out = args.ld_out;
   p.gate_out = args.gate;
   p.up_out = args.up;
+  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
+  p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
   with_flag(args.gate != nullptr, [&](auto pre_activations) {
-    launch<F, epilogue::SwigluForward<pre_activations()>>(d, args.stream);
+    with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+      launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream);
+    });
   });
 }
 
@@ -351,6 +364,8 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
     p.d_up = sw.d_up;
     p.row_scale = sw.row_scale;
     p.swiglu_dot = sw.dot;
+    check_swiglu_limit(sw.limit, "swiglu.limit");
+    p.swiglu_limit = sw.limit.value_or(0.0f);
   } else if (args.out_fp32) {
     check(args.scatter.rows == nullptr, "scatter.rows",
           "null with out_fp32 (a scatter stores bf16)", "set");
@@ -371,7 +386,9 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   if (swiglu) {
     with_flag(sw.row_scale != nullptr, [&](auto scaled) {
       with_flag(sw.dot != nullptr, [&](auto dot) {
-        launch<F, epilogue::SwigluBackward<scaled(), dot()>>(d, args.stream);
+        with_flag(sw.limit.has_value(), [&](auto clamped) {
+          launch<F, epilogue::SwigluBackward<scaled(), dot(), clamped()>>(d, args.stream);
+        });
       });
     });
   } else if (args.out_fp32) {

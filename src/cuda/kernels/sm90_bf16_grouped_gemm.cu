@@ -179,6 +179,11 @@ template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false>>(const
                                                                            bool, Stream);
 template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true>>(const GemmDescriptor&,
                                                                           bool, Stream);
+// Clamped SwiGLU (swiglu_limit): the same epilogues with kClamped (compiled, not yet run on a GPU).
+template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true, true>>(
+    const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, false>>(const GemmDescriptor&,
                                                                              bool, Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, true>>(const GemmDescriptor&,
@@ -199,6 +204,14 @@ template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true>>
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false>>(
     const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, false, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true>>(
     const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::bf16>>(
     const GemmDescriptor&, bool, Stream);

@@ -1,6 +1,7 @@
 #include "cuda/layer/unfused_layer.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -57,9 +58,11 @@ struct ExpertRows {
   const bf16* w_up;     // [G, N, H]
   const bf16* w_down;   // [G, H, N]
   cudaStream_t stream;
+  std::optional<float> swiglu_limit;  // Weights::swiglu_limit: the clamped epilogues
 };
 
-// g = bf16(x W_gate^T), u = bf16(x W_up^T), h = bf16(silu(g) * u), in one GEMM.
+// g = bf16(x W_gate^T), u = bf16(x W_up^T), h = bf16(silu(g) * u), in one GEMM (with a limit L:
+// h = bf16(silu(min(g, L)) * clamp(u, -L, L)), g and u stored unclamped).
 void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
   gemm::GateUpForwardArgs a;
   a.segments = e.segments;
@@ -73,6 +76,7 @@ void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16*
   a.ld_out = e.width;
   a.hidden_size = static_cast<int>(e.hidden);
   a.intermediate_size = static_cast<int>(e.width);
+  a.swiglu_limit = e.swiglu_limit;
   a.stream = e.stream;
   gemm::gate_up_forward(a);
 }
@@ -110,6 +114,7 @@ void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, co
   a.swiglu.d_up = du;
   a.swiglu.row_scale = row_weights;
   a.swiglu.dot = dot;
+  a.swiglu.limit = e.swiglu_limit;
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
@@ -371,7 +376,8 @@ struct UnfusedLayer::Impl {
             t.w.gate.ptr<const bf16>(),
             t.w.up.ptr<const bf16>(),
             t.w.down.ptr<const bf16>(),
-            s};
+            s,
+            t.w.swiglu_limit};
   }
   ExpertRows shared(const RankTensors& t, cudaStream_t s) const {
     return {dense_segments(),
@@ -380,7 +386,8 @@ struct UnfusedLayer::Impl {
             t.w.shared_gate.ptr<const bf16>(),
             t.w.shared_up.ptr<const bf16>(),
             t.w.shared_down.ptr<const bf16>(),
-            s};
+            s,
+            t.w.swiglu_limit};
   }
 
   // Pass 0's rows live in the caller's forward context, later passes' in the scratch set.
