@@ -35,6 +35,7 @@ struct RunArgs {
   int threads = 0;
   bool json = false;
   Config config;      // --minibatch / --macrobatch
+  std::optional<float> swiglu_limit;  // --swiglu-limit: clamped SwiGLU (Weights::swiglu_limit)
   bool plan = false;  // --plan: print the workspace plan instead of running
 };
 

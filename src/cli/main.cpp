@@ -1,6 +1,8 @@
 // mok: run one MoE layer training step on synthetic data, checked against the f64 reference.
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -83,6 +85,11 @@ run options:
   --minibatch N         config.minibatch_size, rows (default 4096)
   --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 0: automatic, 131072
                         routed rows plus each local expert's padding to the tile)
+  --swiglu-limit L      clamped SwiGLU, silu(min(g, L)) * clamp(u, -L, L) (MoK's swiglu_limit; a
+                        finite positive number; default: none, the plain SwiGLU). The check's
+                        tolerances do not model the clamp's kink: with L small enough that many
+                        g, u lie near +-L (below ~4 here) a few of them round to the other side
+                        of the clamp than in the f64 layer and the gradient check can fail
 
 The check compares every output and gradient with the exact f64 layer on the same bf16 inputs
 (relative Frobenius error, tolerances derived from bf16 rounding); large layers are checked on a
@@ -144,6 +151,14 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
       a.config.minibatch_size = parse_int(flag, value);
     } else if (flag == "--macrobatch") {
       a.config.macrobatch_size = parse_int(flag, value);
+    } else if (flag == "--swiglu-limit") {
+      char* end = nullptr;
+      const double l = std::strtod(value.c_str(), &end);
+      const auto f = static_cast<float>(l);
+      if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(f) || !(f > 0)) {
+        throw UsageError("--swiglu-limit: expected a finite positive number, got '" + value + "'");
+      }
+      a.swiglu_limit = f;
     } else if (flag == "--seed") {
       a.seed = static_cast<std::uint64_t>(parse_int(flag, value));
     } else if (flag == "--threads") {

@@ -42,6 +42,7 @@ int run(const RunArgs& args) {
   args.config.validate();
 
   LayerData data = make_layer_data(p, DType::bf16, args.seed, args.routing);
+  data.swiglu_limit = args.swiglu_limit;
   std::int64_t routed_rows = 0;
   for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s)
     routed_rows += data.topk_experts.get(s) >= 0;
@@ -79,6 +80,8 @@ int run(const RunArgs& args) {
     j << "{\"backend\": " << json_string(backend_name(backend))
       << ", \"preset\": " << json_string(args.preset)
       << ", \"routing\": " << json_string(routing_name(args.routing)) << ", \"seed\": " << args.seed
+      << ", \"swiglu_limit\": "
+      << (args.swiglu_limit ? json_number(*args.swiglu_limit) : std::string("null"))
       << ", \"threads\": " << threads << ", \"shape\": {\"T\": " << p.num_tokens
       << ", \"H\": " << p.hidden_size << ", \"I\": " << p.intermediate_size
       << ", \"E\": " << p.num_experts << ", \"k\": " << p.topk

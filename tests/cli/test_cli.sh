@@ -72,6 +72,19 @@ else
 fi
 expect_usage "minibatch_size" run --minibatch 100 --plan
 
+# 4b. Clamped SwiGLU: the option reaches the layer and the JSON, and the run passes its check (at 7
+#     the tiny preset's g, u ~ N(0, 1) are hardly ever clamped: the clamp's numerics are tested in
+#     tests/cpp/test_swiglu_limit.cpp); bad limits are usage errors naming the value.
+out=$("$mok" run --backend cpu --swiglu-limit 7 --json 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q '"swiglu_limit": 7'; then
+  pass "run --swiglu-limit 7"
+else
+  fail "run --swiglu-limit 7: $out"
+fi
+for bad in 0 -1 nan inf abc; do
+  expect_usage "--swiglu-limit: expected a finite positive number, got '$bad'" run --swiglu-limit "$bad"
+done
+
 # 5. Help.
 if "$mok" --help | grep -q "usage:"; then pass "--help"; else fail "--help"; fi
 
