@@ -277,6 +277,14 @@ def _check_host_ep_group(group, device, rank, size):
                      "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
+def validate_workspace_args(config, group, *, device, num_local_tokens, hidden_size, topk):
+    """MoK's check of get_workspace's / create_workspace's arguments, with mok's rules: any
+    positive num_local_tokens and hidden_size (MoK: T >= 512 and T, H multiples of 256; mok's
+    alignment rules are checked per layer, when the weights are seen), any topk >= 1, group None
+    (one device) or a process group of any size. Raises what get_workspace would; returns None."""
+    _workspace_args(config, group, device, num_local_tokens, hidden_size, topk)
+
+
 def create_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
     """A new workspace owned by the caller (not cached)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
@@ -291,7 +299,8 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
     (calls pass their own; the C++ scratch is kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
-    key = (_group_key(group), device, num_local_tokens, hidden_size, topk)
+    key = (_group_key(group), device, num_local_tokens, hidden_size, topk,
+           _capacity_factor(config, size))
     with _cache_lock:
         ws = _cache.get(key)
         if ws is None:
@@ -299,6 +308,12 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
                                          device=device, num_local_tokens=num_local_tokens,
                                          hidden_size=hidden_size, topk=topk)
         return ws
+
+
+def _capacity_factor(config, ep_size):
+    """MoK's cache keys include its schedule capacity factor; so do mok's (two configs that MoK
+    would give two workspaces get two), though the factor sizes nothing in mok."""
+    return max(2, math.ceil(ep_size * config.schedule_capacity_multiplier))
 
 
 def _group_key(group):
@@ -309,9 +324,47 @@ def _group_key(group):
 
 
 def clear_workspace_cache():
-    """Drops the cached workspaces (their memory goes when nothing else refers to them)."""
+    """Drops the cached workspaces, as MoK does: first a barrier on the group of each one that has
+    a group of several ranks (every rank must call this, with the same cached workspaces created
+    in the same order), and the device synchronized for CUDA ones, so that no rank frees memory a
+    peer may still read. Their memory goes when nothing else refers to them."""
     with _cache_lock:
+        cached = list(_cache.values())
         _cache.clear()
+    for ws in cached:
+        if ws.ep_size > 1:
+            _workspace._group_barrier(ws.group, ws.device)
+        if ws.device is not None and ws.device.type == "cuda":
+            torch.cuda.synchronize(ws.device)
+
+
+def validate_inputs(config, workspace, schedule, x, router_weights=None, grad_output=None):
+    """MoK's check of a call's inputs against its workspace and schedule: x (and grad_output)
+    [num_local_tokens, hidden_size] bf16 (or float64 on the CPU backend), router_weights
+    [num_local_tokens, topk] float32 (float64 with float64 x), contiguous, on the workspace's
+    device; a schedule built with this workspace. Raises mok's errors (a dtype: TypeError,
+    anything else: ValueError; MoK raises ValueError for both); returns None."""
+    _common(config, workspace, None, None)
+    _require("schedule", schedule, MoKSchedule)
+    if schedule.workspace_handle != workspace.handle:
+        _checks.fail("schedule", "a schedule built with this workspace",
+                     "one from another workspace")
+    _checks.require_tensor("x", x)
+    if x.dtype not in _checks.ACTIVATION_DTYPES:
+        _checks.fail("x.dtype", "bfloat16 (or float64 on the cpu backend)",
+                     _checks.dtype_name(x.dtype), TypeError)
+    device = workspace.device if workspace.device is not None else x.device
+    T = workspace.num_local_tokens if workspace.num_local_tokens is not None else x.shape[0]
+    H = workspace.hidden_size if workspace.hidden_size is not None else x.shape[-1]
+    k = workspace.topk if workspace.topk is not None else schedule.topk_experts.shape[1]
+    _checks.check_tensor("x", x, x.dtype, (T, H), device)
+    if grad_output is not None:
+        _checks.check_tensor("grad_output", grad_output, x.dtype, (T, H), device)
+    if router_weights is not None:
+        _checks.check_tensor("router_weights", router_weights, _checks.router_dtype(x.dtype),
+                             (T, k), device)
+    _checks.check_tensor("schedule.topk_experts", schedule.topk_experts, torch.int64, (T, k),
+                         device)
 
 
 def _require(name, value, kind):
