@@ -192,7 +192,7 @@ def _views(*tensors):
 
 def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, first):
     """Every rank's ids checked on every rank; returns the rows per local expert over all ranks
-    (int32 [num_local_experts])."""
+    (int32 [num_local_experts]) and every rank's ids ([W * T, k], in rank order)."""
     ex = _Exchange(ws, "build_schedule")
 
     def check():  # metadata only: the ids are checked once gathered, the same on every rank
@@ -203,7 +203,7 @@ def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, fir
     ex.agree(config, check)
     ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
     _C.check_expert_ids_all_ranks(_checks.view_of(ids_all), num_experts, ws.ep_size)
-    return ops.build_schedule(ids_all, num_experts, num_local_experts, first)
+    return ops.build_schedule(ids_all, num_experts, num_local_experts, first), ids_all
 
 
 def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=None):

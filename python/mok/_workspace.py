@@ -54,6 +54,14 @@ def _layout_key(shape, config):
             config)
 
 
+# MoK's MoKWorkspace buffer fields that mok does not have as Python tensors (see __getattr__).
+_MOK_BUFFER_FIELDS = frozenset(
+    f"{b}{suffix}" for b in ("x_buffer", "combine_buffer", "d_y_buffer", "d_x_routed_buffer",
+                             "router_weight_buffer", "d_router_weight_buffer",
+                             "all_gather_top_experts_buffer", "barrier_buffer")
+    for suffix in ("", "_handle", "_ptrs", "_multicast_ptr")) | {"barrier_target"}
+
+
 class Workspace:
     """mok's workspace (MoK's MoKWorkspace): group and the fixed shapes it serves, and scratch.
 
@@ -77,6 +85,31 @@ class Workspace:
         self._dropped_counts = (0, 0, 0)  # call_counts of the C++ workspaces the LRU dropped
         self._handles = {}
         self.handle = self.handle_for(config)
+
+    # MoK's scalar fields. `schedule_capacity` has mok's meaning: the routed rows the table holds
+    # whatever the routing, every slot of every rank (W * T * k; the table adds each local
+    # expert's padding to that, MoKSchedule says how much). MoK sizes it from
+    # config.schedule_capacity_multiplier; mok's table cannot overflow, so the multiplier sizes
+    # nothing.
+    @property
+    def group_name(self):
+        """The group's name ("" for group=None: one device)."""
+        return getattr(self.group, "group_name", "") if self.group is not None else ""
+
+    @property
+    def schedule_capacity(self):
+        if self.num_local_tokens is None or self.topk is None:
+            return None
+        return self.ep_size * self.num_local_tokens * self.topk
+
+    def __getattr__(self, name):
+        # Only reached for names the class lacks: MoK's symmetric buffers and peer pointers.
+        if name in _MOK_BUFFER_FIELDS:
+            raise AttributeError(
+                f"mok: invalid workspace.{name}: expected one of mok's workspace fields (mok keeps "
+                f"its buffers in the C++ workspace of each layer shape, not as MoK's tensors and "
+                f"peer pointers), got a MoK buffer field")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def handle_for(self, config):
         """The op handle that runs this workspace's calls with `config`."""

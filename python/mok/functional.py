@@ -38,7 +38,7 @@ import threading
 
 import torch
 
-from mok import _C, _checks, _host_ep, _workspace, ops
+from mok import _C, _checks, _host_ep, _schedule_terms, _workspace, ops
 
 Workspace = _workspace.Workspace
 MoKWorkspace = Workspace
@@ -58,6 +58,10 @@ class MoKConfig:
     minibatch_size: int = 4096
     macrobatch_size: int = 0
     schedule_capacity_multiplier: float = 0.5
+    # MoK's chunk of its multicast all-gather of the routing. Accepted and checked as MoK checks
+    # it (a positive multiple of 16 bytes), and unused: mok exchanges the ids inside its schedule
+    # build (CUDA) or over the group's all-gather (CPU), which need no chunking knob.
+    all_gather_top_experts_chunk_bytes: int = 2048
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -73,17 +77,38 @@ class MoKConfig:
         if not math.isfinite(self.schedule_capacity_multiplier):
             _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
                          self.schedule_capacity_multiplier)
+        chunk = self.all_gather_top_experts_chunk_bytes
+        if chunk <= 0 or chunk % 16:
+            _checks.fail("config.all_gather_top_experts_chunk_bytes",
+                         "a positive multiple of 16 (MoK's rule; mok does not use it)", chunk)
         _C.validate_config(self.fwd_num_comm_sms, self.bwd_num_comm_sms, self.minibatch_size,
                            self.macrobatch_size, float(self.schedule_capacity_multiplier))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoKSchedule:
-    """This rank's routing, validated, and the rows per local expert.
+    """This rank's routing, validated, and its schedule table in MoK's terms.
 
-    On CUDA the layer builds its schedule table on the device inside each call, so the rows per
-    expert (`tokens_per_expert`) are only counted when asked for (a few small kernels, no host
-    synchronization): forward and backward never wait for them."""
+    MoK's fields (mok/_schedule_terms.py says how they are computed):
+
+      peer_rank          int32 [rows]: the rank each table row came from; -1 marks padding
+      peer_token_idx     int32 [rows]: its slot t * k + j on that rank; -1 on padding rows
+      num_tokens         int32 [1]: rows in use, padding included (the segments' total)
+      tokens_per_expert  int32 [num_local_experts]: each local expert's segment, padding included
+      top_experts        int32 [num_local_tokens, topk]: this rank's ids (-1: unused slot)
+
+    Where mok's table differs from MoK's: segments are padded to mok's 128-row GEMM tile (MoK:
+    256); within an expert the rows are in source rank, then t, then j order (MoK interleaves the
+    source ranks; at one rank the orders agree); the table has the worst-case length, W * T * k +
+    num_local_experts * 127 rows, whatever schedule_capacity says (nothing can overflow it); and
+    mok's own fields: `topk_experts` (the int64 ids the layer reads), `rows_per_expert` (the
+    unpadded rows per local expert).
+
+    On CUDA the layer builds its table on the device inside each call, so these fields are only
+    computed when read (a few small kernels, no host synchronization): forward and backward never
+    wait for them. With expert parallelism on CUDA, reading one is a collective on the
+    workspace's group (an all-gather of the ids on the device): every rank must read it, in the
+    same order as its other collectives."""
 
     topk_experts: torch.Tensor  # int64 [num_local_tokens, topk]; -1 marks an unused slot
     num_experts: int
@@ -93,29 +118,69 @@ class MoKSchedule:
     _counts: "torch.Tensor | None" = dataclasses.field(default=None, repr=False)
     _group: object = dataclasses.field(default=None, repr=False)  # CUDA expert parallelism
     _ep_size: int = dataclasses.field(default=1, repr=False)
+    _ids_all: "torch.Tensor | None" = dataclasses.field(default=None, repr=False)
+    _terms: "tuple | None" = dataclasses.field(default=None, repr=False)
+    _top_experts: "torch.Tensor | None" = dataclasses.field(default=None, repr=False)
+
+    def _all_ids(self):
+        """Every rank's ids, [W * T, k] in rank order."""
+        if self._ids_all is not None:
+            return self._ids_all
+        ids = self.topk_experts
+        if self._group is not None or self._ep_size > 1:
+            import torch.distributed as dist
+
+            gathered = ids.new_empty((self._ep_size * ids.shape[0], ids.shape[1]))
+            dist.all_gather_into_tensor(gathered, ids.contiguous(), group=self._group)
+            ids = gathered
+        object.__setattr__(self, "_ids_all", ids)
+        return ids
+
+    def _schedule_terms(self):
+        if self._terms is None:
+            T, k = self.topk_experts.shape
+            W = self._ep_size
+            rows = _schedule_terms.capacity_rows(W, T, k, self.num_local_experts)
+            ids = self._all_ids().reshape(W, T, k)
+            rank = self.first_local_expert // self.num_local_experts
+            object.__setattr__(self, "_terms", _schedule_terms.terms(
+                ids, self.num_local_experts, rank, rows))
+        return self._terms
 
     @property
-    def tokens_per_expert(self):
-        """int32 [num_local_experts]: routed rows per local expert (from every rank's tokens).
-
-        With expert parallelism on CUDA this is a collective on the workspace's group (an
-        all-gather of the ids on the device, no host synchronization): every rank must ask for
-        it, in the same order as its other collectives."""
+    def rows_per_expert(self):
+        """int32 [num_local_experts]: routed rows per local expert (from every rank's tokens),
+        without padding."""
         if self._counts is None:
-            ids = self.topk_experts
-            if self._group is not None or self._ep_size > 1:
-                import torch.distributed as dist
-
-                gathered = ids.new_empty((self._ep_size * ids.shape[0], ids.shape[1]))
-                dist.all_gather_into_tensor(gathered, ids.contiguous(), group=self._group)
-                ids = gathered
             object.__setattr__(self, "_counts", ops.build_schedule(
-                ids, self.num_experts, self.num_local_experts, self.first_local_expert))
+                self._all_ids(), self.num_experts, self.num_local_experts,
+                self.first_local_expert))
         return self._counts
 
     @property
-    def top_experts(self):  # MoK's field name
-        return self.topk_experts
+    def peer_rank(self):
+        return self._schedule_terms()[0]
+
+    @property
+    def peer_token_idx(self):
+        return self._schedule_terms()[1]
+
+    @property
+    def num_tokens(self):
+        return self._schedule_terms()[2]
+
+    @property
+    def tokens_per_expert(self):
+        """int32 [num_local_experts]: MoK's meaning, each expert's segment padded to the 128-row
+        tile (mok's unpadded counts: rows_per_expert)."""
+        return self._schedule_terms()[3]
+
+    @property
+    def top_experts(self):
+        """MoK's field: this rank's ids as int32 (`topk_experts` holds the int64 ids)."""
+        if self._top_experts is None:
+            object.__setattr__(self, "_top_experts", self.topk_experts.to(torch.int32))
+        return self._top_experts
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -214,6 +279,14 @@ def _check_host_ep_group(group, device, rank, size):
                      "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
+def validate_workspace_args(config, group, *, device, num_local_tokens, hidden_size, topk):
+    """MoK's check of get_workspace's / create_workspace's arguments, with mok's rules: any
+    positive num_local_tokens and hidden_size (MoK: T >= 512 and T, H multiples of 256; mok's
+    alignment rules are checked per layer, when the weights are seen), any topk >= 1, group None
+    (one device) or a process group of any size. Raises what get_workspace would; returns None."""
+    _workspace_args(config, group, device, num_local_tokens, hidden_size, topk)
+
+
 def create_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
     """A new workspace owned by the caller (not cached)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
@@ -228,7 +301,8 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
     (calls pass their own; the C++ scratch is kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
-    key = (_group_key(group), device, num_local_tokens, hidden_size, topk)
+    key = (_group_key(group), device, num_local_tokens, hidden_size, topk,
+           _capacity_factor(config, size))
     with _cache_lock:
         ws = _cache.get(key)
         if ws is None:
@@ -236,6 +310,12 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
                                          device=device, num_local_tokens=num_local_tokens,
                                          hidden_size=hidden_size, topk=topk)
         return ws
+
+
+def _capacity_factor(config, ep_size):
+    """MoK's cache keys include its schedule capacity factor; so do mok's (two configs that MoK
+    would give two workspaces get two), though the factor sizes nothing in mok."""
+    return max(2, math.ceil(ep_size * config.schedule_capacity_multiplier))
 
 
 def _group_key(group):
@@ -246,9 +326,47 @@ def _group_key(group):
 
 
 def clear_workspace_cache():
-    """Drops the cached workspaces (their memory goes when nothing else refers to them)."""
+    """Drops the cached workspaces, as MoK does: first a barrier on the group of each one that has
+    a group of several ranks (every rank must call this, with the same cached workspaces created
+    in the same order), and the device synchronized for CUDA ones, so that no rank frees memory a
+    peer may still read. Their memory goes when nothing else refers to them."""
     with _cache_lock:
+        cached = list(_cache.values())
         _cache.clear()
+    for ws in cached:
+        if ws.ep_size > 1:
+            _workspace._group_barrier(ws.group, ws.device)
+        if ws.device is not None and ws.device.type == "cuda":
+            torch.cuda.synchronize(ws.device)
+
+
+def validate_inputs(config, workspace, schedule, x, router_weights=None, grad_output=None):
+    """MoK's check of a call's inputs against its workspace and schedule: x (and grad_output)
+    [num_local_tokens, hidden_size] bf16 (or float64 on the CPU backend), router_weights
+    [num_local_tokens, topk] float32 (float64 with float64 x), contiguous, on the workspace's
+    device; a schedule built with this workspace. Raises mok's errors (a dtype: TypeError,
+    anything else: ValueError; MoK raises ValueError for both); returns None."""
+    _common(config, workspace, None, None)
+    _require("schedule", schedule, MoKSchedule)
+    if schedule.workspace_handle != workspace.handle:
+        _checks.fail("schedule", "a schedule built with this workspace",
+                     "one from another workspace")
+    _checks.require_tensor("x", x)
+    if x.dtype not in _checks.ACTIVATION_DTYPES:
+        _checks.fail("x.dtype", "bfloat16 (or float64 on the cpu backend)",
+                     _checks.dtype_name(x.dtype), TypeError)
+    device = workspace.device if workspace.device is not None else x.device
+    T = workspace.num_local_tokens if workspace.num_local_tokens is not None else x.shape[0]
+    H = workspace.hidden_size if workspace.hidden_size is not None else x.shape[-1]
+    k = workspace.topk if workspace.topk is not None else schedule.topk_experts.shape[1]
+    _checks.check_tensor("x", x, x.dtype, (T, H), device)
+    if grad_output is not None:
+        _checks.check_tensor("grad_output", grad_output, x.dtype, (T, H), device)
+    if router_weights is not None:
+        _checks.check_tensor("router_weights", router_weights, _checks.router_dtype(x.dtype),
+                             (T, k), device)
+    _checks.check_tensor("schedule.topk_experts", schedule.topk_experts, torch.int64, (T, k),
+                         device)
 
 
 def _require(name, value, kind):
@@ -286,42 +404,56 @@ def _check_experts(schedule, routed_gate):
                      routed_gate.shape[0])
 
 
-def build_schedule(workspace, config, topk_experts, *, num_local_experts):
-    """Validates the routing (every id in [-1, num_experts)) and counts rows per local expert."""
+def build_schedule(workspace, config, top_experts=None, *, num_local_experts, topk_experts=None):
+    """Validates the routing (every id in [-1, num_experts)) and returns this rank's schedule.
+
+    `top_experts`: int64 or int32 [num_local_tokens, topk] (MoK's name; `topk_experts`, mok's
+    earlier name, is accepted as a keyword alias). `num_local_experts`: the experts of each rank.
+    On CPU tensors every id is checked here; on CUDA by the layer on the device (raised at the
+    latest by the next call), without host synchronization."""
+    if topk_experts is not None:
+        if top_experts is not None:
+            _checks.fail("topk_experts", "None when top_experts is given (it is its alias)",
+                         "both", TypeError)
+        top_experts = topk_experts
+    if top_experts is None:
+        _checks.fail("top_experts", "a torch.Tensor", "None", TypeError)
     _common(config, workspace, None, None)
-    _checks.require_tensor("topk_experts", topk_experts)
+    _checks.require_tensor("top_experts", top_experts)
     if not isinstance(num_local_experts, int) or num_local_experts < 1:
         _checks.fail("num_local_experts", "a positive int", repr(num_local_experts))
-    if topk_experts.dim() == 2:
-        if workspace.device is not None and topk_experts.device != workspace.device:
-            _checks.fail("topk_experts.device",
+    if top_experts.dim() == 2:
+        if workspace.device is not None and top_experts.device != workspace.device:
+            _checks.fail("top_experts.device",
                          f"{_checks.device_name(workspace.device)} (the workspace's device)",
-                         _checks.device_name(topk_experts.device))
+                         _checks.device_name(top_experts.device))
         want = (workspace.num_local_tokens, workspace.topk)
-        if tuple(topk_experts.shape) != want:
-            _checks.fail("topk_experts.shape",
+        if tuple(top_experts.shape) != want:
+            _checks.fail("top_experts.shape",
                          f"{_checks.shape_text(want)} (the workspace's num_local_tokens, topk)",
-                         _checks.shape_text(topk_experts.shape))
-    if topk_experts.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
-        topk_experts = topk_experts.to(torch.int64)
+                         _checks.shape_text(top_experts.shape))
+    ids = top_experts
+    if ids.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
+        ids = ids.to(torch.int64)
     num_experts = num_local_experts * workspace.ep_size
     first = num_local_experts * workspace.ep_rank
-    if workspace.ep_size > 1 and topk_experts.device.type == "cuda":
-        # The device exchanges the ids inside each call; the rows per local expert need every
-        # rank's ids, so counting them is a collective (MoKSchedule.tokens_per_expert).
-        ops.check_schedule_inputs(topk_experts, num_experts, num_local_experts, first)
-        return MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle,
-                           _group=workspace.group, _ep_size=workspace.ep_size)
+    given = {"_top_experts": top_experts} if top_experts.dtype == torch.int32 else {}
+    if workspace.ep_size > 1 and ids.device.type == "cuda":
+        # The device exchanges the ids inside each call; the table in MoK's terms needs every
+        # rank's ids, so reading it is a collective (MoKSchedule's fields).
+        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
+        return MoKSchedule(ids, num_experts, num_local_experts, first, workspace.handle,
+                           _group=workspace.group, _ep_size=workspace.ep_size, **given)
     if workspace.ep_size > 1:  # every rank checks every rank's ids; rows from all ranks
-        counts = _host_ep.build_schedule(workspace, config, topk_experts, num_experts,
-                                         num_local_experts, first)
-        return MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle,
-                           counts)
-    schedule = MoKSchedule(topk_experts, num_experts, num_local_experts, first, workspace.handle)
-    if topk_experts.device.type == "cpu":
-        schedule.tokens_per_expert  # validates every id now (the CPU backend's contract)
+        counts, ids_all = _host_ep.build_schedule(workspace, config, ids, num_experts,
+                                                  num_local_experts, first)
+        return MoKSchedule(ids, num_experts, num_local_experts, first, workspace.handle,
+                           counts, _ep_size=workspace.ep_size, _ids_all=ids_all, **given)
+    schedule = MoKSchedule(ids, num_experts, num_local_experts, first, workspace.handle, **given)
+    if ids.device.type == "cpu":
+        schedule.rows_per_expert  # validates every id now (the CPU backend's contract)
     else:
-        ops.check_schedule_inputs(topk_experts, num_experts, num_local_experts, first)
+        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
     return schedule
 
 

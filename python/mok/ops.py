@@ -386,3 +386,10 @@ from mok import _host_ep  # noqa: E402  (expert parallelism across processes, CP
 # grouped_rows_times_weight, grouped_weight_grad (see mok/_grouped_gemm.py).
 from mok._grouped_gemm import (  # noqa: E402,F401
     grouped_gate_up, grouped_rows_times_weight, grouped_rows_times_weight_t, grouped_weight_grad)
+# MoK's ops layer, same names and schemas (issue 17): mok.ops.schedule, all_gather_top_experts,
+# barrier_all, dispatch_mlp_swiglu_combine_{fwd,bwd}_bf16, fwd_epilogue, bwd_epilogue, and the
+# MXFP8 names, which raise (see mok/_mok_ops.py).
+from mok._mok_ops import (  # noqa: E402,F401
+    all_gather_top_experts, barrier_all, bwd_epilogue, dispatch_mlp_swiglu_combine_bwd_bf16,
+    dispatch_mlp_swiglu_combine_bwd_mxfp8, dispatch_mlp_swiglu_combine_fwd_bf16,
+    dispatch_mlp_swiglu_combine_fwd_mxfp8, fwd_epilogue, mxfp8_quantize, schedule)

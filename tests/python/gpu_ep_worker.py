@@ -44,7 +44,7 @@ def whole_layer(config, data, E, device):
     out, ctx = mf.forward(config, ws, sched, data.x, data.topk_weights, sg, su, sd, g, u, d)
     grads = mf.backward(config, ws, sched, ctx, data.d_out, data.x, data.topk_weights, sg, su,
                         sd, g, u, d)
-    return out, grads, sched.tokens_per_expert
+    return out, grads, sched.rows_per_expert
 
 
 def layer_case(chk, config, case, seed, device):
@@ -68,7 +68,7 @@ def layer_case(chk, config, case, seed, device):
     sched = mf.build_schedule(ws, config, ids, num_local_experts=El)
     out, ctx = mf.forward(config, ws, sched, x, w, sg, su, sd, g, u, d)
     grads = mf.backward(config, ws, sched, ctx, d_out, x, w, sg, su, sd, g, u, d)
-    chk.bits(f"{name}: tokens_per_expert", sched.tokens_per_expert, ref_counts[local])
+    chk.bits(f"{name}: rows_per_expert", sched.rows_per_expert, ref_counts[local])
     chk.bits(f"{name}: out", out, ref_out[mine])
     chk.bits(f"{name}: d_x", grads[0], ref_grads[0][mine])
     chk.bits(f"{name}: d_topk_weights", grads[1], ref_grads[1][mine])

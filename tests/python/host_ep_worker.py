@@ -91,7 +91,7 @@ def run_one_process(config, data, E, main=None):
     out, ctx = mf.forward(config, ws, sched, data.x, data.topk_weights, sg, su, sd, g, u, d)
     grads = mf.backward(config, ws, sched, ctx, data.d_out, data.x, data.topk_weights, sg, su, sd,
                         g, u, d, main_grads=main)
-    return out, ctx, grads, sched.tokens_per_expert
+    return out, ctx, grads, sched.rows_per_expert
 
 
 def route(data, routing, W, T, E, gen):
@@ -126,7 +126,7 @@ def layer_case(chk, group, config, case, seed):
     g, u, d = (t[local].clone() for t in data.weights[:3])
     sg, su, sd = data.weights[3:]
     sched = mf.build_schedule(ws, config, ids, num_local_experts=El)
-    chk.bits(f"{name}: tokens_per_expert", sched.tokens_per_expert, ref_counts[local])
+    chk.bits(f"{name}: rows_per_expert", sched.rows_per_expert, ref_counts[local])
     out, ctx = mf.forward(config, ws, sched, x, w, sg, su, sd, g, u, d)
     chk.bits(f"{name}: out", out, ref_out[mine])
 

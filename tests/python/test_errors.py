@@ -153,7 +153,7 @@ def test_workspace_shape_mismatch(data):
     with raises(ValueError, f"mok: invalid x.shape[0]: expected {T + 1} (the workspace's "
                             f"num_local_tokens), got {T}"):
         mok.moe(*data.args(), workspace=ws)
-    with raises(ValueError, f"mok: invalid topk_experts.shape: expected [{T + 1}, {K}] (the "
+    with raises(ValueError, f"mok: invalid top_experts.shape: expected [{T + 1}, {K}] (the "
                             f"workspace's num_local_tokens, topk), got [{T}, {K}]"):
         functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
 

@@ -220,5 +220,7 @@ def test_schedule_counts_rows_per_expert(gen):
     schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=9)
     ids = data.topk_experts.reshape(-1)
     expected = torch.stack([(ids == e).sum() for e in range(9)]).to(torch.int32)
-    assert torch.equal(schedule.tokens_per_expert, expected)
-    assert schedule.top_experts is data.topk_experts
+    assert torch.equal(schedule.rows_per_expert, expected)
+    # MoK's tokens_per_expert: each expert's segment, padded to mok's 128-row tile
+    assert torch.equal(schedule.tokens_per_expert, (expected + 127) // 128 * 128)
+    assert schedule.topk_experts is data.topk_experts

@@ -1,0 +1,475 @@
+"""MoK's ops layer (Mixture-of-Kittens' `mok/ops.py`) as torch.library custom ops on mok's pieces.
+
+Same names and schemas as MoK's bf16 ops (`torch.ops.mok.<name>`, `mok.ops.<name>`), each with a
+fake implementation; where mok's work splits differently, the op composes mok's own layer:
+
+  all_gather_top_experts   one rank: copies the ids into the buffer; several ranks: mok's error
+                           (the op has no group: functional.build_schedule gathers through the
+                           workspace's group)
+  barrier_all              one rank: nothing to wait for (as in MoK); several ranks: mok's error
+                           (functional's calls order the ranks through the workspace's group)
+  schedule                 mok's schedule table in MoK's terms (mok/_schedule_terms.py: mok's
+                           order, 128-row padding, at least the worst-case length)
+  dispatch_mlp_swiglu_combine_fwd_bf16
+                           one rank: every slot t * k + j is computed by mok's layer as a token of
+                           its own (the routed experts, router weight 1, so the slot's output is
+                           F_e(x_t) rounded once to bf16) and stored in combine_buffer[t * k + j];
+                           the shared expert by a second mok layer call. The expert of each slot
+                           is read off the schedule (its segment), so any MoK-format schedule
+                           works. Context tensors: mok's layout (see below)
+  dispatch_mlp_swiglu_combine_bwd_bf16
+                           the same two layer backwards: per-slot d_x rows into d_x_routed_buffer,
+                           per-slot router-weight gradients into d_router_weight_buffer, all six
+                           weight gradients, d_x_shared
+  fwd_epilogue             out = y_shared + sum over used j (increasing) of w[t, j] *
+                           combine[t * k + j], in fp32, rounded once to bf16
+  bwd_epilogue             d_x = d_x_shared + sum over j of d_x_routed_buffer[t * k + j], fp32,
+                           rounded once
+
+What differs from MoK, and why:
+  - The peer-pointer and multicast-pointer arguments are accepted and not dereferenced: mok's
+    layer addresses its own buffers. Expert parallelism through these ops is not supported (their
+    length must be 1): use mok.functional, which runs expert parallelism on the workspace's group.
+  - `num_comm_sms`, `macrobatch_size`, `minibatch_size` are accepted and checked as MoK checks
+    them, and mok's automatic ring sizing is used (they never change a result).
+  - The context tensors (`x_routed`, `gate_routed`, `up_routed`, `hidden_routed`) are mok's layout
+    for these calls (CPU: one row per slot t * k + j, no x rows; CUDA: the first ring pass in the
+    schedule's order), not MoK's [macrobatch_size, ...]: pass them to the backward op unchanged,
+    as MoK's functional code does. `y_routed` and `d_x_routed` have one row per schedule row
+    (zero on padding rows).
+  - Intermediate gradients mok fuses away (`d_gate_*`, `d_up_*`, `d_hidden_*`, `d_y_routed`) come
+    back as empty [0, ...] tensors: mok does not produce them.
+  - `swiglu_limit` is carried to mok, which raises for anything but None until clamped SwiGLU
+    lands.
+  - MXFP8 (`mxfp8_quantize`, `dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming
+    Hopper's FP8 mode, not yet supported.
+"""
+
+import torch
+
+from mok import _checks, _schedule_terms, _workspace
+
+_EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
+
+
+def _one_rank(name, pointers):
+    if not isinstance(pointers, (list, tuple)) or any(
+            not isinstance(p, int) or p <= 0 for p in pointers):
+        _checks.fail(name, "a list of positive ints (peer addresses)", repr(pointers), TypeError)
+    if len(pointers) != 1:
+        _checks.fail(f"len({name})", "1 (mok runs MoK's ops on one rank; expert parallelism "
+                     "through mok.functional on the workspace's group)", len(pointers))
+
+
+def _swiglu_limit(swiglu_limit):
+    if swiglu_limit is not None:
+        _checks.fail("swiglu_limit", "None (mok has no clamped SwiGLU yet)", swiglu_limit)
+
+
+def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
+    if num_comm_sms <= 0 or num_comm_sms % 2:
+        _checks.fail("num_comm_sms", "a positive even int (MoK's rule)", num_comm_sms)
+    if minibatch_size <= 0 or minibatch_size % 256:
+        _checks.fail("minibatch_size", "a positive multiple of 256 (MoK's rule)", minibatch_size)
+    if macrobatch_size <= 0 or macrobatch_size % minibatch_size:
+        _checks.fail("macrobatch_size", f"a positive multiple of minibatch_size = "
+                     f"{minibatch_size} (MoK's rule)", macrobatch_size)
+
+
+def _slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots):
+    """int64 [slots, 1]: each slot's local expert (-1: not routed here), read off the schedule:
+    a row's expert is the segment it lies in. Fixed-size device operations, no host sync."""
+    rows = peer_rank.shape[0]
+    segment_end = torch.cumsum(tokens_per_expert.to(torch.int64), 0)
+    row = torch.arange(rows, device=peer_rank.device)
+    expert = torch.searchsorted(segment_end, row, right=True)
+    used = (peer_rank >= 0) & (row < num_tokens.to(torch.int64)) & \
+        (expert < tokens_per_expert.shape[0])
+    slot = torch.where(used, peer_token_idx.to(torch.int64), torch.full_like(row, slots))
+    ids = torch.full((slots + 1,), -1, dtype=torch.int64, device=peer_rank.device)
+    ids.scatter_(0, slot, torch.where(used, expert, torch.full_like(expert, -1)))
+    return ids[:slots].reshape(slots, 1), slot, used
+
+
+def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down):
+    """The layer with no routed slot: out = S(x) (mok's layer; the routed weights give shapes)."""
+    from mok import ops
+
+    T = x.shape[0]
+    ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
+    w = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device)
+    return ids, w, ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0)
+
+
+def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
+                    device):
+    rows = peer_rank.shape[0] if peer_rank.dim() == 1 else -1
+    _checks.check_tensor("schedule_peer_rank", peer_rank, torch.int32, (rows,), device)
+    _checks.check_tensor("schedule_peer_token_idx", peer_token_idx, torch.int32, (rows,), device)
+    _checks.check_tensor("num_tokens", num_tokens, torch.int32, (1,), device)
+    _checks.check_tensor("tokens_per_expert", tokens_per_expert, torch.int32,
+                         (num_local_experts,), device)
+
+
+def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate,
+         w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
+         schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
+         swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size):
+    from mok import ops
+
+    _one_rank("x_buffer_ptrs", x_buffer_ptrs)
+    _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
+    _swiglu_limit(swiglu_limit)
+    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    _checks.require_tensor("x_buffer", x_buffer)
+    T, H = x_buffer.shape
+    _checks.check_tensor("combine_buffer", combine_buffer, x_buffer.dtype, (T * topk, H),
+                         x_buffer.device)
+    _checks.require_tensor("w_routed_gate", w_routed_gate)
+    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                    w_routed_gate.shape[0], x_buffer.device)
+    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                    tokens_per_expert, T * topk)
+    x_slots = x_buffer.repeat_interleave(topk, dim=0)
+    ones = torch.ones((T * topk, 1), dtype=_checks.router_dtype(x_buffer.dtype),
+                      device=x_buffer.device)
+    y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = ops.forward(
+        x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0)
+    _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
+        x_buffer, w_routed_gate, w_routed_up, w_routed_down, w_shared_gate, w_shared_up,
+        w_shared_down)
+    combine_buffer.copy_(y_slots)
+    y_routed = torch.where(used.unsqueeze(1), y_slots[slot.clamp(max=T * topk - 1)],
+                           torch.zeros((), dtype=y_slots.dtype, device=y_slots.device))
+    return (x_routed, gate_shared, gate_routed, up_shared, up_routed, hidden_shared,
+            hidden_routed, y_shared, y_routed)
+
+
+@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16",
+                         mutates_args=("combine_buffer",))
+def dispatch_mlp_swiglu_combine_fwd_bf16(
+        x_buffer: torch.Tensor, x_buffer_ptrs: list[int], combine_buffer: torch.Tensor,
+        combine_buffer_ptrs: list[int], w_shared_gate: torch.Tensor, w_routed_gate: torch.Tensor,
+        w_shared_up: torch.Tensor, w_routed_up: torch.Tensor, w_shared_down: torch.Tensor,
+        w_routed_down: torch.Tensor, schedule_peer_rank: torch.Tensor,
+        schedule_peer_token_idx: torch.Tensor, num_tokens: torch.Tensor,
+        tokens_per_expert: torch.Tensor, topk: int, swiglu_limit: float | None,
+        num_comm_sms: int, macrobatch_size: int, minibatch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MoK's fused forward: (x_routed, gate_shared, gate_routed, up_shared, up_routed,
+    hidden_shared, hidden_routed, y_shared, y_routed); combine_buffer[t * k + j] gets slot
+    (t, j)'s expert output (module docstring: how mok computes it, and the layouts)."""
+    return _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate,
+               w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
+               schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
+               swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size)
+
+
+@dispatch_mlp_swiglu_combine_fwd_bf16.register_fake
+def _fwd_fake(*args):
+    # The same composition on fake tensors: mok's layer ops have fake implementations.
+    return _fwd(*args)
+
+
+def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
+         router_weight_buffer, router_weight_buffer_ptrs, d_router_weight_buffer,
+         d_router_weight_buffer_ptrs, w_shared_gate, w_routed_gate, w_shared_up, w_routed_up,
+         w_shared_down, w_routed_down, x_routed, gate_shared, gate_routed, up_shared, up_routed,
+         hidden_shared, hidden_routed, x, x_ptrs, schedule_peer_rank, schedule_peer_token_idx,
+         num_tokens, tokens_per_expert, topk, swiglu_limit, num_comm_sms, macrobatch_size,
+         minibatch_size, *, fake):
+    from mok import ops
+
+    for name, ptrs in (("d_y_buffer_ptrs", d_y_buffer_ptrs),
+                       ("d_x_routed_buffer_ptrs", d_x_routed_buffer_ptrs),
+                       ("router_weight_buffer_ptrs", router_weight_buffer_ptrs),
+                       ("d_router_weight_buffer_ptrs", d_router_weight_buffer_ptrs),
+                       ("x_ptrs", x_ptrs)):
+        _one_rank(name, ptrs)
+    _swiglu_limit(swiglu_limit)
+    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    _checks.require_tensor("x", x)
+    T, H = x.shape
+    slots = T * topk
+    dev = x.device
+    _checks.check_tensor("d_x_routed_buffer", d_x_routed_buffer, x.dtype, (slots, H), dev)
+    _checks.check_tensor("router_weight_buffer", router_weight_buffer,
+                         _checks.router_dtype(x.dtype), (T, topk), dev)
+    _checks.check_tensor("d_router_weight_buffer", d_router_weight_buffer,
+                         _checks.router_dtype(x.dtype), (T, topk), dev)
+    _checks.require_tensor("w_routed_gate", w_routed_gate)
+    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                    w_routed_gate.shape[0], dev)
+    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                    tokens_per_expert, slots)
+    x_slots = x.repeat_interleave(topk, dim=0)
+    d_y_slots = d_y_buffer.repeat_interleave(topk, dim=0)
+    w_slots = router_weight_buffer.reshape(slots, 1)
+    d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = ops.backward(
+        d_y_slots, x_slots, ids, w_slots, w_routed_gate, w_routed_up, w_routed_down, None, None,
+        None, x_routed, gate_routed, up_routed, hidden_routed, None, None, None, 0)
+    # The shared expert alone: its routed context rows are never read (no slot is routed), so
+    # they are left unwritten.
+    ids_none = torch.full((T, 1), -1, dtype=torch.int64, device=dev)
+    w_none = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=dev)
+    ws, config = _workspace.resolve(0)
+    shape = _checks.LayerShape(T, H, w_routed_gate.shape[1], w_routed_gate.shape[0], 1,
+                               w_shared_gate.shape[0], x.dtype, dev)
+    unread = [x.new_empty(s) for s in ops.context_shapes(ws, config, shape)[:4]]
+    d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = ops.backward(
+        d_y_buffer, x, ids_none, w_none, w_routed_gate, w_routed_up, w_routed_down,
+        w_shared_gate, w_shared_up, w_shared_down, *unread, gate_shared, up_shared,
+        hidden_shared, 0)
+    if not fake:
+        d_x_routed_buffer.copy_(d_x_slots)
+        d_router_weight_buffer.copy_(d_w_slots.reshape(T, topk))
+    d_x_routed = torch.where(used.unsqueeze(1), d_x_slots[slot.clamp(max=slots - 1)],
+                             torch.zeros((), dtype=x.dtype, device=dev))
+    I = w_routed_gate.shape[1]
+    not_produced = [x.new_empty((0, n)) for n in (I, I, I, I, I, I, H)]
+    d_gs, d_gr, d_us, d_ur, d_hs, d_hr, d_yr = not_produced
+    return (d_x_shared, d_x_routed, d_gs, d_gr, d_us, d_ur, d_hs, d_hr, d_yr, d_shared_gate,
+            d_gate, d_shared_up, d_up, d_shared_down, d_down)
+
+
+@torch.library.custom_op(
+    "mok::dispatch_mlp_swiglu_combine_bwd_bf16",
+    mutates_args=("d_x_routed_buffer", "d_router_weight_buffer", "x_routed", "gate_routed",
+                  "up_routed", "hidden_routed"))
+def dispatch_mlp_swiglu_combine_bwd_bf16(
+        d_y_buffer: torch.Tensor, d_y_buffer_ptrs: list[int], d_x_routed_buffer: torch.Tensor,
+        d_x_routed_buffer_ptrs: list[int], router_weight_buffer: torch.Tensor,
+        router_weight_buffer_ptrs: list[int], d_router_weight_buffer: torch.Tensor,
+        d_router_weight_buffer_ptrs: list[int], w_shared_gate: torch.Tensor,
+        w_routed_gate: torch.Tensor, w_shared_up: torch.Tensor, w_routed_up: torch.Tensor,
+        w_shared_down: torch.Tensor, w_routed_down: torch.Tensor, x_routed: torch.Tensor,
+        gate_shared: torch.Tensor, gate_routed: torch.Tensor, up_shared: torch.Tensor,
+        up_routed: torch.Tensor, hidden_shared: torch.Tensor, hidden_routed: torch.Tensor,
+        x: torch.Tensor, x_ptrs: list[int], schedule_peer_rank: torch.Tensor,
+        schedule_peer_token_idx: torch.Tensor, num_tokens: torch.Tensor,
+        tokens_per_expert: torch.Tensor, topk: int, swiglu_limit: float | None,
+        num_comm_sms: int, macrobatch_size: int, minibatch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MoK's fused backward: (d_x_shared, d_x_routed, d_gate_shared, d_gate_routed, d_up_shared,
+    d_up_routed, d_hidden_shared, d_hidden_routed, d_y_routed, d_w_shared_gate, d_w_routed_gate,
+    d_w_shared_up, d_w_routed_up, d_w_shared_down, d_w_routed_down); d_x_routed_buffer and
+    d_router_weight_buffer get each slot's d_x row and router-weight gradient. The context
+    tensors are read, never written (MoK declares them mutated)."""
+    return _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
+                router_weight_buffer, router_weight_buffer_ptrs, d_router_weight_buffer,
+                d_router_weight_buffer_ptrs, w_shared_gate, w_routed_gate, w_shared_up,
+                w_routed_up, w_shared_down, w_routed_down, x_routed, gate_shared, gate_routed,
+                up_shared, up_routed, hidden_shared, hidden_routed, x, x_ptrs,
+                schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                topk, swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size, fake=False)
+
+
+@dispatch_mlp_swiglu_combine_bwd_bf16.register_fake
+def _bwd_fake(*args):
+    return _bwd(*args, fake=True)
+
+
+@torch.library.custom_op("mok::fwd_epilogue", mutates_args=())
+def fwd_epilogue(y_shared: torch.Tensor, combine_buffer: torch.Tensor,
+                 topk_weights: torch.Tensor, top_experts: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """out[t] = y_shared[t] + sum over j (increasing; slots with top_experts[t, j] < 0 skipped
+    when top_experts is given) of topk_weights[t, j] * combine_buffer[t * k + j], in fp32,
+    rounded once to y_shared's dtype."""
+    return _fwd_epilogue(y_shared, combine_buffer, topk_weights, top_experts)
+
+
+def _fwd_epilogue_checks(y_shared, combine_buffer, topk_weights, top_experts):
+    _checks.require_tensor("y_shared", y_shared)
+    if y_shared.dim() != 2 or y_shared.dtype not in _checks.ACTIVATION_DTYPES:
+        _checks.fail("y_shared", "a bf16 (or float64) [num_local_tokens, hidden_size] tensor",
+                     f"{_checks.dtype_name(y_shared.dtype)} {_checks.shape_text(y_shared.shape)}")
+    T, H = y_shared.shape
+    _checks.require_tensor("topk_weights", topk_weights)
+    if topk_weights.dim() != 2:
+        _checks.fail("topk_weights.shape", f"[{T}, topk]", _checks.shape_text(topk_weights.shape))
+    k = topk_weights.shape[1]
+    dev = y_shared.device
+    _checks.check_tensor("y_shared", y_shared, y_shared.dtype, (T, H), dev)
+    _checks.check_tensor("topk_weights", topk_weights, _checks.router_dtype(y_shared.dtype),
+                         (T, k), dev)
+    _checks.check_tensor("combine_buffer", combine_buffer, y_shared.dtype, (T * k, H), dev)
+    if top_experts is not None:
+        _checks.check_tensor("top_experts", top_experts, (torch.int32, torch.int64), (T, k), dev)
+    return T, H, k
+
+
+def _fwd_epilogue(y_shared, combine_buffer, topk_weights, top_experts):
+    T, H, k = _fwd_epilogue_checks(y_shared, combine_buffer, topk_weights, top_experts)
+    wide = torch.float64 if y_shared.dtype == torch.float64 else torch.float32
+    rows = combine_buffer.reshape(T, k, H)
+    acc = y_shared.to(wide)
+    for j in range(k):
+        term = topk_weights[:, j:j + 1].to(wide) * rows[:, j].to(wide)
+        if top_experts is not None:
+            term = torch.where(top_experts[:, j:j + 1] >= 0, term,
+                               torch.zeros((), dtype=wide, device=term.device))
+        acc = acc + term
+    return acc.to(y_shared.dtype)
+
+
+@fwd_epilogue.register_fake
+def _fwd_epilogue_fake(y_shared, combine_buffer, topk_weights, top_experts=None):
+    _fwd_epilogue_checks(y_shared, combine_buffer, topk_weights, top_experts)
+    return y_shared.new_empty(y_shared.shape)
+
+
+def _bwd_epilogue_checks(d_x_shared, d_x_routed_buffer):
+    _checks.require_tensor("d_x_shared", d_x_shared)
+    if d_x_shared.dim() != 2 or d_x_shared.dtype not in _checks.ACTIVATION_DTYPES:
+        _checks.fail("d_x_shared", "a bf16 (or float64) [num_local_tokens, hidden_size] tensor",
+                     f"{_checks.dtype_name(d_x_shared.dtype)} "
+                     f"{_checks.shape_text(d_x_shared.shape)}")
+    T, H = d_x_shared.shape
+    _checks.require_tensor("d_x_routed_buffer", d_x_routed_buffer)
+    rows = d_x_routed_buffer.shape[0] if d_x_routed_buffer.dim() == 2 else 0
+    if T == 0 or rows == 0 or rows % T:
+        _checks.fail("d_x_routed_buffer.shape", f"[{T} * topk, {H}]",
+                     _checks.shape_text(d_x_routed_buffer.shape))
+    _checks.check_tensor("d_x_routed_buffer", d_x_routed_buffer, d_x_shared.dtype, (rows, H),
+                         d_x_shared.device)
+    return T, H, rows // T
+
+
+@torch.library.custom_op("mok::bwd_epilogue", mutates_args=())
+def bwd_epilogue(d_x_shared: torch.Tensor, d_x_routed_buffer: torch.Tensor) -> torch.Tensor:
+    """d_x[t] = d_x_shared[t] + sum over j (increasing) of d_x_routed_buffer[t * k + j], in fp32,
+    rounded once."""
+    T, H, k = _bwd_epilogue_checks(d_x_shared, d_x_routed_buffer)
+    wide = torch.float64 if d_x_shared.dtype == torch.float64 else torch.float32
+    rows = d_x_routed_buffer.reshape(T, k, H)
+    acc = d_x_shared.to(wide)
+    for j in range(k):
+        acc = acc + rows[:, j].to(wide)
+    return acc.to(d_x_shared.dtype)
+
+
+@bwd_epilogue.register_fake
+def _bwd_epilogue_fake(d_x_shared, d_x_routed_buffer):
+    _bwd_epilogue_checks(d_x_shared, d_x_routed_buffer)
+    return d_x_shared.new_empty(d_x_shared.shape)
+
+
+@torch.library.custom_op("mok::all_gather_top_experts",
+                         mutates_args=("all_gather_top_experts_buffer",))
+def all_gather_top_experts(top_experts: torch.Tensor, all_gather_top_experts_buffer: torch.Tensor,
+                           all_gather_top_experts_buffer_multicast_ptr: int, rank: int,
+                           chunk_bytes: int) -> None:
+    """Every rank's ids into the buffer [ep_size, T, k]; one rank (mok's error for several: this
+    op has no group; mok.functional.build_schedule gathers through the workspace's group)."""
+    _all_gather_checks(top_experts, all_gather_top_experts_buffer, rank, chunk_bytes)
+    all_gather_top_experts_buffer[0].copy_(top_experts)
+
+
+def _all_gather_checks(top_experts, buffer, rank, chunk_bytes):
+    _checks.require_tensor("top_experts", top_experts)
+    if top_experts.dim() != 2:
+        _checks.fail("top_experts.shape", "[num_local_tokens, topk]",
+                     _checks.shape_text(top_experts.shape))
+    T, k = top_experts.shape
+    _checks.check_tensor("top_experts", top_experts, torch.int32, (T, k), top_experts.device)
+    _checks.require_tensor("all_gather_top_experts_buffer", buffer)
+    W = buffer.shape[0] if buffer.dim() == 3 else -1
+    _checks.check_tensor("all_gather_top_experts_buffer", buffer, torch.int32, (W, T, k),
+                         top_experts.device)
+    if W != 1:
+        _checks.fail("all_gather_top_experts_buffer.shape[0]", "1 (mok runs MoK's ops on one "
+                     "rank; mok.functional.build_schedule gathers every rank's ids through the "
+                     "workspace's group)", W)
+    if rank != 0:
+        _checks.fail("rank", "0 (one rank)", rank)
+    if chunk_bytes <= 0 or chunk_bytes % 16:
+        _checks.fail("chunk_bytes", "a positive multiple of 16 (MoK's rule; unused)", chunk_bytes)
+
+
+@all_gather_top_experts.register_fake
+def _all_gather_fake(top_experts, buffer, multicast_ptr, rank, chunk_bytes):
+    _all_gather_checks(top_experts, buffer, rank, chunk_bytes)
+
+
+@torch.library.custom_op("mok::barrier_all", mutates_args=("barrier_buffer", "target"))
+def barrier_all(barrier_buffer: torch.Tensor, barrier_buffer_ptrs: list[int],
+                barrier_buffer_multicast_ptr: int, target: torch.Tensor) -> None:
+    """One rank: nothing to wait for (as in MoK). Several: mok's error (mok.functional orders the
+    ranks of a workspace's group itself)."""
+    _barrier_checks(barrier_buffer, barrier_buffer_ptrs, target)
+
+
+def _barrier_checks(barrier_buffer, barrier_buffer_ptrs, target):
+    _checks.check_tensor("barrier_buffer", barrier_buffer, torch.int32, (1,),
+                         barrier_buffer.device)
+    _checks.check_tensor("target", target, torch.int32, (1,), barrier_buffer.device)
+    _one_rank("barrier_buffer_ptrs", barrier_buffer_ptrs)
+
+
+@barrier_all.register_fake
+def _barrier_fake(barrier_buffer, barrier_buffer_ptrs, multicast_ptr, target):
+    _barrier_checks(barrier_buffer, barrier_buffer_ptrs, target)
+
+
+def _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank):
+    _checks.require_tensor("topk_all", topk_all)
+    if topk_all.dim() != 3:
+        _checks.fail("topk_all.shape", "[ep_size, num_local_tokens, topk]",
+                     _checks.shape_text(topk_all.shape))
+    W, T, k = topk_all.shape
+    _checks.check_tensor("topk_all", topk_all, (torch.int32, torch.int64), (W, T, k),
+                         topk_all.device)
+    if num_local_experts < 1:
+        _checks.fail("num_local_experts", "a positive int", num_local_experts)
+    if schedule_capacity < T * k:
+        _checks.fail("schedule_capacity", f"at least num_local_tokens * topk = {T * k} (MoK's "
+                     "rule; mok's table is at least the worst case anyway)", schedule_capacity)
+    if not 0 <= rank < W:
+        _checks.fail("rank", f"in [0, {W})", rank)
+    rows = max(schedule_capacity,
+               _schedule_terms.capacity_rows(W, T, k, num_local_experts))
+    return W, T, k, rows
+
+
+@torch.library.custom_op("mok::schedule", mutates_args=())
+def schedule(topk_all: torch.Tensor, num_local_experts: int, schedule_capacity: int,
+             rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert) of rank
+    `rank` from every rank's ids [ep_size, T, k]: mok's table in MoK's terms (mok's order, 128-row
+    padding, and max(schedule_capacity, the worst case) rows: mok/_schedule_terms.py). On CPU
+    every id is checked (in [-1, num_local_experts * ep_size)); on CUDA ids outside this rank's
+    experts are not scheduled here, and the layer checks every id on the device."""
+    from mok import _C
+
+    W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
+    if topk_all.device.type == "cpu":
+        ids = topk_all.reshape(W * T, k).to(torch.int64).contiguous()  # alive during the call
+        _C.check_expert_ids_all_ranks(_checks.view_of(ids), num_local_experts * W, W)
+    return _schedule_terms.terms(topk_all, num_local_experts, rank, rows)[:4]
+
+
+@schedule.register_fake
+def _schedule_fake(topk_all, num_local_experts, schedule_capacity, rank):
+    W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
+    new = lambda *s: topk_all.new_empty(s, dtype=torch.int32)  # noqa: E731
+    return new(rows), new(rows), new(1), new(num_local_experts)
+
+
+def _fp8_not_yet(op):
+    def raise_not_yet(*args, **kwargs):
+        raise NotImplementedError(
+            f"mok: {op} is MoK's MXFP8 path, and mok's FP8 mode for Hopper (e4m3 with 1x128 "
+            f"activation and 128x128 weight block scales; Hopper has no MXFP8 tensor cores) is "
+            f"not yet supported: pass bf16 weights")
+    raise_not_yet.__name__ = op
+    raise_not_yet.__doc__ = f"MoK's {op}: raises (Hopper's FP8 mode is not yet supported)."
+    return raise_not_yet
+
+
+mxfp8_quantize = _fp8_not_yet("mxfp8_quantize")
+dispatch_mlp_swiglu_combine_fwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_fwd_mxfp8")
+dispatch_mlp_swiglu_combine_bwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_bwd_mxfp8")
