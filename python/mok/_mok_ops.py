@@ -39,8 +39,8 @@ What differs from MoK, and why:
     (zero on padding rows).
   - Intermediate gradients mok fuses away (`d_gate_*`, `d_up_*`, `d_hidden_*`, `d_y_routed`) come
     back as empty [0, ...] tensors: mok does not produce them.
-  - `swiglu_limit` is carried to mok, which raises for anything but None until clamped SwiGLU
-    lands.
+  - `swiglu_limit` (clamped SwiGLU, MoK's semantics) is carried to mok's layer ops; mok refuses 0,
+    inf and NaN, which MoK lets through.
   - MXFP8 (`mxfp8_quantize`, `dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming
     Hopper's FP8 mode, not yet supported.
 """
@@ -62,8 +62,7 @@ def _one_rank(name, pointers):
 
 
 def _swiglu_limit(swiglu_limit):
-    if swiglu_limit is not None:
-        _checks.fail("swiglu_limit", "None (mok has no clamped SwiGLU yet)", swiglu_limit)
+    return _checks.check_swiglu_limit(swiglu_limit)
 
 
 def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
@@ -91,14 +90,15 @@ def _slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slot
     return ids[:slots].reshape(slots, 1), slot, used
 
 
-def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down):
+def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit):
     """The layer with no routed slot: out = S(x) (mok's layer; the routed weights give shapes)."""
     from mok import ops
 
     T = x.shape[0]
     ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
     w = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device)
-    return ids, w, ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0)
+    return ids, w, ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0,
+                               swiglu_limit=swiglu_limit)
 
 
 def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
@@ -119,7 +119,7 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
 
     _one_rank("x_buffer_ptrs", x_buffer_ptrs)
     _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
-    _swiglu_limit(swiglu_limit)
+    limit = _swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     _checks.require_tensor("x_buffer", x_buffer)
     T, H = x_buffer.shape
@@ -134,10 +134,11 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
     ones = torch.ones((T * topk, 1), dtype=_checks.router_dtype(x_buffer.dtype),
                       device=x_buffer.device)
     y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = ops.forward(
-        x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0)
+        x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0,
+        swiglu_limit=limit)
     _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
         x_buffer, w_routed_gate, w_routed_up, w_routed_down, w_shared_gate, w_shared_up,
-        w_shared_down)
+        w_shared_down, limit)
     combine_buffer.copy_(y_slots)
     y_routed = torch.where(used.unsqueeze(1), y_slots[slot.clamp(max=T * topk - 1)],
                            torch.zeros((), dtype=y_slots.dtype, device=y_slots.device))
@@ -187,7 +188,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
                        ("d_router_weight_buffer_ptrs", d_router_weight_buffer_ptrs),
                        ("x_ptrs", x_ptrs)):
         _one_rank(name, ptrs)
-    _swiglu_limit(swiglu_limit)
+    limit = _swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     _checks.require_tensor("x", x)
     T, H = x.shape
@@ -208,7 +209,8 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     w_slots = router_weight_buffer.reshape(slots, 1)
     d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = ops.backward(
         d_y_slots, x_slots, ids, w_slots, w_routed_gate, w_routed_up, w_routed_down, None, None,
-        None, x_routed, gate_routed, up_routed, hidden_routed, None, None, None, 0)
+        None, x_routed, gate_routed, up_routed, hidden_routed, None, None, None, 0,
+        swiglu_limit=limit)
     # The shared expert alone: its routed context rows are never read (no slot is routed), so
     # they are left unwritten.
     ids_none = torch.full((T, 1), -1, dtype=torch.int64, device=dev)
@@ -220,7 +222,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = ops.backward(
         d_y_buffer, x, ids_none, w_none, w_routed_gate, w_routed_up, w_routed_down,
         w_shared_gate, w_shared_up, w_shared_down, *unread, gate_shared, up_shared,
-        hidden_shared, 0)
+        hidden_shared, 0, swiglu_limit=limit)
     if not fake:
         d_x_routed_buffer.copy_(d_x_slots)
         d_router_weight_buffer.copy_(d_w_slots.reshape(T, topk))

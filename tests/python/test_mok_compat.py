@@ -243,7 +243,7 @@ class OneRankBuffers:
         return self._ptrs[name]
 
 
-def ops_forward(b, data, T, k, E, *, ops=torch.ops.mok):
+def ops_forward(b, data, T, k, E, *, ops=torch.ops.mok, limit=None):
     g, u, d, sg, su, sd = data.weights
     top = data.topk_experts.to(torch.int32)
     ops.all_gather_top_experts(top, b.all_gather, b.ptrs("all_gather")[0], 0, 16)
@@ -252,12 +252,12 @@ def ops_forward(b, data, T, k, E, *, ops=torch.ops.mok):
                                                                        0)
     outs = ops.dispatch_mlp_swiglu_combine_fwd_bf16(
         b.x_buffer, b.ptrs("x_buffer"), b.combine_buffer, b.ptrs("combine_buffer"), sg, g, su, u,
-        sd, d, peer_rank, peer_slot, num_tokens, tokens_per_expert, k, None, 40, 131072, 4096)
+        sd, d, peer_rank, peer_slot, num_tokens, tokens_per_expert, k, limit, 40, 131072, 4096)
     out = ops.fwd_epilogue(outs[7], b.combine_buffer, b.router_weight_buffer, top)
     return out, outs, (peer_rank, peer_slot, num_tokens, tokens_per_expert)
 
 
-def ops_backward(b, data, T, k, context, schedule):
+def ops_backward(b, data, T, k, context, schedule, limit=None):
     g, u, d, sg, su, sd = data.weights
     x_routed, gate_shared, gate_routed, up_shared, up_routed, hidden_shared, hidden_routed = \
         context
@@ -266,7 +266,7 @@ def ops_backward(b, data, T, k, context, schedule):
         b.router_weight_buffer, b.ptrs("router_weight_buffer"), b.d_router_weight_buffer,
         b.ptrs("d_router_weight_buffer"), sg, g, su, u, sd, d, x_routed, gate_shared,
         gate_routed, up_shared, up_routed, hidden_shared, hidden_routed, b.x_buffer,
-        b.ptrs("x_buffer"), *schedule, k, None, 28, 131072, 4096)
+        b.ptrs("x_buffer"), *schedule, k, limit, 28, 131072, 4096)
     d_x = torch.ops.mok.bwd_epilogue(grads[0], b.d_x_routed_buffer)
     (d_sg, d_g, d_su, d_u, d_sd, d_d) = grads[9:]
     return d_x, b.d_router_weight_buffer, d_g, d_u, d_d, d_sg, d_su, d_sd
@@ -320,14 +320,42 @@ def test_ops_errors_name_what_is_missing(gen):
         with pytest.raises(NotImplementedError, match="FP8 mode for Hopper"):
             getattr(mok.ops, name)(data.x)
     g, u, d, sg, su, sd = data.weights
+    # Clamped SwiGLU: mok refuses a limit of 0 (MoK lets it through), naming the argument.
     _, _, schedule = ops_forward(OneRankBuffers(data, T, H, k), data, T, k, E)
     with pytest.raises(ValueError, match="swiglu_limit"):
         torch.ops.mok.dispatch_mlp_swiglu_combine_fwd_bf16(
             b.x_buffer, b.ptrs("x_buffer"), b.combine_buffer, b.ptrs("combine_buffer"), sg, g,
-            su, u, sd, d, *schedule, k, 7.0, 40, 131072, 4096)
+            su, u, sd, d, *schedule, k, 0.0, 40, 131072, 4096)
     with pytest.raises(ValueError, match="swiglu_limit"):
         functional.forward(functional.MoKConfig(), *_workspace_and_schedule(data, T, H, k, E),
-                           data.x, data.topk_weights, sg, su, sd, g, u, d, swiglu_limit=7.0)
+                           data.x, data.topk_weights, sg, su, sd, g, u, d, swiglu_limit=0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("limit", [0.5, 2.0])
+def test_ops_layer_with_swiglu_limit_matches_functional(gen, device, limit):
+    """MoK's op sequence with a swiglu_limit against mok.functional with the same limit (whose
+    own tests check it against an independent fp32 reference: test_swiglu_limit.py). The limits
+    clamp a large share of the pre-activations of these inputs; without the limit the results
+    differ (checked), so the limit reaches the ops' layer calls. DeepSeek-V4-like: the models
+    that use the limit."""
+    data, (T, H, I, E, k) = layer_data(gen, "dsv4-pro-like", device)
+    g, u, d, sg, su, sd = data.weights
+    config = functional.MoKConfig()
+    ws, schedule = _workspace_and_schedule(data, T, H, k, E)
+    out_f, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd,
+                                    g, u, d, swiglu_limit=limit)
+    grads_f = functional.backward(config, ws, schedule, ctx, data.d_out, data.x,
+                                  data.topk_weights, sg, su, sd, g, u, d, swiglu_limit=limit)
+    b = OneRankBuffers(data, T, H, k)
+    out, outs, sched = ops_forward(b, data, T, k, E, limit=limit)
+    grads = ops_backward(b, data, T, k, outs[:7], sched, limit=limit)
+    check_close("output", out.cpu(), out_f.float().cpu())
+    for name, got, want in zip(GRAD_NAMES, grads, grads_f):
+        check_cosine(name, got.cpu(), want.float().cpu())
+    b_plain = OneRankBuffers(data, T, H, k)
+    out_plain, _, _ = ops_forward(b_plain, data, T, k, E)
+    assert not torch.equal(out_plain, out), "the limit changed nothing: it was not applied"
 
 
 def _workspace_and_schedule(data, T, H, k, E):
