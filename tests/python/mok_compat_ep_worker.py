@@ -297,7 +297,7 @@ def call_sequence(case, config, ws, x, ids, w, shared, routed, d_out, El):
     return schedule, out, ctx, grads, ctx2, grads2
 
 
-def one_process(config, p, shared, E):
+def one_process(config, p, shared, E, swiglu_limit=None):
     """mok in one process with every expert over every rank's tokens (the promised bits)."""
     N, H = p.x.shape
     ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=N,
@@ -305,9 +305,9 @@ def one_process(config, p, shared, E):
     schedule = functional.build_schedule(ws, config, p.ids, num_local_experts=E)
     sg, su, sd = shared if shared is not None else (None, None, None)
     out, ctx = functional.forward(config, ws, schedule, p.x, p.router_weights, sg, su, sd,
-                                  *p.routed)
+                                  *p.routed, swiglu_limit=swiglu_limit)
     grads = functional.backward(config, ws, schedule, ctx, p.d_out, p.x, p.router_weights, sg,
-                                su, sd, *p.routed)
+                                su, sd, *p.routed, swiglu_limit=swiglu_limit)
     return out, ctx, grads
 
 
@@ -424,6 +424,27 @@ def layer_case(chk, group, case, seed):
     for field in ("gate_routed", "up_routed", "hidden_routed"):
         chk.bits(f"{name}: ctx.{field} == one process", getattr(ctx, field)[rows],
                  getattr(one_ctx, field)[rows])
+
+    # Clamped SwiGLU (MoK's swiglu_limit) across ranks: the same bits as the one-process layer
+    # with the same limit, and a limit that clamps these pre-activations changes the result.
+    limit = 0.25
+    sg, su, sd = shared if shared is not None else (None, None, None)
+    out_l, ctx_l = functional.forward(config, ws, schedule, x, w, sg, su, sd, *routed,
+                                      swiglu_limit=limit)
+    grads_l = functional.backward(config, ws, schedule, ctx_l, d_out, x, w, sg, su, sd, *routed,
+                                  swiglu_limit=limit)
+    one_out_l, _, one_grads_l = one_process(config, p, p.shared[0], E, swiglu_limit=limit)
+    if same_shared:
+        chk.bits(f"{name}: swiglu_limit {limit}: output == one process", out_l, one_out_l[mine])
+        chk.bits(f"{name}: swiglu_limit {limit}: d_x == one process", grads_l[0],
+                 one_grads_l[0][mine])
+    chk.bits(f"{name}: swiglu_limit {limit}: d_router_weights == one process", grads_l[1],
+             one_grads_l[1][mine])
+    for i, gname in enumerate(GRAD_NAMES[2:5]):
+        chk.bits(f"{name}: swiglu_limit {limit}: {gname} == one process", grads_l[2 + i],
+                 one_grads_l[2 + i][local])
+    chk.true(f"{name}: swiglu_limit {limit} changes the routed gradients",
+             not torch.equal(one_grads_l[4], one_grads[4]))
 
     # MoK's main_grads (keyword form; fp32, MoK's order: shared gate, routed gate, shared up,
     # routed up, shared down, routed down), accumulated into random starting values.
@@ -562,7 +583,7 @@ def suite_api(chk, seed):
                 ("input shape", {"x": x[:-1]}),
                 ("router weight dtype", {"router_weights": w.to(torch.bfloat16)}),
                 ("router weight shape", {"router_weights": w[:, :0]}),
-                ("swiglu_limit", {"swiglu_limit": 7.0}),
+                ("swiglu_limit 0, which mok refuses", {"swiglu_limit": 0.0}),
                 ("MXFP8 weight tuple", {"routed_gate_weights": (g, g)}))
     for what, override in failures:
         expect_error(chk, f"forward: {what}", ERRORS, [],
