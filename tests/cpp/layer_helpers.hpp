@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "mok/api.hpp"
 #include "synthetic/check.hpp"
@@ -56,6 +57,26 @@ inline bool all_finite(const HostTensor& t) {
     if (!std::isfinite(t.get(i))) return false;
   }
   return true;
+}
+
+// Every entry of `param`'s gradient `grad` against a central difference of `loss()` (f64, eps
+// 1e-6), within `tolerance` relative (check.hpp's relative_error); the callers say why theirs.
+template <typename Loss>
+void check_gradient_by_differences(HostTensor& param, const HostTensor& grad, const char* name,
+                                   Loss&& loss, double tolerance) {
+  constexpr double eps = 1e-6;
+  std::vector<double> fd(param.numel()), an(param.numel());
+  for (std::int64_t i = 0; i < param.numel(); ++i) {
+    const double v = param.get(i);
+    param.set(i, v + eps);
+    const double up = loss();
+    param.set(i, v - eps);
+    const double down = loss();
+    param.set(i, v);
+    fd[i] = (up - down) / (2 * eps);
+    an[i] = grad.get(i);
+  }
+  EXPECT_LT(relative_error(an, fd), tolerance) << name;
 }
 
 // Runs `f`, expects a mok::Error whose message contains every string in `parts`.

@@ -149,25 +149,13 @@ double loss_of(LayerData& d) {
   return l;
 }
 
+// Central differences in f64: truncation ~eps^2 relative, rounding ~1e-16 |loss| / eps in
+// absolute terms. The clamp zeroes many gradient entries, so a gradient's norm can be 10-100x
+// below the loss's scale and the rounding term reaches ~1e-7 of it (seen: 1.4e-7); 1e-6 keeps
+// a margin, and any wrong rule at the clamp is an O(1) error. Random normal data puts no g or u
+// within eps of a kink of the clamp (probability ~1e-5 per layer).
 void check_gradient(LayerData& d, HostTensor& param, const HostTensor& grad, const char* name) {
-  constexpr double eps = 1e-6;
-  std::vector<double> fd(param.numel()), an(param.numel());
-  for (std::int64_t i = 0; i < param.numel(); ++i) {
-    const double v = param.get(i);
-    param.set(i, v + eps);
-    const double up = loss_of(d);
-    param.set(i, v - eps);
-    const double down = loss_of(d);
-    param.set(i, v);
-    fd[i] = (up - down) / (2 * eps);
-    an[i] = grad.get(i);
-  }
-  // Central differences in f64: truncation ~eps^2 relative, rounding ~1e-16 |loss| / eps in
-  // absolute terms. The clamp zeroes many gradient entries, so a gradient's norm can be 10-100x
-  // below the loss's scale and the rounding term reaches ~1e-7 of it (seen: 1.4e-7); 1e-6 keeps
-  // a margin, and any wrong rule at the clamp is an O(1) error. Random normal data puts no g or u
-  // within eps of a kink of the clamp (probability ~1e-5 per layer).
-  EXPECT_LT(relative_error(an, fd), 1e-6) << name;
+  check_gradient_by_differences(param, grad, name, [&] { return loss_of(d); }, 1e-6);
 }
 
 TEST(SwigluLimit, F64LayerGradientsMatchFiniteDifferences) {
