@@ -618,13 +618,21 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
           ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
         }
         std::vector<std::string> failures(W);
+        // Host time of each rank's forward and backward calls (launches only): a stall whose
+        // straggler's calls took about the timeout was its host thread held up (a driver lock, a
+        // module load); one whose calls returned at once was the GPU not running its kernels.
+        std::vector<double> launch_ms(W, 0.0);
         std::vector<std::thread> threads;
         for (int r = 0; r < W; ++r) {
           threads.emplace_back([&, r] {
             try {
               const std::span<const cuda::RankTensors> mine(&ranks[r], 1);
+              const auto start = std::chrono::steady_clock::now();
               layers[r]->forward(mine, true, streams[r]);
               layers[r]->backward(mine, BackwardOptions{}, streams[r]);
+              launch_ms[r] = std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count();
               if (cudaStreamSynchronize(streams[r]) != cudaSuccess) failures[r] = "sync";
               layers[r]->check_errors(streams[r]);
             } catch (const std::exception& e) {
@@ -650,7 +658,9 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
         }
         std::string all;
         for (int r = 0; r < W; ++r) {
-          if (!failures[r].empty()) all += "\n  rank " + std::to_string(r) + ": " + failures[r];
+          all += "\n  rank " + std::to_string(r) + " (forward + backward calls returned after " +
+                 std::to_string(launch_ms[r]) + " ms): " +
+                 (failures[r].empty() ? std::string("no error") : failures[r]);
         }
         ASSERT_TRUE(only_stalls) << what << ", attempt " << attempt << ":" << all;
         std::printf("[ mok ] %s, attempt %d of %d: a rank's kernels did not run beside another's "
