@@ -61,10 +61,6 @@ def _one_rank(name, pointers):
                      "through mok.functional on the workspace's group)", len(pointers))
 
 
-def _swiglu_limit(swiglu_limit):
-    return _checks.check_swiglu_limit(swiglu_limit)
-
-
 def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
     if num_comm_sms <= 0 or num_comm_sms % 2:
         _checks.fail("num_comm_sms", "a positive even int (MoK's rule)", num_comm_sms)
@@ -119,7 +115,7 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
 
     _one_rank("x_buffer_ptrs", x_buffer_ptrs)
     _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
-    limit = _swiglu_limit(swiglu_limit)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     _checks.require_tensor("x_buffer", x_buffer)
     T, H = x_buffer.shape
@@ -188,7 +184,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
                        ("d_router_weight_buffer_ptrs", d_router_weight_buffer_ptrs),
                        ("x_ptrs", x_ptrs)):
         _one_rank(name, ptrs)
-    limit = _swiglu_limit(swiglu_limit)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     _checks.require_tensor("x", x)
     T, H = x.shape

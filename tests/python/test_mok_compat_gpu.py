@@ -103,8 +103,17 @@ def check_cosine(name, got, ref):
 @requires_cuda
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_functional_at_moks_shapes_on_the_gpu(gen, shape):
+    # An fp32 reference, not a TF32 one; the setting is restored for the tests after this one.
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        check_at_shape(gen, shape)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def check_at_shape(gen, shape):
     T, H, I, E, k, S, limit = SHAPES[shape]
-    torch.backends.cuda.matmul.allow_tf32 = False  # an fp32 reference, not a TF32 one
     x, ids, w, routed, shared, d_out = draw(gen, T, H, I, E, k, S)
     sg, su, sd = shared
     config = functional.MoKConfig()
