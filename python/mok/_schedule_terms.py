@@ -43,7 +43,7 @@ def terms(topk_all, num_local_experts, rank, rows):
     counts = torch.zeros(num_local_experts + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + SEGMENT_ALIGNMENT - 1) // SEGMENT_ALIGNMENT * SEGMENT_ALIGNMENT
-    padded[num_local_experts] = 0
+    padded[num_local_experts:].zero_()  # the unscheduled key holds no rows (a kernel, no sync)
     segment_start = torch.cumsum(padded, 0) - padded  # exclusive
     first_of_key = torch.cumsum(counts, 0) - counts  # where each key starts in the sorted order
     # NOTES: a stable sort keeps the positions of one expert in increasing src, t, j: mok's order.
@@ -57,8 +57,6 @@ def terms(topk_all, num_local_experts, rank, rows):
     peer_token_idx = torch.full((rows + 1,), -1, dtype=torch.int32, device=device)
     peer_rank.scatter_(0, dest, (order // slots).to(torch.int32))
     peer_token_idx.scatter_(0, dest, (order % slots).to(torch.int32))
-    peer_rank[dump] = -1
-    peer_token_idx[dump] = -1
     tokens_per_expert = padded[:num_local_experts].to(torch.int32)
     num_tokens = tokens_per_expert.sum().reshape(1).to(torch.int32)
     return (peer_rank[:rows], peer_token_idx[:rows], num_tokens, tokens_per_expert,

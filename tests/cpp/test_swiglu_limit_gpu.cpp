@@ -23,6 +23,7 @@ LayerData grid_layer(const Problem& p, std::uint64_t seed, Routing r) {
   std::mt19937_64 rng(seed ^ 0x5eed);
   std::uniform_int_distribution<int> pick(-2, 2);
   for (HostTensor* t : {&d.x, &d.gate, &d.up, &d.shared_gate, &d.shared_up}) {
+    if (!t->defined()) continue;  // no shared expert (S = 0)
     for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * pick(rng));
   }
   return d;

@@ -360,7 +360,7 @@ def test_ops_layer_with_swiglu_limit_matches_functional(gen, device, limit):
 
 def _workspace_and_schedule(data, T, H, k, E):
     config = functional.MoKConfig()
-    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=T,
+    ws = functional.create_workspace(config, None, device=data.x.device, num_local_tokens=T,
                                      hidden_size=H, topk=k)
     return ws, functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
 
