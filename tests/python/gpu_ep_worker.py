@@ -5,16 +5,20 @@ rank (NCCL group; the layer's rows move through PyTorch symmetric memory):
 
 tests/python/test_gpu_ep.py launches it. Every rank checks, bit for bit, its output, d_x, router
 weight gradients and its experts' weight gradients against one process running the whole layer
-(every expert, every rank's tokens) on its own GPU; routings random (with -1 slots) and skewed
-(half of all slots on rank 0's first expert); then a training step captured in a CUDA graph and
-replayed with new inputs in place, against the same step run eagerly. Prints
-"[rank R] GPU EP: passed" when every check held; exits 1 otherwise.
+(every expert, every rank's tokens) on its own GPU; routings random (with -1 slots), skewed
+(half of all slots on rank 0's first expert), empty ranks (only rank 0's experts chosen) and
+every slot on the last rank's last expert; each then a training step captured in a CUDA graph and
+replayed with new inputs in place, against the same step run eagerly. Last, a rank that never
+calls forward: the others' device waits give up within the bound and their next call raises mok's
+error naming the rank that did not arrive (no rank hangs). Prints "[rank R] GPU EP: passed" when
+every check held; exits 1 otherwise.
 """
 
 import argparse
 import datetime
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -24,13 +28,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_layer  # noqa: E402
 from host_ep_worker import Checks, route  # noqa: E402
 
+import mok._workspace  # noqa: E402
 import mok.ops  # noqa: E402
 from mok import functional as mf  # noqa: E402
 
 CASES = [  # T per rank, H, I, E, k, S, routing
     (48, 128, 128, 16, 4, 64, "random"),
     (40, 128, 192, 8, 2, 0, "skewed"),
+    (32, 128, 128, 16, 4, 64, "empty_ranks"),
+    (24, 128, 128, 16, 2, 0, "last_rank"),
 ]
+NEVER_ARRIVES_TIMEOUT_S = 3
 
 
 def whole_layer(config, data, E, device):
@@ -94,6 +102,46 @@ def layer_case(chk, config, case, seed, device):
         chk.bits(f"{name}: graph replay gradient {i}", g_grads[i], eager_grads[i])
 
 
+def never_arrives(chk, config, seed, device):
+    """The last rank builds the schedule with the others, then never calls forward: every other
+    rank's forward gives up on the device within the bound (its synchronize returns), and its next
+    call raises mok's error naming the rank whose arrivals did not come."""
+    W, r = dist.get_world_size(), dist.get_rank()
+    T, H, I, E, k, S = 16, 128, 128, 2 * W, 2, 0
+    gen = torch.Generator().manual_seed(seed)
+    data = make_layer(gen, W * T, H, I, E, k, S).to(device)
+    mine, local = slice(r * T, (r + 1) * T), slice(r * (E // W), (r + 1) * (E // W))
+    x, ids, w = (t[mine].clone() for t in (data.x, data.topk_experts, data.topk_weights))
+    g, u, d = (t[local].clone() for t in data.weights[:3])
+    sg, su, sd = data.weights[3:]
+    # The bound of this workspace's device waits: read when its team is made (mok._workspace).
+    mok._workspace.barrier_timeout_ms = NEVER_ARRIVES_TIMEOUT_S * 1000
+    ws = mf.create_workspace(config, dist.group.WORLD, device=device, num_local_tokens=T,
+                             hidden_size=H, topk=k)
+    sched = mf.build_schedule(ws, config, ids, num_local_experts=E // W)
+    torch.cuda.synchronize()
+    dist.barrier()
+    if r == W - 1:
+        time.sleep(NEVER_ARRIVES_TIMEOUT_S + 3)  # never calls forward
+    else:
+        start = time.monotonic()
+        mf.forward(config, ws, sched, x, w, sg, su, sd, g, u, d)
+        torch.cuda.synchronize()  # returns: the device waits gave up
+        took = time.monotonic() - start
+        chk.true(f"rank {r}: the device waits gave up within the bound ({took:.1f} s for "
+                 f"{NEVER_ARRIVES_TIMEOUT_S} s)",
+                 NEVER_ARRIVES_TIMEOUT_S - 0.5 <= took <= NEVER_ARRIVES_TIMEOUT_S + 5)
+        chk.count += 1
+        try:
+            mf.build_schedule(ws, config, ids, num_local_experts=E // W)
+            chk.failures.append(f"rank {r}: the call after the timeout raised nothing")
+        except RuntimeError as e:
+            for part in (f"timed out on rank {r}", f"arrivals from rank {W - 1}"):
+                if part not in str(e):
+                    chk.failures.append(f"rank {r}: {part!r} not in: {e}")
+    dist.barrier()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, required=True)
@@ -108,6 +156,7 @@ def main():
     try:
         for i, case in enumerate(CASES):
             layer_case(chk, mf.MoKConfig(), case, args.seed + i, device)
+        never_arrives(chk, mf.MoKConfig(), args.seed + len(CASES), device)
     except Exception:  # noqa: BLE001
         chk.failures.append("unexpected error:\n" + traceback.format_exc())
     chk.finish("GPU EP")

@@ -19,7 +19,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_ep_worker
 SUITE_TIMEOUT = 300
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, 4, 8])
 def test_gpu_ep_bitwise_the_whole_layer(nproc):
     if not mok.backend_available("cuda"):
         pytest.skip("no CUDA GPU: the CUDA expert-parallel suite needs one GPU per rank")
