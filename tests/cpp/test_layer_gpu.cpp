@@ -17,6 +17,7 @@
 #include "synthetic/device_layer.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
+#include "layer_gpu_helpers.hpp"
 #include "layer_helpers.hpp"
 
 namespace mok::test {
@@ -47,16 +48,6 @@ LayerData make_case(const GpuCase& c, std::uint64_t seed, DType grad_dtype = DTy
 }
 
 // One forward + backward on the GPU; results copied into `d`'s outputs.
-void run_gpu(LayerData& d, const Config& config = {}, BackwardOptions options = {}) {
-  DeviceLayer g(d);
-  Workspace ws(d.problem, config, {.backend = Backend::cuda});
-  DeviceContext ctx(ws);
-  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
-  backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads(), options);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  g.download(d);
-}
-
 class LayerGpu : public ::testing::TestWithParam<GpuCase> {};
 
 // Runs of the repeated-bitwise checks: 10, or MOK_TEST_RUNS (the sanitizers' runs use 2: each run

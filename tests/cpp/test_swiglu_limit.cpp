@@ -79,25 +79,6 @@ LayerData wide_layer(const Problem& p, DType act, std::uint64_t seed, Routing r)
   return d;
 }
 
-// Inputs on a grid whose products and sums are exact in bf16 and fp32: x and the gate and up
-// weights in {-1, -1/2, 0, 1/2, 1}, H = 64, so every g and u is a multiple of 1/4 of magnitude at
-// most 64, exactly representable in bf16. The bf16 layer's g and u are then the exact ones: the
-// clamp decides every element as the f64 layer does (random data would put a few elements within
-// a bf16 rounding of the limit, on different sides in the two layers), and many land exactly on
-// +-L (the boundary, where the gradient flows). Down weights, router weights and d_out stay
-// random.
-LayerData grid_layer(const Problem& p, std::uint64_t seed, Routing r) {
-  EXPECT_EQ(p.hidden_size, 64);
-  LayerData d = make_layer_data(p, DType::bf16, seed, r);
-  std::mt19937_64 rng(seed ^ 0x5eed);
-  std::uniform_int_distribution<int> pick(-2, 2);
-  for (HostTensor* t : {&d.x, &d.gate, &d.up, &d.shared_gate, &d.shared_up}) {
-    if (!t->defined()) continue;  // no shared expert (S = 0)
-    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * pick(rng));
-  }
-  return d;
-}
-
 struct ClampCounts {
   std::int64_t gate_above = 0, gate_at = 0, up_above = 0, up_below = 0, up_at = 0, total = 0;
 };

@@ -1,43 +1,16 @@
 // Clamped SwiGLU (Weights::swiglu_limit) on the CUDA layer: forward and every gradient against the
 // exact f64 layer at several limits, repeated bitwise; a limit no value reaches gives the
 // unclamped layer's bits; several ring passes (backward replays the clamped forward) give the
-// bits of one. Skipped without a GPU. Written and compiled without a GPU: not yet run on one.
+// bits of one. Skipped without a GPU (passed on the H200 at 7db507e).
 #include <cstdio>
-#include <random>
 
 #include "gpu_buffer.hpp"
+#include "layer_gpu_helpers.hpp"
 #include "layer_helpers.hpp"
 #include "synthetic/device_layer.hpp"
 
 namespace mok::test {
 namespace {
-
-using cuda::DeviceContext;
-using cuda::DeviceLayer;
-
-// Inputs on a grid (as tests/cpp/test_swiglu_limit.cpp): x and the gate/up weights in
-// {-1, -1/2, 0, 1/2, 1}, H = 64, so g and u are exact multiples of 1/4 in bf16 and fp32 and the
-// GPU's clamp decides every element as the f64 layer's does; many sit exactly on +-L.
-LayerData grid_layer(const Problem& p, std::uint64_t seed, Routing r) {
-  LayerData d = make_layer_data(p, DType::bf16, seed, r);
-  std::mt19937_64 rng(seed ^ 0x5eed);
-  std::uniform_int_distribution<int> pick(-2, 2);
-  for (HostTensor* t : {&d.x, &d.gate, &d.up, &d.shared_gate, &d.shared_up}) {
-    if (!t->defined()) continue;  // no shared expert (S = 0)
-    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * pick(rng));
-  }
-  return d;
-}
-
-void run_gpu(LayerData& d, const Config& config = {}) {
-  DeviceLayer g(d);
-  Workspace ws(d.problem, config, {.backend = Backend::cuda});
-  DeviceContext ctx(ws);
-  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
-  backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  g.download(d);
-}
 
 struct LimitCase {
   const char* name;
