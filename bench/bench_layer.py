@@ -213,11 +213,14 @@ def mok_config_record(config, sets):
 
 class MokImpl:
     """mok's functional API (MoK's argument order): build_schedule, forward, backward, with the
-    config of `variant` (mok_config)."""
+    config of `variant` (mok_config); `path` is MOK_FORWARD for its workspaces (unfused: the
+    launches; fused: the forward megakernel), `comm` its fwd_num_comm_sms (None: the default)."""
     name = "mok"
 
-    def __init__(self, variant="default"):
+    def __init__(self, variant="default", path="unfused", comm=None):
         self.variant = variant
+        self.path = path
+        self.comm = comm
 
     def setup(self, inp):
         import mok.functional as mf
@@ -226,8 +229,20 @@ class MokImpl:
         E = inp["w_gate"].shape[0]
         self.mf = mf
         self.config = mok_config(self.variant, T, k, E)
-        self.ws = mf.get_workspace(self.config, None, device=inp["x"].device, num_local_tokens=T,
-                                   hidden_size=H, topk=k)
+        if self.comm is not None:
+            self.config.fwd_num_comm_sms = self.comm
+        # NOTES: the layer reads MOK_FORWARD when the workspace makes it; release_memory clears
+        # the workspace cache between implementations, so each gets its own.
+        was = os.environ.get("MOK_FORWARD")
+        os.environ["MOK_FORWARD"] = self.path
+        try:
+            self.ws = mf.get_workspace(self.config, None, device=inp["x"].device,
+                                       num_local_tokens=T, hidden_size=H, topk=k)
+        finally:
+            if was is None:
+                del os.environ["MOK_FORWARD"]
+            else:
+                os.environ["MOK_FORWARD"] = was
         self.inp = inp
         self.E = E
         sg, su, sd = inp["shared"] if inp["shared"] is not None else (None, None, None)
@@ -255,6 +270,11 @@ IMPLS = {
     "mok": (MokImpl, "mok-unfused"),
     "mok-1pass": (lambda: MokImpl("1pass"), "mok-unfused-1pass"),
     "mok-2pass": (lambda: MokImpl("2pass"), "mok-unfused-2pass"),
+    # The forward megakernel (off by default until it beats the launches: issue 16).
+    "mok-fused": (lambda: MokImpl(path="fused"), "mok-fused"),
+    "mok-fused-c8": (lambda: MokImpl(path="fused", comm=8), "mok-fused-c8"),
+    "mok-fused-c64": (lambda: MokImpl(path="fused", comm=64), "mok-fused-c64"),
+    "mok-fused-2pass": (lambda: MokImpl("2pass", path="fused"), "mok-fused-2pass"),
     "torch": (TorchImpl, "torch"),
 }
 
@@ -299,6 +319,21 @@ def measure(case, routing_name, impl_name, sets, args):
     del out
     if not err < 4 * 2 ** -8:  # NaN fails too
         return f"WRONG output (rel err {err})"
+    if isinstance(impl, MokImpl) and impl.path != "unfused":
+        # The megakernel's whole output is the unfused path's, bit for bit, before it is timed.
+        with torch.no_grad():
+            fused_out = impl.forward().clone()
+        release_memory()
+        ref_impl = MokImpl(impl.variant, "unfused", impl.comm)
+        ref_impl.setup(sets[0])
+        with torch.no_grad():
+            same = torch.equal(fused_out, ref_impl.forward())
+        del ref_impl, fused_out
+        release_memory()
+        if not same:
+            return "WRONG: the fused forward's output differs bitwise from the unfused one"
+        impl = factory()
+        impl.setup(sets[0])
     rot = [factory() for _ in sets]
     for r, s in zip(rot, sets):
         r.setup(s)

@@ -21,6 +21,10 @@ enum class FlagId : std::uint32_t {
   none = 0,
   team_barrier = 1,  // flags[index] of the waiting rank: arrivals from rank `index`
   rank_grid = 2,     // the rank-local grid barrier counter (blocks of one rank)
+  // The forward megakernel's counters (rank-local, reset by the launch itself: a timeout leaves
+  // nothing inconsistent behind):
+  fused_ready = 3,  // ready[index]: the pulling CTAs' shares of minibatch `index` of the pass
+  fused_done = 4,   // done[index]: the gate/up tiles of the pass's M tile `index` (128 rows)
 };
 
 struct DeviceErrorRecord {

@@ -40,6 +40,8 @@
 //     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
 //     wgrad_tickets        u32  [3, 2]         a ticket counter pair per weight-gradient stream
 //     peers                ptr  [6, W]         every rank's staging and slot buffers
+//     fused_counters       u32  [fused_counter_words]  the forward megakernel's ready, done and
+//                                              exit counters (kernels/fused_forward.hpp)
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -107,7 +109,7 @@ struct WorkspacePlan {
   // layer region
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up, row_weights,
       row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
-      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers;
+      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P
@@ -144,6 +146,19 @@ constexpr std::int64_t ring_rows(const PlanShape& s) {
 constexpr std::int64_t carry_slots(std::int64_t passes, std::int64_t experts) {
   const std::int64_t boundaries = passes > 1 ? passes - 1 : 0;
   return boundaries < experts ? boundaries : experts;
+}
+
+// The forward megakernel's counters (src/cuda/kernels/fused_forward.hpp), zero between launches:
+// ready [ceil(R / minibatch)], done [ceil(R / 128) + E_local] (one per M tile of the pass: at most
+// one more than R / 128 per expert segment), exit [1].
+struct FusedCounters {
+  std::int64_t ready = 0, done = 0;
+  constexpr std::int64_t words() const { return ready + done + 1; }
+};
+constexpr FusedCounters fused_counters(std::int64_t ring_rows, std::int64_t minibatch_rows,
+                                       std::int64_t experts) {
+  const std::int64_t mb = minibatch_rows > 0 ? minibatch_rows : 1;
+  return {(ring_rows + mb - 1) / mb, (ring_rows + 127) / 128 + experts};
 }
 
 // Ring passes the worst-case table needs (at least 1).
@@ -210,6 +225,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.dense_rows = carve(end, i32);
   p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
+  p.fused_counters = carve(end, fused_counters(R, s.minibatch_size, E_local).words() * u32);
   p.layer_bytes = end;
   return p;
 }
@@ -268,6 +284,8 @@ inline constexpr BufferInfo kBuffers[] = {
     {"dense_rows", Region::layer, &WorkspacePlan::dense_rows, "i32 [1]"},
     {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [3, 2]"},
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
+    {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
+     "u32 [ceil(R/minibatch) + ceil(R/128) + E_local + 1]"},
 };
 
 }  // namespace mok::plan

@@ -65,6 +65,12 @@ class DeviceContext {
   DeviceContext& operator=(const DeviceContext&) = delete;
   ForwardContext& get() { return ctx_; }
   std::size_t bytes() const { return bytes_; }
+  // The whole context's bytes (every tensor, and what lies between them), copied to the host.
+  std::vector<std::uint8_t> download() const {
+    std::vector<std::uint8_t> h(bytes_);
+    if (bytes_ > 0) cudaMemcpy(h.data(), data_, bytes_, cudaMemcpyDeviceToHost);
+    return h;
+  }
 
  private:
   void* data_ = nullptr;

@@ -711,5 +711,239 @@ TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
     EXPECT_NE(m.find("arrivals from rank 1"), std::string::npos) << m;
   }
 }
+
+// The forward megakernel (MOK_FORWARD=fused, cuda::ForwardPath::fused) against the unfused path.
+
+// MOK_FORWARD for the layers made in its scope (a Workspace reads it when it makes its layer).
+class ScopedForwardPath {
+ public:
+  explicit ScopedForwardPath(const char* path) {
+    if (const char* was = std::getenv("MOK_FORWARD")) was_ = was;
+    setenv("MOK_FORWARD", path, 1);
+  }
+  ~ScopedForwardPath() {
+    if (was_.empty()) {
+      unsetenv("MOK_FORWARD");
+    } else {
+      setenv("MOK_FORWARD", was_.c_str(), 1);
+    }
+  }
+
+ private:
+  std::string was_;
+};
+
+struct ForwardBits {
+  HostTensor out;
+  std::vector<std::uint8_t> ctx;  // the whole forward context, poisoned before the call
+};
+
+// One forward of `d` through the public API on `path`: out (poisoned first) and the context.
+ForwardBits forward_bits(const LayerData& d, const Config& config, const char* path) {
+  ScopedForwardPath env(path);
+  DeviceLayer g(d);
+  Workspace ws(d.problem, config, {.backend = Backend::cuda});
+  DeviceContext ctx(ws);
+  forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ForwardBits b{d.out, ctx.download()};
+  g.out.download(b.out);
+  return b;
+}
+
+Config fused_config(int comm, std::int64_t minibatch, std::int64_t macrobatch) {
+  Config c;
+  c.fwd_num_comm_sms = comm;
+  c.minibatch_size = minibatch;
+  c.macrobatch_size = macrobatch;
+  return c;
+}
+
+// Bitwise the unfused forward, out and the whole context, at every layer test shape and routing,
+// whatever the pulling CTAs (1, 8, 40, more than the grid), the minibatch and the ring (one pass
+// and several); ten runs the same bits.
+TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::uint64_t seed = test_seed();
+  const GpuCase cases[] = {
+      {"uniform_shared", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
+      {"skewed_no_shared", layer_shape(131, 192, 128, 6, 3, 0), Routing::skewed, false},
+      {"one_expert", layer_shape(64, 128, 64, 5, 2, 64), Routing::one_expert, false},
+      {"unused_slots", layer_shape(97, 64, 128, 4, 4, 128), Routing::softmax, true},
+      {"one_token", layer_shape(1, 64, 64, 3, 1, 64), Routing::softmax, false},
+      {"top1_one_expert", layer_shape(33, 64, 64, 1, 1, 0), Routing::softmax, false},
+      {"wide", layer_shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false},
+      {"wide_skewed_odd", layer_shape(1001, 512, 256, 12, 6, 0), Routing::skewed, false},
+  };
+  const Config configs[] = {Config{},
+                            fused_config(1, 4096, 0),
+                            fused_config(8, 128, 0),
+                            fused_config(1000, 256, 0),
+                            fused_config(40, 128, 256),   // several passes
+                            fused_config(3, 256, 512)};   // several passes
+  for (const GpuCase& c : cases) {
+    const LayerData d = make_case(c, seed);
+    const HostTensor reference_out = forward_bits(d, Config{}, "unfused").out;
+    for (const Config& config : configs) {
+      const std::string what = std::string(c.name) + ", " + config.to_string();
+      const ForwardBits unfused = forward_bits(d, config, "unfused");
+      const ForwardBits fused = forward_bits(d, config, "fused");
+      EXPECT_TRUE(same_bits(reference_out, unfused.out)) << what << ": unfused out";
+      EXPECT_TRUE(same_bits(unfused.out, fused.out)) << what << ": out";
+      EXPECT_TRUE(unfused.ctx == fused.ctx) << what << ": forward context";
+    }
+  }
+  const LayerData d = make_case(cases[6], seed);
+  const ForwardBits first = forward_bits(d, Config{}, "fused");
+  for (int run = 1; run < test_runs(); ++run) {
+    const ForwardBits again = forward_bits(d, Config{}, "fused");
+    EXPECT_TRUE(same_bits(first.out, again.out) && first.ctx == again.ctx) << "run " << run;
+  }
+}
+
+// The clamped SwiGLU (swiglu_limit) in the megakernel: the unfused forward's bits, at limits that
+// clamp many values and few.
+TEST(LayerGpuFused, ClampedForwardIsBitwiseTheUnfused) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"clamped", layer_shape(300, 256, 192, 8, 3, 64), Routing::skewed, false};
+  for (float limit : {0.05f, 0.5f, 7.0f}) {
+    LayerData d = make_case(c, test_seed());
+    d.swiglu_limit = limit;
+    for (const Config& config : {Config{}, fused_config(8, 128, 256)}) {
+      const ForwardBits unfused = forward_bits(d, config, "unfused");
+      const ForwardBits fused = forward_bits(d, config, "fused");
+      const std::string what = "limit " + std::to_string(limit) + ", " + config.to_string();
+      EXPECT_TRUE(same_bits(unfused.out, fused.out)) << what << ": out";
+      EXPECT_TRUE(unfused.ctx == fused.ctx) << what << ": forward context";
+    }
+  }
+}
+
+// W virtual ranks, each rank's megakernel launch in turn: every rank's out and context are the
+// unfused path's bits.
+TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
+  MOK_SKIP_WITHOUT_GPU();
+  const std::int64_t T = 64, H = 128, I = 128, E = 16, k = 4, S = 64;
+  const std::uint64_t seed = test_seed();
+  for (int W : {2, 4, 8}) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      EpCase c = ep_case(W, T, layer_shape(T, H, I, E, k, S), seed + W, routing, 11);
+      const std::string what =
+          "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
+      std::vector<HostTensor> outs;
+      std::vector<std::vector<std::uint8_t>> contexts_bits;
+      for (cuda::ForwardPath path : {cuda::ForwardPath::unfused, cuda::ForwardPath::fused}) {
+        DeviceLayer g(c.many);
+        cuda::UnfusedLayer layer(c.rank, Config{}, 0);
+        layer.set_forward_path(path);
+        std::vector<std::unique_ptr<DeviceTensor>> scratch;
+        std::vector<std::unique_ptr<DeviceContext>> contexts;
+        std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.rank, scratch, contexts);
+        layer.forward(ranks, true, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        layer.check_errors(nullptr);
+        outs.push_back(c.many.out);
+        g.out.download(outs.back());
+        std::vector<std::uint8_t> all;
+        for (const auto& ctx : contexts) {
+          const std::vector<std::uint8_t> b = ctx->download();
+          all.insert(all.end(), b.begin(), b.end());
+        }
+        contexts_bits.push_back(std::move(all));
+      }
+      EXPECT_TRUE(same_bits(outs[0], outs[1])) << what << ": out";
+      EXPECT_TRUE(same_bits(c.one.out, outs[1])) << what << ": out against one GPU";
+      EXPECT_TRUE(contexts_bits[0] == contexts_bits[1]) << what << ": forward contexts";
+    }
+  }
+}
+
+// A minibatch whose pulls are never released: its gate/up tiles wait until the timeout, the call
+// returns (no hang, no trap), the next check raises an error naming the counter, and the next
+// call works and is right.
+TEST(LayerGpuFused, AWithheldMinibatchTimesOutWithAReport) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"withheld", layer_shape(600, 128, 128, 4, 2, 64), Routing::softmax, false};
+  const LayerData d = make_case(c, test_seed());
+  const HostTensor reference = forward_bits(d, fused_config(8, 128, 0), "unfused").out;
+  DeviceLayer g(d);
+  std::vector<std::unique_ptr<DeviceTensor>> scratch;
+  std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
+  cuda::UnfusedLayer layer(c.problem, fused_config(8, 128, 0), 0);
+  layer.set_forward_path(cuda::ForwardPath::fused);
+  layer.set_withheld_minibatch(3, 300);
+  const auto start = std::chrono::steady_clock::now();
+  layer.forward(ranks, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
+  try {
+    layer.check_errors(nullptr);
+    ADD_FAILURE() << "no error reported";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("timed out on rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("ready[3]"), std::string::npos) << m;
+    EXPECT_NE(m.find("minibatch 3"), std::string::npos) << m;
+  }
+  layer.set_withheld_minibatch(-1);
+  g.out.poison();
+  layer.forward(ranks, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  layer.check_errors(nullptr);
+  HostTensor out = d.out;
+  g.out.download(out);
+  EXPECT_TRUE(same_bits(reference, out)) << "the call after the timeout";
+}
+
+// A whole step with the megakernel forward, captured once and replayed with new routings.
+TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
+  MOK_SKIP_WITHOUT_GPU();
+  ScopedForwardPath env("fused");
+  const GpuCase c{"graph", layer_shape(300, 128, 128, 6, 2, 64), Routing::softmax, false};
+  const std::uint64_t seed = test_seed();
+  LayerData first = make_case(c, seed);
+  DeviceLayer g(first);
+  cudaStream_t stream;
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Config config = fused_config(8, 128, 256);  // several passes
+  Workspace ws(c.problem, config, {.backend = Backend::cuda});
+  DeviceContext ctx(ws);
+  ws.set_stream(stream);
+  auto step = [&] {
+    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+    backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
+  };
+  step();
+  MOK_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  step();
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const Routing routings[] = {Routing::skewed, Routing::one_expert, Routing::softmax};
+  for (int i = 0; i < 3; ++i) {
+    LayerData d = make_case({c.name, c.problem, routings[i], i == 2}, seed + 1 + i);
+    g.upload_inputs(d);
+    g.poison();
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MOK_CUDA_OK(cudaStreamSynchronize(stream));
+    g.download(d);
+    LayerData eager = make_case({c.name, c.problem, routings[i], i == 2}, seed + 1 + i);
+    {
+      ScopedForwardPath unfused("unfused");
+      run_gpu(eager, config);
+    }
+    EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an unfused step";
+    EXPECT_TRUE(check_against_f64(d).passed()) << "replay " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace mok::test

@@ -133,6 +133,12 @@ std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_
     s << "device wait timed out on rank " << r.rank << " (block " << r.block << "): ";
     if (r.flag == static_cast<std::uint32_t>(comm::FlagId::team_barrier)) {
       s << "team barrier flag[" << r.flag_index << "] (arrivals from rank " << r.flag_index << ")";
+    } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_ready)) {
+      s << "forward megakernel counter ready[" << r.flag_index << "] (pulling CTAs done with minibatch "
+        << r.flag_index << " of the pass)";
+    } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_done)) {
+      s << "forward megakernel counter done[" << r.flag_index << "] (gate/up tiles finished of M tile "
+        << r.flag_index << " of the pass)";
     } else {
       s << "grid barrier counter of rank " << r.rank << " (arrivals from its blocks)";
     }
@@ -179,7 +185,15 @@ void Team::Impl::raise_device_errors(cudaStream_t stream) {
   bool timeout = false;
   for (int i = 0; i < num_local_ranks; ++i) {
     volatile comm::DeviceErrorRecord* m = mirrors + i;
-    timeout = timeout || m->kind == static_cast<std::uint32_t>(comm::ErrorKind::barrier_timeout);
+    // NOTES: a timeout of the forward megakernel's own counters leaves nothing inconsistent on a
+    // virtual team (the launch resets them as it ends; no team barrier follows it in the call);
+    // on a team across processes the call's next team barrier gave up with it.
+    const bool own_counters =
+        m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_ready) ||
+        m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_done);
+    timeout = timeout ||
+              (m->kind == static_cast<std::uint32_t>(comm::ErrorKind::barrier_timeout) &&
+               !(own_counters && virtual_ranks));
     m->kind = 0;
   }
   if (can_clear) {

@@ -25,6 +25,46 @@
 
 namespace mok::comm {
 
+// Copies `r` into the device record and the host mirror (null: none); the mirror's `kind` is
+// written last (after a system fence), so the host never reads a half-written record. The caller
+// owns the record: it won the compare-and-swap of `record->kind` from 0.
+__device__ inline void publish_record(DeviceErrorRecord* record, DeviceErrorRecord* mirror,
+                                      const DeviceErrorRecord& r) {
+  DeviceErrorRecord* d = record;
+  d->rank = r.rank, d->token = r.token, d->value = r.value, d->slot = r.slot;
+  d->flag = r.flag, d->flag_index = r.flag_index, d->expected = r.expected, d->seen = r.seen;
+  d->block = r.block, d->waited_ns = r.waited_ns;
+  if (mirror == nullptr) return;
+  volatile DeviceErrorRecord* m = mirror;
+  m->rank = r.rank, m->token = r.token, m->value = r.value, m->slot = r.slot;
+  m->flag = r.flag, m->flag_index = r.flag_index, m->expected = r.expected, m->seen = r.seen;
+  m->block = r.block, m->waited_ns = r.waited_ns;
+  __threadfence_system();
+  m->kind = r.kind;
+  __threadfence_system();
+}
+
+// A bounded wait on `flag`[index] gave up after `waited` ns, having seen `seen` where it waited
+// for `expected`: the rank's record says so, unless an earlier error is still unreported.
+__device__ inline void report_flag_timeout(DeviceErrorRecord* record, DeviceErrorRecord* mirror,
+                                           int rank, FlagId flag, int index,
+                                           std::uint32_t expected, std::uint32_t seen,
+                                           std::uint64_t waited) {
+  if (atomicCAS(&record->kind, 0u, static_cast<std::uint32_t>(ErrorKind::barrier_timeout)) != 0u) {
+    return;
+  }
+  DeviceErrorRecord r{};
+  r.kind = static_cast<std::uint32_t>(ErrorKind::barrier_timeout);
+  r.rank = rank;
+  r.flag = static_cast<std::uint32_t>(flag);
+  r.flag_index = index;
+  r.expected = expected;
+  r.seen = seen;
+  r.block = blockIdx.x;
+  r.waited_ns = waited;
+  publish_record(record, mirror, r);
+}
+
 template <ptx::Scope Scope>
 class RankTeam {
  public:
@@ -151,38 +191,10 @@ class RankTeam {
 
   __device__ void report_timeout(FlagId id, int index, std::uint32_t expected, std::uint32_t seen,
                                  std::uint64_t waited) {
-    if (atomicCAS(&record_->kind, 0u, static_cast<std::uint32_t>(ErrorKind::barrier_timeout)) !=
-        0u) {
-      return;
-    }
-    DeviceErrorRecord r{};
-    r.kind = static_cast<std::uint32_t>(ErrorKind::barrier_timeout);
-    r.rank = rank_;
-    r.flag = static_cast<std::uint32_t>(id);
-    r.flag_index = index;
-    r.expected = expected;
-    r.seen = seen;
-    r.block = blockIdx.x;
-    r.waited_ns = waited;
-    publish(r);
+    report_flag_timeout(record_, mirror_, rank_, id, index, expected, seen, waited);
   }
 
-  // Copies `r` into the device record and the host mirror; the mirror's `kind` is written last
-  // (after a system fence), so the host never reads a half-written record.
-  __device__ void publish(const DeviceErrorRecord& r) {
-    DeviceErrorRecord* d = record_;
-    d->rank = r.rank, d->token = r.token, d->value = r.value, d->slot = r.slot;
-    d->flag = r.flag, d->flag_index = r.flag_index, d->expected = r.expected, d->seen = r.seen;
-    d->block = r.block, d->waited_ns = r.waited_ns;
-    if (mirror_ == nullptr) return;
-    volatile DeviceErrorRecord* m = mirror_;
-    m->rank = r.rank, m->token = r.token, m->value = r.value, m->slot = r.slot;
-    m->flag = r.flag, m->flag_index = r.flag_index, m->expected = r.expected, m->seen = r.seen;
-    m->block = r.block, m->waited_ns = r.waited_ns;
-    __threadfence_system();
-    m->kind = r.kind;
-    __threadfence_system();
-  }
+  __device__ void publish(const DeviceErrorRecord& r) { publish_record(record_, mirror_, r); }
 
   const TeamArgs& args_;
   int rank_;

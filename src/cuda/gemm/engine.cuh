@@ -73,6 +73,12 @@ class GemmEngine {
   __device__ __forceinline__ void init() const {
     ring_.init_barriers();
     ptx::fence_barrier_init();
+    prefetch_maps();
+  }
+
+  // One thread: prefetches the descriptor's tensor maps (init does it; an engine that continues
+  // another's ring, continue_from, has its own maps to prefetch).
+  __device__ __forceinline__ void prefetch_maps() const {
     ptx::tma_prefetch_descriptor(&d_.a);
     ptx::tma_prefetch_descriptor(&d_.b);
     if constexpr (F::kind == FormKind::kGateUp) ptx::tma_prefetch_descriptor(&d_.b2);
@@ -82,6 +88,34 @@ class GemmEngine {
         ptx::tma_prefetch_descriptor(&d_.b2);
       }
     }
+  }
+
+  // Every role, at the point where it leaves `other`'s tiles for this engine's: this engine goes
+  // on with the same ring where `other` left it (stage, phase, tile queue, give-up state), with no
+  // barrier re-initialised, so one role may still be on `other`'s tiles while the other role is
+  // already on this engine's (a megakernel's phases, kernels/fused_forward.cu). The two forms must
+  // share the ring's geometry.
+  template <class F2, class E2>
+  __device__ __forceinline__ void continue_from(const GemmEngine<F2, E2>& other) {
+    static_assert(F2::kStages == F::kStages && F2::kStageBytes == F::kStageBytes &&
+                      F2::kStagingBytes == F::kStagingBytes && !F::kPingPong && !F2::kPingPong,
+                  "continue_from: both forms cooperative, with one ring geometry");
+    state_.stage = other.state_.stage;
+    state_.phase = other.state_.phase;
+    queue_ = other.queue_;
+    loads_ = other.loads_;
+    own_tiles_ = other.own_tiles_;
+  }
+
+  // Whether the CTA has given up (any role's wait, or abandon()).
+  __device__ __forceinline__ bool aborted() const {
+    return *static_cast<volatile int*>(&ring_.abort()->aborted) != 0;
+  }
+  // The CTA gives up for a reason outside the engine (a megakernel's flag wait that the kernel
+  // reports itself): every engine wait from now on gives up at once, and report_timeout says
+  // nothing of it.
+  __device__ __forceinline__ void abandon() const {
+    atomicCAS(&ring_.abort()->aborted, 0, kAbandoned);
   }
 
   // Set-up scratch (scheduler.cuh, SchedulerScratch): the ring's memory, free until the first
@@ -169,12 +203,16 @@ class GemmEngine {
   // One thread, after a CTA barrier that every role reaches once out of its loops: a CTA that gave
   // up says which wait first did. `lock`: a device word, zero unless a CTA is writing the report.
   __device__ __forceinline__ void report_timeout(unsigned* lock) const {
-    if (ring_.abort()->aborted != 0) {
+    if (ring_.abort()->aborted == 1) {  // a wait of the engine's (CtaAbort::give_up)
       report_wait_timeout(*ring_.abort(), d_.p.timeout_report, lock, d_.p.wait_timeout_ns);
     }
   }
 
  private:
+  template <class, class>
+  friend class GemmEngine;
+  static constexpr int kAbandoned = 2;  // CtaAbort::aborted set by abandon (give_up sets 1)
+
   // NOTES: the dynamic shared-memory base rounded up to the 1024-byte alignment that
   // 128-byte-swizzled wgmma operands need (kSharedBytes has the 1024 bytes for it).
   __device__ __forceinline__ static std::uint8_t* aligned(std::uint8_t* smem) {

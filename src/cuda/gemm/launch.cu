@@ -236,8 +236,10 @@ void launch(const GemmDescriptor& d, cudaStream_t stream) {
   launch_grouped_gemm<F::kind, E>(d, F::kPingPong, stream);
 }
 
+}  // namespace
+
 template <class F>
-void gate_up_forward_form(const GateUpForwardArgs& args) {
+std::optional<GemmDescriptor> describe_gate_up_forward(const GateUpForwardArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.hidden_size, "hidden_size");
   check_multiple_of_64(args.intermediate_size, "intermediate_size");
@@ -249,8 +251,9 @@ void gate_up_forward_form(const GateUpForwardArgs& args) {
   check_aligned(args.up, "up");
   check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
         "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
+  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
   const RowSegments& s = args.segments;
-  if (s.capacity_rows == 0) return;
+  if (s.capacity_rows == 0) return std::nullopt;
   const long long w_rows = static_cast<long long>(s.num_groups) * args.intermediate_size;
   const CUtensorMap a =
       make_tensor_map_bf16(args.x, s.capacity_rows, args.hidden_size, args.ld_x, F::kBoxRowsA, "x");
@@ -271,22 +274,17 @@ void gate_up_forward_form(const GateUpForwardArgs& args) {
   p.ld_out = args.ld_out;
   p.gate_out = args.gate;
   p.up_out = args.up;
-  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
-  with_flag(args.gate != nullptr, [&](auto pre_activations) {
-    with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
-      launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream);
-    });
-  });
+  return d;
 }
 
 template <class F>
-void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
+std::optional<GemmDescriptor> describe_rows_times_weight_t(const RowsTimesWeightTArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
   const RowSegments& s = args.segments;
-  if (s.capacity_rows == 0) return;
+  if (s.capacity_rows == 0) return std::nullopt;
   const CUtensorMap a =
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.n,
@@ -301,9 +299,35 @@ void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
   p.b_rows_per_group = args.n;
   set_output(p, args.out, args.ld_out, args.n, args.scatter);
   p.row_scale = args.row_scale;
+  return d;
+}
+
+// The forms a megakernel runs (kernels/fused_forward.cu): the cooperative schedule's.
+template std::optional<GemmDescriptor> describe_gate_up_forward<Form<FormKind::kGateUp, false>>(
+    const GateUpForwardArgs&);
+template std::optional<GemmDescriptor> describe_rows_times_weight_t<Form<FormKind::kRowsWT, false>>(
+    const RowsTimesWeightTArgs&);
+
+namespace {
+
+template <class F>
+void gate_up_forward_form(const GateUpForwardArgs& args) {
+  const std::optional<GemmDescriptor> d = describe_gate_up_forward<F>(args);
+  if (!d) return;
+  with_flag(args.gate != nullptr, [&](auto pre_activations) {
+    with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+      launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(*d, args.stream);
+    });
+  });
+}
+
+template <class F>
+void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
+  const std::optional<GemmDescriptor> d = describe_rows_times_weight_t<F>(args);
+  if (!d) return;
   with_flag(args.row_scale != nullptr, [&](auto scaled) {
     with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
-      launch<F, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream);
+      launch<F, epilogue::RowsBf16<scaled(), scattered()>>(*d, args.stream);
     });
   });
 }

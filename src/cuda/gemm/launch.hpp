@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/epilogue.cuh"
 #include "cuda/gemm/forms.cuh"
@@ -23,5 +25,13 @@ int current_device();
 // Instantiated for the list in the kernel file; the launchers call no other.
 template <FormKind kKind, class E>
 void launch_grouped_gemm(const GemmDescriptor& d, bool ping_pong, cudaStream_t stream);
+
+// One GEMM's descriptor, checked and built as its launcher does it, for a kernel that runs the
+// GEMM inside a task loop of its own (kernels/fused_forward.cu); nullopt when the segments hold no
+// rows (capacity 0). Instantiated for the cooperative forms, Form<kind, false>, only.
+template <class F>
+std::optional<GemmDescriptor> describe_gate_up_forward(const GateUpForwardArgs& args);
+template <class F>
+std::optional<GemmDescriptor> describe_rows_times_weight_t(const RowsTimesWeightTArgs& args);
 
 }  // namespace mok::gemm

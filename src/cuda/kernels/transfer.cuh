@@ -44,6 +44,24 @@ __device__ inline uint4 scale_vector(const uint4& in, float w) {
                     scale_pair(in.w, w));
 }
 
+// dst[v] = src[v] for the vectors v = lane, lane + 32, ... below `vectors`, with kBatch loads of the
+// lane in flight before their stores (a puller of a persistent kernel has few warps per SM: the
+// loads in flight per warp are what its bandwidth is made of; the standalone kernels keep 1).
+template <int kBatch>
+__device__ inline void copy_vectors(uint4* dst, const uint4* src, int lane, std::int64_t vectors) {
+  std::int64_t v = lane;
+  if constexpr (kBatch > 1) {
+    for (; v + 32 * (kBatch - 1) < vectors; v += 32 * kBatch) {
+      uint4 held[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) held[j] = src[v + 32 * j];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) dst[v + 32 * j] = held[j];
+    }
+  }
+  for (; v < vectors; v += 32) dst[v] = src[v];
+}
+
 // Rows of the table in this pass (the total lives in device memory: no host sync).
 __device__ inline std::int64_t rows_in_pass(const PassRows& pass) {
   const std::int64_t left = static_cast<std::int64_t>(*pass.total_rows) - pass.row_offset;
@@ -55,8 +73,9 @@ __device__ inline std::int64_t rows_in_pass(const PassRows& pass) {
 //
 // Ring row i of the pass from its source row (PullParams). Padding
 // rows become zeros (and weight 0), so nothing downstream ever reads stale data.
+template <int kBatch = 1>
 __device__ inline void pull_row(const PullParams& p, std::int64_t i, int lane,
-                                  std::int64_t vectors) {
+                                std::int64_t vectors) {
   uint4* dst = reinterpret_cast<uint4*>(p.ring) + i * vectors;
   const std::int32_t src = p.pass.table[p.pass.row_offset + i];
   if (src < 0) {
@@ -73,7 +92,7 @@ __device__ inline void pull_row(const PullParams& p, std::int64_t i, int lane,
   if (weights == nullptr && p.scale_peers != nullptr) weights = p.scale_peers[s.rank];
   if (weights == nullptr || p.row_weights != nullptr) {
     if (p.row_weights != nullptr && lane == 0) p.row_weights[i] = weights[s.slot];
-    for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = from[v];
+    copy_vectors<kBatch>(dst, from, lane, vectors);
     return;
   }
   const float w = weights[s.slot];

@@ -1,6 +1,7 @@
 #include "cuda/layer/unfused_layer.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -9,6 +10,8 @@
 #include "core/schedule_layout.hpp"
 #include "cuda/comm/team.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
+#include "cuda/gemm/launch.hpp"
+#include "cuda/kernels/fused_forward.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
 #include "cuda/kernels/router_grad.hpp"
@@ -45,6 +48,7 @@ struct RankBuffers {
   bf16 *s_dg = nullptr, *s_du = nullptr;  // [T, S]
   // fp32 sums of the experts whose rows span passes (passes > 1): carry_slots [I, H] / [H, I]
   float *carry_gate = nullptr, *carry_up = nullptr, *carry_down = nullptr;
+  std::uint32_t* fused_counters = nullptr;  // the forward megakernel's (zero between launches)
 };
 
 // One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
@@ -63,7 +67,8 @@ struct ExpertRows {
 
 // g = bf16(x W_gate^T), u = bf16(x W_up^T), h = bf16(silu(g) * u), in one GEMM (with a limit L:
 // h = bf16(silu(min(g, L)) * clamp(u, -L, L)), g and u stored unclamped).
-void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
+gemm::GateUpForwardArgs gate_up_args(const ExpertRows& e, const bf16* x, bf16* g, bf16* u,
+                                     bf16* h) {
   gemm::GateUpForwardArgs a;
   a.segments = e.segments;
   a.x = x;
@@ -78,11 +83,15 @@ void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16*
   a.intermediate_size = static_cast<int>(e.width);
   a.swiglu_limit = e.swiglu_limit;
   a.stream = e.stream;
-  gemm::gate_up_forward(a);
+  return a;
+}
+void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
+  gemm::gate_up_forward(gate_up_args(e, x, g, u, h));
 }
 
 // y = bf16(h W_down^T); with `to` its rows go straight to their home slots (the combine).
-void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowScatter& to = {}) {
+gemm::RowsTimesWeightTArgs down_args(const ExpertRows& e, const bf16* h, bf16* y,
+                                     const gemm::RowScatter& to) {
   gemm::RowsTimesWeightTArgs a;
   a.segments = e.segments;
   a.a = h;
@@ -94,7 +103,10 @@ void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowSc
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
   a.stream = e.stream;
-  gemm::rows_times_weight_t(a);
+  return a;
+}
+void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowScatter& to = {}) {
+  gemm::rows_times_weight_t(down_args(e, h, y, to));
 }
 
 // dh = bf16(row_weights[r] * (d_out W_down)) (or bf16(d_out W_down) without row weights) and,
@@ -263,6 +275,9 @@ struct UnfusedLayer::Impl {
   int count = 1;
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
+  ForwardPath path = forward_path_from_environment();
+  int withheld_minibatch = -1;       // tests only (set_withheld_minibatch)
+  std::uint64_t fused_timeout_ms = 0;  // tests only: 0, the team's barrier timeout
   std::vector<RankBuffers> ranks;
   void* layer = nullptr;  // every rank's layer region (plan::WorkspacePlan), one allocation
   std::int64_t layer_bytes = 0;
@@ -439,6 +454,44 @@ struct UnfusedLayer::Impl {
     build_schedule(team, ids, {.stream = s});
   }
 
+  // The forward megakernel over pass `pass` of rank r: the pass's rows into `set` (its x, gate, up
+  // and hidden, as gate_up_pass writes them) and its output rows into their home slots, as
+  // gate_up_pass and the down GEMM with the combine do, in one launch.
+  void fused_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
+                  cudaStream_t s) {
+    const ExpertRows e = routed(r, t, s);
+    using gemm::Form;
+    using gemm::FormKind;
+    const std::optional<gemm::GemmDescriptor> up =
+        gemm::describe_gate_up_forward<Form<FormKind::kGateUp, false>>(
+            gate_up_args(e, set.x, set.gate, set.up, set.hidden));
+    const std::optional<gemm::GemmDescriptor> down =
+        gemm::describe_rows_times_weight_t<Form<FormKind::kRowsWT, false>>(
+            down_args(e, set.hidden, nullptr, to_home_slots(r, pass, combine_peers)));
+    if (!up || !down) return;  // a ring of no rows
+    FusedForwardParams f;
+    f.gate_up = *up;
+    f.down = *down;
+    f.pull = {pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
+    if (problem.ep_size == 1) f.pull.src_own = t.in.x.data;
+    f.minibatch_rows = config.minibatch_size;
+    const int grid = gemm::persistent_grid_size();
+    f.comm_ctas = std::clamp(config.fwd_num_comm_sms, 1, grid - 1);
+    const plan::FusedCounters c = plan::fused_counters(ring, config.minibatch_size,
+                                                       problem.num_local_experts());
+    f.counters = buffers(r).fused_counters;
+    f.ready_words = static_cast<int>(c.ready);
+    f.done_words = static_cast<int>(c.done);
+    const Team::Impl& ti = team.impl();
+    f.timeout_ns =
+        (fused_timeout_ms > 0 ? fused_timeout_ms : ti.options.barrier_timeout_ms) * 1000000ull;
+    f.record = loc<comm::DeviceErrorRecord>(r, plan().error_record);
+    f.mirror = ti.mirrors + (r - first);
+    f.rank = r;
+    f.withhold_minibatch = withheld_minibatch;
+    launch_fused_forward(f, t.w.swiglu_limit.has_value(), s);
+  }
+
   // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`.
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
@@ -492,6 +545,9 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
     at(b.pass_steps, pl.pass_steps);
     at(b.carry_gate, pl.carry_gate), at(b.carry_up, pl.carry_up), at(b.carry_down, pl.carry_down);
     at(b.s_out, pl.shared_out), at(b.s_dg, pl.shared_d_gate), at(b.s_du, pl.shared_d_up);
+    at(b.fused_counters, pl.fused_counters);
+    check(cudaMemset(b.fused_counters, 0, static_cast<std::size_t>(pl.fused_counters.bytes)),
+          "cudaMemset of the megakernel counters");
   }
   // Team-wide scalars and peer arrays: the first local rank's copies.
   auto* base0 = static_cast<std::uint8_t*>(m.layer);
@@ -533,6 +589,23 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
 }
 
 UnfusedLayer::~UnfusedLayer() = default;
+
+ForwardPath forward_path_from_environment() {
+  const char* v = std::getenv("MOK_FORWARD");
+  if (v == nullptr || *v == '\0' || std::string(v) == "unfused") return ForwardPath::unfused;
+  if (std::string(v) == "fused") return ForwardPath::fused;
+  throw Error("MOK_FORWARD", "unfused or fused (or unset: unfused)", v);
+}
+ForwardPath UnfusedLayer::forward_path() const {
+  return impl_->path;
+}
+void UnfusedLayer::set_forward_path(ForwardPath path) {
+  impl_->path = path;
+}
+void UnfusedLayer::set_withheld_minibatch(int m, std::uint64_t timeout_ms) {
+  impl_->withheld_minibatch = m;
+  impl_->fused_timeout_ms = timeout_ms;
+}
 
 std::int64_t UnfusedLayer::ring_rows() const {
   return impl_->ring;
@@ -577,6 +650,10 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
     for (int r = m.first; r < m.first + m.count; ++r) {
       const RankBuffers::PassSet set = m.pass_set(r, pass, ranks[r - m.first]);
       m.compute_pass_segments(r, pass, s);
+      if (write_output && m.path == ForwardPath::fused) {
+        m.fused_pass(r, pass, ranks[r - m.first], set, s);
+        continue;
+      }
       m.gate_up_pass(r, pass, ranks[r - m.first], set, s);
       // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
       if (write_output) {

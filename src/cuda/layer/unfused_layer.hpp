@@ -42,6 +42,13 @@ struct ExternalRank {
   std::uint64_t barrier_timeout_ms = 10000;
 };
 
+// How forward runs each ring pass (recompute_forward_context always runs the unfused gate/up):
+//   unfused  launches: pull, gate/up + SwiGLU, down with the combine in its epilogue (the reference)
+//   fused    one forward megakernel launch (kernels/fused_forward.hpp): the same bits
+// The default is MOK_FORWARD (unfused or fused; unset: unfused), read when a layer is made.
+enum class ForwardPath { unfused, fused };
+ForwardPath forward_path_from_environment();
+
 class UnfusedLayer {
  public:
   // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
@@ -64,6 +71,13 @@ class UnfusedLayer {
   // Raises a device-side error (a bad expert id, a timed-out wait) reported so far; the
   // device-side clear of the record is ordered on `stream`.
   void check_errors(cudaStream_t stream = nullptr);
+
+  ForwardPath forward_path() const;
+  void set_forward_path(ForwardPath path);
+  // Tests only: the forward megakernel never releases minibatch `m` of a pass (-1: off), so its
+  // gate/up tiles of that minibatch wait until `timeout_ms` (0: the team's barrier timeout) and
+  // the call's outputs are void.
+  void set_withheld_minibatch(int m, std::uint64_t timeout_ms = 0);
 
   std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;

@@ -11,6 +11,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Orders this thread's generic-proxy global-memory accesses with its later async-proxy accesses
+// (TMA) to global memory: after writing rows that a TMA load will read (with a release/acquire
+// pair between the writer and the thread that issues the load), and before that load.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // Makes mbarrier initialisation visible to the async proxy (TMA complete_tx).
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
