@@ -48,6 +48,9 @@ struct FusedForwardParams {
   int withhold_minibatch = -1;  // tests only: ready[m] of this minibatch is never released
 };
 
+// NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in).
+static_assert(sizeof(FusedForwardParams) <= 4096, "the megakernel's parameters are one parameter");
+
 // The launch: a cooperative grid of one CTA per SM of the current device. `clamped`: the clamped
 // SwiGLU epilogue (gate_up.p.swiglu_limit). Throws mok::Error when the launch fails.
 void launch_fused_forward(const FusedForwardParams& p, bool clamped, cudaStream_t stream);
