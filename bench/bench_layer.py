@@ -24,6 +24,7 @@ also carry its config (ring sizes and passes). Ends with each mok implementation
 torch's, case by case.
 """
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -214,13 +215,14 @@ def mok_config_record(config, sets):
 class MokImpl:
     """mok's functional API (MoK's argument order): build_schedule, forward, backward, with the
     config of `variant` (mok_config); `path` is MOK_FORWARD for its workspaces (unfused: the
-    launches; fused: the forward megakernel), `comm` its fwd_num_comm_sms (None: the default)."""
+    launches; fused: the forward megakernel), `minibatch` its minibatch_size (None: the
+    variant's), the megakernel's stage of pulls and tiles."""
     name = "mok"
 
-    def __init__(self, variant="default", path="unfused", comm=None):
+    def __init__(self, variant="default", path="unfused", minibatch=None):
         self.variant = variant
         self.path = path
-        self.comm = comm
+        self.minibatch = minibatch
 
     def setup(self, inp):
         import mok.functional as mf
@@ -229,8 +231,8 @@ class MokImpl:
         E = inp["w_gate"].shape[0]
         self.mf = mf
         self.config = mok_config(self.variant, T, k, E)
-        if self.comm is not None:
-            self.config.fwd_num_comm_sms = self.comm
+        if self.minibatch is not None:
+            self.config = dataclasses.replace(self.config, minibatch_size=self.minibatch)
         # NOTES: the layer reads MOK_FORWARD when the workspace makes it; release_memory clears
         # the workspace cache between implementations, so each gets its own.
         was = os.environ.get("MOK_FORWARD")
@@ -272,8 +274,7 @@ IMPLS = {
     "mok-2pass": (lambda: MokImpl("2pass"), "mok-unfused-2pass"),
     # The forward megakernel (off by default until it beats the launches: issue 16).
     "mok-fused": (lambda: MokImpl(path="fused"), "mok-fused"),
-    "mok-fused-c8": (lambda: MokImpl(path="fused", comm=8), "mok-fused-c8"),
-    "mok-fused-c64": (lambda: MokImpl(path="fused", comm=64), "mok-fused-c64"),
+    "mok-fused-mb1024": (lambda: MokImpl(path="fused", minibatch=1024), "mok-fused-mb1024"),
     "mok-fused-2pass": (lambda: MokImpl("2pass", path="fused"), "mok-fused-2pass"),
     "torch": (TorchImpl, "torch"),
 }
@@ -324,7 +325,7 @@ def measure(case, routing_name, impl_name, sets, args):
         with torch.no_grad():
             fused_out = impl.forward().clone()
         release_memory()
-        ref_impl = MokImpl(impl.variant, "unfused", impl.comm)
+        ref_impl = MokImpl(impl.variant, "unfused", impl.minibatch)
         ref_impl.setup(sets[0])
         with torch.no_grad():
             same = torch.equal(fused_out, ref_impl.forward())

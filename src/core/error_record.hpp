@@ -23,8 +23,8 @@ enum class FlagId : std::uint32_t {
   rank_grid = 2,     // the rank-local grid barrier counter (blocks of one rank)
   // The forward megakernel's counters (rank-local, reset by the launch itself: a timeout leaves
   // nothing inconsistent behind):
-  fused_ready = 3,  // ready[index]: the pulling CTAs' shares of minibatch `index` of the pass
-  fused_done = 4,   // done[index]: the gate/up tiles of the pass's M tile `index` (128 rows)
+  fused_ready = 3,  // ready[index]: the pull of the pass's ring rows [128 index, 128 index + 128)
+  fused_done = 4,   // done[index]: the gate/up tiles of those rows
 };
 
 struct DeviceErrorRecord {

@@ -760,8 +760,8 @@ Config fused_config(int comm, std::int64_t minibatch, std::int64_t macrobatch) {
 }
 
 // Bitwise the unfused forward, out and the whole context, at every layer test shape and routing,
-// whatever the pulling CTAs (1, 8, 40, more than the grid), the minibatch and the ring (one pass
-// and several); ten runs the same bits.
+// whatever the minibatch (the megakernel's stages), the ring (one pass and several) and
+// fwd_num_comm_sms (MoK's knob, which mok accepts and does not need); ten runs the same bits.
 TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
   MOK_SKIP_WITHOUT_GPU();
   const std::uint64_t seed = test_seed();
@@ -858,10 +858,10 @@ TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
   }
 }
 
-// A minibatch whose pulls are never released: its gate/up tiles wait until the timeout, the call
+// A block of rows that is never pulled: its gate/up tiles wait until the timeout, the call
 // returns (no hang, no trap), the next check raises an error naming the counter, and the next
 // call works and is right.
-TEST(LayerGpuFused, AWithheldMinibatchTimesOutWithAReport) {
+TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   MOK_SKIP_WITHOUT_GPU();
   const GpuCase c{"withheld", layer_shape(600, 128, 128, 4, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
@@ -872,7 +872,7 @@ TEST(LayerGpuFused, AWithheldMinibatchTimesOutWithAReport) {
   std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
   cuda::UnfusedLayer layer(c.problem, fused_config(8, 128, 0), 0);
   layer.set_forward_path(cuda::ForwardPath::fused);
-  layer.set_withheld_minibatch(3, 300);
+  layer.set_withheld_block(3, 300);
   const auto start = std::chrono::steady_clock::now();
   layer.forward(ranks, true, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -886,9 +886,9 @@ TEST(LayerGpuFused, AWithheldMinibatchTimesOutWithAReport) {
     const std::string m = e.what();
     EXPECT_NE(m.find("timed out on rank 0"), std::string::npos) << m;
     EXPECT_NE(m.find("ready[3]"), std::string::npos) << m;
-    EXPECT_NE(m.find("minibatch 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("ring rows [384, 512)"), std::string::npos) << m;
   }
-  layer.set_withheld_minibatch(-1);
+  layer.set_withheld_block(-1);
   g.out.poison();
   layer.forward(ranks, true, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -134,11 +134,11 @@ std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_
     if (r.flag == static_cast<std::uint32_t>(comm::FlagId::team_barrier)) {
       s << "team barrier flag[" << r.flag_index << "] (arrivals from rank " << r.flag_index << ")";
     } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_ready)) {
-      s << "forward megakernel counter ready[" << r.flag_index << "] (pulling CTAs done with minibatch "
-        << r.flag_index << " of the pass)";
+      s << "forward megakernel counter ready[" << r.flag_index << "] (the pull of ring rows ["
+        << 128ll * r.flag_index << ", " << 128ll * (r.flag_index + 1) << ") of the pass)";
     } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_done)) {
-      s << "forward megakernel counter done[" << r.flag_index << "] (gate/up tiles finished of M tile "
-        << r.flag_index << " of the pass)";
+      s << "forward megakernel counter done[" << r.flag_index << "] (the gate/up tiles of ring rows ["
+        << 128ll * r.flag_index << ", " << 128ll * (r.flag_index + 1) << ") of the pass)";
     } else {
       s << "grid barrier counter of rank " << r.rank << " (arrivals from its blocks)";
     }

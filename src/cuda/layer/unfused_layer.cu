@@ -276,7 +276,7 @@ struct UnfusedLayer::Impl {
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
   ForwardPath path = forward_path_from_environment();
-  int withheld_minibatch = -1;       // tests only (set_withheld_minibatch)
+  int withheld_block = -1;           // tests only (set_withheld_block)
   std::uint64_t fused_timeout_ms = 0;  // tests only: 0, the team's barrier timeout
   std::vector<RankBuffers> ranks;
   void* layer = nullptr;  // every rank's layer region (plan::WorkspacePlan), one allocation
@@ -475,20 +475,15 @@ struct UnfusedLayer::Impl {
     f.pull = {pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) f.pull.src_own = t.in.x.data;
     f.minibatch_rows = config.minibatch_size;
-    const int grid = gemm::persistent_grid_size();
-    f.comm_ctas = std::clamp(config.fwd_num_comm_sms, 1, grid - 1);
-    const plan::FusedCounters c = plan::fused_counters(ring, config.minibatch_size,
-                                                       problem.num_local_experts());
     f.counters = buffers(r).fused_counters;
-    f.ready_words = static_cast<int>(c.ready);
-    f.done_words = static_cast<int>(c.done);
+    f.blocks = static_cast<int>(plan::fused_blocks(ring));
     const Team::Impl& ti = team.impl();
     f.timeout_ns =
         (fused_timeout_ms > 0 ? fused_timeout_ms : ti.options.barrier_timeout_ms) * 1000000ull;
     f.record = loc<comm::DeviceErrorRecord>(r, plan().error_record);
     f.mirror = ti.mirrors + (r - first);
     f.rank = r;
-    f.withhold_minibatch = withheld_minibatch;
+    f.withhold_block = withheld_block;
     launch_fused_forward(f, t.w.swiglu_limit.has_value(), s);
   }
 
@@ -602,8 +597,8 @@ ForwardPath UnfusedLayer::forward_path() const {
 void UnfusedLayer::set_forward_path(ForwardPath path) {
   impl_->path = path;
 }
-void UnfusedLayer::set_withheld_minibatch(int m, std::uint64_t timeout_ms) {
-  impl_->withheld_minibatch = m;
+void UnfusedLayer::set_withheld_block(int b, std::uint64_t timeout_ms) {
+  impl_->withheld_block = b;
   impl_->fused_timeout_ms = timeout_ms;
 }
 

@@ -74,10 +74,10 @@ class UnfusedLayer {
 
   ForwardPath forward_path() const;
   void set_forward_path(ForwardPath path);
-  // Tests only: the forward megakernel never releases minibatch `m` of a pass (-1: off), so its
-  // gate/up tiles of that minibatch wait until `timeout_ms` (0: the team's barrier timeout) and
-  // the call's outputs are void.
-  void set_withheld_minibatch(int m, std::uint64_t timeout_ms = 0);
+  // Tests only: the forward megakernel never pulls ring rows [128 b, 128 b + 128) of a pass (-1:
+  // off), so the gate/up tiles of those rows wait until `timeout_ms` (0: the team's barrier
+  // timeout) and the call's outputs are void.
+  void set_withheld_block(int b, std::uint64_t timeout_ms = 0);
 
   std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;
