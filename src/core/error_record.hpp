@@ -25,6 +25,8 @@ enum class FlagId : std::uint32_t {
   // nothing inconsistent behind):
   fused_ready = 3,  // ready[index]: the pull of the pass's ring rows [128 index, 128 index + 128)
   fused_done = 4,   // done[index]: the gate/up tiles of those rows
+  fused_shared_done = 5,  // shared_done[index]: the shared expert's gate/up tiles of its tokens
+                          // [128 index, 128 index + 128)
 };
 
 struct DeviceErrorRecord {

@@ -40,8 +40,8 @@
 //     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
 //     wgrad_tickets        u32  [3, 2]         a ticket counter pair per weight-gradient stream
 //     peers                ptr  [6, W]         every rank's staging and slot buffers
-//     fused_counters       u32  [2 ceil(R/128) + 2]  the forward megakernel's ready and done
-//                                              counters, ticket counter and exit count
+//     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 2]  the forward megakernel's
+//                                              ready, done, shared_done, ticket and exit counters
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -149,13 +149,13 @@ constexpr std::int64_t carry_slots(std::int64_t passes, std::int64_t experts) {
 }
 
 // The forward megakernel's counters (src/cuda/kernels/fused_forward.hpp), zero between launches:
-// ready [blocks], done [blocks] (blocks = ceil(R / 128), the pass's M tiles), the ticket counter
-// and the exit count.
-constexpr std::int64_t fused_blocks(std::int64_t ring_rows) {
-  return (ring_rows + 127) / 128;
+// ready [blocks], done [blocks] (blocks = ceil(R / 128), the pass's M tiles), shared_done
+// [ceil(T / 128)], the ticket counter and the exit count.
+constexpr std::int64_t fused_blocks(std::int64_t rows) {
+  return (rows + 127) / 128;
 }
-constexpr std::int64_t fused_counter_words(std::int64_t ring_rows) {
-  return 2 * fused_blocks(ring_rows) + 2;
+constexpr std::int64_t fused_counter_words(std::int64_t ring_rows, std::int64_t tokens) {
+  return 2 * fused_blocks(ring_rows) + fused_blocks(tokens) + 2;
 }
 
 // Ring passes the worst-case table needs (at least 1).
@@ -222,7 +222,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.dense_rows = carve(end, i32);
   p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
-  p.fused_counters = carve(end, fused_counter_words(R) * u32);
+  p.fused_counters = carve(end, fused_counter_words(R, T) * u32);
   p.layer_bytes = end;
   return p;
 }
@@ -282,7 +282,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [3, 2]"},
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
     {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
-     "u32 [2 * ceil(R/128) + 2]"},
+     "u32 [2 * ceil(R/128) + ceil(T/128) + 2]"},
 };
 
 }  // namespace mok::plan

@@ -139,6 +139,10 @@ std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_
     } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_done)) {
       s << "forward megakernel counter done[" << r.flag_index << "] (the gate/up tiles of ring rows ["
         << 128ll * r.flag_index << ", " << 128ll * (r.flag_index + 1) << ") of the pass)";
+    } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_shared_done)) {
+      s << "forward megakernel counter shared_done[" << r.flag_index
+        << "] (the shared expert's gate/up tiles of tokens [" << 128ll * r.flag_index << ", "
+        << 128ll * (r.flag_index + 1) << "))";
     } else {
       s << "grid barrier counter of rank " << r.rank << " (arrivals from its blocks)";
     }
@@ -190,7 +194,8 @@ void Team::Impl::raise_device_errors(cudaStream_t stream) {
     // on a team across processes the call's next team barrier gave up with it.
     const bool own_counters =
         m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_ready) ||
-        m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_done);
+        m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_done) ||
+        m->flag == static_cast<std::uint32_t>(comm::FlagId::fused_shared_done);
     timeout = timeout ||
               (m->kind == static_cast<std::uint32_t>(comm::ErrorKind::barrier_timeout) &&
                !(own_counters && virtual_ranks));

@@ -40,6 +40,15 @@
 
 namespace mok::gemm {
 
+// What an engine carries from tile to tile (GemmEngine::state / resume).
+template <int kStages>
+struct EngineState {
+  PipelineState<kStages> pipeline;
+  TileQueueState queue;
+  ProducerLoads loads;
+  unsigned own_tiles = 0;  // ping-pong: tiles this warpgroup consumed
+};
+
 // The warp roles of an engine CTA (kThreads threads: three warpgroups).
 enum class Role { kProducer, kConsumer0, kConsumer1 };
 
@@ -76,8 +85,8 @@ class GemmEngine {
     prefetch_maps();
   }
 
-  // One thread: prefetches the descriptor's tensor maps (init does it; an engine that continues
-  // another's ring, continue_from, has its own maps to prefetch).
+  // One thread: prefetches the descriptor's tensor maps (init does it; an engine that shares
+  // another's ring, resume, has its own maps to prefetch).
   __device__ __forceinline__ void prefetch_maps() const {
     ptx::tma_prefetch_descriptor(&d_.a);
     ptx::tma_prefetch_descriptor(&d_.b);
@@ -90,21 +99,19 @@ class GemmEngine {
     }
   }
 
-  // Every role, at the point where it leaves `other`'s tiles for this engine's: this engine goes
-  // on with the same ring where `other` left it (stage, phase, tile queue, give-up state), with no
-  // barrier re-initialised, so one role may still be on `other`'s tiles while the other role is
-  // already on this engine's (a megakernel's phases, kernels/fused_forward.cu). The two forms must
-  // share the ring's geometry.
-  template <class F2, class E2>
-  __device__ __forceinline__ void continue_from(const GemmEngine<F2, E2>& other) {
-    static_assert(F2::kStages == F::kStages && F2::kStageBytes == F::kStageBytes &&
-                      F2::kStagingBytes == F::kStagingBytes && !F::kPingPong && !F2::kPingPong,
-                  "continue_from: both forms cooperative, with one ring geometry");
-    state_.stage = other.state_.stage;
-    state_.phase = other.state_.phase;
-    queue_ = other.queue_;
-    loads_ = other.loads_;
-    own_tiles_ = other.own_tiles_;
+  // The engine's state across tiles (stage, phase, tile queue position, the Producer's loads),
+  // for a loop that runs several engines over one ring and one tile queue (a megakernel's tasks,
+  // kernels/fused_forward.cu): each task's engine resumes where the previous task's left off, with
+  // no barrier re-initialised. Forms that share a ring must share its geometry (the caller
+  // asserts it).
+  __device__ __forceinline__ EngineState<F::kStages> state() const {
+    return {state_, queue_, loads_, own_tiles_};
+  }
+  __device__ __forceinline__ void resume(const EngineState<F::kStages>& s) {
+    state_ = s.pipeline;
+    queue_ = s.queue;
+    loads_ = s.loads;
+    own_tiles_ = s.own_tiles;
   }
 
   // Whether the CTA has given up (any role's wait, or abandon()).
@@ -209,8 +216,6 @@ class GemmEngine {
   }
 
  private:
-  template <class, class>
-  friend class GemmEngine;
   static constexpr int kAbandoned = 2;  // CtaAbort::aborted set by abandon (give_up sets 1)
 
   // NOTES: the dynamic shared-memory base rounded up to the 1024-byte alignment that

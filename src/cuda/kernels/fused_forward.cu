@@ -32,6 +32,28 @@ template <bool kClamped>
 using GateUpEngine = GemmEngine<GateUpForm, gemm::epilogue::SwigluForward<true, kClamped>>;
 // No row scale; rows scattered into their home slots (the combine).
 using DownEngine = GemmEngine<DownForm, gemm::epilogue::RowsBf16<false, true>>;
+// The shared expert's down projection: plain rows (its output, which the home reduction adds).
+using SharedDownEngine = GemmEngine<DownForm, gemm::epilogue::RowsBf16<false, false>>;
+
+static_assert(GateUpForm::kStages == DownForm::kStages &&
+                  GateUpForm::kStageBytes == DownForm::kStageBytes &&
+                  GateUpForm::kStagingBytes == DownForm::kStagingBytes,
+              "the forms of one launch share the ring's geometry");
+// What a CTA's engines carry from task to task: one ring and one tile queue between them.
+using SharedState = gemm::EngineState<GateUpForm::kStages>;
+
+// Runs body(engine) on an engine of type Engine over `d` that resumes the CTA's state and leaves
+// its own behind. NOTES: one state for every engine (not an engine object per GEMM, each with its
+// own copy, all live across the task loop): the Producer runs within 40 registers.
+template <class Engine, class Body>
+__device__ __forceinline__ auto with_engine(std::uint8_t* smem, const gemm::GemmDescriptor& d,
+                                            SharedState& state, Body&& body) {
+  Engine e(smem, d);
+  e.resume(state);
+  auto result = body(e);
+  state = e.state();
+  return result;
+}
 
 constexpr int kConsumerWarps = gemm::kConsumerThreads / 32;
 constexpr int kPullBatch = 8;  // loads in flight per lane of a pulling warp
@@ -44,12 +66,13 @@ static_assert(kStoredBarrierId > gemm::kWarpgroupBarrierId + 1, "named barrier i
 __device__ unsigned g_fused_report_lock;
 
 // The launch's tickets: its blocks and minibatches (every thread computes the same from the
-// pass's row count, which the schedule left in device memory).
+// pass's row count, which the schedule left in device memory) and the shared expert's tiles.
 struct TicketPlan {
   int blocks;          // B: 128-row blocks holding the pass's rows
   int per_minibatch;   // blocks per minibatch
   int minibatches;
   int n_up, n_down;    // tiles per block of the two GEMMs
+  int shared_up, shared_down;  // the shared expert's tiles (stage 0 and stage 1), or 0
   // Blocks of the first x minibatches.
   __device__ int first_blocks(int x) const {
     return x <= 0 ? 0 : min(x * per_minibatch, blocks);
@@ -58,22 +81,29 @@ struct TicketPlan {
     return first_blocks(minibatch + 1) - first_blocks(minibatch);
   }
   // Tickets before stage s: the pulls of minibatches < s, the gate/up tiles of those < s - 1,
-  // the down tiles of those < s - 2.
+  // the down tiles of those < s - 2, the shared tiles of the stages before.
   __device__ int before_stage(int s) const {
-    return first_blocks(s) + n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2);
+    return first_blocks(s) + n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) +
+           (s >= 1 ? shared_up : 0) + (s >= 2 ? shared_down : 0);
   }
   __device__ int tickets() const { return before_stage(minibatches + 2); }
 };
 
-enum class TaskKind { pull, gate_up, down };
+enum class TaskKind { pull, gate_up, down, shared_gate_up, shared_down };
 struct Task {
   TaskKind kind;
   int block;
   int n;  // N tile (GEMM tasks)
 };
 
-__device__ Task decode(const TicketPlan& p, int ticket) {
-  // The stage: the last s with before_stage(s) <= ticket (no stage of a non-empty pass is empty).
+// `count` tiles of `blocks` blocks from `first`, N outer, block inner: the o-th.
+__device__ Task tile_task(TaskKind kind, int first, int blocks, int o) {
+  return {kind, first + o % blocks, o / blocks};
+}
+
+__device__ Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
+  // The stage: the last s with before_stage(s) <= ticket (an empty stage shares its start with
+  // the next one, which the search prefers).
   int lo = 0, hi = p.minibatches + 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -87,13 +117,27 @@ __device__ Task decode(const TicketPlan& p, int ticket) {
   const int pulls = p.blocks_of(lo);
   if (o < pulls) return {TaskKind::pull, p.first_blocks(lo) + o, 0};
   o -= pulls;
-  const int up_blocks = p.blocks_of(lo - 1);
-  if (o < up_blocks * p.n_up) {
-    return {TaskKind::gate_up, p.first_blocks(lo - 1) + o % up_blocks, o / up_blocks};
+  if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
+  if (lo == 1) {
+    if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
+    o -= p.shared_down;
   }
+  const int up_blocks = p.blocks_of(lo - 1);
+  if (o < up_blocks * p.n_up) return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
   o -= up_blocks * p.n_up;
-  const int down_blocks = p.blocks_of(lo - 2);
-  return {TaskKind::down, p.first_blocks(lo - 2) + o % down_blocks, o / down_blocks};
+  return tile_task(TaskKind::down, p.first_blocks(lo - 2), p.blocks_of(lo - 2), o);
+}
+
+// The shared expert's tile of block b (rows [128 b, 128 b + 128) of its T), N tile n.
+__device__ TileInfo shared_tile(const FusedForwardParams& fp, int b, int n, int k_blocks) {
+  TileInfo tile;
+  tile.group = 0;
+  tile.row_base = 0;
+  tile.row_count = fp.gate_up_shared.p.sched.dense_rows;
+  tile.m0 = b * kTileM;
+  tile.n0 = n;
+  tile.k_blocks = k_blocks;
+  return tile;
 }
 
 // The GEMM tile of block b, N tile n: the group holding ring row 128 b (the last whose start is at
@@ -123,6 +167,7 @@ __device__ bool block_tile(const SchedulerTables& t, int groups, int b, int n, i
 struct Counters {
   std::uint32_t* ready;
   std::uint32_t* done;
+  std::uint32_t* shared_done;
   std::uint32_t* tickets;
   std::uint32_t* exit;
 };
@@ -177,13 +222,20 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
   __shared__ int last;
-  const Counters c{fp.counters, fp.counters + fp.blocks, fp.counters + 2 * fp.blocks,
-                   fp.counters + 2 * fp.blocks + 1};
-  GateUpEngine<kClamped> up(smem_raw, fp.gate_up);
-  DownEngine down(smem_raw, fp.down);
+  std::uint32_t* const done = fp.counters + fp.blocks;
+  std::uint32_t* const shared_done = done + fp.blocks;
+  std::uint32_t* const tickets_drawn = shared_done + fp.shared_words;
+  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 1};
+  using Up = GateUpEngine<kClamped>;
+  SharedState state;
+  Up up(smem_raw, fp.gate_up);  // the tile queue's and the give-up state's engine
   if (threadIdx.x == 0) {
     up.init();
-    down.prefetch_maps();
+    DownEngine(smem_raw, fp.down).prefetch_maps();
+    if (fp.shared_blocks > 0) {
+      Up(smem_raw, fp.gate_up_shared).prefetch_maps();
+      SharedDownEngine(smem_raw, fp.down_shared).prefetch_maps();
+    }
   }
   if (threadIdx.x < 32) {
     // The groups' starts and row counts (n_tiles 1: the prefix counts M tiles, unused here).
@@ -200,71 +252,122 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.minibatches = (plan.blocks + plan.per_minibatch - 1) / plan.per_minibatch;
   plan.n_up = fp.gate_up.p.sched.n_tiles;
   plan.n_down = fp.down.p.sched.n_tiles;
+  const int n_shared_up = fp.gate_up_shared.p.sched.n_tiles;
+  plan.shared_up = fp.shared_blocks * n_shared_up;
+  plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
   const int groups = fp.gate_up.p.sched.num_groups;
   const int k_up = fp.gate_up.p.sched.k_blocks, k_down = fp.down.p.sched.k_blocks;
+  const int k_shared_down = fp.down_shared.p.sched.k_blocks;
 
   if (up.role() == Role::kProducer) {
     up.become_producer();
+    state = up.state();
     if (up.is_producer_thread()) {
-      // NOTES: the two engines share one ring and one tile queue; the one that ran the last
-      // task holds their state, and the other continues from it when the task kind changes.
-      bool on_down = false, ok = true;
+      bool ok = true;
       while (ok) {
-        ok = on_down ? down.reserve_ticket_slot() : up.reserve_ticket_slot();
-        if (!ok) break;
+        up.resume(state);
+        if (!up.reserve_ticket_slot()) break;
         const int drawn = static_cast<int>(atomicAdd(c.tickets, 1u));
         const int ticket = drawn < tickets ? drawn : kNoTile;
-        ok = on_down ? down.publish_ticket(ticket) : up.publish_ticket(ticket);
-        if (!ok || ticket == kNoTile) break;
-        const Task task = decode(plan, ticket);
-        if (task.kind == TaskKind::pull) continue;  // the Consumers' warps copy the rows
+        if (!up.publish_ticket(ticket)) break;
+        state = up.state();
+        if (ticket == kNoTile) break;
+        const Task task = decode(plan, fp.shared_blocks, ticket);
+        const int b = task.block;
         TileInfo tile;
-        if (task.kind == TaskKind::gate_up) {
-          if (on_down) up.continue_from(down), on_down = false;
-          if (!block_tile(tables, groups, task.block, task.n, k_up, tile)) continue;
-          ok = wait_counter(fp, up, c.ready + task.block, 1u, comm::FlagId::fused_ready,
-                            task.block) &&
-               up.produce(tile);
-        } else {
-          if (!on_down) down.continue_from(up), on_down = true;
-          if (!block_tile(tables, groups, task.block, task.n, k_down, tile)) continue;
-          ok = wait_counter(fp, down, c.done + task.block, static_cast<std::uint32_t>(plan.n_up),
-                            comm::FlagId::fused_done, task.block) &&
-               down.produce(tile);
+        switch (task.kind) {
+          case TaskKind::pull:  // the Consumers' warps copy the rows
+            break;
+          case TaskKind::gate_up:
+            if (block_tile(tables, groups, b, task.n, k_up, tile)) {
+              ok = with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
+                return wait_counter(fp, e, c.ready + b, 1u, comm::FlagId::fused_ready, b) &&
+                       e.produce(tile);
+              });
+            }
+            break;
+          case TaskKind::down:
+            if (block_tile(tables, groups, b, task.n, k_down, tile)) {
+              ok = with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
+                return wait_counter(fp, e, c.done + b, static_cast<std::uint32_t>(plan.n_up),
+                                    comm::FlagId::fused_done, b) &&
+                       e.produce(tile);
+              });
+            }
+            break;
+          case TaskKind::shared_gate_up:
+            ok = with_engine<Up>(smem_raw, fp.gate_up_shared, state,
+                                 [&](Up& e) { return e.produce(shared_tile(fp, b, task.n, k_up)); });
+            break;
+          case TaskKind::shared_down:
+            ok = with_engine<SharedDownEngine>(
+                smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
+                  return wait_counter(fp, e, c.shared_done + b,
+                                      static_cast<std::uint32_t>(n_shared_up),
+                                      comm::FlagId::fused_shared_done, b) &&
+                         e.produce(shared_tile(fp, b, task.n, k_shared_down));
+                });
+            break;
         }
       }
-      if (on_down) {
-        down.finish_producing();
-      } else {
-        up.finish_producing();
-      }
+      up.resume(state);
+      up.finish_producing();  // the ring's loads, whichever engine issued them
     }
   } else {
     up.become_consumer();
-    bool on_down = false;
+    state = up.state();
     for (;;) {
-      const int ticket = on_down ? down.take_ticket() : up.take_ticket();
+      up.resume(state);
+      const int ticket = up.take_ticket();
+      state = up.state();
       if (ticket == kNoTile) break;
-      const Task task = decode(plan, ticket);
+      const Task task = decode(plan, fp.shared_blocks, ticket);
+      const int b = task.block;
       TileInfo tile;
-      if (task.kind == TaskKind::pull) {
-        if (task.block != fp.withhold_block) {
-          pull_block(fp, rows, task.block);
-          publish_stored(c.ready + task.block);
-        }
-      } else if (task.kind == TaskKind::gate_up) {
-        if (on_down) up.continue_from(down), on_down = false;
-        if (block_tile(tables, groups, task.block, task.n, k_up, tile)) up.consume(tile);
-        publish_stored(c.done + task.block);
-      } else {
-        if (!on_down) down.continue_from(up), on_down = true;
-        if (block_tile(tables, groups, task.block, task.n, k_down, tile)) down.consume(tile);
+      switch (task.kind) {
+        case TaskKind::pull:
+          if (b != fp.withhold_block) {
+            pull_block(fp, rows, b);
+            publish_stored(c.ready + b);
+          }
+          break;
+        case TaskKind::gate_up:
+          if (block_tile(tables, groups, b, task.n, k_up, tile)) {
+            with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
+              e.consume(tile);
+              return 0;
+            });
+          }
+          publish_stored(c.done + b);
+          break;
+        case TaskKind::down:
+          if (block_tile(tables, groups, b, task.n, k_down, tile)) {
+            with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
+              e.consume(tile);
+              return 0;
+            });
+          }
+          break;
+        case TaskKind::shared_gate_up:
+          with_engine<Up>(smem_raw, fp.gate_up_shared, state, [&](Up& e) {
+            e.consume(shared_tile(fp, b, task.n, k_up));
+            return 0;
+          });
+          publish_stored(c.shared_done + b);
+          break;
+        case TaskKind::shared_down:
+          with_engine<SharedDownEngine>(smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
+            e.consume(shared_tile(fp, b, task.n, k_shared_down));
+            return 0;
+          });
+          break;
       }
     }
-    // Neither form stores through TMA: nothing in flight to wait for (finish_consuming).
+    // No form here stores through TMA: nothing in flight to wait for (finish_consuming).
   }
-  // Every role has left its loops; a CTA whose engine wait gave up says which one did.
+  // Every role has left its loops; a CTA whose engine wait gave up says which one did (the give-up
+  // state is the ring's, which every engine shares).
   __syncwarp();
   __syncthreads();
   if (threadIdx.x == 0) up.report_timeout(&g_fused_report_lock);
@@ -277,8 +380,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   }
   __syncthreads();
   if (last != 0) {
-    for (int i = static_cast<int>(threadIdx.x); i < 2 * fp.blocks + 1;
-         i += static_cast<int>(blockDim.x)) {
+    const int words = 2 * fp.blocks + fp.shared_words + 1;  // all but the exit count
+    for (int i = static_cast<int>(threadIdx.x); i < words; i += static_cast<int>(blockDim.x)) {
       fp.counters[i] = 0u;
     }
     if (threadIdx.x == 0) *c.exit = 0u;

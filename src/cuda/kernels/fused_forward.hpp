@@ -7,14 +7,20 @@
 // tasks from one ticket counter, in ticket order. The pass's rows are cut into 128-row blocks (the
 // GEMMs' M tiles) and the blocks into minibatches (Config::minibatch_size rows); the tasks of a
 // block are its pull (the Consumers' warps copy its rows into the ring), its gate/up tiles (one per
-// 128 columns of I) and its down tiles (one per 256 columns of H). Ticket order, stage by stage:
+// 128 columns of I) and its down tiles (one per 256 columns of H). The shared expert (pass 0's
+// launch, S > 0) has gate/up and down tiles over the rank's T tokens, which need no pull. Ticket
+// order, stage by stage (s = 0 .. minibatches + 1; within a stage N outer, block inner):
 //
+//   stage 0:  the pulls of minibatch 0, the shared expert's gate/up tiles
+//   stage 1:  the pulls of minibatch 1, the shared expert's down tiles, the gate/up tiles of
+//             minibatch 0
 //   stage s:  the pulls of minibatch s, the gate/up tiles of minibatch s - 1, the down tiles of
-//             minibatch s - 2  (s = 0 .. minibatches + 1; within a stage N outer, block inner)
+//             minibatch s - 2
 //
-// so each minibatch's pulls run one stage ahead of its gate/up tiles, and its down tiles one stage
-// behind them. Dependencies, counted per block: a gate/up tile's Producer waits for ready[b] (its
-// block pulled), a down tile's for done[b] == the gate/up tiles of its block. Every dependency is
+// so the shared expert hides the first pulls, each minibatch's pulls run one stage ahead of its
+// gate/up tiles, and its down tiles one stage behind them. Dependencies, counted per block: a
+// gate/up tile's Producer waits for ready[b] (its block pulled), a down tile's for done[b] == the
+// gate/up tiles of its block, a shared down tile's for shared_done[b] likewise. Every dependency is
 // on a smaller ticket, each CTA runs its tickets in order and every CTA is resident (cooperative
 // launch), so the smallest unfinished ticket can always run: no deadlock, whatever the routing.
 // Which CTA runs a task never changes its bits.
@@ -38,12 +44,18 @@ namespace mok::cuda {
 struct FusedForwardParams {
   gemm::GemmDescriptor gate_up;  // Form<kGateUp, cooperative>, pre-activations stored
   gemm::GemmDescriptor down;     // Form<kRowsWT, cooperative>, rows scattered home
+  // The shared expert (shared_blocks > 0): dense gate/up (pre-activations stored) over the rank's
+  // tokens, and dense down into its output rows.
+  gemm::GemmDescriptor gate_up_shared;
+  gemm::GemmDescriptor down_shared;
   PullParams pull;               // the pass's rows into gate_up's A (no scale: forward)
   std::int64_t minibatch_rows = 0;  // a positive multiple of 128
-  // plan::fused_counters(ring rows): ready [blocks], done [blocks], the ticket counter, the exit
-  // count, in that order; zero between launches.
+  // plan::fused_counter_words(ring rows, T): ready [blocks], done [blocks], shared_done
+  // [shared_words], the ticket counter, the exit count, in that order; zero between launches.
   std::uint32_t* counters = nullptr;
-  int blocks = 0;                // ceil(ring rows / 128)
+  int blocks = 0;         // ceil(ring rows / 128)
+  int shared_words = 0;   // ceil(T / 128)
+  int shared_blocks = 0;  // shared_words with the shared expert in this launch, else 0
   std::uint64_t timeout_ns = 0;  // every counter wait gives up after this long
   comm::DeviceErrorRecord* record = nullptr;  // the rank's (local region)
   comm::DeviceErrorRecord* mirror = nullptr;  // its host-mapped mirror, or null

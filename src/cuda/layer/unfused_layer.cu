@@ -456,9 +456,10 @@ struct UnfusedLayer::Impl {
 
   // The forward megakernel over pass `pass` of rank r: the pass's rows into `set` (its x, gate, up
   // and hidden, as gate_up_pass writes them) and its output rows into their home slots, as
-  // gate_up_pass and the down GEMM with the combine do, in one launch.
+  // gate_up_pass and the down GEMM with the combine do, in one launch; with `shared`, the shared
+  // expert's forward too (its context and s_out, as the dense launches write them).
   void fused_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
-                  cudaStream_t s) {
+                  bool shared, cudaStream_t s) {
     const ExpertRows e = routed(r, t, s);
     using gemm::Form;
     using gemm::FormKind;
@@ -468,10 +469,25 @@ struct UnfusedLayer::Impl {
     const std::optional<gemm::GemmDescriptor> down =
         gemm::describe_rows_times_weight_t<Form<FormKind::kRowsWT, false>>(
             down_args(e, set.hidden, nullptr, to_home_slots(r, pass, combine_peers)));
-    if (!up || !down) return;  // a ring of no rows
+    if (!up || !down) throw Error("internal: a forward megakernel over a ring of no rows");
     FusedForwardParams f;
     f.gate_up = *up;
     f.down = *down;
+    f.shared_words = static_cast<int>(plan::fused_blocks(problem.num_tokens));
+    if (shared) {
+      const ExpertRows se = this->shared(t, s);
+      const std::optional<gemm::GemmDescriptor> shared_up =
+          gemm::describe_gate_up_forward<Form<FormKind::kGateUp, false>>(
+              gate_up_args(se, t.in.x.ptr<const bf16>(), t.ctx.gate_shared.ptr<bf16>(),
+                           t.ctx.up_shared.ptr<bf16>(), t.ctx.hidden_shared.ptr<bf16>()));
+      const std::optional<gemm::GemmDescriptor> shared_down =
+          gemm::describe_rows_times_weight_t<Form<FormKind::kRowsWT, false>>(
+              down_args(se, t.ctx.hidden_shared.ptr<const bf16>(), buffers(r).s_out, {}));
+      if (!shared_up || !shared_down) throw Error("internal: a shared expert of no tokens");
+      f.gate_up_shared = *shared_up;
+      f.down_shared = *shared_down;
+      f.shared_blocks = f.shared_words;
+    }
     f.pull = {pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) f.pull.src_own = t.in.x.data;
     f.minibatch_rows = config.minibatch_size;
@@ -630,8 +646,10 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
 
-  // Shared expert first (DESIGN.md section 4: it hides the first dispatch in the megakernel).
-  for (int r = m.first; r < m.first + m.count && S > 0; ++r) {
+  // Shared expert first (DESIGN.md section 4: it hides the first dispatch): in pass 0's megakernel
+  // launch, or as two dense launches before the passes.
+  const bool fused = write_output && m.path == ForwardPath::fused;
+  for (int r = m.first; r < m.first + m.count && S > 0 && !fused; ++r) {
     const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);
     gate_up_forward(e, t.in.x.ptr<const bf16>(), t.ctx.gate_shared.ptr<bf16>(),
@@ -645,8 +663,8 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
     for (int r = m.first; r < m.first + m.count; ++r) {
       const RankBuffers::PassSet set = m.pass_set(r, pass, ranks[r - m.first]);
       m.compute_pass_segments(r, pass, s);
-      if (write_output && m.path == ForwardPath::fused) {
-        m.fused_pass(r, pass, ranks[r - m.first], set, s);
+      if (fused) {
+        m.fused_pass(r, pass, ranks[r - m.first], set, pass == 0 && S > 0, s);
         continue;
       }
       m.gate_up_pass(r, pass, ranks[r - m.first], set, s);
