@@ -287,6 +287,26 @@ def floors_ms(case):
     return flops, max(flops / (BF16_TFLOPS * 1e9), bytes_ / (HBM_TBPS * 1e9))
 
 
+CONTEXT_FIELDS = ("x_routed", "gate_routed", "up_routed", "hidden_routed", "gate_shared",
+                  "up_shared", "hidden_shared")
+
+
+def forward_bits(impl):
+    """One forward of a MokImpl: its whole output and every context tensor, routed ones at the
+    rows of the first ring pass that hold a token's row (the others, padding and rows past the
+    table, are never written: the context is torch.empty)."""
+    with torch.no_grad():
+        bits = {"out": impl.forward().clone()}
+    rows = impl.ctx.x_routed.shape[0]
+    real = impl.schedule.peer_token_idx[:rows] >= 0
+    for name in CONTEXT_FIELDS:
+        t = getattr(impl.ctx, name)
+        if t is None:
+            continue
+        bits[name] = (t[:real.shape[0]][real] if name.endswith("_routed") else t).clone()
+    return bits
+
+
 def release_memory():
     """Frees what one implementation held before the next: mok's cached workspaces (their C++
     scratch is cudaMalloc'd outside torch's allocator and, with several ring passes, holds the
@@ -321,18 +341,18 @@ def measure(case, routing_name, impl_name, sets, args):
     if not err < 4 * 2 ** -8:  # NaN fails too
         return f"WRONG output (rel err {err})"
     if isinstance(impl, MokImpl) and impl.path != "unfused":
-        # The megakernel's whole output is the unfused path's, bit for bit, before it is timed.
-        with torch.no_grad():
-            fused_out = impl.forward().clone()
+        # The megakernel's whole output and forward context are the unfused path's, bit for bit,
+        # before it is timed.
+        fused = forward_bits(impl)
         release_memory()
         ref_impl = MokImpl(impl.variant, "unfused", impl.minibatch)
         ref_impl.setup(sets[0])
-        with torch.no_grad():
-            same = torch.equal(fused_out, ref_impl.forward())
-        del ref_impl, fused_out
+        differ = [name for name, t in forward_bits(ref_impl).items()
+                  if not torch.equal(t, fused[name])]
+        del ref_impl, fused
         release_memory()
-        if not same:
-            return "WRONG: the fused forward's output differs bitwise from the unfused one"
+        if differ:
+            return f"WRONG: the fused forward's {', '.join(differ)} differ bitwise from the unfused one"
         impl = factory()
         impl.setup(sets[0])
     rot = [factory() for _ in sets]
