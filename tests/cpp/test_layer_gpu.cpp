@@ -801,6 +801,19 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
   }
 }
 
+// One multi-tile forward each way (5 blocks of rows, 8 experts, a shared expert, minibatches of
+// one block): the case the sanitizers run (scripts/gpu-fused).
+TEST(LayerGpuFused, OneMultiTileForward) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"sanitized", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false};
+  const LayerData d = make_case(c, test_seed());
+  const Config config = fused_config(40, 128, 0);
+  const ForwardBits unfused = forward_bits(d, config, "unfused");
+  const ForwardBits fused = forward_bits(d, config, "fused");
+  EXPECT_TRUE(same_bits(unfused.out, fused.out)) << "out";
+  EXPECT_TRUE(unfused.ctx == fused.ctx) << "forward context";
+}
+
 // The clamped SwiGLU (swiglu_limit) in the megakernel: the unfused forward's bits, at limits that
 // clamp many values and few.
 TEST(LayerGpuFused, ClampedForwardIsBitwiseTheUnfused) {
