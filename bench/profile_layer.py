@@ -73,7 +73,7 @@ def main():
         weights = bl.make_weights(case, 7)
         inp = bl.make_inputs(case, args.routing == "skewed", 0, weights)
         for name in args.impls.split(","):
-            impl = bl.IMPLS[name][0]()  # mok, mok-1pass, mok-2pass, torch
+            impl = bl.IMPLS[name][0]()  # mok, mok-1pass, mok-2pass, mok-fused..., torch
             impl.setup(inp)
 
             def fwd():
@@ -86,6 +86,9 @@ def main():
             r = {"fwd_ms": median_ms(fwd, 10), "fwdbwd_ms": median_ms(fwdbwd, 10),
                  "fwd_host_ms": host_ms(fwd), "fwdbwd_host_ms": host_ms(fwdbwd)}
             trace = str(pathlib.Path(args.out, f"trace_{case}_{name}.json")) if args.trace else None
+            fks = kernels(fwd)
+            r["fwd_kernel_sum_ms"] = sum(k[2] for k in fks) / 1e3
+            r["fwd_kernels"] = fks
             ks = kernels(fwdbwd, trace)
             r["fwdbwd_kernel_sum_ms"] = sum(k[2] for k in ks) / 1e3
             r["kernels"] = ks
@@ -93,6 +96,10 @@ def main():
             print(f"== {case} {args.routing} {name}: fwd {r['fwd_ms']:.3f} ms (host {r['fwd_host_ms']:.3f}),"
                   f" fwd+bwd {r['fwdbwd_ms']:.3f} ms (host {r['fwdbwd_host_ms']:.3f}), kernel sum"
                   f" {r['fwdbwd_kernel_sum_ms']:.3f} ms", flush=True)
+            print(f"   forward kernels ({r['fwd_kernel_sum_ms']:.3f} ms in all):")
+            for kname, count, us in fks[:12]:
+                print(f"   {us / 1e3:8.3f} ms  x{count:<3d} {kname}")
+            print("   forward+backward kernels:")
             for kname, count, us in ks[:25]:
                 print(f"   {us / 1e3:8.3f} ms  x{count:<3d} {kname}")
             impl = None

@@ -175,18 +175,23 @@ struct Counters {
 // The Producer thread: waits until *counter >= target, then orders its async proxy (the TMA
 // loads it issues next) after what the counter's releasers wrote. False: the wait gave up (the
 // rank's record says which counter, unless the CTA had given up already) and the CTA abandons.
+// NOTES: a wait on done or shared_done (downstream: its gate/up tiles wait for pulls) is bounded
+// by twice the timeout, so when a pull stalls the report names ready[b], the cause, and not the
+// down tile that waited for it too (both waits start within a few tiles of each other).
 template <class Engine>
 __device__ bool wait_counter(const FusedForwardParams& fp, const Engine& engine,
                              const std::uint32_t* counter, std::uint32_t target,
                              comm::FlagId flag, int index) {
+  const std::uint64_t timeout =
+      flag == comm::FlagId::fused_ready ? fp.timeout_ns : 2 * fp.timeout_ns;
   std::uint32_t seen = 0;
   std::uint64_t waited = 0;
   if (ptx::wait_at_least<ptx::Scope::gpu>(
-          counter, target, fp.timeout_ns, [&] { return engine.aborted(); }, seen, waited)) {
+          counter, target, timeout, [&] { return engine.aborted(); }, seen, waited)) {
     ptx::fence_proxy_async_global();
     return true;
   }
-  if (waited > fp.timeout_ns) {
+  if (waited > timeout) {
     comm::report_flag_timeout(fp.record, fp.mirror, fp.rank, flag, index, target, seen, waited);
   }
   engine.abandon();

@@ -56,7 +56,8 @@ struct FusedForwardParams {
   int blocks = 0;         // ceil(ring rows / 128)
   int shared_words = 0;   // ceil(T / 128)
   int shared_blocks = 0;  // shared_words with the shared expert in this launch, else 0
-  std::uint64_t timeout_ns = 0;  // every counter wait gives up after this long
+  // A wait on ready gives up after this long, on done and shared_done after twice this long.
+  std::uint64_t timeout_ns = 0;
   comm::DeviceErrorRecord* record = nullptr;  // the rank's (local region)
   comm::DeviceErrorRecord* mirror = nullptr;  // its host-mapped mirror, or null
   int rank = 0;
