@@ -55,8 +55,16 @@ __device__ __forceinline__ auto with_engine(std::uint8_t* smem, const gemm::Gemm
   return result;
 }
 
-constexpr int kConsumerWarps = gemm::kConsumerThreads / 32;
-constexpr int kPullBatch = 8;  // loads in flight per lane of a pulling warp
+constexpr int kPullGroupRows = 8;  // rows a pulling warp takes at a time
+constexpr int kPullBatch = 4;      // loads in flight per lane of a pulling warp
+// NOTES: the Producer warpgroup's pulling warps need more than the GEMM's 40 registers (48 bytes
+// of spills there; at 48, 20 bytes: loop invariants of the pull loop, reloaded once per group,
+// and no local memory anywhere else, SASS checked); the register file holds 128 x 48 + 256 x 232
+// exactly.
+constexpr int kProducerRegisters = 48;
+constexpr int kConsumerRegisters = gemm::kConsumerRegisters;
+static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <= 65536,
+              "register budgets exceed the register file");
 // The named barrier of the two Consumer warpgroups after a task whose stores another CTA's TMA
 // reads (engine ids: 1, 2, 3).
 constexpr int kStoredBarrierId = 5;
@@ -65,7 +73,7 @@ static_assert(kStoredBarrierId > gemm::kWarpgroupBarrierId + 1, "named barrier i
 // Zero unless a CTA is writing this device's GEMM wait report (GemmEngine::report_timeout).
 __device__ unsigned g_fused_report_lock;
 
-// The launch's tickets: its blocks and minibatches (every thread computes the same from the
+// The launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the
 // pass's row count, which the schedule left in device memory) and the shared expert's tiles.
 struct TicketPlan {
   int blocks;          // B: 128-row blocks holding the pass's rows
@@ -80,16 +88,16 @@ struct TicketPlan {
   __device__ int blocks_of(int minibatch) const {
     return first_blocks(minibatch + 1) - first_blocks(minibatch);
   }
-  // Tickets before stage s: the pulls of minibatches < s, the gate/up tiles of those < s - 1,
-  // the down tiles of those < s - 2, the shared tiles of the stages before.
+  // Tickets before stage s: the gate/up tiles of minibatches < s - 1, the down tiles of those
+  // < s - 2, the shared tiles of the stages before.
   __device__ int before_stage(int s) const {
-    return first_blocks(s) + n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) +
-           (s >= 1 ? shared_up : 0) + (s >= 2 ? shared_down : 0);
+    return n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) + (s >= 1 ? shared_up : 0) +
+           (s >= 2 ? shared_down : 0);
   }
   __device__ int tickets() const { return before_stage(minibatches + 2); }
 };
 
-enum class TaskKind { pull, gate_up, down, shared_gate_up, shared_down };
+enum class TaskKind { gate_up, down, shared_gate_up, shared_down };
 struct Task {
   TaskKind kind;
   int block;
@@ -114,9 +122,6 @@ __device__ Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
     }
   }
   int o = ticket - p.before_stage(lo);
-  const int pulls = p.blocks_of(lo);
-  if (o < pulls) return {TaskKind::pull, p.first_blocks(lo) + o, 0};
-  o -= pulls;
   if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
   if (lo == 1) {
     if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
@@ -208,16 +213,44 @@ __device__ void publish_stored(std::uint32_t* counter) {
   if (threadIdx.x == 128) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
 }
 
-// Consumer warps: the rows of block b (ring rows [128 b, 128 b + 128) within the pass's rows),
-// warp w taking rows 128 b + w, 128 b + w + 8, ...
-__device__ void pull_block(const FusedForwardParams& fp, std::int64_t rows, int b) {
-  const std::int64_t vectors = fp.pull.geo.hidden / transfer::kBf16PerVector;
-  const int warp = static_cast<int>(threadIdx.x - 128) / 32;
+// Warps 1-3 of the Producer warpgroup (idle in a GEMM: one thread of warp 0 issues the loads):
+// the pass's rows, kPullGroupRows at a time, groups drawn from a counter in row order, each group
+// published with one release increment of its block's ready count. They wait for nothing, so they
+// run beside the CTA's GEMM tiles from the start of the launch to the last group. NOTES: it
+// derives its counters from the parameters itself, so that less of the task loop's state stays
+// live in the Producer warpgroup's registers.
+__device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
+  std::uint32_t* const ready = fp.counters;
+  std::uint32_t* const pulls = fp.counters + 2 * fp.blocks + fp.shared_words + 1;
+  const int rows = static_cast<int>(transfer::rows_in_pass(fp.pull.pass));
+  const int vectors = static_cast<int>(fp.pull.geo.hidden / transfer::kBf16PerVector);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t end = min(std::int64_t{b + 1} * kTileM, rows);
-  for (std::int64_t i = std::int64_t{b} * kTileM + warp; i < end; i += kConsumerWarps) {
-    transfer::pull_row<kPullBatch>(fp.pull, i, lane, vectors);
+  const int groups = (rows + kPullGroupRows - 1) / kPullGroupRows;
+  for (;;) {
+    unsigned drawn = 0;
+    if (lane == 0) drawn = atomicAdd(pulls, 1u);
+    const int g = static_cast<int>(__shfl_sync(0xffffffffu, drawn, 0));
+    if (g >= groups) break;
+    const int block = g * kPullGroupRows / kTileM;
+    if (block == fp.withhold_block) continue;
+    const int end = min((g + 1) * kPullGroupRows, rows);
+#pragma unroll 1
+    for (int i = g * kPullGroupRows; i < end; ++i) {
+      transfer::pull_row<kPullBatch>(fp.pull, i, lane, vectors);
+    }
+    // NOTES: the rows were generic-proxy stores and the gate/up Producers read them with TMA: each
+    // lane fences the proxies, the warp converges, and lane 0's release reduction (cumulative
+    // over what the warp's lanes wrote before the __syncwarp) publishes them.
+    ptx::fence_proxy_async_global();
+    __syncwarp();
+    if (lane == 0) ptx::red_release_add<ptx::Scope::gpu>(ready + block, 1u);
   }
+}
+
+// Row groups of block b: its ready count once every one is pulled.
+__device__ std::uint32_t groups_of_block(std::int64_t rows, int b) {
+  const std::int64_t in_block = min(std::int64_t{kTileM}, rows - std::int64_t{b} * kTileM);
+  return static_cast<std::uint32_t>((in_block + kPullGroupRows - 1) / kPullGroupRows);
 }
 
 template <bool kClamped>
@@ -230,7 +263,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   std::uint32_t* const done = fp.counters + fp.blocks;
   std::uint32_t* const shared_done = done + fp.blocks;
   std::uint32_t* const tickets_drawn = shared_done + fp.shared_words;
-  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 1};
+  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 2};
   using Up = GateUpEngine<kClamped>;
   SharedState state;
   Up up(smem_raw, fp.gate_up);  // the tile queue's and the give-up state's engine
@@ -266,9 +299,11 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   const int k_shared_down = fp.down_shared.p.sched.k_blocks;
 
   if (up.role() == Role::kProducer) {
-    up.become_producer();
+    up.template become_producer<kProducerRegisters>();
     state = up.state();
-    if (up.is_producer_thread()) {
+    if (threadIdx.x >= 32) {
+      pull_rows(fp);
+    } else if (up.is_producer_thread()) {
       bool ok = true;
       while (ok) {
         up.resume(state);
@@ -282,12 +317,11 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         const int b = task.block;
         TileInfo tile;
         switch (task.kind) {
-          case TaskKind::pull:  // the Consumers' warps copy the rows
-            break;
           case TaskKind::gate_up:
             if (block_tile(tables, groups, b, task.n, k_up, tile)) {
               ok = with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
-                return wait_counter(fp, e, c.ready + b, 1u, comm::FlagId::fused_ready, b) &&
+                return wait_counter(fp, e, c.ready + b, groups_of_block(rows, b),
+                                    comm::FlagId::fused_ready, b) &&
                        e.produce(tile);
               });
             }
@@ -320,7 +354,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       up.finish_producing();  // the ring's loads, whichever engine issued them
     }
   } else {
-    up.become_consumer();
+    up.template become_consumer<kConsumerRegisters>();
     state = up.state();
     for (;;) {
       up.resume(state);
@@ -331,12 +365,6 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       const int b = task.block;
       TileInfo tile;
       switch (task.kind) {
-        case TaskKind::pull:
-          if (b != fp.withhold_block) {
-            pull_block(fp, rows, b);
-            publish_stored(c.ready + b);
-          }
-          break;
         case TaskKind::gate_up:
           if (block_tile(tables, groups, b, task.n, k_up, tile)) {
             with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
@@ -385,7 +413,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   }
   __syncthreads();
   if (last != 0) {
-    const int words = 2 * fp.blocks + fp.shared_words + 1;  // all but the exit count
+    const int words = 2 * fp.blocks + fp.shared_words + 2;  // all but the exit count
     for (int i = static_cast<int>(threadIdx.x); i < words; i += static_cast<int>(blockDim.x)) {
       fp.counters[i] = 0u;
     }
