@@ -253,6 +253,70 @@ __device__ std::uint32_t groups_of_block(std::int64_t rows, int b) {
   return static_cast<std::uint32_t>((in_block + kPullGroupRows - 1) / kPullGroupRows);
 }
 
+// What a GEMM task waits for before its loads: counter >= target (null: nothing).
+struct Dependency {
+  const std::uint32_t* counter;
+  std::uint32_t target;
+  comm::FlagId flag;
+};
+
+// The tiles of a launch's tasks (every role of every CTA resolves a ticket the same way).
+struct TaskTiles {
+  const FusedForwardParams& fp;
+  const SchedulerTables& tables;
+
+  // The task's tile; false when its block holds no rows (nothing to load or store).
+  __device__ bool of(const Task& task, TileInfo& tile) const {
+    const int groups = fp.gate_up.p.sched.num_groups;
+    switch (task.kind) {
+      case TaskKind::gate_up:
+        return block_tile(tables, groups, task.block, task.n, fp.gate_up.p.sched.k_blocks, tile);
+      case TaskKind::down:
+        return block_tile(tables, groups, task.block, task.n, fp.down.p.sched.k_blocks, tile);
+      case TaskKind::shared_gate_up:
+        tile = shared_tile(fp, task.block, task.n, fp.gate_up_shared.p.sched.k_blocks);
+        return true;
+      case TaskKind::shared_down:
+        tile = shared_tile(fp, task.block, task.n, fp.down_shared.p.sched.k_blocks);
+        return true;
+    }
+    return false;
+  }
+
+  __device__ Dependency dependency(const Task& task, const Counters& c, std::int64_t rows) const {
+    const int b = task.block;
+    switch (task.kind) {
+      case TaskKind::gate_up:
+        return {c.ready + b, groups_of_block(rows, b), comm::FlagId::fused_ready};
+      case TaskKind::down:
+        return {c.done + b, static_cast<std::uint32_t>(fp.gate_up.p.sched.n_tiles),
+                comm::FlagId::fused_done};
+      case TaskKind::shared_down:
+        return {c.shared_done + b, static_cast<std::uint32_t>(fp.gate_up_shared.p.sched.n_tiles),
+                comm::FlagId::fused_shared_done};
+      default:
+        return {nullptr, 0, comm::FlagId::none};
+    }
+  }
+};
+
+// body(engine) on the engine of `kind` over its descriptor (with_engine).
+template <bool kClamped, class Body>
+__device__ __forceinline__ auto with_task_engine(std::uint8_t* smem, const FusedForwardParams& fp,
+                                                 SharedState& state, TaskKind kind, Body&& body) {
+  using Up = GateUpEngine<kClamped>;
+  switch (kind) {
+    case TaskKind::gate_up:
+      return with_engine<Up>(smem, fp.gate_up, state, body);
+    case TaskKind::down:
+      return with_engine<DownEngine>(smem, fp.down, state, body);
+    case TaskKind::shared_gate_up:
+      return with_engine<Up>(smem, fp.gate_up_shared, state, body);
+    default:
+      return with_engine<SharedDownEngine>(smem, fp.down_shared, state, body);
+  }
+}
+
 template <bool kClamped>
 __global__ void __launch_bounds__(gemm::kThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams fp) {
@@ -290,13 +354,10 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.minibatches = (plan.blocks + plan.per_minibatch - 1) / plan.per_minibatch;
   plan.n_up = fp.gate_up.p.sched.n_tiles;
   plan.n_down = fp.down.p.sched.n_tiles;
-  const int n_shared_up = fp.gate_up_shared.p.sched.n_tiles;
-  plan.shared_up = fp.shared_blocks * n_shared_up;
+  plan.shared_up = fp.shared_blocks * fp.gate_up_shared.p.sched.n_tiles;
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
-  const int groups = fp.gate_up.p.sched.num_groups;
-  const int k_up = fp.gate_up.p.sched.k_blocks, k_down = fp.down.p.sched.k_blocks;
-  const int k_shared_down = fp.down_shared.p.sched.k_blocks;
+  const TaskTiles tiles{fp, tables};
 
   if (up.role() == Role::kProducer) {
     up.template become_producer<kProducerRegisters>();
@@ -314,41 +375,14 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         state = up.state();
         if (ticket == kNoTile) break;
         const Task task = decode(plan, fp.shared_blocks, ticket);
-        const int b = task.block;
         TileInfo tile;
-        switch (task.kind) {
-          case TaskKind::gate_up:
-            if (block_tile(tables, groups, b, task.n, k_up, tile)) {
-              ok = with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
-                return wait_counter(fp, e, c.ready + b, groups_of_block(rows, b),
-                                    comm::FlagId::fused_ready, b) &&
-                       e.produce(tile);
-              });
-            }
-            break;
-          case TaskKind::down:
-            if (block_tile(tables, groups, b, task.n, k_down, tile)) {
-              ok = with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
-                return wait_counter(fp, e, c.done + b, static_cast<std::uint32_t>(plan.n_up),
-                                    comm::FlagId::fused_done, b) &&
-                       e.produce(tile);
-              });
-            }
-            break;
-          case TaskKind::shared_gate_up:
-            ok = with_engine<Up>(smem_raw, fp.gate_up_shared, state,
-                                 [&](Up& e) { return e.produce(shared_tile(fp, b, task.n, k_up)); });
-            break;
-          case TaskKind::shared_down:
-            ok = with_engine<SharedDownEngine>(
-                smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
-                  return wait_counter(fp, e, c.shared_done + b,
-                                      static_cast<std::uint32_t>(n_shared_up),
-                                      comm::FlagId::fused_shared_done, b) &&
-                         e.produce(shared_tile(fp, b, task.n, k_shared_down));
-                });
-            break;
-        }
+        if (!tiles.of(task, tile)) continue;  // no rows there: nothing to load
+        const Dependency dep = tiles.dependency(task, c, rows);
+        ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
+          return (dep.counter == nullptr ||
+                  wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block)) &&
+                 e.produce(tile);
+        });
       }
       up.resume(state);
       up.finish_producing();  // the ring's loads, whichever engine issued them
@@ -362,40 +396,16 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       state = up.state();
       if (ticket == kNoTile) break;
       const Task task = decode(plan, fp.shared_blocks, ticket);
-      const int b = task.block;
       TileInfo tile;
-      switch (task.kind) {
-        case TaskKind::gate_up:
-          if (block_tile(tables, groups, b, task.n, k_up, tile)) {
-            with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
-              e.consume(tile);
-              return 0;
-            });
-          }
-          publish_stored(c.done + b);
-          break;
-        case TaskKind::down:
-          if (block_tile(tables, groups, b, task.n, k_down, tile)) {
-            with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
-              e.consume(tile);
-              return 0;
-            });
-          }
-          break;
-        case TaskKind::shared_gate_up:
-          with_engine<Up>(smem_raw, fp.gate_up_shared, state, [&](Up& e) {
-            e.consume(shared_tile(fp, b, task.n, k_up));
-            return 0;
-          });
-          publish_stored(c.shared_done + b);
-          break;
-        case TaskKind::shared_down:
-          with_engine<SharedDownEngine>(smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
-            e.consume(shared_tile(fp, b, task.n, k_shared_down));
-            return 0;
-          });
-          break;
+      if (tiles.of(task, tile)) {
+        with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
+          e.consume(tile);
+          return 0;
+        });
       }
+      // A gate/up tile (even an empty one) counts towards its down tiles' dependency.
+      if (task.kind == TaskKind::gate_up) publish_stored(c.done + task.block);
+      if (task.kind == TaskKind::shared_gate_up) publish_stored(c.shared_done + task.block);
     }
     // No form here stores through TMA: nothing in flight to wait for (finish_consuming).
   }
