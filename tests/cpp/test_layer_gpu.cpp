@@ -232,22 +232,44 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
 
 // A whole step (schedule, forward, backward) captured once, replayed with new inputs and
 // routings: proves that nothing in the step synchronizes with the host.
-TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
-  MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"graph", layer_shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
+// MOK_FORWARD for the layers made in its scope (a Workspace reads it when it makes its layer).
+class ScopedForwardPath {
+ public:
+  explicit ScopedForwardPath(const char* path) {
+    if (const char* was = std::getenv("MOK_FORWARD")) was_ = was;
+    setenv("MOK_FORWARD", path, 1);
+  }
+  ~ScopedForwardPath() {
+    if (was_.empty()) {
+      unsetenv("MOK_FORWARD");
+    } else {
+      setenv("MOK_FORWARD", was_.c_str(), 1);
+    }
+  }
+
+ private:
+  std::string was_;
+};
+
+// A whole step of case `c` under `config`, captured once in a CUDA graph (after an eager warm-up:
+// one-time set-up stays out of the capture) and replayed with new inputs and the three routings
+// (unused slots in the replay `drop_at`): each replay against the f64 layer, and bitwise against
+// an eager step of the unfused path.
+void expect_captured_step_replays(const GpuCase& c, const Config& config,
+                                  const Routing (&routings)[3], int drop_at) {
   const std::uint64_t seed = test_seed();
   LayerData first = make_case(c, seed);
   DeviceLayer g(first);
   cudaStream_t stream;
   MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  Workspace ws(c.problem, Config{}, {.backend = Backend::cuda});
+  Workspace ws(c.problem, config, {.backend = Backend::cuda});
   DeviceContext ctx(ws);
   ws.set_stream(stream);
   auto step = [&] {
     forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
     backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
   };
-  step();  // eager warm-up: one-time set-up stays out of the capture
+  step();
   MOK_CUDA_OK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -255,9 +277,9 @@ TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
   step();
   MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  const Routing routings[] = {Routing::softmax, Routing::skewed, Routing::one_expert};
   for (int i = 0; i < 3; ++i) {
-    LayerData d = make_case({c.name, c.problem, routings[i], i == 1}, seed + 1 + i);
+    const GpuCase replay{c.name, c.problem, routings[i], i == drop_at};
+    LayerData d = make_case(replay, seed + 1 + i);
     g.upload_inputs(d);
     g.poison();
     MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -265,13 +287,23 @@ TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
     g.download(d);
     const CheckReport r = check_against_f64(d);
     EXPECT_TRUE(r.passed()) << "replay " << i << "\n" << r.summary();
-    LayerData eager = make_case({c.name, c.problem, routings[i], i == 1}, seed + 1 + i);
-    run_gpu(eager);
+    LayerData eager = make_case(replay, seed + 1 + i);
+    {
+      ScopedForwardPath unfused("unfused");
+      run_gpu(eager, config);
+    }
     EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an eager step";
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
+  MOK_SKIP_WITHOUT_GPU();
+  const GpuCase c{"graph", layer_shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
+  expect_captured_step_replays(c, Config{},
+                               {Routing::softmax, Routing::skewed, Routing::one_expert}, 1);
 }
 
 // An id outside [-1, E) never writes out of bounds; the call after it raises an error naming it.
@@ -714,25 +746,6 @@ TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
 
 // The forward megakernel (MOK_FORWARD=fused, cuda::ForwardPath::fused) against the unfused path.
 
-// MOK_FORWARD for the layers made in its scope (a Workspace reads it when it makes its layer).
-class ScopedForwardPath {
- public:
-  explicit ScopedForwardPath(const char* path) {
-    if (const char* was = std::getenv("MOK_FORWARD")) was_ = was;
-    setenv("MOK_FORWARD", path, 1);
-  }
-  ~ScopedForwardPath() {
-    if (was_.empty()) {
-      unsetenv("MOK_FORWARD");
-    } else {
-      setenv("MOK_FORWARD", was_.c_str(), 1);
-    }
-  }
-
- private:
-  std::string was_;
-};
-
 struct ForwardBits {
   HostTensor out;
   std::vector<std::uint8_t> ctx;  // the whole forward context, poisoned before the call
@@ -916,46 +929,8 @@ TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
   MOK_SKIP_WITHOUT_GPU();
   ScopedForwardPath env("fused");
   const GpuCase c{"graph", layer_shape(300, 128, 128, 6, 2, 64), Routing::softmax, false};
-  const std::uint64_t seed = test_seed();
-  LayerData first = make_case(c, seed);
-  DeviceLayer g(first);
-  cudaStream_t stream;
-  MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Config config = fused_config(8, 128, 256);  // several passes
-  Workspace ws(c.problem, config, {.backend = Backend::cuda});
-  DeviceContext ctx(ws);
-  ws.set_stream(stream);
-  auto step = [&] {
-    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
-    backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
-  };
-  step();
-  MOK_CUDA_OK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  step();
-  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  const Routing routings[] = {Routing::skewed, Routing::one_expert, Routing::softmax};
-  for (int i = 0; i < 3; ++i) {
-    LayerData d = make_case({c.name, c.problem, routings[i], i == 2}, seed + 1 + i);
-    g.upload_inputs(d);
-    g.poison();
-    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
-    MOK_CUDA_OK(cudaStreamSynchronize(stream));
-    g.download(d);
-    LayerData eager = make_case({c.name, c.problem, routings[i], i == 2}, seed + 1 + i);
-    {
-      ScopedForwardPath unfused("unfused");
-      run_gpu(eager, config);
-    }
-    EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an unfused step";
-    EXPECT_TRUE(check_against_f64(d).passed()) << "replay " << i;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  expect_captured_step_replays(c, fused_config(8, 128, 256),  // several passes
+                               {Routing::skewed, Routing::one_expert, Routing::softmax}, 2);
 }
 
 }  // namespace
