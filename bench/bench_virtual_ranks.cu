@@ -61,7 +61,9 @@ __global__ void fill_bf16(std::uint16_t* p, std::int64_t n, std::uint64_t seed, 
 struct DeviceBuffer {
   void* p = nullptr;
   std::size_t bytes = 0;
-  explicit DeviceBuffer(std::size_t n) : bytes(n) { check(cudaMalloc(&p, n ? n : 16), "cudaMalloc"); }
+  explicit DeviceBuffer(std::size_t n) : bytes(n) {
+    check(cudaMalloc(&p, n ? n : 16), "cudaMalloc");
+  }
   ~DeviceBuffer() { cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -94,9 +96,8 @@ Inputs make_inputs(const Shape& s, bool skewed, std::uint64_t seed) {
   for (std::int64_t t = 0; t < s.T; ++t) {
     std::vector<std::int64_t> pick;
     while (static_cast<std::int64_t>(pick.size()) < s.k) {
-      const std::int64_t e = skewed && pick.empty() && rng() % 2 == 0
-                                 ? 0
-                                 : static_cast<std::int64_t>(rng() % s.E);
+      const std::int64_t e =
+          skewed && pick.empty() && rng() % 2 == 0 ? 0 : static_cast<std::int64_t>(rng() % s.E);
       if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
     }
     std::copy(pick.begin(), pick.end(), ids.begin() + t * s.k);
@@ -115,10 +116,14 @@ int main(int argc, char** argv) {
   int W = 8, reps = 30;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--case") name = argv[i + 1];
-    else if (a == "--ranks") W = std::atoi(argv[i + 1]);
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (a == "--json") json = argv[i + 1];
+    if (a == "--case")
+      name = argv[i + 1];
+    else if (a == "--ranks")
+      W = std::atoi(argv[i + 1]);
+    else if (a == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else if (a == "--json")
+      json = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;

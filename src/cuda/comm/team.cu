@@ -137,8 +137,9 @@ std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_
       s << "forward megakernel counter ready[" << r.flag_index << "] (the pull of ring rows ["
         << 128ll * r.flag_index << ", " << 128ll * (r.flag_index + 1) << ") of the pass)";
     } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_done)) {
-      s << "forward megakernel counter done[" << r.flag_index << "] (the gate/up tiles of ring rows ["
-        << 128ll * r.flag_index << ", " << 128ll * (r.flag_index + 1) << ") of the pass)";
+      s << "forward megakernel counter done[" << r.flag_index
+        << "] (the gate/up tiles of ring rows [" << 128ll * r.flag_index << ", "
+        << 128ll * (r.flag_index + 1) << ") of the pass)";
     } else if (r.flag == static_cast<std::uint32_t>(comm::FlagId::fused_shared_done)) {
       s << "forward megakernel counter shared_done[" << r.flag_index
         << "] (the shared expert's gate/up tiles of tokens [" << 128ll * r.flag_index << ", "

@@ -76,15 +76,13 @@ __device__ unsigned g_fused_report_lock;
 // The launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the
 // pass's row count, which the schedule left in device memory) and the shared expert's tiles.
 struct TicketPlan {
-  int blocks;          // B: 128-row blocks holding the pass's rows
-  int per_minibatch;   // blocks per minibatch
+  int blocks;         // B: 128-row blocks holding the pass's rows
+  int per_minibatch;  // blocks per minibatch
   int minibatches;
-  int n_up, n_down;    // tiles per block of the two GEMMs
+  int n_up, n_down;            // tiles per block of the two GEMMs
   int shared_up, shared_down;  // the shared expert's tiles (stage 0 and stage 1), or 0
   // Blocks of the first x minibatches.
-  __device__ int first_blocks(int x) const {
-    return x <= 0 ? 0 : min(x * per_minibatch, blocks);
-  }
+  __device__ int first_blocks(int x) const { return x <= 0 ? 0 : min(x * per_minibatch, blocks); }
   __device__ int blocks_of(int minibatch) const {
     return first_blocks(minibatch + 1) - first_blocks(minibatch);
   }
@@ -128,7 +126,8 @@ __device__ Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
     o -= p.shared_down;
   }
   const int up_blocks = p.blocks_of(lo - 1);
-  if (o < up_blocks * p.n_up) return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
+  if (o < up_blocks * p.n_up)
+    return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
   o -= up_blocks * p.n_up;
   return tile_task(TaskKind::down, p.first_blocks(lo - 2), p.blocks_of(lo - 2), o);
 }
@@ -185,8 +184,8 @@ struct Counters {
 // down tile that waited for it too (both waits start within a few tiles of each other).
 template <class Engine>
 __device__ bool wait_counter(const FusedForwardParams& fp, const Engine& engine,
-                             const std::uint32_t* counter, std::uint32_t target,
-                             comm::FlagId flag, int index) {
+                             const std::uint32_t* counter, std::uint32_t target, comm::FlagId flag,
+                             int index) {
   const std::uint64_t timeout =
       flag == comm::FlagId::fused_ready ? fp.timeout_ns : 2 * fp.timeout_ns;
   std::uint32_t seen = 0;
@@ -438,10 +437,9 @@ void configure(int device) {
   static std::atomic<bool> configured[gemm::kMaxDevices] = {};
   const bool cached = device >= 0 && device < gemm::kMaxDevices;
   if (cached && configured[device].load(std::memory_order_acquire)) return;
-  const cudaError_t e =
-      cudaFuncSetAttribute(fused_forward_kernel<kClamped>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(gemm::kSharedBytes));
+  const cudaError_t e = cudaFuncSetAttribute(fused_forward_kernel<kClamped>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(gemm::kSharedBytes));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     throw Error("forward megakernel attribute on device " + to_text(device),

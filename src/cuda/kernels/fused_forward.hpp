@@ -48,7 +48,7 @@ struct FusedForwardParams {
   // tokens, and dense down into its output rows.
   gemm::GemmDescriptor gate_up_shared;
   gemm::GemmDescriptor down_shared;
-  PullParams pull;               // the pass's rows into gate_up's A (no scale: forward)
+  PullParams pull;                  // the pass's rows into gate_up's A (no scale: forward)
   std::int64_t minibatch_rows = 0;  // a positive multiple of 128
   // plan::fused_counter_words(ring rows, T): ready [blocks], done [blocks], shared_done
   // [shared_words], the ticket counter, the pull counter, the exit count, in that order; zero
