@@ -34,8 +34,14 @@ inline constexpr int kWarpgroupBarrierId = 2;  // + w: named barrier of consumer
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
-static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
-              "register budgets exceed the register file");
+// NOTES: the registers each thread has at entry (__launch_bounds__(kThreads, 1): 65536 / 384,
+// rounded down to a multiple of 8). setmaxnreg moves registers within the CTA's own pool of
+// kThreads x kEntryRegisters: a Consumer increase beyond what the Producer's decrease freed
+// never succeeds, and the launch hangs (H200, session 10).
+inline constexpr int kEntryRegisters = 168;
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                  kThreads * kEntryRegisters,
+              "register budgets exceed the CTA's registers");
 
 // Two consumer schedules (forms.cuh): cooperative (both consumer warpgroups on one 128 x 256 tile,
 // 64 rows each: 4 stages of 48 KiB, or 3 and a 64 KiB staging tile for the TMA-store epilogue) and

@@ -57,14 +57,15 @@ __device__ __forceinline__ auto with_engine(std::uint8_t* smem, const gemm::Gemm
 
 constexpr int kPullGroupRows = 8;  // rows a pulling warp takes at a time
 constexpr int kPullBatch = 4;      // loads in flight per lane of a pulling warp
-// NOTES: the Producer warpgroup's pulling warps need more than the GEMM's 40 registers (48 bytes
-// of spills there; at 48, 20 bytes: loop invariants of the pull loop, reloaded once per group,
-// and no local memory anywhere else, SASS checked); the register file holds 128 x 48 + 256 x 232
-// exactly.
-constexpr int kProducerRegisters = 48;
+// NOTES: the GEMM's budgets, 40 and 232. At 48 for the Producer (fewer spills in the pull loop)
+// the Consumers' setmaxnreg.inc to 232 never succeeded and the launch hung (H200, 4559ca9): the
+// registers a warpgroup frees go to the CTA's own pool, which holds what the CTA got at entry,
+// 384 x 168 = 128 x 40 + 256 x 232 exactly (gemm::kEntryRegisters).
+constexpr int kProducerRegisters = gemm::kProducerRegisters;
 constexpr int kConsumerRegisters = gemm::kConsumerRegisters;
-static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <= 65536,
-              "register budgets exceed the register file");
+static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <=
+                  gemm::kThreads * gemm::kEntryRegisters,
+              "register budgets exceed the CTA's registers");
 // The named barrier of the two Consumer warpgroups after a task whose stores another CTA's TMA
 // reads (engine ids: 1, 2, 3).
 constexpr int kStoredBarrierId = 5;
