@@ -1,0 +1,83 @@
+// The forward megakernel's ticket order (kernels/fused_forward.hpp): which task each ticket of a
+// launch is. Plain C++ for host and device, so the order is tested on the CPU
+// (tests/cpp/test_fused_tasks.cpp): every task has exactly one ticket, and every dependency is on
+// a smaller ticket, which is what the kernel's freedom from deadlock rests on.
+#pragma once
+
+#include <algorithm>
+
+#include "core/numerics.hpp"  // MOK_HOST_DEVICE
+
+namespace mok::fused {
+
+// A launch's tickets: its blocks and minibatches (every thread computes the same from the pass's
+// row count, which the schedule left in device memory) and the shared expert's tiles.
+struct TicketPlan {
+  int blocks;                  // B: 128-row blocks holding the pass's rows
+  int per_minibatch;           // blocks per minibatch
+  int minibatches;
+  int n_up, n_down;            // tiles per block of the two GEMMs
+  int shared_up, shared_down;  // the shared expert's tiles (stage 0 and stage 1), or 0
+  // Blocks of the first x minibatches.
+  MOK_HOST_DEVICE int first_blocks(int x) const {
+#if defined(__CUDA_ARCH__)
+    return x <= 0 ? 0 : min(x * per_minibatch, blocks);
+#else
+    return x <= 0 ? 0 : std::min(x * per_minibatch, blocks);
+#endif
+  }
+  MOK_HOST_DEVICE int blocks_of(int minibatch) const {
+    return first_blocks(minibatch + 1) - first_blocks(minibatch);
+  }
+  // Tickets before stage s: the pulls of minibatches < s, the gate/up tiles of those < s - 1,
+  // the down tiles of those < s - 2, the shared tiles of the stages before.
+  MOK_HOST_DEVICE int before_stage(int s) const {
+    return first_blocks(s) + n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) +
+           (s >= 1 ? shared_up : 0) + (s >= 2 ? shared_down : 0);
+  }
+  MOK_HOST_DEVICE int tickets() const { return before_stage(minibatches + 2); }
+};
+
+enum class TaskKind { pull, gate_up, down, shared_gate_up, shared_down };
+struct Task {
+  TaskKind kind;
+  int block;
+  int n;  // N tile (GEMM tasks)
+};
+
+// The o-th tile of `blocks` blocks from `first`, N outer, block inner.
+MOK_HOST_DEVICE inline Task tile_task(TaskKind kind, int first, int blocks, int o) {
+  return {kind, first + o % blocks, o / blocks};
+}
+
+// The task of `ticket` (in [0, p.tickets())); `shared_blocks`: the shared expert's blocks.
+MOK_HOST_DEVICE inline Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
+  // The stage: the last s with before_stage(s) <= ticket (an empty stage shares its start with
+  // the next one, which the search prefers).
+  int lo = 0, hi = p.minibatches + 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.before_stage(mid) <= ticket) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  int o = ticket - p.before_stage(lo);
+  const int pulls = p.blocks_of(lo);
+  if (o < pulls) return {TaskKind::pull, p.first_blocks(lo) + o, 0};
+  o -= pulls;
+  if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
+  if (lo == 1) {
+    if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
+    o -= p.shared_down;
+  }
+  const int up_blocks = p.blocks_of(lo - 1);
+  if (o < up_blocks * p.n_up) {
+    return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
+  }
+  o -= up_blocks * p.n_up;
+  return tile_task(TaskKind::down, p.first_blocks(lo - 2), p.blocks_of(lo - 2), o);
+}
+
+}  // namespace mok::fused

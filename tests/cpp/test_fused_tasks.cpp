@@ -1,0 +1,107 @@
+// The forward megakernel's ticket order (src/cuda/kernels/fused_tasks.hpp), on the CPU: every
+// task of a launch has exactly one ticket, and every dependency of a task is on a smaller ticket
+// (a gate/up tile after its block's pull, a down tile after all its block's gate/up tiles, a shared
+// down tile after its block's shared gate/up tiles). The kernel's freedom from deadlock rests on
+// the second (each CTA runs its tickets in order, so the smallest unfinished one can always run).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/kernels/fused_tasks.hpp"
+
+namespace mok::test {
+namespace {
+
+using fused::decode;
+using fused::Task;
+using fused::TaskKind;
+using fused::TicketPlan;
+
+TicketPlan plan_of(int blocks, int per_minibatch, int n_up, int n_down, int shared_blocks,
+                   int n_shared_up, int n_shared_down) {
+  TicketPlan p;
+  p.blocks = blocks;
+  p.per_minibatch = per_minibatch;
+  p.minibatches = (blocks + per_minibatch - 1) / per_minibatch;
+  p.n_up = n_up;
+  p.n_down = n_down;
+  p.shared_up = shared_blocks * n_shared_up;
+  p.shared_down = shared_blocks * n_shared_down;
+  return p;
+}
+
+void expect_complete_and_ordered(int blocks, int per_minibatch, int n_up, int n_down,
+                                 int shared_blocks, int n_shared_up, int n_shared_down) {
+  const TicketPlan p =
+      plan_of(blocks, per_minibatch, n_up, n_down, shared_blocks, n_shared_up, n_shared_down);
+  const std::string what = "B " + std::to_string(blocks) + ", per minibatch " +
+                           std::to_string(per_minibatch) + ", n " + std::to_string(n_up) + "/" +
+                           std::to_string(n_down) + ", shared " + std::to_string(shared_blocks);
+  const int expected = blocks * (1 + n_up + n_down) + p.shared_up + p.shared_down;
+  ASSERT_EQ(p.tickets(), expected) << what;
+  // ticket of every (kind, block, n); each seen once, each in range.
+  std::map<std::tuple<int, int, int>, int> ticket_of;
+  for (int t = 0; t < p.tickets(); ++t) {
+    const Task task = decode(p, shared_blocks, t);
+    const bool shared = task.kind == TaskKind::shared_gate_up || task.kind == TaskKind::shared_down;
+    const int n_max = task.kind == TaskKind::pull             ? 1
+                      : task.kind == TaskKind::gate_up        ? n_up
+                      : task.kind == TaskKind::down           ? n_down
+                      : task.kind == TaskKind::shared_gate_up ? n_shared_up
+                                                              : n_shared_down;
+    ASSERT_GE(task.block, 0) << what << ", ticket " << t;
+    ASSERT_LT(task.block, shared ? shared_blocks : blocks) << what << ", ticket " << t;
+    ASSERT_GE(task.n, 0) << what << ", ticket " << t;
+    ASSERT_LT(task.n, n_max) << what << ", ticket " << t;
+    const auto key = std::make_tuple(static_cast<int>(task.kind), task.block, task.n);
+    ASSERT_EQ(ticket_of.count(key), 0u) << what << ": ticket " << t << " repeats a task";
+    ticket_of[key] = t;
+  }
+  ASSERT_EQ(static_cast<int>(ticket_of.size()), expected) << what;
+  auto ticket = [&](TaskKind k, int b, int n) {
+    return ticket_of.at(std::make_tuple(static_cast<int>(k), b, n));
+  };
+  for (int b = 0; b < blocks; ++b) {
+    for (int n = 0; n < n_up; ++n) {
+      EXPECT_LT(ticket(TaskKind::pull, b, 0), ticket(TaskKind::gate_up, b, n)) << what;
+    }
+    int last_up = -1;
+    for (int n = 0; n < n_up; ++n) last_up = std::max(last_up, ticket(TaskKind::gate_up, b, n));
+    for (int n = 0; n < n_down; ++n) {
+      EXPECT_LT(last_up, ticket(TaskKind::down, b, n)) << what << ", block " << b;
+    }
+  }
+  for (int b = 0; b < shared_blocks; ++b) {
+    int last_up = -1;
+    for (int n = 0; n < n_shared_up; ++n) {
+      last_up = std::max(last_up, ticket(TaskKind::shared_gate_up, b, n));
+    }
+    for (int n = 0; n < n_shared_down; ++n) {
+      EXPECT_LT(last_up, ticket(TaskKind::shared_down, b, n)) << what << ", shared block " << b;
+    }
+  }
+}
+
+TEST(FusedTasks, EveryTaskOnceAndEveryDependencyOnASmallerTicket) {
+  for (int blocks : {0, 1, 2, 5, 33, 257})
+    for (int per_minibatch : {1, 2, 32})
+      for (auto [n_up, n_down] : {std::pair{1, 1}, std::pair{6, 8}, std::pair{16, 28}})
+        for (auto [shared, su, sd] : {std::tuple{0, 0, 0}, std::tuple{1, 1, 1},
+                                      std::tuple{3, 16, 28}, std::tuple{32, 4, 2}}) {
+          expect_complete_and_ordered(blocks, per_minibatch, n_up, n_down, shared, su, sd);
+        }
+}
+
+// PERF.md's shapes at the default minibatch (4096 rows: 32 blocks): dsv3-ep8slice (32768 rows,
+// I 2048, H 7168, a shared expert of S 2048 over 4096 tokens) and qwen3-30b-a3b (131072 rows and
+// padding, I 768, H 2048).
+TEST(FusedTasks, PerfShapes) {
+  expect_complete_and_ordered(256 + 31, 32, 2048 / 128, 7168 / 256, 32, 2048 / 128, 7168 / 256);
+  expect_complete_and_ordered(1024 + 127, 32, 768 / 128, 2048 / 256, 0, 0, 0);
+}
+
+}  // namespace
+}  // namespace mok::test
