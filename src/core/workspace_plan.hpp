@@ -40,8 +40,9 @@
 //     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
 //     wgrad_tickets        u32  [3, 2]         a ticket counter pair per weight-gradient stream
 //     peers                ptr  [6, W]         every rank's staging and slot buffers
-//     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 2]  the forward megakernel's
-//                                              ready, done, shared_done, ticket and exit counters
+//     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 3]  the forward megakernel's
+//                                              ready, done, shared_done, ticket, pull and exit
+//                                              counters
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -150,12 +151,12 @@ constexpr std::int64_t carry_slots(std::int64_t passes, std::int64_t experts) {
 
 // The forward megakernel's counters (src/cuda/kernels/fused_forward.hpp), zero between launches:
 // ready [blocks], done [blocks] (blocks = ceil(R / 128), the pass's M tiles), shared_done
-// [ceil(T / 128)], the ticket counter and the exit count.
+// [ceil(T / 128)], the ticket counter, the pull counter and the exit count.
 constexpr std::int64_t fused_blocks(std::int64_t rows) {
   return (rows + 127) / 128;
 }
 constexpr std::int64_t fused_counter_words(std::int64_t ring_rows, std::int64_t tokens) {
-  return 2 * fused_blocks(ring_rows) + fused_blocks(tokens) + 2;
+  return 2 * fused_blocks(ring_rows) + fused_blocks(tokens) + 3;
 }
 
 // Ring passes the worst-case table needs (at least 1).
@@ -282,7 +283,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [3, 2]"},
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
     {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
-     "u32 [2 * ceil(R/128) + ceil(T/128) + 2]"},
+     "u32 [2 * ceil(R/128) + ceil(T/128) + 3]"},
 };
 
 }  // namespace mok::plan

@@ -130,9 +130,11 @@ class GemmEngine {
   // TMA load, which overwrites it.
   __device__ __forceinline__ void* setup_scratch() const { return ring_.base; }
 
-  // Warpgroup 0, all its threads: the Producer's register budget.
+  // Warpgroup 0, all its threads: the Producer's register budget (a kernel whose Producer
+  // warpgroup does more than issue loads may ask for more, within the register file).
+  template <int kRegisters = kProducerRegisters>
   __device__ __forceinline__ void become_producer() {
-    ptx::setmaxnreg_dec<kProducerRegisters>();
+    ptx::setmaxnreg_dec<kRegisters>();
     loads_.stall = static_cast<int>(blockIdx.x) == d_.p.stall_block;
   }
 
@@ -165,7 +167,10 @@ class GemmEngine {
   }
 
   // Warpgroups 1 and 2, all their threads: the Consumers' register budget.
-  __device__ __forceinline__ void become_consumer() { ptx::setmaxnreg_inc<kConsumerRegisters>(); }
+  template <int kRegisters = kConsumerRegisters>
+  __device__ __forceinline__ void become_consumer() {
+    ptx::setmaxnreg_inc<kRegisters>();
+  }
 
   // Consumer: this warpgroup's index among the Consumers (0 or 1).
   __device__ __forceinline__ int consumer() const { return warpgroup_ - 1; }

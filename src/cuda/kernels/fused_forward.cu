@@ -9,7 +9,6 @@
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/engine.cuh"
 #include "cuda/gemm/launch.hpp"
-#include "cuda/kernels/fused_tasks.hpp"
 #include "cuda/kernels/transfer.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/flags.cuh"
@@ -56,8 +55,17 @@ __device__ __forceinline__ auto with_engine(std::uint8_t* smem, const gemm::Gemm
   return result;
 }
 
-constexpr int kConsumerWarps = gemm::kConsumerThreads / 32;
-constexpr int kPullBatch = 8;  // loads in flight per lane of a pulling warp
+constexpr int kPullGroupRows = 8;  // rows a pulling warp takes at a time
+constexpr int kPullBatch = 4;      // loads in flight per lane of a pulling warp
+// NOTES: the GEMM's budgets, 40 and 232. At 48 for the Producer (fewer spills in the pull loop)
+// the Consumers' setmaxnreg.inc to 232 never succeeded and the launch hung (H200, 4559ca9): the
+// registers a warpgroup frees go to the CTA's own pool, which holds what the CTA got at entry,
+// 384 x 168 = 128 x 40 + 256 x 232 exactly (gemm::kEntryRegisters).
+constexpr int kProducerRegisters = gemm::kProducerRegisters;
+constexpr int kConsumerRegisters = gemm::kConsumerRegisters;
+static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <=
+                  gemm::kThreads * gemm::kEntryRegisters,
+              "register budgets exceed the CTA's registers");
 // The named barrier of the two Consumer warpgroups after a task whose stores another CTA's TMA
 // reads (engine ids: 1, 2, 3).
 constexpr int kStoredBarrierId = 5;
@@ -66,10 +74,64 @@ static_assert(kStoredBarrierId > gemm::kWarpgroupBarrierId + 1, "named barrier i
 // Zero unless a CTA is writing this device's GEMM wait report (GemmEngine::report_timeout).
 __device__ unsigned g_fused_report_lock;
 
-using fused::decode;
-using fused::Task;
-using fused::TaskKind;
-using fused::TicketPlan;
+// The launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the
+// pass's row count, which the schedule left in device memory) and the shared expert's tiles.
+struct TicketPlan {
+  int blocks;         // B: 128-row blocks holding the pass's rows
+  int per_minibatch;  // blocks per minibatch
+  int minibatches;
+  int n_up, n_down;            // tiles per block of the two GEMMs
+  int shared_up, shared_down;  // the shared expert's tiles (stage 0 and stage 1), or 0
+  // Blocks of the first x minibatches.
+  __device__ int first_blocks(int x) const { return x <= 0 ? 0 : min(x * per_minibatch, blocks); }
+  __device__ int blocks_of(int minibatch) const {
+    return first_blocks(minibatch + 1) - first_blocks(minibatch);
+  }
+  // Tickets before stage s: the gate/up tiles of minibatches < s - 1, the down tiles of those
+  // < s - 2, the shared tiles of the stages before.
+  __device__ int before_stage(int s) const {
+    return n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) + (s >= 1 ? shared_up : 0) +
+           (s >= 2 ? shared_down : 0);
+  }
+  __device__ int tickets() const { return before_stage(minibatches + 2); }
+};
+
+enum class TaskKind { gate_up, down, shared_gate_up, shared_down };
+struct Task {
+  TaskKind kind;
+  int block;
+  int n;  // N tile (GEMM tasks)
+};
+
+// `count` tiles of `blocks` blocks from `first`, N outer, block inner: the o-th.
+__device__ Task tile_task(TaskKind kind, int first, int blocks, int o) {
+  return {kind, first + o % blocks, o / blocks};
+}
+
+__device__ Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
+  // The stage: the last s with before_stage(s) <= ticket (an empty stage shares its start with
+  // the next one, which the search prefers).
+  int lo = 0, hi = p.minibatches + 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.before_stage(mid) <= ticket) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  int o = ticket - p.before_stage(lo);
+  if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
+  if (lo == 1) {
+    if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
+    o -= p.shared_down;
+  }
+  const int up_blocks = p.blocks_of(lo - 1);
+  if (o < up_blocks * p.n_up)
+    return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
+  o -= up_blocks * p.n_up;
+  return tile_task(TaskKind::down, p.first_blocks(lo - 2), p.blocks_of(lo - 2), o);
+}
 
 // The shared expert's tile of block b (rows [128 b, 128 b + 128) of its T), N tile n.
 __device__ TileInfo shared_tile(const FusedForwardParams& fp, int b, int n, int k_blocks) {
@@ -123,8 +185,8 @@ struct Counters {
 // down tile that waited for it too (both waits start within a few tiles of each other).
 template <class Engine>
 __device__ bool wait_counter(const FusedForwardParams& fp, const Engine& engine,
-                             const std::uint32_t* counter, std::uint32_t target,
-                             comm::FlagId flag, int index) {
+                             const std::uint32_t* counter, std::uint32_t target, comm::FlagId flag,
+                             int index) {
   const std::uint64_t timeout =
       flag == comm::FlagId::fused_ready ? fp.timeout_ns : 2 * fp.timeout_ns;
   std::uint32_t seen = 0;
@@ -151,15 +213,107 @@ __device__ void publish_stored(std::uint32_t* counter) {
   if (threadIdx.x == 128) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
 }
 
-// Consumer warps: the rows of block b (ring rows [128 b, 128 b + 128) within the pass's rows),
-// warp w taking rows 128 b + w, 128 b + w + 8, ...
-__device__ void pull_block(const FusedForwardParams& fp, std::int64_t rows, int b) {
-  const std::int64_t vectors = fp.pull.geo.hidden / transfer::kBf16PerVector;
-  const int warp = static_cast<int>(threadIdx.x - 128) / 32;
+// Warps 1-3 of the Producer warpgroup (idle in a GEMM: one thread of warp 0 issues the loads):
+// the pass's rows, kPullGroupRows at a time, groups drawn from a counter in row order, each group
+// published with one release increment of its block's ready count. They wait for nothing, so they
+// run beside the CTA's GEMM tiles from the start of the launch to the last group. NOTES: it
+// derives its counters from the parameters itself, so that less of the task loop's state stays
+// live in the Producer warpgroup's registers.
+__device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
+  std::uint32_t* const ready = fp.counters;
+  std::uint32_t* const pulls = fp.counters + 2 * fp.blocks + fp.shared_words + 1;
+  const int rows = static_cast<int>(transfer::rows_in_pass(fp.pull.pass));
+  const int vectors = static_cast<int>(fp.pull.geo.hidden / transfer::kBf16PerVector);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t end = min(std::int64_t{b + 1} * kTileM, rows);
-  for (std::int64_t i = std::int64_t{b} * kTileM + warp; i < end; i += kConsumerWarps) {
-    transfer::pull_row<kPullBatch>(fp.pull, i, lane, vectors);
+  const int groups = (rows + kPullGroupRows - 1) / kPullGroupRows;
+  for (;;) {
+    unsigned drawn = 0;
+    if (lane == 0) drawn = atomicAdd(pulls, 1u);
+    const int g = static_cast<int>(__shfl_sync(0xffffffffu, drawn, 0));
+    if (g >= groups) break;
+    const int block = g * kPullGroupRows / kTileM;
+    if (block == fp.withhold_block) continue;
+    const int end = min((g + 1) * kPullGroupRows, rows);
+#pragma unroll 1
+    for (int i = g * kPullGroupRows; i < end; ++i) {
+      transfer::pull_row<kPullBatch>(fp.pull, i, lane, vectors);
+    }
+    // NOTES: the rows were generic-proxy stores and the gate/up Producers read them with TMA: each
+    // lane fences the proxies, the warp converges, and lane 0's release reduction (cumulative
+    // over what the warp's lanes wrote before the __syncwarp) publishes them.
+    ptx::fence_proxy_async_global();
+    __syncwarp();
+    if (lane == 0) ptx::red_release_add<ptx::Scope::gpu>(ready + block, 1u);
+  }
+}
+
+// Row groups of block b: its ready count once every one is pulled.
+__device__ std::uint32_t groups_of_block(std::int64_t rows, int b) {
+  const std::int64_t in_block = min(std::int64_t{kTileM}, rows - std::int64_t{b} * kTileM);
+  return static_cast<std::uint32_t>((in_block + kPullGroupRows - 1) / kPullGroupRows);
+}
+
+// What a GEMM task waits for before its loads: counter >= target (null: nothing).
+struct Dependency {
+  const std::uint32_t* counter;
+  std::uint32_t target;
+  comm::FlagId flag;
+};
+
+// The tiles of a launch's tasks (every role of every CTA resolves a ticket the same way).
+struct TaskTiles {
+  const FusedForwardParams& fp;
+  const SchedulerTables& tables;
+
+  // The task's tile; false when its block holds no rows (nothing to load or store).
+  __device__ bool of(const Task& task, TileInfo& tile) const {
+    const int groups = fp.gate_up.p.sched.num_groups;
+    switch (task.kind) {
+      case TaskKind::gate_up:
+        return block_tile(tables, groups, task.block, task.n, fp.gate_up.p.sched.k_blocks, tile);
+      case TaskKind::down:
+        return block_tile(tables, groups, task.block, task.n, fp.down.p.sched.k_blocks, tile);
+      case TaskKind::shared_gate_up:
+        tile = shared_tile(fp, task.block, task.n, fp.gate_up_shared.p.sched.k_blocks);
+        return true;
+      case TaskKind::shared_down:
+        tile = shared_tile(fp, task.block, task.n, fp.down_shared.p.sched.k_blocks);
+        return true;
+    }
+    return false;
+  }
+
+  __device__ Dependency dependency(const Task& task, const Counters& c, std::int64_t rows) const {
+    const int b = task.block;
+    switch (task.kind) {
+      case TaskKind::gate_up:
+        return {c.ready + b, groups_of_block(rows, b), comm::FlagId::fused_ready};
+      case TaskKind::down:
+        return {c.done + b, static_cast<std::uint32_t>(fp.gate_up.p.sched.n_tiles),
+                comm::FlagId::fused_done};
+      case TaskKind::shared_down:
+        return {c.shared_done + b, static_cast<std::uint32_t>(fp.gate_up_shared.p.sched.n_tiles),
+                comm::FlagId::fused_shared_done};
+      default:
+        return {nullptr, 0, comm::FlagId::none};
+    }
+  }
+};
+
+// body(engine) on the engine of `kind` over its descriptor (with_engine).
+template <bool kClamped, class Body>
+__device__ __forceinline__ auto with_task_engine(std::uint8_t* smem, const FusedForwardParams& fp,
+                                                 SharedState& state, TaskKind kind, Body&& body) {
+  using Up = GateUpEngine<kClamped>;
+  switch (kind) {
+    case TaskKind::gate_up:
+      return with_engine<Up>(smem, fp.gate_up, state, body);
+    case TaskKind::down:
+      return with_engine<DownEngine>(smem, fp.down, state, body);
+    case TaskKind::shared_gate_up:
+      return with_engine<Up>(smem, fp.gate_up_shared, state, body);
+    default:
+      return with_engine<SharedDownEngine>(smem, fp.down_shared, state, body);
   }
 }
 
@@ -173,7 +327,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   std::uint32_t* const done = fp.counters + fp.blocks;
   std::uint32_t* const shared_done = done + fp.blocks;
   std::uint32_t* const tickets_drawn = shared_done + fp.shared_words;
-  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 1};
+  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 2};
   using Up = GateUpEngine<kClamped>;
   SharedState state;
   Up up(smem_raw, fp.gate_up);  // the tile queue's and the give-up state's engine
@@ -200,18 +354,17 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.minibatches = (plan.blocks + plan.per_minibatch - 1) / plan.per_minibatch;
   plan.n_up = fp.gate_up.p.sched.n_tiles;
   plan.n_down = fp.down.p.sched.n_tiles;
-  const int n_shared_up = fp.gate_up_shared.p.sched.n_tiles;
-  plan.shared_up = fp.shared_blocks * n_shared_up;
+  plan.shared_up = fp.shared_blocks * fp.gate_up_shared.p.sched.n_tiles;
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
-  const int groups = fp.gate_up.p.sched.num_groups;
-  const int k_up = fp.gate_up.p.sched.k_blocks, k_down = fp.down.p.sched.k_blocks;
-  const int k_shared_down = fp.down_shared.p.sched.k_blocks;
+  const TaskTiles tiles{fp, tables};
 
   if (up.role() == Role::kProducer) {
-    up.become_producer();
+    up.template become_producer<kProducerRegisters>();
     state = up.state();
-    if (up.is_producer_thread()) {
+    if (threadIdx.x >= 32) {
+      pull_rows(fp);
+    } else if (up.is_producer_thread()) {
       bool ok = true;
       while (ok) {
         up.resume(state);
@@ -222,48 +375,20 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         state = up.state();
         if (ticket == kNoTile) break;
         const Task task = decode(plan, fp.shared_blocks, ticket);
-        const int b = task.block;
         TileInfo tile;
-        switch (task.kind) {
-          case TaskKind::pull:  // the Consumers' warps copy the rows
-            break;
-          case TaskKind::gate_up:
-            if (block_tile(tables, groups, b, task.n, k_up, tile)) {
-              ok = with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
-                return wait_counter(fp, e, c.ready + b, 1u, comm::FlagId::fused_ready, b) &&
-                       e.produce(tile);
-              });
-            }
-            break;
-          case TaskKind::down:
-            if (block_tile(tables, groups, b, task.n, k_down, tile)) {
-              ok = with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
-                return wait_counter(fp, e, c.done + b, static_cast<std::uint32_t>(plan.n_up),
-                                    comm::FlagId::fused_done, b) &&
-                       e.produce(tile);
-              });
-            }
-            break;
-          case TaskKind::shared_gate_up:
-            ok = with_engine<Up>(smem_raw, fp.gate_up_shared, state,
-                                 [&](Up& e) { return e.produce(shared_tile(fp, b, task.n, k_up)); });
-            break;
-          case TaskKind::shared_down:
-            ok = with_engine<SharedDownEngine>(
-                smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
-                  return wait_counter(fp, e, c.shared_done + b,
-                                      static_cast<std::uint32_t>(n_shared_up),
-                                      comm::FlagId::fused_shared_done, b) &&
-                         e.produce(shared_tile(fp, b, task.n, k_shared_down));
-                });
-            break;
-        }
+        if (!tiles.of(task, tile)) continue;  // no rows there: nothing to load
+        const Dependency dep = tiles.dependency(task, c, rows);
+        ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
+          return (dep.counter == nullptr ||
+                  wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block)) &&
+                 e.produce(tile);
+        });
       }
       up.resume(state);
       up.finish_producing();  // the ring's loads, whichever engine issued them
     }
   } else {
-    up.become_consumer();
+    up.template become_consumer<kConsumerRegisters>();
     state = up.state();
     for (;;) {
       up.resume(state);
@@ -271,46 +396,16 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       state = up.state();
       if (ticket == kNoTile) break;
       const Task task = decode(plan, fp.shared_blocks, ticket);
-      const int b = task.block;
       TileInfo tile;
-      switch (task.kind) {
-        case TaskKind::pull:
-          if (b != fp.withhold_block) {
-            pull_block(fp, rows, b);
-            publish_stored(c.ready + b);
-          }
-          break;
-        case TaskKind::gate_up:
-          if (block_tile(tables, groups, b, task.n, k_up, tile)) {
-            with_engine<Up>(smem_raw, fp.gate_up, state, [&](Up& e) {
-              e.consume(tile);
-              return 0;
-            });
-          }
-          publish_stored(c.done + b);
-          break;
-        case TaskKind::down:
-          if (block_tile(tables, groups, b, task.n, k_down, tile)) {
-            with_engine<DownEngine>(smem_raw, fp.down, state, [&](DownEngine& e) {
-              e.consume(tile);
-              return 0;
-            });
-          }
-          break;
-        case TaskKind::shared_gate_up:
-          with_engine<Up>(smem_raw, fp.gate_up_shared, state, [&](Up& e) {
-            e.consume(shared_tile(fp, b, task.n, k_up));
-            return 0;
-          });
-          publish_stored(c.shared_done + b);
-          break;
-        case TaskKind::shared_down:
-          with_engine<SharedDownEngine>(smem_raw, fp.down_shared, state, [&](SharedDownEngine& e) {
-            e.consume(shared_tile(fp, b, task.n, k_shared_down));
-            return 0;
-          });
-          break;
+      if (tiles.of(task, tile)) {
+        with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
+          e.consume(tile);
+          return 0;
+        });
       }
+      // A gate/up tile (even an empty one) counts towards its down tiles' dependency.
+      if (task.kind == TaskKind::gate_up) publish_stored(c.done + task.block);
+      if (task.kind == TaskKind::shared_gate_up) publish_stored(c.shared_done + task.block);
     }
     // No form here stores through TMA: nothing in flight to wait for (finish_consuming).
   }
@@ -328,7 +423,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   }
   __syncthreads();
   if (last != 0) {
-    const int words = 2 * fp.blocks + fp.shared_words + 1;  // all but the exit count
+    const int words = 2 * fp.blocks + fp.shared_words + 2;  // all but the exit count
     for (int i = static_cast<int>(threadIdx.x); i < words; i += static_cast<int>(blockDim.x)) {
       fp.counters[i] = 0u;
     }
@@ -343,10 +438,9 @@ void configure(int device) {
   static std::atomic<bool> configured[gemm::kMaxDevices] = {};
   const bool cached = device >= 0 && device < gemm::kMaxDevices;
   if (cached && configured[device].load(std::memory_order_acquire)) return;
-  const cudaError_t e =
-      cudaFuncSetAttribute(fused_forward_kernel<kClamped>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(gemm::kSharedBytes));
+  const cudaError_t e = cudaFuncSetAttribute(fused_forward_kernel<kClamped>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(gemm::kSharedBytes));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     throw Error("forward megakernel attribute on device " + to_text(device),

@@ -3,26 +3,26 @@
 // output row into its home slot (the combine), with no launch boundary between them. The same GEMM
 // engine and epilogues as the unfused path's launches (gemm/engine.cuh), so the same bits.
 //
-// Every CTA is an engine CTA (Producer warpgroup, two cooperative Consumer warpgroups) that takes
-// tasks from one ticket counter, in ticket order. The pass's rows are cut into 128-row blocks (the
-// GEMMs' M tiles) and the blocks into minibatches (Config::minibatch_size rows); the tasks of a
-// block are its pull (the Consumers' warps copy its rows into the ring), its gate/up tiles (one per
-// 128 columns of I) and its down tiles (one per 256 columns of H). The shared expert (pass 0's
-// launch, S > 0) has gate/up and down tiles over the rank's T tokens, which need no pull. Ticket
-// order, stage by stage (s = 0 .. minibatches + 1; within a stage N outer, block inner):
+// Every CTA is an engine CTA (Producer warpgroup, two cooperative Consumer warpgroups). The
+// Producer warpgroup's warps 1-3, idle in a GEMM, pull: they copy the pass's rows into the ring 8
+// rows at a time, groups drawn in row order from a counter, from the start of the launch, beside
+// the CTA's GEMM tiles. The GEMM tiles are tickets of a second counter: the pass's rows are cut
+// into 128-row blocks (the M tiles) and the blocks into minibatches (Config::minibatch_size rows);
+// a block has gate/up tiles (one per 128 columns of I) and down tiles (one per 256 columns of H);
+// the shared expert (pass 0's launch, S > 0) has both over the rank's T tokens. Ticket order,
+// stage by stage (s = 0 .. minibatches + 1; within a stage N outer, block inner):
 //
-//   stage 0:  the pulls of minibatch 0, the shared expert's gate/up tiles
-//   stage 1:  the pulls of minibatch 1, the shared expert's down tiles, the gate/up tiles of
-//             minibatch 0
-//   stage s:  the pulls of minibatch s, the gate/up tiles of minibatch s - 1, the down tiles of
-//             minibatch s - 2
+//   stage 0:  the shared expert's gate/up tiles
+//   stage 1:  the shared expert's down tiles, the gate/up tiles of minibatch 0
+//   stage s:  the gate/up tiles of minibatch s - 1, the down tiles of minibatch s - 2
 //
-// so the shared expert hides the first pulls, each minibatch's pulls run one stage ahead of its
-// gate/up tiles, and its down tiles one stage behind them. Dependencies, counted per block: a
-// gate/up tile's Producer waits for ready[b] (its block pulled), a down tile's for done[b] == the
-// gate/up tiles of its block, a shared down tile's for shared_done[b] likewise. Every dependency is
-// on a smaller ticket, each CTA runs its tickets in order and every CTA is resident (cooperative
-// launch), so the smallest unfinished ticket can always run: no deadlock, whatever the routing.
+// so the shared expert runs while the first rows are pulled, and each minibatch's down tiles run
+// beside the next one's gate/up tiles. Dependencies, counted per block: a gate/up tile's Producer
+// waits for ready[b] == the row groups of its block, a down tile's for done[b] == the gate/up
+// tiles of its block, a shared down tile's for shared_done[b] likewise. Pulls wait for nothing;
+// every GEMM dependency is on a pull or a smaller ticket; each CTA runs its tickets in order and
+// every CTA is resident (cooperative launch): the smallest unfinished ticket can always run, so
+// there is no deadlock, whatever the routing.
 // Which CTA runs a task never changes its bits.
 //
 // Every wait is bounded; a counter wait that gives up leaves the rank's error record (FlagId
@@ -48,10 +48,11 @@ struct FusedForwardParams {
   // tokens, and dense down into its output rows.
   gemm::GemmDescriptor gate_up_shared;
   gemm::GemmDescriptor down_shared;
-  PullParams pull;               // the pass's rows into gate_up's A (no scale: forward)
+  PullParams pull;                  // the pass's rows into gate_up's A (no scale: forward)
   std::int64_t minibatch_rows = 0;  // a positive multiple of 128
   // plan::fused_counter_words(ring rows, T): ready [blocks], done [blocks], shared_done
-  // [shared_words], the ticket counter, the exit count, in that order; zero between launches.
+  // [shared_words], the ticket counter, the pull counter, the exit count, in that order; zero
+  // between launches.
   std::uint32_t* counters = nullptr;
   int blocks = 0;         // ceil(ring rows / 128)
   int shared_words = 0;   // ceil(T / 128)
@@ -61,7 +62,7 @@ struct FusedForwardParams {
   comm::DeviceErrorRecord* record = nullptr;  // the rank's (local region)
   comm::DeviceErrorRecord* mirror = nullptr;  // its host-mapped mirror, or null
   int rank = 0;
-  int withhold_block = -1;  // tests only: ready[b] of this block is never released
+  int withhold_block = -1;  // tests only: the rows of this block are never pulled
 };
 // NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in).
 static_assert(sizeof(FusedForwardParams) <= 4096, "the megakernel's parameters are one parameter");
