@@ -9,8 +9,9 @@ namespace mok {
 
 struct Config {
   int fwd_num_comm_sms = 40;                  // MoK: CTAs of its forward kernel that move tokens;
-                                              // accepted, unused: mok's megakernel has every CTA
-                                              // take pulls as tasks (fused_forward.hpp)
+                                              // accepted, unused: in mok's megakernel every CTA
+                                              // pulls with the idle warps of its GEMM Producer
+                                              // warpgroup (fused_forward.hpp)
   int bwd_num_comm_sms = 28;                  // same, backward
   std::int64_t minibatch_size = 4096;         // rows pulled per dispatch step inside a pass
   std::int64_t macrobatch_size = 0;           // rows of the ring buffer (one pass); 0: automatic,

@@ -9,6 +9,7 @@
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/engine.cuh"
 #include "cuda/gemm/launch.hpp"
+#include "cuda/kernels/fused_tasks.hpp"
 #include "cuda/kernels/transfer.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/flags.cuh"
@@ -17,6 +18,10 @@
 namespace mok::cuda {
 namespace {
 
+using fused::decode;
+using fused::Task;
+using fused::TaskKind;
+using fused::TicketPlan;
 using gemm::Form;
 using gemm::FormKind;
 using gemm::GemmEngine;
@@ -73,65 +78,6 @@ static_assert(kStoredBarrierId > gemm::kWarpgroupBarrierId + 1, "named barrier i
 
 // Zero unless a CTA is writing this device's GEMM wait report (GemmEngine::report_timeout).
 __device__ unsigned g_fused_report_lock;
-
-// The launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the
-// pass's row count, which the schedule left in device memory) and the shared expert's tiles.
-struct TicketPlan {
-  int blocks;         // B: 128-row blocks holding the pass's rows
-  int per_minibatch;  // blocks per minibatch
-  int minibatches;
-  int n_up, n_down;            // tiles per block of the two GEMMs
-  int shared_up, shared_down;  // the shared expert's tiles (stage 0 and stage 1), or 0
-  // Blocks of the first x minibatches.
-  __device__ int first_blocks(int x) const { return x <= 0 ? 0 : min(x * per_minibatch, blocks); }
-  __device__ int blocks_of(int minibatch) const {
-    return first_blocks(minibatch + 1) - first_blocks(minibatch);
-  }
-  // Tickets before stage s: the gate/up tiles of minibatches < s - 1, the down tiles of those
-  // < s - 2, the shared tiles of the stages before.
-  __device__ int before_stage(int s) const {
-    return n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) + (s >= 1 ? shared_up : 0) +
-           (s >= 2 ? shared_down : 0);
-  }
-  __device__ int tickets() const { return before_stage(minibatches + 2); }
-};
-
-enum class TaskKind { gate_up, down, shared_gate_up, shared_down };
-struct Task {
-  TaskKind kind;
-  int block;
-  int n;  // N tile (GEMM tasks)
-};
-
-// `count` tiles of `blocks` blocks from `first`, N outer, block inner: the o-th.
-__device__ Task tile_task(TaskKind kind, int first, int blocks, int o) {
-  return {kind, first + o % blocks, o / blocks};
-}
-
-__device__ Task decode(const TicketPlan& p, int shared_blocks, int ticket) {
-  // The stage: the last s with before_stage(s) <= ticket (an empty stage shares its start with
-  // the next one, which the search prefers).
-  int lo = 0, hi = p.minibatches + 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.before_stage(mid) <= ticket) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  int o = ticket - p.before_stage(lo);
-  if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
-  if (lo == 1) {
-    if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
-    o -= p.shared_down;
-  }
-  const int up_blocks = p.blocks_of(lo - 1);
-  if (o < up_blocks * p.n_up)
-    return tile_task(TaskKind::gate_up, p.first_blocks(lo - 1), up_blocks, o);
-  o -= up_blocks * p.n_up;
-  return tile_task(TaskKind::down, p.first_blocks(lo - 2), p.blocks_of(lo - 2), o);
-}
 
 // The shared expert's tile of block b (rows [128 b, 128 b + 128) of its T), N tile n.
 __device__ TileInfo shared_tile(const FusedForwardParams& fp, int b, int n, int k_blocks) {

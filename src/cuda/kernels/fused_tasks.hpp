@@ -1,7 +1,8 @@
-// The forward megakernel's ticket order (kernels/fused_forward.hpp): which task each ticket of a
-// launch is. Plain C++ for host and device, so the order is tested on the CPU
-// (tests/cpp/test_fused_tasks.cpp): every task has exactly one ticket, and every dependency is on
-// a smaller ticket, which is what the kernel's freedom from deadlock rests on.
+// The forward megakernel's ticket order (kernels/fused_forward.hpp): which GEMM tile each ticket
+// of a launch is. Plain C++ for host and device, so the order is tested on the CPU
+// (tests/cpp/test_fused_tasks.cpp): every tile has exactly one ticket, and every dependency between
+// tiles is on a smaller ticket, which is what the kernel's freedom from deadlock rests on (the
+// pulls, the other dependency of a gate/up tile, are not tickets: they wait for nothing).
 #pragma once
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 
 namespace mok::fused {
 
-// A launch's tickets: its blocks and minibatches (every thread computes the same from the pass's
+// A launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the pass's
 // row count, which the schedule left in device memory) and the shared expert's tiles.
 struct TicketPlan {
   int blocks;                  // B: 128-row blocks holding the pass's rows
@@ -29,20 +30,20 @@ struct TicketPlan {
   MOK_HOST_DEVICE int blocks_of(int minibatch) const {
     return first_blocks(minibatch + 1) - first_blocks(minibatch);
   }
-  // Tickets before stage s: the pulls of minibatches < s, the gate/up tiles of those < s - 1,
-  // the down tiles of those < s - 2, the shared tiles of the stages before.
+  // Tickets before stage s: the gate/up tiles of minibatches < s - 1, the down tiles of those
+  // < s - 2, the shared tiles of the stages before.
   MOK_HOST_DEVICE int before_stage(int s) const {
-    return first_blocks(s) + n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) +
-           (s >= 1 ? shared_up : 0) + (s >= 2 ? shared_down : 0);
+    return n_up * first_blocks(s - 1) + n_down * first_blocks(s - 2) + (s >= 1 ? shared_up : 0) +
+           (s >= 2 ? shared_down : 0);
   }
   MOK_HOST_DEVICE int tickets() const { return before_stage(minibatches + 2); }
 };
 
-enum class TaskKind { pull, gate_up, down, shared_gate_up, shared_down };
+enum class TaskKind { gate_up, down, shared_gate_up, shared_down };
 struct Task {
   TaskKind kind;
   int block;
-  int n;  // N tile (GEMM tasks)
+  int n;  // N tile
 };
 
 // The o-th tile of `blocks` blocks from `first`, N outer, block inner.
@@ -64,9 +65,6 @@ MOK_HOST_DEVICE inline Task decode(const TicketPlan& p, int shared_blocks, int t
     }
   }
   int o = ticket - p.before_stage(lo);
-  const int pulls = p.blocks_of(lo);
-  if (o < pulls) return {TaskKind::pull, p.first_blocks(lo) + o, 0};
-  o -= pulls;
   if (lo == 0) return tile_task(TaskKind::shared_gate_up, 0, shared_blocks, o);
   if (lo == 1) {
     if (o < p.shared_down) return tile_task(TaskKind::shared_down, 0, shared_blocks, o);
