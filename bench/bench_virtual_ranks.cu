@@ -3,10 +3,17 @@
 // megakernel, in the same run. Each rank holds T / W of the tokens and E / W of the experts, the
 // shared expert whole; routing uniform (every slot an expert drawn uniformly) or skewed (half the
 // slots to expert 0). Before timing, the two paths' outputs are compared bitwise (every rank's
-// whole `out`); timing: CUDA events around each call, warm-up first, the median of --reps calls,
-// three input sets rotated.
+// whole `out`); timing: CUDA events around each call, warm-up first, three input sets rotated,
+// the two paths interleaved call by call (which goes first alternates), so that both see the same
+// clocks: the median of each path's --reps calls and the median of the per-pair ratios, which is
+// what a drifting power-capped clock disturbs least. --ranks 1 is the one-GPU layer.
 //
-//   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE]
+// --trace: afterwards one fused call records the megakernel's trace of rank 0's pass 0
+// (kernels/fused_forward.hpp), summarised per task kind: tiles, Consumer time per tile, the
+// Producer's dependency waits, the CTAs' idle time (before the first tile, between tiles, after
+// the last), when the last pull landed.
+//
+//   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -109,13 +116,108 @@ Inputs make_inputs(const Shape& s, bool skewed, std::uint64_t seed) {
   return in;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The trace of one launch (kernels/fused_forward.hpp), summarised on stdout and as a JSON object.
+std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* label) {
+  static const char* const kKinds[] = {"gate_up", "down", "shared_gate_up", "shared_down"};
+  const std::int64_t tickets = static_cast<std::int64_t>(w[0]), grid = static_cast<std::int64_t>(w[1]);
+  const std::int64_t room = (static_cast<std::int64_t>(w.size()) - 4 - 4 * grid) / 5;
+  const std::int64_t traced = std::min(tickets, room);
+  std::uint64_t t0 = UINT64_MAX, t1 = 0, pulled = 0;
+  for (std::int64_t c = 0; c < grid; ++c) {
+    t0 = std::min(t0, w[4 + 4 * c]);
+    t1 = std::max(t1, w[4 + 4 * c + 2]);
+    pulled = std::max(pulled, w[4 + 4 * c + 1]);
+  }
+  const double span = static_cast<double>(t1 - t0);
+  struct Kind {
+    long long tiles = 0, waited_tiles = 0;
+    double busy = 0, wait = 0;
+  } kinds[4];
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> per_cta(grid);
+  for (std::int64_t t = 0; t < traced; ++t) {
+    const std::uint64_t* x = &w[4 + 4 * grid + 5 * t];
+    const int cta = static_cast<int>(x[4] & 0xffff), kind = static_cast<int>((x[4] >> 16) & 0xffff);
+    if (x[3] == 0 || cta >= grid || kind > 3) continue;  // not run (a give-up) or not traced
+    Kind& k = kinds[kind];
+    ++k.tiles;
+    k.busy += static_cast<double>(x[3] - x[2]);
+    if (x[1] != 0 && x[0] != 0) {
+      ++k.waited_tiles;
+      k.wait += static_cast<double>(x[1] - x[0]);
+    }
+    per_cta[cta].push_back({x[2], x[3]});
+  }
+  double head = 0, between = 0, tail = 0, busy = 0;
+  for (std::int64_t c = 0; c < grid; ++c) {
+    auto& v = per_cta[c];
+    std::sort(v.begin(), v.end());
+    if (v.empty()) {
+      tail += span;
+      continue;
+    }
+    head += static_cast<double>(v.front().first - t0);
+    tail += static_cast<double>(t1 - v.back().second);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      busy += static_cast<double>(v[i].second - v[i].first);
+      if (i > 0 && v[i].first > v[i - 1].second) {
+        between += static_cast<double>(v[i].first - v[i - 1].second);
+      }
+    }
+  }
+  const double cta_time = span * static_cast<double>(grid);
+  std::printf("  trace %s: span %.3f ms over %lld CTAs, %lld tickets (%lld traced), last pull "
+              "landed at %.3f ms\n",
+              label, span / 1e6, static_cast<long long>(grid), static_cast<long long>(tickets),
+              static_cast<long long>(traced), static_cast<double>(pulled - t0) / 1e6);
+  std::string json = std::string("{\"label\": \"") + label + "\", \"span_ms\": " +
+                     std::to_string(span / 1e6) + ", \"last_pull_ms\": " +
+                     std::to_string(static_cast<double>(pulled - t0) / 1e6) + ", \"kinds\": {";
+  for (int k = 0; k < 4; ++k) {
+    const Kind& x = kinds[k];
+    if (x.tiles == 0) continue;
+    std::printf("    %-15s %6lld tiles  %7.1f us per tile (Consumers)  waits %6.1f us per "
+                "tile  %.3f ms of the grid\n",
+                kKinds[k], x.tiles, x.busy / x.tiles / 1e3,
+                x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0,
+                x.busy / static_cast<double>(grid) / 1e6);
+    json += std::string(json.back() == '{' ? "" : ", ") + "\"" + kKinds[k] + "\": {\"tiles\": " +
+            std::to_string(x.tiles) + ", \"us_per_tile\": " + std::to_string(x.busy / x.tiles / 1e3) +
+            ", \"wait_us_per_tile\": " +
+            std::to_string(x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0) + "}";
+  }
+  std::printf("    CTA time: tiles %.1f%%, before the first %.1f%%, between tiles %.1f%%, after "
+              "the last %.1f%%\n",
+              100 * busy / cta_time, 100 * head / cta_time, 100 * between / cta_time,
+              100 * tail / cta_time);
+  json += "}, \"busy_pct\": " + std::to_string(100 * busy / cta_time) +
+          ", \"head_pct\": " + std::to_string(100 * head / cta_time) +
+          ", \"between_pct\": " + std::to_string(100 * between / cta_time) +
+          ", \"tail_pct\": " + std::to_string(100 * tail / cta_time) + "}";
+  return json;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json;
   int W = 8, reps = 30;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool trace = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--trace") {
+      trace = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--case")
       name = argv[i + 1];
     else if (a == "--ranks")
@@ -183,51 +285,76 @@ int main(int argc, char** argv) {
       return ranks;
     };
     std::vector<std::uint16_t> outs[2];
-    double medians[2];
+    std::unique_ptr<mok::cuda::UnfusedLayer> layers[2];
+    std::vector<mok::cuda::RankTensors> rank_sets[3] = {ranks_of(sets[0]), ranks_of(sets[1]),
+                                                        ranks_of(sets[2])};
     for (int fused = 0; fused < 2; ++fused) {
-      mok::cuda::UnfusedLayer layer(p, config, 0);
-      layer.set_forward_path(fused ? mok::cuda::ForwardPath::fused
-                                   : mok::cuda::ForwardPath::unfused);
-      std::vector<mok::cuda::RankTensors> rank_sets[3] = {ranks_of(sets[0]), ranks_of(sets[1]),
-                                                          ranks_of(sets[2])};
+      layers[fused] = std::make_unique<mok::cuda::UnfusedLayer>(p, config, 0);
+      layers[fused]->set_forward_path(fused ? mok::cuda::ForwardPath::fused
+                                            : mok::cuda::ForwardPath::unfused);
       check(cudaMemset(out.p, 0xff, out.bytes), "poison");
-      layer.forward(rank_sets[0], true, stream);
+      layers[fused]->forward(rank_sets[0], true, stream);
       check(cudaStreamSynchronize(stream), "forward");
-      layer.check_errors(stream);
+      layers[fused]->check_errors(stream);
       outs[fused].resize(static_cast<std::size_t>(s.T * s.H));
       check(cudaMemcpy(outs[fused].data(), out.p, out.bytes, cudaMemcpyDeviceToHost), "out");
-      for (int i = 0; i < 20; ++i) layer.forward(rank_sets[i % 3], true, stream);
-      std::vector<float> ms;
-      cudaEvent_t a, b;
-      cudaEventCreate(&a);
-      cudaEventCreate(&b);
-      for (int i = 0; i < reps; ++i) {
-        cudaEventRecord(a, stream);
-        layer.forward(rank_sets[i % 3], true, stream);
-        cudaEventRecord(b, stream);
-        check(cudaEventSynchronize(b), "timing");
-        float t = 0;
-        cudaEventElapsedTime(&t, a, b);
-        ms.push_back(t);
-      }
-      layer.check_errors(stream);
-      std::sort(ms.begin(), ms.end());
-      medians[fused] = ms[ms.size() / 2];
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
     }
+    for (int i = 0; i < 20; ++i) layers[i % 2]->forward(rank_sets[i % 3], true, stream);
+    std::vector<double> ms[2], ratios;
+    cudaEvent_t ev[4];
+    for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "event");
+    for (int i = 0; i < reps; ++i) {
+      // Both paths on the same input set, in alternating order.
+      for (int j = 0; j < 2; ++j) {
+        const int fused = (i + j) % 2;
+        cudaEventRecord(ev[2 * fused], stream);
+        layers[fused]->forward(rank_sets[i % 3], true, stream);
+        cudaEventRecord(ev[2 * fused + 1], stream);
+      }
+      check(cudaStreamSynchronize(stream), "timing");
+      float t[2] = {0, 0};
+      for (int fused = 0; fused < 2; ++fused) {
+        cudaEventElapsedTime(&t[fused], ev[2 * fused], ev[2 * fused + 1]);
+        ms[fused].push_back(t[fused]);
+      }
+      ratios.push_back(static_cast<double>(t[0]) / t[1]);
+    }
+    for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+    for (auto& l : layers) l->check_errors(stream);
+    const double medians[2] = {median(ms[0]), median(ms[1])};
+    const double ratio = median(ratios);
+    std::sort(ratios.begin(), ratios.end());
+    const double q1 = ratios[ratios.size() / 4], q3 = ratios[ratios.size() * 3 / 4];
     const bool same = outs[0] == outs[1];
     const char* routing = skewed ? "skewed" : "uniform";
-    std::printf("%-14s %-7s W %d  unfused %8.3f ms  fused %8.3f ms  unfused/fused %.3f  %s\n",
-                s.name, routing, W, medians[0], medians[1], medians[0] / medians[1],
+    std::printf("%-14s %-7s W %d  unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
+                "median %.3f (quartiles %.3f, %.3f)  %s\n",
+                s.name, routing, W, medians[0], medians[1], ratio, q1, q3,
                 same ? "bitwise equal" : "OUTPUTS DIFFER");
     if (!same) return 1;
-    char rec[512];
+    std::string traced = "null";
+    if (trace) {
+      const std::int64_t words = mok::cuda::UnfusedLayer::forward_trace_words(1 << 20);
+      DeviceBuffer buffer(static_cast<std::size_t>(words) * 8);
+      check(cudaMemset(buffer.p, 0, buffer.bytes), "trace");
+      layers[1]->set_forward_trace(static_cast<std::uint64_t*>(buffer.p), words);
+      layers[1]->forward(rank_sets[0], true, stream);
+      check(cudaStreamSynchronize(stream), "traced forward");
+      layers[1]->check_errors(stream);
+      layers[1]->set_forward_trace(nullptr, 0);
+      std::vector<std::uint64_t> host(static_cast<std::size_t>(words));
+      check(cudaMemcpy(host.data(), buffer.p, buffer.bytes, cudaMemcpyDeviceToHost), "trace");
+      traced = summarise_trace(host, (std::string(s.name) + " " + routing).c_str());
+    }
+    char rec[768];
     std::snprintf(rec, sizeof rec,
                   "%s{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
-                  "\"ranks\": %d, \"pass\": \"fwd\", \"unfused_ms\": %.4f, \"fused_ms\": %.4f}",
-                  records.empty() ? "" : ",\n  ", s.name, routing, W, medians[0], medians[1]);
-    records += rec;
+                  "\"ranks\": %d, \"pass\": \"fwd\", \"reps\": %d, \"unfused_ms\": %.4f, "
+                  "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
+                  "\"pair_ratio_q3\": %.4f, \"trace\": ",
+                  records.empty() ? "" : ",\n  ", s.name, routing, W, reps, medians[0],
+                  medians[1], ratio, q1, q3);
+    records += rec + traced + "}";
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");

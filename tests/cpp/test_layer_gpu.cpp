@@ -915,6 +915,84 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   EXPECT_TRUE(same_bits(reference, out)) << "the call after the timeout";
 }
 
+// The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
+// stamped once, by a CTA of the grid, in order (drawn <= dependency met; Consumers' start <= end,
+// all within the launch), each kind's tile count what the shape says; and tracing leaves the
+// output's bits alone (the traced kernel is a separate instantiation).
+TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
+  MOK_SKIP_WITHOUT_GPU();
+  // I 192: 2 gate/up tiles per block; H 128: 1 down tile; S 64 over 600 tokens: 5 shared blocks.
+  const GpuCase c{"traced", layer_shape(600, 128, 192, 4, 2, 64), Routing::skewed, false};
+  const LayerData d = make_case(c, test_seed());
+  const Config config = fused_config(8, 256, 0);
+  const HostTensor reference = forward_bits(d, config, "unfused").out;
+  DeviceLayer g(d);
+  std::vector<std::unique_ptr<DeviceTensor>> scratch;
+  std::vector<std::unique_ptr<DeviceContext>> contexts;
+  std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
+  cuda::UnfusedLayer layer(c.problem, config, 0);
+  layer.set_forward_path(cuda::ForwardPath::fused);
+  EXPECT_THROW(layer.set_forward_trace(reinterpret_cast<std::uint64_t*>(16),
+                                       cuda::UnfusedLayer::forward_trace_words(0) - 1),
+               Error);
+  const std::int64_t words = cuda::UnfusedLayer::forward_trace_words(4096);
+  DeviceBuffer<std::uint64_t> trace(static_cast<std::size_t>(words));
+  MOK_CUDA_OK(cudaMemset(trace.get(), 0, trace.size() * 8));
+  layer.set_forward_trace(trace.get(), words);
+  g.out.poison();
+  layer.forward(ranks, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  layer.check_errors(nullptr);
+  HostTensor out = d.out;
+  g.out.download(out);
+  EXPECT_TRUE(same_bits(reference, out)) << "a traced forward's out";
+
+  const std::vector<std::uint64_t> w = trace.download();
+  const std::int64_t blocks = static_cast<std::int64_t>(w[2]);
+  const std::int64_t grid = static_cast<std::int64_t>(w[1]);
+  ASSERT_EQ(words, cuda::UnfusedLayer::forward_trace_words(4096)) << "grid " << grid;
+  ASSERT_EQ(cuda::UnfusedLayer::forward_trace_words(0), 4 + 4 * grid);
+  ASSERT_GE(blocks, (600 * 2 + 127) / 128) << "the pass's blocks hold its rows";
+  const std::int64_t tickets = static_cast<std::int64_t>(w[0]);
+  ASSERT_EQ(tickets, blocks * (2 + 1) + 5 * (1 + 1));
+  std::uint64_t start = UINT64_MAX, end = 0;
+  for (std::int64_t cta = 0; cta < grid; ++cta) {
+    ASSERT_NE(w[4 + 4 * cta], 0u) << "CTA " << cta << " start";
+    ASSERT_LE(w[4 + 4 * cta], w[4 + 4 * cta + 2]) << "CTA " << cta;
+    start = std::min(start, w[4 + 4 * cta]);
+    end = std::max(end, w[4 + 4 * cta + 2]);
+  }
+  std::int64_t per_kind[4] = {0, 0, 0, 0};
+  for (std::int64_t t = 0; t < tickets; ++t) {
+    const std::uint64_t* x = &w[4 + 4 * grid + 5 * t];
+    const std::int64_t cta = static_cast<std::int64_t>(x[4] & 0xffff);
+    const int kind = static_cast<int>((x[4] >> 16) & 0xffff);
+    ASSERT_LT(cta, grid) << "ticket " << t;
+    ASSERT_LT(kind, 4) << "ticket " << t;
+    ++per_kind[kind];
+    ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": drawn before its CTA started";
+    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before it was drawn";
+    EXPECT_LE(x[2], x[3]) << "ticket " << t;
+    EXPECT_LE(x[3], w[4 + 4 * cta + 2]) << "ticket " << t << ": ended after its CTA";
+  }
+  EXPECT_EQ(per_kind[0], blocks * 2) << "gate/up tiles";
+  EXPECT_EQ(per_kind[1], blocks * 1) << "down tiles";
+  EXPECT_EQ(per_kind[2], 5) << "shared gate/up tiles";
+  EXPECT_EQ(per_kind[3], 5) << "shared down tiles";
+  for (std::int64_t t = tickets; t < 4096; ++t) {
+    ASSERT_EQ(w[4 + 4 * grid + 5 * t + 4], 0u) << "ticket " << t << " past the launch's";
+  }
+
+  // Off again: the untraced kernel, the same bits.
+  layer.set_forward_trace(nullptr, 0);
+  g.out.poison();
+  layer.forward(ranks, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  layer.check_errors(nullptr);
+  g.out.download(out);
+  EXPECT_TRUE(same_bits(reference, out)) << "the untraced forward after a traced one";
+}
+
 // A whole step with the megakernel forward, captured once and replayed with new routings.
 TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
   MOK_SKIP_WITHOUT_GPU();

@@ -165,6 +165,7 @@ __device__ void publish_stored(std::uint32_t* counter) {
 // run beside the CTA's GEMM tiles from the start of the launch to the last group. NOTES: it
 // derives its counters from the parameters itself, so that less of the task loop's state stays
 // live in the Producer warpgroup's registers.
+template <bool kTrace>
 __device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
   std::uint32_t* const ready = fp.counters;
   std::uint32_t* const pulls = fp.counters + 2 * fp.blocks + fp.shared_words + 1;
@@ -191,6 +192,17 @@ __device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
     __syncwarp();
     if (lane == 0) ptx::red_release_add<ptx::Scope::gpu>(ready + block, 1u);
   }
+  if (kTrace && lane == 0) {
+    atomicMax(reinterpret_cast<unsigned long long*>(fp.trace + 4 + 4 * blockIdx.x + 1),
+              static_cast<unsigned long long>(ptx::global_timer_ns()));
+  }
+}
+
+// The trace's words of `ticket` (fused_forward.hpp), or null: not traced.
+template <bool kTrace>
+__device__ __forceinline__ std::uint64_t* traced(const FusedForwardParams& fp, int ticket) {
+  if (!kTrace || ticket >= fp.trace_tickets) return nullptr;
+  return fp.trace + 4 + 4 * std::int64_t{gridDim.x} + 5 * std::int64_t{ticket};
 }
 
 // Row groups of block b: its ready count once every one is pulled.
@@ -263,7 +275,9 @@ __device__ __forceinline__ auto with_task_engine(std::uint8_t* smem, const Fused
   }
 }
 
-template <bool kClamped>
+// kTrace: the trace's stamps (fused_forward.hpp); a separate instantiation, so that the
+// untraced kernel's code and registers are what they would be without it.
+template <bool kClamped, bool kTrace>
 __global__ void __launch_bounds__(gemm::kThreads, 1)
     fused_forward_kernel(const __grid_constant__ FusedForwardParams fp) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -292,6 +306,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
     gemm::TileScheduler<false>::prepare(rows_only, tables, up.lane());
   }
   __syncthreads();
+  if (kTrace && threadIdx.x == 0) fp.trace[4 + 4 * blockIdx.x] = ptx::global_timer_ns();
 
   const std::int64_t rows = transfer::rows_in_pass(fp.pull.pass);
   TicketPlan plan;
@@ -304,12 +319,17 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
   const TaskTiles tiles{fp, tables};
+  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
+    fp.trace[0] = static_cast<std::uint64_t>(tickets);
+    fp.trace[1] = gridDim.x;
+    fp.trace[2] = static_cast<std::uint64_t>(plan.blocks);
+  }
 
   if (up.role() == Role::kProducer) {
     up.template become_producer<kProducerRegisters>();
     state = up.state();
     if (threadIdx.x >= 32) {
-      pull_rows(fp);
+      pull_rows<kTrace>(fp);
     } else if (up.is_producer_thread()) {
       bool ok = true;
       while (ok) {
@@ -321,13 +341,16 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         state = up.state();
         if (ticket == kNoTile) break;
         const Task task = decode(plan, fp.shared_blocks, ticket);
+        std::uint64_t* const stamps = traced<kTrace>(fp, ticket);
+        if (stamps != nullptr) stamps[0] = ptx::global_timer_ns();
         TileInfo tile;
         if (!tiles.of(task, tile)) continue;  // no rows there: nothing to load
         const Dependency dep = tiles.dependency(task, c, rows);
         ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
-          return (dep.counter == nullptr ||
-                  wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block)) &&
-                 e.produce(tile);
+          const bool met = dep.counter == nullptr ||
+                           wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block);
+          if (stamps != nullptr) stamps[1] = ptx::global_timer_ns();
+          return met && e.produce(tile);
         });
       }
       up.resume(state);
@@ -342,6 +365,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       state = up.state();
       if (ticket == kNoTile) break;
       const Task task = decode(plan, fp.shared_blocks, ticket);
+      std::uint64_t* const stamps = threadIdx.x == 128 ? traced<kTrace>(fp, ticket) : nullptr;
+      if (stamps != nullptr) stamps[2] = ptx::global_timer_ns();
       TileInfo tile;
       if (tiles.of(task, tile)) {
         with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
@@ -352,6 +377,11 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       // A gate/up tile (even an empty one) counts towards its down tiles' dependency.
       if (task.kind == TaskKind::gate_up) publish_stored(c.done + task.block);
       if (task.kind == TaskKind::shared_gate_up) publish_stored(c.shared_done + task.block);
+      if (stamps != nullptr) {
+        stamps[3] = ptx::global_timer_ns();
+        stamps[4] = blockIdx.x | static_cast<std::uint64_t>(task.kind) << 16 |
+                    static_cast<std::uint64_t>(task.block) << 32;
+      }
     }
     // No form here stores through TMA: nothing in flight to wait for (finish_consuming).
   }
@@ -360,6 +390,9 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   __syncwarp();
   __syncthreads();
   if (threadIdx.x == 0) up.report_timeout(&g_fused_report_lock);
+  if (kTrace && threadIdx.x == 0) {
+    fp.trace[4 + 4 * blockIdx.x + 2] = ptx::global_timer_ns();
+  }
 
   // The last CTA to end zeroes the counters for the next launch (every wait of this one is over:
   // each CTA counts itself out only after its own).
@@ -379,12 +412,12 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
 }
 
 // NOTES: the dynamic shared-memory limit is a per-device attribute of each instantiation.
-template <bool kClamped>
+template <bool kClamped, bool kTrace>
 void configure(int device) {
   static std::atomic<bool> configured[gemm::kMaxDevices] = {};
   const bool cached = device >= 0 && device < gemm::kMaxDevices;
   if (cached && configured[device].load(std::memory_order_acquire)) return;
-  const cudaError_t e = cudaFuncSetAttribute(fused_forward_kernel<kClamped>,
+  const cudaError_t e = cudaFuncSetAttribute(fused_forward_kernel<kClamped, kTrace>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(gemm::kSharedBytes));
   if (e != cudaSuccess) {
@@ -396,9 +429,9 @@ void configure(int device) {
   if (cached) configured[device].store(true, std::memory_order_release);
 }
 
-template <bool kClamped>
+template <bool kClamped, bool kTrace>
 void launch(const FusedForwardParams& p, cudaStream_t stream) {
-  configure<kClamped>(gemm::current_device());
+  configure<kClamped, kTrace>(gemm::current_device());
   if (p.minibatch_rows <= 0 || p.minibatch_rows % kTileM != 0) {
     throw Error("forward megakernel: minibatch rows", "a positive multiple of 128",
                 to_text(p.minibatch_rows));
@@ -417,7 +450,7 @@ void launch(const FusedForwardParams& p, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &cooperative;
   config.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&config, fused_forward_kernel<kClamped>, p);
+  cudaError_t e = cudaLaunchKernelEx(&config, fused_forward_kernel<kClamped, kTrace>, p);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
     throw Error(std::string("forward megakernel launch failed: ") + cudaGetErrorString(e));
@@ -427,10 +460,14 @@ void launch(const FusedForwardParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_fused_forward(const FusedForwardParams& p, bool clamped, cudaStream_t stream) {
+  if (p.trace != nullptr && p.trace_tickets < 0) {
+    throw Error("forward megakernel: trace tickets", "0 or more", to_text(p.trace_tickets));
+  }
+  const bool trace = p.trace != nullptr;
   if (clamped) {
-    launch<true>(p, stream);
+    trace ? launch<true, true>(p, stream) : launch<true, false>(p, stream);
   } else {
-    launch<false>(p, stream);
+    trace ? launch<false, true>(p, stream) : launch<false, false>(p, stream);
   }
 }
 

@@ -29,6 +29,15 @@
 // fused_ready or fused_done, the block, expected and seen), the CTA gives up its remaining tasks,
 // and the launch ends normally with its outputs void. The counters are zero between launches: the
 // last CTA to end zeroes them, so graph replays and the next pass start from zero.
+//
+// The trace (benchmarks only: UnfusedLayer::set_forward_trace; off when FusedForwardParams::trace
+// is null): globaltimer stamps (ns) of one launch, in u64 words:
+//   [0] the launch's tickets, [1] its grid, [2] its blocks, [3] unused;
+//   CTA c, words 4 + 4 c: [0] its start, [1] its last pulling warp done, [2] its end, [3] unused;
+//   ticket t, words 4 + 4 grid + 5 t: [0] the Producer drew it, [1] its dependency was met (0: an
+//   empty tile, nothing loaded), [2] the Consumers began it, [3] they ended it (stores published),
+//   [4] the CTA | TaskKind << 16 | block << 32.
+// Tickets past trace_tickets are not traced. Stamps cost a few instructions per tile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,9 +72,16 @@ struct FusedForwardParams {
   comm::DeviceErrorRecord* mirror = nullptr;  // its host-mapped mirror, or null
   int rank = 0;
   int withhold_block = -1;  // tests only: the rows of this block are never pulled
+  std::uint64_t* trace = nullptr;  // benchmarks only: fused_trace_words(grid, trace_tickets)
+  int trace_tickets = 0;
 };
 // NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in).
 static_assert(sizeof(FusedForwardParams) <= 4096, "the megakernel's parameters are one parameter");
+
+// Words of a trace of `tickets` tickets over `grid` CTAs (the layout above).
+constexpr std::int64_t fused_trace_words(std::int64_t grid, std::int64_t tickets) {
+  return 4 + 4 * grid + 5 * tickets;
+}
 
 // The launch: a cooperative grid of one CTA per SM of the current device. `clamped`: the clamped
 // SwiGLU epilogue (gate_up.p.swiglu_limit). Throws mok::Error when the launch fails.

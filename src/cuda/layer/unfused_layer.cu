@@ -1,6 +1,7 @@
 #include "cuda/layer/unfused_layer.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -277,6 +278,8 @@ struct UnfusedLayer::Impl {
   int passes = 1;
   ForwardPath path = forward_path_from_environment();
   int withheld_block = -1;           // tests only (set_withheld_block)
+  std::uint64_t* trace = nullptr;      // benchmarks only (set_forward_trace)
+  int trace_tickets = 0;
   std::uint64_t fused_timeout_ms = 0;  // tests only: 0, the team's barrier timeout
   std::vector<RankBuffers> ranks;
   void* layer = nullptr;  // every rank's layer region (plan::WorkspacePlan), one allocation
@@ -500,6 +503,10 @@ struct UnfusedLayer::Impl {
     f.mirror = ti.mirrors + (r - first);
     f.rank = r;
     f.withhold_block = withheld_block;
+    if (r == first && pass == 0) {
+      f.trace = trace;
+      f.trace_tickets = trace_tickets;
+    }
     launch_fused_forward(f, t.w.swiglu_limit.has_value(), s);
   }
 
@@ -616,6 +623,22 @@ void UnfusedLayer::set_forward_path(ForwardPath path) {
 void UnfusedLayer::set_withheld_block(int b, std::uint64_t timeout_ms) {
   impl_->withheld_block = b;
   impl_->fused_timeout_ms = timeout_ms;
+}
+
+std::int64_t UnfusedLayer::forward_trace_words(std::int64_t tickets) {
+  return fused_trace_words(gemm::persistent_grid_size(), tickets);
+}
+
+void UnfusedLayer::set_forward_trace(std::uint64_t* trace, std::int64_t words) {
+  const std::int64_t header = forward_trace_words(0);
+  if (trace != nullptr && words < header) {
+    throw Error("forward trace words", "at least " + to_text(header) + " (header and CTAs)",
+                to_text(words));
+  }
+  impl_->trace = trace;
+  impl_->trace_tickets =
+      trace == nullptr ? 0
+                       : static_cast<int>(std::min<std::int64_t>((words - header) / 5, INT_MAX));
 }
 
 std::int64_t UnfusedLayer::ring_rows() const {

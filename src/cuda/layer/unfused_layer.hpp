@@ -78,6 +78,13 @@ class UnfusedLayer {
   // off), so the gate/up tiles of those rows wait until `timeout_ms` (0: the team's barrier
   // timeout) and the call's outputs are void.
   void set_withheld_block(int b, std::uint64_t timeout_ms = 0);
+  // Benchmarks only: the forward megakernel's launch of the first rank's pass 0 writes its trace
+  // (kernels/fused_forward.hpp: globaltimer stamps per CTA and per ticket) into `words` u64 words
+  // of device memory at `trace` (null: off); tickets past what fits are not traced. Throws when
+  // `words` cannot hold the header and one set of per-CTA words (forward_trace_words(0)).
+  void set_forward_trace(std::uint64_t* trace, std::int64_t words);
+  // Words of a trace with room for `tickets` tickets on this device's grid.
+  static std::int64_t forward_trace_words(std::int64_t tickets);
 
   std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;
