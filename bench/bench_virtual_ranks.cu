@@ -124,7 +124,8 @@ double median(std::vector<double> v) {
 // The trace of one launch (kernels/fused_forward.hpp), summarised on stdout and as a JSON object.
 std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* label) {
   static const char* const kKinds[] = {"gate_up", "down", "shared_gate_up", "shared_down"};
-  const std::int64_t tickets = static_cast<std::int64_t>(w[0]), grid = static_cast<std::int64_t>(w[1]);
+  const std::int64_t tickets = static_cast<std::int64_t>(w[0]),
+                     grid = static_cast<std::int64_t>(w[1]);
   const std::int64_t room = (static_cast<std::int64_t>(w.size()) - 4 - 4 * grid) / 5;
   const std::int64_t traced = std::min(tickets, room);
   std::uint64_t t0 = UINT64_MAX, t1 = 0, pulled = 0;
@@ -170,30 +171,35 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
     }
   }
   const double cta_time = span * static_cast<double>(grid);
-  std::printf("  trace %s: span %.3f ms over %lld CTAs, %lld tickets (%lld traced), last pull "
-              "landed at %.3f ms\n",
-              label, span / 1e6, static_cast<long long>(grid), static_cast<long long>(tickets),
-              static_cast<long long>(traced), static_cast<double>(pulled - t0) / 1e6);
-  std::string json = std::string("{\"label\": \"") + label + "\", \"span_ms\": " +
-                     std::to_string(span / 1e6) + ", \"last_pull_ms\": " +
-                     std::to_string(static_cast<double>(pulled - t0) / 1e6) + ", \"kinds\": {";
+  std::printf(
+      "  trace %s: span %.3f ms over %lld CTAs, %lld tickets (%lld traced), last pull "
+      "landed at %.3f ms\n",
+      label, span / 1e6, static_cast<long long>(grid), static_cast<long long>(tickets),
+      static_cast<long long>(traced), static_cast<double>(pulled - t0) / 1e6);
+  std::string json =
+      std::string("{\"label\": \"") + label + "\", \"span_ms\": " + std::to_string(span / 1e6) +
+      ", \"last_pull_ms\": " + std::to_string(static_cast<double>(pulled - t0) / 1e6) +
+      ", \"kinds\": {";
   for (int k = 0; k < 4; ++k) {
     const Kind& x = kinds[k];
     if (x.tiles == 0) continue;
-    std::printf("    %-15s %6lld tiles  %7.1f us per tile (Consumers)  waits %6.1f us per "
-                "tile  %.3f ms of the grid\n",
-                kKinds[k], x.tiles, x.busy / x.tiles / 1e3,
-                x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0,
-                x.busy / static_cast<double>(grid) / 1e6);
-    json += std::string(json.back() == '{' ? "" : ", ") + "\"" + kKinds[k] + "\": {\"tiles\": " +
-            std::to_string(x.tiles) + ", \"us_per_tile\": " + std::to_string(x.busy / x.tiles / 1e3) +
+    std::printf(
+        "    %-15s %6lld tiles  %7.1f us per tile (Consumers)  waits %6.1f us per "
+        "tile  %.3f ms of the grid\n",
+        kKinds[k], x.tiles, x.busy / x.tiles / 1e3,
+        x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0,
+        x.busy / static_cast<double>(grid) / 1e6);
+    json += std::string(json.back() == '{' ? "" : ", ") + "\"" + kKinds[k] +
+            "\": {\"tiles\": " + std::to_string(x.tiles) +
+            ", \"us_per_tile\": " + std::to_string(x.busy / x.tiles / 1e3) +
             ", \"wait_us_per_tile\": " +
             std::to_string(x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0) + "}";
   }
-  std::printf("    CTA time: tiles %.1f%%, before the first %.1f%%, between tiles %.1f%%, after "
-              "the last %.1f%%\n",
-              100 * busy / cta_time, 100 * head / cta_time, 100 * between / cta_time,
-              100 * tail / cta_time);
+  std::printf(
+      "    CTA time: tiles %.1f%%, before the first %.1f%%, between tiles %.1f%%, after "
+      "the last %.1f%%\n",
+      100 * busy / cta_time, 100 * head / cta_time, 100 * between / cta_time,
+      100 * tail / cta_time);
   json += "}, \"busy_pct\": " + std::to_string(100 * busy / cta_time) +
           ", \"head_pct\": " + std::to_string(100 * head / cta_time) +
           ", \"between_pct\": " + std::to_string(100 * between / cta_time) +
@@ -327,10 +333,11 @@ int main(int argc, char** argv) {
     const double q1 = ratios[ratios.size() / 4], q3 = ratios[ratios.size() * 3 / 4];
     const bool same = outs[0] == outs[1];
     const char* routing = skewed ? "skewed" : "uniform";
-    std::printf("%-14s %-7s W %d  unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
-                "median %.3f (quartiles %.3f, %.3f)  %s\n",
-                s.name, routing, W, medians[0], medians[1], ratio, q1, q3,
-                same ? "bitwise equal" : "OUTPUTS DIFFER");
+    std::printf(
+        "%-14s %-7s W %d  unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
+        "median %.3f (quartiles %.3f, %.3f)  %s\n",
+        s.name, routing, W, medians[0], medians[1], ratio, q1, q3,
+        same ? "bitwise equal" : "OUTPUTS DIFFER");
     if (!same) return 1;
     std::string traced = "null";
     if (trace) {
@@ -352,8 +359,8 @@ int main(int argc, char** argv) {
                   "\"ranks\": %d, \"pass\": \"fwd\", \"reps\": %d, \"unfused_ms\": %.4f, "
                   "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
                   "\"pair_ratio_q3\": %.4f, \"trace\": ",
-                  records.empty() ? "" : ",\n  ", s.name, routing, W, reps, medians[0],
-                  medians[1], ratio, q1, q3);
+                  records.empty() ? "" : ",\n  ", s.name, routing, W, reps, medians[0], medians[1],
+                  ratio, q1, q3);
     records += rec + traced + "}";
   }
   if (!json.empty()) {

@@ -916,9 +916,9 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
-// stamped once, by a CTA of the grid, in order (turned to <= dependency met; Consumers' start <= end,
-// all within the launch), each kind's tile count what the shape says; and tracing leaves the
-// output's bits alone (the traced kernel is a separate instantiation).
+// stamped once, by a CTA of the grid, in order (the Producer turned to it <= its dependency met;
+// the Consumers' start <= end, all within the launch), each kind's tile count what the shape says;
+// and tracing leaves the output's bits alone (the traced kernel is a separate instantiation).
 TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   MOK_SKIP_WITHOUT_GPU();
   // I 192: 2 gate/up tiles per block; H 128: 1 down tile; S 64 over 600 tokens: 5 shared blocks.
@@ -971,7 +971,7 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
     ASSERT_LT(kind, 4) << "ticket " << t;
     ++per_kind[kind];
     ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": turned to before its CTA started";
-    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before the Producer turned to it";
+    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before it was turned to";
     EXPECT_LE(x[2], x[3]) << "ticket " << t;
     EXPECT_LE(x[3], w[4 + 4 * cta + 2]) << "ticket " << t << ": ended after its CTA";
   }

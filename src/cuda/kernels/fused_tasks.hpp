@@ -11,8 +11,8 @@
 
 namespace mok::fused {
 
-// A launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the pass's
-// row count, which the schedule left in device memory) and the shared expert's tiles.
+// A launch's GEMM tickets: its blocks and minibatches (every thread computes the same from the
+// pass's row count, which the schedule left in device memory) and the shared expert's tiles.
 struct TicketPlan {
   int blocks;                  // B: 128-row blocks holding the pass's rows
   int per_minibatch;           // blocks per minibatch
