@@ -331,39 +331,27 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
     if (threadIdx.x >= 32) {
       pull_rows<kTrace>(fp);
     } else if (up.is_producer_thread()) {
-      // NOTES: the Producer draws and hands over ticket i + 1 before it waits for ticket i's
-      // dependency and issues its loads, so the counter's round trip is off the Consumers' path
-      // between two tiles. A CTA still runs its tickets in increasing order, and the smallest
-      // unfinished ticket is the current one of the CTA that drew it (the ticket it drew before
-      // is smaller, so finished): the deadlock argument of fused_forward.hpp holds.
-      auto hand_over = [&](int& ticket) {
+      bool ok = true;
+      while (ok) {
         up.resume(state);
-        if (!up.reserve_ticket_slot()) return false;
+        if (!up.reserve_ticket_slot()) break;
         const int drawn = static_cast<int>(atomicAdd(c.tickets, 1u));
-        ticket = drawn < tickets ? drawn : kNoTile;
-        const bool published = up.publish_ticket(ticket);
+        const int ticket = drawn < tickets ? drawn : kNoTile;
+        if (!up.publish_ticket(ticket)) break;
         state = up.state();
-        return published;
-      };
-      int current = kNoTile;
-      bool ok = hand_over(current);
-      while (ok && current != kNoTile) {
-        int next = kNoTile;
-        ok = hand_over(next);
-        const Task task = decode(plan, fp.shared_blocks, current);
-        std::uint64_t* const stamps = traced<kTrace>(fp, current);
+        if (ticket == kNoTile) break;
+        const Task task = decode(plan, fp.shared_blocks, ticket);
+        std::uint64_t* const stamps = traced<kTrace>(fp, ticket);
         if (stamps != nullptr) stamps[0] = ptx::global_timer_ns();
         TileInfo tile;
-        if (ok && tiles.of(task, tile)) {  // else no rows there: nothing to load
-          const Dependency dep = tiles.dependency(task, c, rows);
-          ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
-            const bool met = dep.counter == nullptr ||
-                             wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block);
-            if (stamps != nullptr) stamps[1] = ptx::global_timer_ns();
-            return met && e.produce(tile);
-          });
-        }
-        current = next;
+        if (!tiles.of(task, tile)) continue;  // no rows there: nothing to load
+        const Dependency dep = tiles.dependency(task, c, rows);
+        ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
+          const bool met = dep.counter == nullptr ||
+                           wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block);
+          if (stamps != nullptr) stamps[1] = ptx::global_timer_ns();
+          return met && e.produce(tile);
+        });
       }
       up.resume(state);
       up.finish_producing();  // the ring's loads, whichever engine issued them
