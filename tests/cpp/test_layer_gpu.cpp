@@ -993,29 +993,6 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   EXPECT_TRUE(same_bits(reference, out)) << "the untraced forward after a traced one";
 }
 
-// Which forward a layer runs: unset MOK_FORWARD, the megakernel (a team of this process's ranks);
-// set, what it says; anything else is refused naming the value.
-TEST(LayerGpuFused, TheDefaultForwardIsTheMegakernelInOneProcess) {
-  MOK_SKIP_WITHOUT_GPU();
-  const GpuCase c{"default", layer_shape(64, 64, 64, 4, 2, 0), Routing::softmax, false};
-  std::string saved;
-  const char* was = std::getenv("MOK_FORWARD");
-  if (was != nullptr) saved = was;
-  unsetenv("MOK_FORWARD");
-  EXPECT_EQ(cuda::UnfusedLayer(c.problem, Config{}, 0).forward_path(), cuda::ForwardPath::fused);
-  {
-    ScopedForwardPath env("unfused");
-    EXPECT_EQ(cuda::UnfusedLayer(c.problem, Config{}, 0).forward_path(),
-              cuda::ForwardPath::unfused);
-  }
-  {
-    ScopedForwardPath env("megakernel");
-    expect_error([&] { cuda::UnfusedLayer layer(c.problem, Config{}, 0); },
-                 {"MOK_FORWARD", "megakernel"});
-  }
-  if (was != nullptr) setenv("MOK_FORWARD", saved.c_str(), 1);
-}
-
 // A whole step with the megakernel forward, captured once and replayed with new routings.
 TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
   MOK_SKIP_WITHOUT_GPU();

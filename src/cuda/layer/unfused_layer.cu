@@ -276,7 +276,7 @@ struct UnfusedLayer::Impl {
   int count = 1;
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
-  ForwardPath path = ForwardPath::unfused;  // forward_path_from_environment, in the constructor
+  ForwardPath path = forward_path_from_environment();
   int withheld_block = -1;           // tests only (set_withheld_block)
   std::uint64_t* trace = nullptr;      // benchmarks only (set_forward_trace)
   int trace_tickets = 0;
@@ -304,8 +304,7 @@ struct UnfusedLayer::Impl {
                                   {.device_index = dev,
                                    .barrier_timeout_ms = external.barrier_timeout_ms})),
         first(team.first_rank()),
-        count(team.num_local_ranks()),
-        path(forward_path_from_environment(!team.impl().virtual_ranks)) {}
+        count(team.num_local_ranks()) {}
 
   bool external() const { return !team.impl().virtual_ranks; }
   RankBuffers& buffers(int r) { return ranks[r - first]; }
@@ -609,12 +608,11 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
 
 UnfusedLayer::~UnfusedLayer() = default;
 
-ForwardPath forward_path_from_environment(bool external_team) {
+ForwardPath forward_path_from_environment() {
   const char* v = std::getenv("MOK_FORWARD");
-  if (v == nullptr || *v == '\0') return external_team ? ForwardPath::unfused : ForwardPath::fused;
-  if (std::string(v) == "unfused") return ForwardPath::unfused;
+  if (v == nullptr || *v == '\0' || std::string(v) == "unfused") return ForwardPath::unfused;
   if (std::string(v) == "fused") return ForwardPath::fused;
-  throw Error("MOK_FORWARD", "unfused or fused (or unset: fused in one process)", v);
+  throw Error("MOK_FORWARD", "unfused or fused (or unset: unfused)", v);
 }
 ForwardPath UnfusedLayer::forward_path() const {
   return impl_->path;

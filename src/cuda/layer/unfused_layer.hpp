@@ -45,11 +45,9 @@ struct ExternalRank {
 // How forward runs each ring pass (recompute_forward_context always runs the unfused gate/up):
 //   unfused  launches: pull, gate/up + SwiGLU, down with the combine in its epilogue (the reference)
 //   fused    one forward megakernel launch (kernels/fused_forward.hpp): the same bits
-// The default is MOK_FORWARD (unfused or fused), read when a layer is made; unset: fused for a
-// team of this process's own ranks (one GPU, virtual ranks), unfused for an external team (a rank
-// per process), where the megakernel has not run yet.
+// The default is MOK_FORWARD (unfused or fused; unset: unfused), read when a layer is made.
 enum class ForwardPath { unfused, fused };
-ForwardPath forward_path_from_environment(bool external_team);
+ForwardPath forward_path_from_environment();
 
 class UnfusedLayer {
  public:
