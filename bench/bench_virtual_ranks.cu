@@ -47,7 +47,9 @@ struct Shape {
 };
 constexpr Shape kShapes[] = {
     {"dsv3-ep8slice", 4096, 7168, 2048, 32, 8, 2048},
+    {"dsv3-ep1", 4096, 7168, 2048, 256, 8, 2048},
     {"qwen3-30b-a3b", 16384, 2048, 768, 128, 8, 0},
+    {"mixtral-8x7b", 8192, 4096, 14336, 8, 2, 0},
 };
 
 // Deterministic pseudo-random bf16 in about [-scale, scale].
