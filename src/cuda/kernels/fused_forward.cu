@@ -46,6 +46,7 @@ static_assert(GateUpForm::kStages == DownForm::kStages &&
               "the forms of one launch share the ring's geometry");
 // What a CTA's engines carry from task to task: one ring and one tile queue between them.
 using SharedState = gemm::EngineState<GateUpForm::kStages>;
+static_assert(fused::kPanelBlocks == gemm::kPanelM, "the launches' raster, tile for tile");
 
 // Runs body(engine) on an engine of type Engine over `d` that resumes the CTA's state and leaves
 // its own behind. NOTES: one state for every engine (not an engine object per GEMM, each with its

@@ -10,7 +10,8 @@
 // into 128-row blocks (the M tiles) and the blocks into minibatches (Config::minibatch_size rows);
 // a block has gate/up tiles (one per 128 columns of I) and down tiles (one per 256 columns of H);
 // the shared expert (pass 0's launch, S > 0) has both over the rank's T tokens. Ticket order,
-// stage by stage (s = 0 .. minibatches + 1; within a stage N outer, block inner):
+// stage by stage (s = 0 .. minibatches + 1; within a stage the unfused scheduler's raster: panels
+// of 16 blocks, in each N outer, block inner):
 //
 //   stage 0:  the shared expert's gate/up tiles
 //   stage 1:  the shared expert's down tiles, the gate/up tiles of minibatch 0
