@@ -6,7 +6,9 @@
 // whole `out`); timing: CUDA events around each call, warm-up first, three input sets rotated,
 // the two paths interleaved call by call (which goes first alternates), so that both see the same
 // clocks: the median of each path's --reps calls and the median of the per-pair ratios, which is
-// what a drifting power-capped clock disturbs least. --ranks 1 is the one-GPU layer.
+// what a drifting power-capped clock disturbs least. All calls are queued before one wait (GPU
+// time, the host ahead); --sync waits after each pair (each time then also holds the host's work
+// before the call's first kernel). --ranks 1 is the one-GPU layer.
 //
 // --trace: afterwards one fused call records the megakernel's trace of rank 0's pass 0
 // (kernels/fused_forward.hpp), summarised per task kind: tiles, Consumer time per tile, the
@@ -14,6 +16,7 @@
 // the last), when the last pull landed.
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
+//                       [--sync]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -214,11 +217,11 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json;
   int W = 8, reps = 30;
-  bool trace = false;
+  bool trace = false, sync = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--trace") {
-      trace = true;
+    if (a == "--trace" || a == "--sync") {
+      (a == "--trace" ? trace : sync) = true;
       --i;
       continue;
     }
@@ -308,21 +311,28 @@ int main(int argc, char** argv) {
       check(cudaMemcpy(outs[fused].data(), out.p, out.bytes, cudaMemcpyDeviceToHost), "out");
     }
     for (int i = 0; i < 20; ++i) layers[i % 2]->forward(rank_sets[i % 3], true, stream);
+    // Every call between its own pair of events, all --reps pairs queued before one wait, so the
+    // host stays ahead of the GPU (as in training) and each time is the GPU's; with --sync the
+    // stream drains after each pair, so a call's time also holds the host's work before its first
+    // kernel (what a call after an idle GPU costs).
     std::vector<double> ms[2], ratios;
-    cudaEvent_t ev[4];
+    std::vector<cudaEvent_t> ev(static_cast<std::size_t>(4 * reps));
     for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "event");
     for (int i = 0; i < reps; ++i) {
       // Both paths on the same input set, in alternating order.
       for (int j = 0; j < 2; ++j) {
         const int fused = (i + j) % 2;
-        cudaEventRecord(ev[2 * fused], stream);
+        cudaEventRecord(ev[4 * i + 2 * fused], stream);
         layers[fused]->forward(rank_sets[i % 3], true, stream);
-        cudaEventRecord(ev[2 * fused + 1], stream);
+        cudaEventRecord(ev[4 * i + 2 * fused + 1], stream);
       }
-      check(cudaStreamSynchronize(stream), "timing");
+      if (sync) check(cudaStreamSynchronize(stream), "timing");
+    }
+    check(cudaStreamSynchronize(stream), "timing");
+    for (int i = 0; i < reps; ++i) {
       float t[2] = {0, 0};
       for (int fused = 0; fused < 2; ++fused) {
-        cudaEventElapsedTime(&t[fused], ev[2 * fused], ev[2 * fused + 1]);
+        cudaEventElapsedTime(&t[fused], ev[4 * i + 2 * fused], ev[4 * i + 2 * fused + 1]);
         ms[fused].push_back(t[fused]);
       }
       ratios.push_back(static_cast<double>(t[0]) / t[1]);
@@ -336,9 +346,9 @@ int main(int argc, char** argv) {
     const bool same = outs[0] == outs[1];
     const char* routing = skewed ? "skewed" : "uniform";
     std::printf(
-        "%-14s %-7s W %d  unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
+        "%-14s %-7s W %d %s unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
         "median %.3f (quartiles %.3f, %.3f)  %s\n",
-        s.name, routing, W, medians[0], medians[1], ratio, q1, q3,
+        s.name, routing, W, sync ? "synced" : "queued", medians[0], medians[1], ratio, q1, q3,
         same ? "bitwise equal" : "OUTPUTS DIFFER");
     if (!same) return 1;
     std::string traced = "null";
@@ -356,13 +366,14 @@ int main(int argc, char** argv) {
       traced = summarise_trace(host, (std::string(s.name) + " " + routing).c_str());
     }
     char rec[768];
-    std::snprintf(rec, sizeof rec,
-                  "%s{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
-                  "\"ranks\": %d, \"pass\": \"fwd\", \"reps\": %d, \"unfused_ms\": %.4f, "
-                  "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
-                  "\"pair_ratio_q3\": %.4f, \"trace\": ",
-                  records.empty() ? "" : ",\n  ", s.name, routing, W, reps, medians[0], medians[1],
-                  ratio, q1, q3);
+    std::snprintf(
+        rec, sizeof rec,
+        "%s{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
+        "\"ranks\": %d, \"pass\": \"fwd\", \"sync\": %s, \"reps\": %d, \"unfused_ms\": %.4f, "
+        "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
+        "\"pair_ratio_q3\": %.4f, \"trace\": ",
+        records.empty() ? "" : ",\n  ", s.name, routing, W, sync ? "true" : "false", reps,
+        medians[0], medians[1], ratio, q1, q3);
     records += rec + traced + "}";
   }
   if (!json.empty()) {
