@@ -6,9 +6,10 @@
 // whole `out`); timing: CUDA events around each call, warm-up first, three input sets rotated,
 // the two paths interleaved call by call (which goes first alternates), so that both see the same
 // clocks: the median of each path's --reps calls and the median of the per-pair ratios, which is
-// what a drifting power-capped clock disturbs least. All calls are queued before one wait (GPU
-// time, the host ahead); --sync waits after each pair (each time then also holds the host's work
-// before the call's first kernel). --ranks 1 is the one-GPU layer.
+// what a drifting power-capped clock disturbs least. The stream drains after each pair, so a
+// call's time also holds the host's work before its first kernel (what a call after an idle GPU
+// costs); --queued queues every pair before one wait instead (GPU time with the host ahead, as in
+// training; not yet run on a GPU: session 11 ran out of device time). --ranks 1: one GPU.
 //
 // --trace: afterwards one fused call records the megakernel's trace of rank 0's pass 0
 // (kernels/fused_forward.hpp), summarised per task kind: tiles, Consumer time per tile, the
@@ -16,7 +17,7 @@
 // the last), when the last pull landed.
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
-//                       [--sync]
+//                       [--queued]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -217,11 +218,11 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json;
   int W = 8, reps = 30;
-  bool trace = false, sync = false;
+  bool trace = false, queued = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--trace" || a == "--sync") {
-      (a == "--trace" ? trace : sync) = true;
+    if (a == "--trace" || a == "--queued") {
+      (a == "--trace" ? trace : queued) = true;
       --i;
       continue;
     }
@@ -311,10 +312,8 @@ int main(int argc, char** argv) {
       check(cudaMemcpy(outs[fused].data(), out.p, out.bytes, cudaMemcpyDeviceToHost), "out");
     }
     for (int i = 0; i < 20; ++i) layers[i % 2]->forward(rank_sets[i % 3], true, stream);
-    // Every call between its own pair of events, all --reps pairs queued before one wait, so the
-    // host stays ahead of the GPU (as in training) and each time is the GPU's; with --sync the
-    // stream drains after each pair, so a call's time also holds the host's work before its first
-    // kernel (what a call after an idle GPU costs).
+    // Every call between its own pair of events; the stream drains after each pair, or with
+    // --queued only after the last one (the host then stays ahead of the GPU, as in training).
     std::vector<double> ms[2], ratios;
     std::vector<cudaEvent_t> ev(static_cast<std::size_t>(4 * reps));
     for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "event");
@@ -326,7 +325,7 @@ int main(int argc, char** argv) {
         layers[fused]->forward(rank_sets[i % 3], true, stream);
         cudaEventRecord(ev[4 * i + 2 * fused + 1], stream);
       }
-      if (sync) check(cudaStreamSynchronize(stream), "timing");
+      if (!queued) check(cudaStreamSynchronize(stream), "timing");
     }
     check(cudaStreamSynchronize(stream), "timing");
     for (int i = 0; i < reps; ++i) {
@@ -348,7 +347,7 @@ int main(int argc, char** argv) {
     std::printf(
         "%-14s %-7s W %d %s unfused %8.3f ms  fused %8.3f ms  unfused/fused per pair: "
         "median %.3f (quartiles %.3f, %.3f)  %s\n",
-        s.name, routing, W, sync ? "synced" : "queued", medians[0], medians[1], ratio, q1, q3,
+        s.name, routing, W, queued ? "queued" : "synced", medians[0], medians[1], ratio, q1, q3,
         same ? "bitwise equal" : "OUTPUTS DIFFER");
     if (!same) return 1;
     std::string traced = "null";
@@ -372,7 +371,7 @@ int main(int argc, char** argv) {
         "\"ranks\": %d, \"pass\": \"fwd\", \"sync\": %s, \"reps\": %d, \"unfused_ms\": %.4f, "
         "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
         "\"pair_ratio_q3\": %.4f, \"trace\": ",
-        records.empty() ? "" : ",\n  ", s.name, routing, W, sync ? "true" : "false", reps,
+        records.empty() ? "" : ",\n  ", s.name, routing, W, queued ? "false" : "true", reps,
         medians[0], medians[1], ratio, q1, q3);
     records += rec + traced + "}";
   }
