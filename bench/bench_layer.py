@@ -24,6 +24,7 @@ also carry its config (ring sizes and passes). Ends with each mok implementation
 torch's, case by case.
 """
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -212,6 +213,23 @@ def mok_config_record(config, sets):
             "ring_passes": ring_passes}
 
 
+@contextlib.contextmanager
+def forward_path(path):
+    """MOK_FORWARD = path for the calls inside. NOTES: the C++ layer reads MOK_FORWARD when it is
+    made, and mok.functional makes it at the workspace's first forward or backward call, not at
+    get_workspace; until session 11 MokImpl set it around get_workspace only, so its "fused" rows
+    ran the launches (docs/perf/NOTES.md, session 11)."""
+    was = os.environ.get("MOK_FORWARD")
+    os.environ["MOK_FORWARD"] = path
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["MOK_FORWARD"]
+        else:
+            os.environ["MOK_FORWARD"] = was
+
+
 class MokImpl:
     """mok's functional API (MoK's argument order): build_schedule, forward, backward, with the
     config of `variant` (mok_config); `path` is MOK_FORWARD for its workspaces (unfused: the
@@ -233,18 +251,10 @@ class MokImpl:
         self.config = mok_config(self.variant, T, k, E)
         if self.minibatch is not None:
             self.config = dataclasses.replace(self.config, minibatch_size=self.minibatch)
-        # NOTES: the layer reads MOK_FORWARD when the workspace makes it; release_memory clears
-        # the workspace cache between implementations, so each gets its own.
-        was = os.environ.get("MOK_FORWARD")
-        os.environ["MOK_FORWARD"] = self.path
-        try:
-            self.ws = mf.get_workspace(self.config, None, device=inp["x"].device,
-                                       num_local_tokens=T, hidden_size=H, topk=k)
-        finally:
-            if was is None:
-                del os.environ["MOK_FORWARD"]
-            else:
-                os.environ["MOK_FORWARD"] = was
+        # NOTES: release_memory clears the workspace cache between implementations, so each gets
+        # its own layer, made under its MOK_FORWARD at its first call (forward_path).
+        self.ws = mf.get_workspace(self.config, None, device=inp["x"].device,
+                                   num_local_tokens=T, hidden_size=H, topk=k)
         self.inp = inp
         self.E = E
         sg, su, sd = inp["shared"] if inp["shared"] is not None else (None, None, None)
@@ -253,16 +263,19 @@ class MokImpl:
     def forward(self):
         mf, inp = self.mf, self.inp
         sg, su, sd = self.shared
-        self.schedule = mf.build_schedule(self.ws, self.config, inp["ids"], num_local_experts=self.E)
-        out, self.ctx = mf.forward(self.config, self.ws, self.schedule, inp["x"], inp["w"], sg, su, sd,
-                                   inp["w_gate"], inp["w_up"], inp["w_down"])
+        with forward_path(self.path):
+            self.schedule = mf.build_schedule(self.ws, self.config, inp["ids"],
+                                              num_local_experts=self.E)
+            out, self.ctx = mf.forward(self.config, self.ws, self.schedule, inp["x"], inp["w"], sg,
+                                       su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
         return out
 
     def backward(self, out):
         mf, inp = self.mf, self.inp
         sg, su, sd = self.shared
-        mf.backward(self.config, self.ws, self.schedule, self.ctx, inp["d_out"], inp["x"], inp["w"],
-                    sg, su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
+        with forward_path(self.path):
+            mf.backward(self.config, self.ws, self.schedule, self.ctx, inp["d_out"], inp["x"],
+                        inp["w"], sg, su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
 
 
 # --impls name: (factory, the name in the results). Names in the results (PERF.md's schema): mok's
