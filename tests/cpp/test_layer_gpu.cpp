@@ -887,6 +887,20 @@ TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
   }
 }
 
+// One forward of `layer` over `ranks` (out poisoned first, errors checked): out is `reference`'s
+// bits.
+void expect_forward_gives(cuda::UnfusedLayer& layer, std::span<const cuda::RankTensors> ranks,
+                          DeviceLayer& g, const HostTensor& reference, const char* what) {
+  g.out.poison();
+  layer.forward(ranks, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  layer.check_errors(nullptr);
+  HostTensor out = reference;
+  out.fill_bytes(0xa5);  // a download that does not happen cannot pass
+  g.out.download(out);
+  EXPECT_TRUE(same_bits(reference, out)) << what;
+}
+
 // A block of rows that is never pulled: its gate/up tiles wait until the timeout, the call
 // returns (no hang, no trap), the next check raises an error naming the counter, and the next
 // call works and is right.
@@ -906,13 +920,7 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   expect_error([&] { layer.check_errors(nullptr); },
                {"timed out on rank 0", "ready[3]", "ring rows [384, 512)"});
   layer.set_withheld_block(-1);
-  g.out.poison();
-  layer.forward(ranks, true, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  layer.check_errors(nullptr);
-  HostTensor out = d.out;
-  g.out.download(out);
-  EXPECT_TRUE(same_bits(reference, out)) << "the call after the timeout";
+  expect_forward_gives(layer, ranks, g, reference, "the call after the timeout");
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
@@ -939,13 +947,7 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   DeviceBuffer<std::uint64_t> trace(static_cast<std::size_t>(words));
   MOK_CUDA_OK(cudaMemset(trace.get(), 0, trace.size() * 8));
   layer.set_forward_trace(trace.get(), words);
-  g.out.poison();
-  layer.forward(ranks, true, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  layer.check_errors(nullptr);
-  HostTensor out = d.out;
-  g.out.download(out);
-  EXPECT_TRUE(same_bits(reference, out)) << "a traced forward's out";
+  expect_forward_gives(layer, ranks, g, reference, "a traced forward's out");
 
   const std::vector<std::uint64_t> w = trace.download();
   const std::int64_t blocks = static_cast<std::int64_t>(w[2]);
@@ -985,12 +987,7 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
 
   // Off again: the untraced kernel, the same bits.
   layer.set_forward_trace(nullptr, 0);
-  g.out.poison();
-  layer.forward(ranks, true, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  layer.check_errors(nullptr);
-  g.out.download(out);
-  EXPECT_TRUE(same_bits(reference, out)) << "the untraced forward after a traced one";
+  expect_forward_gives(layer, ranks, g, reference, "the untraced forward after a traced one");
 }
 
 // A whole step with the megakernel forward, captured once and replayed with new routings.
