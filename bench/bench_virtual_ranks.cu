@@ -17,7 +17,10 @@
 // the last), when the last pull landed.
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
-//                       [--queued]
+//                       [--queued] [--trace-out PREFIX]
+//
+// --trace-out PREFIX (with --trace): also the raw trace of each routing, to
+// PREFIX-<case>-<routing>.u64, for bench/trace_summary.py.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -216,7 +219,7 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string name = "dsv3-ep8slice", json;
+  std::string name = "dsv3-ep8slice", json, trace_out;
   int W = 8, reps = 30;
   bool trace = false, queued = false;
   for (int i = 1; i < argc; i += 2) {
@@ -238,6 +241,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[i + 1]);
     else if (a == "--json")
       json = argv[i + 1];
+    else if (a == "--trace-out")
+      trace_out = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -363,6 +368,19 @@ int main(int argc, char** argv) {
       std::vector<std::uint64_t> host(static_cast<std::size_t>(words));
       check(cudaMemcpy(host.data(), buffer.p, buffer.bytes, cudaMemcpyDeviceToHost), "trace");
       traced = summarise_trace(host, (std::string(s.name) + " " + routing).c_str());
+      if (!trace_out.empty()) {
+        // The launch's words as they are (little-endian u64; bench/trace_summary.py reads them),
+        // cut after its last ticket.
+        const std::string file = trace_out + "-" + s.name + "-" + routing + ".u64";
+        const std::size_t used =
+            std::min(host.size(), static_cast<std::size_t>(4 + 4 * host[1] + 5 * host[0]));
+        FILE* f = std::fopen(file.c_str(), "wb");
+        if (f == nullptr || std::fwrite(host.data(), 8, used, f) != used) {
+          std::fprintf(stderr, "cannot write %s\n", file.c_str());
+          return 2;
+        }
+        std::fclose(f);
+      }
     }
     char rec[768];
     std::snprintf(

@@ -44,3 +44,55 @@ def test_mok_impl_makes_every_call_under_its_forward_path(monkeypatch, path):
     for name, value in seen[1:]:
         assert value == path, f"{name} ran under MOK_FORWARD={value!r}"
     assert os.environ["MOK_FORWARD"] == "something else", "the caller's MOK_FORWARD is restored"
+
+
+def _trace_words(ctas, tiles, tickets=None):
+    """A trace as the megakernel lays it out (src/cuda/kernels/fused_forward.hpp)."""
+    kinds = {"gate_up": 0, "down": 1, "shared_gate_up": 2, "shared_down": 3}
+    tickets = len(tiles) if tickets is None else tickets
+    words = [tickets, len(ctas), 7, 0]
+    for start, pulled, end in ctas:
+        words += [start, pulled, end, 0]
+    for turned, ready, begin, end, cta, kind, block in tiles:
+        words += [turned, ready, begin, end, cta | kinds[kind] << 16 | block << 32]
+    words += [0] * 5 * (tickets - len(tiles))
+    return words
+
+
+def test_trace_summary_reads_what_the_kernel_writes(tmp_path):
+    import struct
+    import trace_summary as ts
+
+    # Two CTAs; CTA 0's pulls end at 2000 ns, CTA 1's at 500. Times in ns.
+    ctas = [(1000, 2000, 9000), (1000, 500, 8000)]
+    tiles = [
+        (1000, 1100, 1100, 3100, 0, "gate_up", 0),    # 2 us, beside CTA 0's pulls
+        (3100, 3200, 3600, 5600, 0, "gate_up", 1),    # 2 us after; 0.5 us gap after the first
+        (1000, 0, 1000, 1000, 1, "gate_up", 2),       # an empty tile (no rows), 0 us
+        (1000, 4000, 4000, 8000, 1, "down", 0),       # 4 us, waited 3 us
+        (5600, 5700, 5700, 9000, 0, "down", 1),       # 3.3 us, 0.1 us after the second
+    ]
+    path = tmp_path / "t.u64"
+    words = _trace_words(ctas, tiles, tickets=6)  # one ticket never ran
+    path.write_bytes(struct.pack(f"<{len(words)}Q", *words))
+    launch = ts.parse(ts.read(path))
+    assert launch["complete"] and len(launch["tiles"]) == 5
+    r = ts.summarise(launch, tenths=2)
+    assert r["span_us"] == pytest.approx(8.0)
+    assert r["last_pull_us"] == pytest.approx(1.0)
+    up = r["kinds"]["gate_up"]
+    assert up["tiles"] == 3 and up["median_us"] == pytest.approx(2.0)
+    assert up["beside_pulls"]["tiles"] == 1 and up["beside_pulls"]["median_us"] == pytest.approx(2)
+    assert up["after_pulls"]["tiles"] == 2
+    down = r["kinds"]["down"]
+    assert down["tiles"] == 2 and down["mean_us"] == pytest.approx((4.0 + 3.3) / 2)
+    assert down["wait_p99_us"] == pytest.approx(3.0)
+    # Gaps: CTA 0 0.5 and 0.1 us; CTA 1 3 us (its empty tile ends at 1000, its down begins at
+    # 4000).
+    assert r["gaps_us"]["mean"] == pytest.approx((0.5 + 0.1 + 3.0) / 3)
+    # First half [1000, 5000): gate_up busy 2000 + 1400 ns (+0 empty), down 1000, over 2 CTAs.
+    assert r["timeline"][0]["gate_up"] == pytest.approx(3400 / (4000 * 2))
+    assert r["timeline"][0]["down"] == pytest.approx(1000 / (4000 * 2))
+    with pytest.raises(ValueError, match="not a trace"):
+        bad = _trace_words(ctas, [(1, 2, 3, 4, 5, "down", 0)])
+        ts.parse(bad)
