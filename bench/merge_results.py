@@ -2,7 +2,7 @@
 """Merge the per-suite measurement files of docs/perf/ into docs/perf/results.json (PERF.md's
 schema) and render the table in docs/perf/README.md.
 
-Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small,layer_ep}.json, whichever exist) holds
+Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small,layer_ep,layer_fused}.json, whichever exist) holds
 {"gpu", "commit", "date", "cases": [...]} (ceilings.json: {"gpu", "commit", "date", "ceilings"}).
 A case keeps the commit and date of the run that measured it, since suites are measured at
 different times; the top-level commit and date are those of the newest part.
@@ -12,7 +12,7 @@ import pathlib
 import sys
 
 PERF = pathlib.Path(__file__).resolve().parent.parent / "docs" / "perf"
-PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep"]
+PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep", "layer_fused"]
 
 
 def layer_summary(cases, ceilings):
