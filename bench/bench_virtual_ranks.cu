@@ -375,11 +375,12 @@ int main(int argc, char** argv) {
         const std::size_t used =
             std::min(host.size(), static_cast<std::size_t>(4 + 4 * host[1] + 5 * host[0]));
         FILE* f = std::fopen(file.c_str(), "wb");
-        if (f == nullptr || std::fwrite(host.data(), 8, used, f) != used) {
+        const bool written = f != nullptr && std::fwrite(host.data(), 8, used, f) == used;
+        if (f != nullptr && std::fclose(f) != 0) return 2;
+        if (!written) {
           std::fprintf(stderr, "cannot write %s\n", file.c_str());
           return 2;
         }
-        std::fclose(f);
       }
     }
     char rec[768];

@@ -438,7 +438,7 @@ void launch(const FusedForwardParams& p, cudaStream_t stream) {
                 to_text(p.minibatch_rows));
   }
   if (p.blocks < 1 || p.counters == nullptr) {
-    throw Error("forward megakernel: counters", "at least one block's (2 * blocks + 2 words)",
+    throw Error("forward megakernel: counters", "at least one block's (2 * blocks + 3 words)",
                 to_text(p.blocks) + " blocks at " + to_text(p.counters));
   }
   cudaLaunchAttribute cooperative = {};
@@ -461,9 +461,6 @@ void launch(const FusedForwardParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_fused_forward(const FusedForwardParams& p, bool clamped, cudaStream_t stream) {
-  if (p.trace != nullptr && p.trace_tickets < 0) {
-    throw Error("forward megakernel: trace tickets", "0 or more", to_text(p.trace_tickets));
-  }
   const bool trace = p.trace != nullptr;
   if (clamped) {
     trace ? launch<true, true>(p, stream) : launch<true, false>(p, stream);

@@ -38,7 +38,8 @@
 //   ticket t, words 4 + 4 grid + 5 t: [0] the Producer turned to it, [1] its dependency was met
 //   (0: an empty tile, nothing loaded), [2] the Consumers began it, [3] they ended it (stores
 //   published), [4] the CTA | TaskKind << 16 | block << 32.
-// Tickets past trace_tickets are not traced. Stamps cost a few instructions per tile.
+// Tickets past trace_tickets are not traced. What the stamps themselves cost (each reads
+// %globaltimer) is not measured yet (docs/perf/NOTES.md, session 11).
 #pragma once
 
 #include <cuda_runtime.h>
