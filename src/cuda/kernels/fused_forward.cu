@@ -276,6 +276,19 @@ __device__ __forceinline__ auto with_task_engine(std::uint8_t* smem, const Fused
   }
 }
 
+// The Producer's reading of a ticket it hands over, for the Consumers: they take it from shared
+// memory instead of decoding the ticket again between two tiles, where every nanosecond is one
+// the tensor cores wait (NOTES, session 12). kRecords = twice the tile queue's depth: the Producer
+// writes the record of its j-th ticket once position j - depth is free, i.e. once every Consumer
+// warp has taken ticket j - depth, and so has read the record of ticket j - 2 depth, which this
+// one overwrites.
+struct TaskRecord {
+  Task task;
+  TileInfo tile;
+  int has_tile;  // tiles.of: a tile with rows (something to load and store)
+};
+constexpr int kRecords = 2 * gemm::kTileQueueDepth;
+
 // kTrace: the trace's stamps (fused_forward.hpp); a separate instantiation, so that the
 // untraced kernel's code and registers are what they would be without it.
 template <bool kClamped, bool kTrace>
@@ -284,6 +297,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
+  __shared__ TaskRecord records[kRecords];
   __shared__ int last;
   std::uint32_t* const done = fp.counters + fp.blocks;
   std::uint32_t* const shared_done = done + fp.blocks;
@@ -320,6 +334,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
   const TaskTiles tiles{fp, tables};
+  const fused::BlockGroups groups{tables.start, fp.gate_up.p.sched.num_groups};
   if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
     fp.trace[0] = static_cast<std::uint64_t>(tickets);
     fp.trace[1] = gridDim.x;
@@ -333,19 +348,30 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       pull_rows<kTrace>(fp);
     } else if (up.is_producer_thread()) {
       bool ok = true;
+      unsigned handed = 0;  // tickets handed over (records written)
       while (ok) {
         up.resume(state);
         if (!up.reserve_ticket_slot()) break;
         const int drawn = static_cast<int>(atomicAdd(c.tickets, 1u));
         const int ticket = drawn < tickets ? drawn : kNoTile;
+        Task task{};
+        TileInfo tile{};
+        bool has_tile = false;
+        if (ticket != kNoTile) {
+          task = decode(plan, fp.shared_blocks, ticket, groups);
+          has_tile = tiles.of(task, tile);
+          TaskRecord& r = records[handed++ % kRecords];
+          r.task = task;
+          r.tile = tile;
+          r.has_tile = has_tile ? 1 : 0;
+        }
+        // (publish_ticket's mbarrier arrival releases the record to the Consumers' wait.)
         if (!up.publish_ticket(ticket)) break;
         state = up.state();
         if (ticket == kNoTile) break;
-        const Task task = decode(plan, fp.shared_blocks, ticket);
         std::uint64_t* const stamps = traced<kTrace>(fp, ticket);
         if (stamps != nullptr) stamps[0] = ptx::global_timer_ns();
-        TileInfo tile;
-        if (!tiles.of(task, tile)) continue;  // no rows there: nothing to load
+        if (!has_tile) continue;  // no rows there: nothing to load
         const Dependency dep = tiles.dependency(task, c, rows);
         ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
           const bool met = dep.counter == nullptr ||
@@ -360,16 +386,18 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   } else {
     up.template become_consumer<kConsumerRegisters>();
     state = up.state();
+    unsigned taken = 0;  // tickets taken (records read)
     for (;;) {
       up.resume(state);
       const int ticket = up.take_ticket();
       state = up.state();
       if (ticket == kNoTile) break;
-      const Task task = decode(plan, fp.shared_blocks, ticket);
+      const TaskRecord& record = records[taken++ % kRecords];
+      const Task task = record.task;
       std::uint64_t* const stamps = threadIdx.x == 128 ? traced<kTrace>(fp, ticket) : nullptr;
       if (stamps != nullptr) stamps[2] = ptx::global_timer_ns();
-      TileInfo tile;
-      if (tiles.of(task, tile)) {
+      if (record.has_tile != 0) {
+        const TileInfo tile = record.tile;
         with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
           e.consume(tile);
           return 0;

@@ -14,17 +14,21 @@
 // of 16 blocks, in each N outer, block inner):
 //
 //   stage 0:  the shared expert's gate/up tiles
-//   stage 1:  the shared expert's down tiles, the gate/up tiles of minibatch 0
+//   stage 1:  the gate/up tiles of minibatch 0
 //   stage s:  the gate/up tiles of minibatch s - 1, the down tiles of minibatch s - 2
+//   last:     the shared expert's down tiles, block by block
 //
-// so the shared expert runs while the first rows are pulled, and each minibatch's down tiles run
-// beside the next one's gate/up tiles. Dependencies, counted per block: a gate/up tile's Producer
+// so the shared expert's gate/up runs while the first rows are pulled, each minibatch's down tiles
+// run beside the next one's gate/up tiles, and the shared expert's down tiles (which wait for no
+// routed tile) fill the routed down tiles' tail. Dependencies, counted per block: a gate/up tile's Producer
 // waits for ready[b] == the row groups of its block, a down tile's for done[b] == the gate/up
 // tiles of its block, a shared down tile's for shared_done[b] likewise. Pulls wait for nothing;
 // every GEMM dependency is on a pull or a smaller ticket; each CTA runs its tickets in order and
 // every CTA is resident (cooperative launch): the smallest unfinished ticket can always run, so
 // there is no deadlock, whatever the routing.
-// Which CTA runs a task never changes its bits.
+// Which CTA runs a task never changes its bits. The Producer thread decodes each ticket (its task
+// and tile) and leaves the result in shared memory beside the ticket it hands the Consumers, so
+// nothing but the hand-over stands between two of their tiles.
 //
 // Every wait is bounded; a counter wait that gives up leaves the rank's error record (FlagId
 // fused_ready or fused_done, the block, expected and seen), the CTA gives up its remaining tasks,
