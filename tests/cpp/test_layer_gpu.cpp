@@ -924,7 +924,7 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
-// stamped once, by a CTA of the grid, in order (the Producer turned to it <= its dependency met;
+// stamped once, by a CTA of the grid, in order (the Producer handed it over <= its dependency met;
 // the Consumers' start <= end, all within the launch), each kind's tile count what the shape says;
 // and tracing leaves the output's bits alone (the traced kernel is a separate instantiation).
 TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
@@ -972,8 +972,8 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
     ASSERT_LT(cta, grid) << "ticket " << t;
     ASSERT_LT(kind, 4) << "ticket " << t;
     ++per_kind[kind];
-    ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": turned to before its CTA started";
-    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before it was turned to";
+    ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": handed over before its CTA started";
+    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before it was handed over";
     EXPECT_LE(x[2], x[3]) << "ticket " << t;
     EXPECT_LE(x[3], w[4 + 4 * cta + 2]) << "ticket " << t << ": ended after its CTA";
   }

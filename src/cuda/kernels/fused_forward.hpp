@@ -39,9 +39,10 @@
 // is null): globaltimer stamps (ns) of one launch, in u64 words:
 //   [0] the launch's tickets, [1] its grid, [2] its blocks, [3] unused;
 //   CTA c, words 4 + 4 c: [0] its start, [1] its last pulling warp done, [2] its end, [3] unused;
-//   ticket t, words 4 + 4 grid + 5 t: [0] the Producer turned to it, [1] its dependency was met
-//   (0: an empty tile, nothing loaded), [2] the Consumers began it, [3] they ended it (stores
-//   published), [4] the CTA | TaskKind << 16 | block << 32.
+//   ticket t, words 4 + 4 grid + 5 t: [0] the Producer handed it over (decoded, its record
+//   written, the ticket published), [1] its dependency was met (0: an empty tile, nothing
+//   loaded), [2] the Consumers began it, [3] they ended it (stores published), [4] the CTA |
+//   TaskKind << 16 | block << 32.
 // Tickets past trace_tickets are not traced. What the stamps themselves cost (each reads
 // %globaltimer) is not measured yet (docs/perf/NOTES.md, session 11).
 #pragma once
