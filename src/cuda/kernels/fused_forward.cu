@@ -117,11 +117,26 @@ __device__ bool block_tile(const SchedulerTables& t, int groups, int b, int n, i
 
 // Where the counters are (plan::fused_counter_words).
 struct Counters {
-  std::uint32_t* ready;
-  std::uint32_t* done;
-  std::uint32_t* shared_done;
-  std::uint32_t* tickets;
+  std::uint32_t* ready;        // [blocks]
+  std::uint32_t* done;         // [blocks]
+  std::uint32_t* shared_done;  // [shared_words]
+  std::uint32_t* tickets;      // then the pull counter, then the exit count
   std::uint32_t* exit;
+  __device__ static Counters of(const FusedForwardParams& fp) {
+    std::uint32_t* const done = fp.counters + fp.blocks;
+    std::uint32_t* const shared_done = done + fp.blocks;
+    std::uint32_t* const tickets = shared_done + fp.shared_words;
+    return {fp.counters, done, shared_done, tickets, tickets + 2};
+  }
+  // The pull counter. NOTES: the pulling warps take only it and `ready`; building every pointer
+  // there raised the kernel's spill stores from 48 to 56 bytes (ptxas, session 12).
+  __device__ static std::uint32_t* pulls(const FusedForwardParams& fp) {
+    return fp.counters + 2 * fp.blocks + fp.shared_words + 1;
+  }
+  // Every word but the exit count (the last CTA zeroes them for the next launch).
+  __device__ static int zeroed_words(const FusedForwardParams& fp) {
+    return 2 * fp.blocks + fp.shared_words + 2;
+  }
 };
 
 // The Producer thread: waits until *counter >= target, then orders its async proxy (the TMA
@@ -169,7 +184,7 @@ __device__ void publish_stored(std::uint32_t* counter) {
 template <bool kTrace>
 __device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
   std::uint32_t* const ready = fp.counters;
-  std::uint32_t* const pulls = fp.counters + 2 * fp.blocks + fp.shared_words + 1;
+  std::uint32_t* const pulls = Counters::pulls(fp);
   const int rows = static_cast<int>(transfer::rows_in_pass(fp.pull.pass));
   const int vectors = static_cast<int>(fp.pull.geo.hidden / transfer::kBf16PerVector);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -299,10 +314,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   __shared__ SchedulerTables tables;
   __shared__ TaskRecord records[kRecords];
   __shared__ int last;
-  std::uint32_t* const done = fp.counters + fp.blocks;
-  std::uint32_t* const shared_done = done + fp.blocks;
-  std::uint32_t* const tickets_drawn = shared_done + fp.shared_words;
-  const Counters c{fp.counters, done, shared_done, tickets_drawn, tickets_drawn + 2};
+  const Counters c = Counters::of(fp);
   using Up = GateUpEngine<kClamped>;
   SharedState state;
   Up up(smem_raw, fp.gate_up);  // the tile queue's and the give-up state's engine
@@ -431,7 +443,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   }
   __syncthreads();
   if (last != 0) {
-    const int words = 2 * fp.blocks + fp.shared_words + 2;  // all but the exit count
+    const int words = Counters::zeroed_words(fp);
     for (int i = static_cast<int>(threadIdx.x); i < words; i += static_cast<int>(blockDim.x)) {
       fp.counters[i] = 0u;
     }

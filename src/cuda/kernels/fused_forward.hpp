@@ -20,20 +20,21 @@
 //
 // so the shared expert's gate/up runs while the first rows are pulled, each minibatch's down tiles
 // run beside the next one's gate/up tiles, and the shared expert's down tiles (which wait for no
-// routed tile) fill the routed down tiles' tail. Dependencies, counted per block: a gate/up tile's Producer
-// waits for ready[b] == the row groups of its block, a down tile's for done[b] == the gate/up
-// tiles of its block, a shared down tile's for shared_done[b] likewise. Pulls wait for nothing;
-// every GEMM dependency is on a pull or a smaller ticket; each CTA runs its tickets in order and
-// every CTA is resident (cooperative launch): the smallest unfinished ticket can always run, so
-// there is no deadlock, whatever the routing.
+// routed tile) fill the routed down tiles' tail. Dependencies, counted per block: a gate/up tile's
+// Producer waits for ready[b] == the row groups of its block, a down tile's for done[b] == the
+// gate/up tiles of its block, a shared down tile's for shared_done[b] likewise. Pulls wait for
+// nothing; every GEMM dependency is on a pull or a smaller ticket; each CTA runs its tickets in
+// order and every CTA is resident (cooperative launch): the smallest unfinished ticket can always
+// run, so there is no deadlock, whatever the routing.
 // Which CTA runs a task never changes its bits. The Producer thread decodes each ticket (its task
 // and tile) and leaves the result in shared memory beside the ticket it hands the Consumers, so
 // nothing but the hand-over stands between two of their tiles.
 //
 // Every wait is bounded; a counter wait that gives up leaves the rank's error record (FlagId
-// fused_ready or fused_done, the block, expected and seen), the CTA gives up its remaining tasks,
-// and the launch ends normally with its outputs void. The counters are zero between launches: the
-// last CTA to end zeroes them, so graph replays and the next pass start from zero.
+// fused_ready, fused_done or fused_shared_done, the block, expected and seen), the CTA gives up
+// its remaining tasks, and the launch ends normally with its outputs void. The counters are zero
+// between launches: the last CTA to end zeroes them, so graph replays and the next pass start from
+// zero.
 //
 // The trace (benchmarks only: UnfusedLayer::set_forward_trace; off when FusedForwardParams::trace
 // is null): globaltimer stamps (ns) of one launch, in u64 words:
