@@ -9,7 +9,8 @@
 // what a drifting power-capped clock disturbs least. The stream drains after each pair, so a
 // call's time also holds the host's work before its first kernel (what a call after an idle GPU
 // costs); --queued queues every pair before one wait instead (GPU time with the host ahead, as in
-// training; not yet run on a GPU: session 11 ran out of device time). --ranks 1: one GPU.
+// training; on the H200 it gives the same ratios as drained, docs/perf/runs/2026-12-03-fa0a730).
+// --ranks 1: one GPU.
 //
 // --trace: afterwards one fused call records the megakernel's trace of rank 0's pass 0
 // (kernels/fused_forward.hpp), summarised per task kind: tiles, Consumer time per tile, the
