@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/fused_trace.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "mok/api.hpp"
 
@@ -136,7 +137,8 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
   static const char* const kKinds[] = {"gate_up", "down", "shared_gate_up", "shared_down"};
   const std::int64_t tickets = static_cast<std::int64_t>(w[0]),
                      grid = static_cast<std::int64_t>(w[1]);
-  const std::int64_t room = (static_cast<std::int64_t>(w.size()) - 4 - 4 * grid) / 5;
+  constexpr int kWords = mok::cuda::kTraceTicketWords;
+  const std::int64_t room = (static_cast<std::int64_t>(w.size()) - 4 - 4 * grid) / kWords;
   const std::int64_t traced = std::min(tickets, room);
   std::uint64_t t0 = UINT64_MAX, t1 = 0, pulled = 0;
   for (std::int64_t c = 0; c < grid; ++c) {
@@ -147,21 +149,25 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
   const double span = static_cast<double>(t1 - t0);
   struct Kind {
     long long tiles = 0, waited_tiles = 0;
-    double busy = 0, wait = 0;
+    double busy = 0, wait = 0, draw = 0, landing = 0, loop = 0, epilogue = 0;
   } kinds[4];
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> per_cta(grid);
   for (std::int64_t t = 0; t < traced; ++t) {
-    const std::uint64_t* x = &w[4 + 4 * grid + 5 * t];
-    const int cta = static_cast<int>(x[4] & 0xffff), kind = static_cast<int>((x[4] >> 16) & 0xffff);
-    if (x[3] == 0 || cta >= grid || kind > 3) continue;  // not run (a give-up) or not traced
+    const std::uint64_t* x = &w[4 + 4 * grid + kWords * t];
+    const int cta = static_cast<int>(x[7] & 0xffff), kind = static_cast<int>((x[7] >> 16) & 0xffff);
+    if (x[6] == 0 || cta >= grid || kind > 3) continue;  // not run (a give-up) or not traced
     Kind& k = kinds[kind];
     ++k.tiles;
-    k.busy += static_cast<double>(x[3] - x[2]);
-    if (x[1] != 0 && x[0] != 0) {
+    k.busy += static_cast<double>(x[6] - x[3]);
+    k.draw += static_cast<double>(x[1] - x[0]);
+    if (x[2] != 0 && x[4] != 0) {  // a tile with rows
       ++k.waited_tiles;
-      k.wait += static_cast<double>(x[1] - x[0]);
+      k.wait += static_cast<double>(x[2] - x[1]);
+      k.landing += static_cast<double>(x[4] - x[3]);
+      k.loop += static_cast<double>(x[5] - x[4]);
+      k.epilogue += static_cast<double>(x[6] - x[5]);
     }
-    per_cta[cta].push_back({x[2], x[3]});
+    per_cta[cta].push_back({x[3], x[6]});
   }
   double head = 0, between = 0, tail = 0, busy = 0;
   for (std::int64_t c = 0; c < grid; ++c) {
@@ -193,17 +199,21 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
   for (int k = 0; k < 4; ++k) {
     const Kind& x = kinds[k];
     if (x.tiles == 0) continue;
+    const double n = x.waited_tiles ? 1e3 * static_cast<double>(x.waited_tiles) : 1e300;
     std::printf(
-        "    %-15s %6lld tiles  %7.1f us per tile (Consumers)  waits %6.1f us per "
-        "tile  %.3f ms of the grid\n",
-        kKinds[k], x.tiles, x.busy / x.tiles / 1e3,
-        x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0,
-        x.busy / static_cast<double>(grid) / 1e6);
+        "    %-15s %6lld tiles  %7.1f us per tile (Consumers: first K block %.2f, K loop %.1f, "
+        "epilogue %.2f)  Producer: draw %.2f, wait %.2f us  %.3f ms of the grid\n",
+        kKinds[k], x.tiles, x.busy / x.tiles / 1e3, x.landing / n, x.loop / n, x.epilogue / n,
+        x.draw / x.tiles / 1e3, x.wait / n, x.busy / static_cast<double>(grid) / 1e6);
     json += std::string(json.back() == '{' ? "" : ", ") + "\"" + kKinds[k] +
             "\": {\"tiles\": " + std::to_string(x.tiles) +
             ", \"us_per_tile\": " + std::to_string(x.busy / x.tiles / 1e3) +
             ", \"wait_us_per_tile\": " +
-            std::to_string(x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0) + "}";
+            std::to_string(x.waited_tiles ? x.wait / x.waited_tiles / 1e3 : 0.0) +
+            ", \"first_k_block_us\": " + std::to_string(x.waited_tiles ? x.landing / n : 0.0) +
+            ", \"k_loop_us\": " + std::to_string(x.waited_tiles ? x.loop / n : 0.0) +
+            ", \"epilogue_us\": " + std::to_string(x.waited_tiles ? x.epilogue / n : 0.0) +
+            ", \"draw_us\": " + std::to_string(x.draw / x.tiles / 1e3) + "}";
   }
   std::printf(
       "    CTA time: tiles %.1f%%, before the first %.1f%%, between tiles %.1f%%, after "
@@ -374,7 +384,8 @@ int main(int argc, char** argv) {
         // cut after its last ticket.
         const std::string file = trace_out + "-" + s.name + "-" + routing + ".u64";
         const std::size_t used =
-            std::min(host.size(), static_cast<std::size_t>(4 + 4 * host[1] + 5 * host[0]));
+            std::min(host.size(), static_cast<std::size_t>(4 + 4 * host[1] +
+                                                     mok::cuda::kTraceTicketWords * host[0]));
         FILE* f = std::fopen(file.c_str(), "wb");
         const bool written = f != nullptr && std::fwrite(host.data(), 8, used, f) == used;
         if (f != nullptr && std::fclose(f) != 0) return 2;

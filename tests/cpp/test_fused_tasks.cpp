@@ -170,6 +170,32 @@ TEST(FusedTasks, PanelsStayWithinOneGroup) {
   }
 }
 
+// The megakernel's table of every block's group (BlockGroups::of_block, filled with search once a
+// launch) decodes every ticket as the search does: for ascending starts, for starts that are not
+// (corrupt tables must still decode alike in every CTA), and for blocks past the table's room.
+TEST(FusedTasks, TheGroupTableDecodesAsTheSearch) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int blocks = 1 + static_cast<int>(rng() % 90), groups = 1 + static_cast<int>(rng() % 12);
+    std::vector<int> starts = random_starts(blocks, groups, rng);
+    if (trial % 4 == 3) std::shuffle(starts.begin(), starts.end(), rng);  // not ascending
+    const BlockGroups searched{starts.data(), groups};
+    std::vector<std::uint16_t> table(static_cast<std::size_t>(blocks));
+    for (int q = 0; q < blocks; ++q) table[q] = static_cast<std::uint16_t>(searched.search(q));
+    const int tabled = trial % 2 == 0 ? blocks : blocks / 2;  // the rest past the table's room
+    const BlockGroups tabled_groups{starts.data(), groups, table.data(), tabled};
+    const TicketPlan p = plan_of(blocks, 1 + static_cast<int>(rng() % 8), 3, 5, 2, 2, 3);
+    for (int ticket = 0; ticket < p.tickets(); ++ticket) {
+      const Task a = decode(p, 2, ticket, searched), b = decode(p, 2, ticket, tabled_groups);
+      ASSERT_EQ(std::make_tuple(a.kind, a.block, a.n), std::make_tuple(b.kind, b.block, b.n))
+          << "trial " << trial << ", ticket " << ticket;
+    }
+    for (int q = 0; q < blocks + 3; ++q) {
+      ASSERT_EQ(tabled_groups.group_of(q), searched.search(q)) << "trial " << trial << ", q " << q;
+    }
+  }
+}
+
 // The shared expert's down tiles come last, block by block (N inner), after every routed tile.
 TEST(FusedTasks, TheSharedDownTilesComeLastBlockByBlock) {
   const TicketPlan p = plan_of(5, 2, 2, 3, 4, 2, 3);

@@ -14,6 +14,7 @@
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
 #include "cuda/comm/team.hpp"
+#include "cuda/kernels/fused_trace.hpp"
 #include "synthetic/device_layer.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "gpu_buffer.hpp"
@@ -924,8 +925,9 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
-// stamped once, by a CTA of the grid, in order (the Producer handed it over <= its dependency met;
-// the Consumers' start <= end, all within the launch), each kind's tile count what the shape says;
+// stamped once, by a CTA of the grid, in order (the Producer free <= handed over <= its dependency
+// met <= its first K block landed; the Consumers' start <= landed <= multiplied <= end, all within
+// the launch), each kind's tile count what the shape says;
 // and tracing leaves the output's bits alone (the traced kernel is a separate instantiation).
 TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   MOK_SKIP_WITHOUT_GPU();
@@ -965,24 +967,35 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
     end = std::max(end, w[4 + 4 * cta + 2]);
   }
   std::int64_t per_kind[4] = {0, 0, 0, 0};
+  constexpr int kWords = cuda::kTraceTicketWords;
   for (std::int64_t t = 0; t < tickets; ++t) {
-    const std::uint64_t* x = &w[4 + 4 * grid + 5 * t];
-    const std::int64_t cta = static_cast<std::int64_t>(x[4] & 0xffff);
-    const int kind = static_cast<int>((x[4] >> 16) & 0xffff);
+    const std::uint64_t* x = &w[4 + 4 * grid + kWords * t];
+    const std::int64_t cta = static_cast<std::int64_t>(x[7] & 0xffff);
+    const int kind = static_cast<int>((x[7] >> 16) & 0xffff);
     ASSERT_LT(cta, grid) << "ticket " << t;
     ASSERT_LT(kind, 4) << "ticket " << t;
     ++per_kind[kind];
-    ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": handed over before its CTA started";
-    if (x[1] != 0) EXPECT_LE(x[0], x[1]) << "ticket " << t << ": met before it was handed over";
-    EXPECT_LE(x[2], x[3]) << "ticket " << t;
-    EXPECT_LE(x[3], w[4 + 4 * cta + 2]) << "ticket " << t << ": ended after its CTA";
+    ASSERT_GE(x[0], w[4 + 4 * cta]) << "ticket " << t << ": its Producer free before its CTA began";
+    EXPECT_LE(x[0], x[1]) << "ticket " << t << ": handed over before its Producer was free";
+    if (x[2] != 0) EXPECT_LE(x[1], x[2]) << "ticket " << t << ": met before it was handed over";
+    EXPECT_LE(x[3], x[6]) << "ticket " << t;
+    if (x[2] != 0) {  // a tile with rows: its K loop's stamps, in order, within the tile
+      EXPECT_LE(x[3], x[4]) << "ticket " << t << ": landed before the Consumers began";
+      EXPECT_LE(x[4], x[5]) << "ticket " << t << ": multiplied before its first K block landed";
+      EXPECT_LE(x[5], x[6]) << "ticket " << t << ": ended before its last wgmma was done";
+      EXPECT_LE(x[2], x[4]) << "ticket " << t << ": landed before its loads were issued";
+    } else {
+      EXPECT_EQ(x[4], 0u) << "ticket " << t << ": an empty tile has no K loop";
+      EXPECT_EQ(x[5], 0u) << "ticket " << t << ": an empty tile has no K loop";
+    }
+    EXPECT_LE(x[6], w[4 + 4 * cta + 2]) << "ticket " << t << ": ended after its CTA";
   }
   EXPECT_EQ(per_kind[0], blocks * 2) << "gate/up tiles";
   EXPECT_EQ(per_kind[1], blocks * 1) << "down tiles";
   EXPECT_EQ(per_kind[2], 5) << "shared gate/up tiles";
   EXPECT_EQ(per_kind[3], 5) << "shared down tiles";
   for (std::int64_t t = tickets; t < 4096; ++t) {
-    ASSERT_EQ(w[4 + 4 * grid + 5 * t + 4], 0u) << "ticket " << t << " past the launch's";
+    ASSERT_EQ(w[4 + 4 * grid + kWords * t + 7], 0u) << "ticket " << t << " past the launch's";
   }
 
   // Off again: the untraced kernel, the same bits.

@@ -883,6 +883,32 @@ TEST(PtxFlags, WaitWithoutSignalTimesOutOrGivesUp) {
   }
 }
 
+// Every thread of the grid takes one value of a counter: the values taken are 0 .. n - 1, each
+// once, and the counter ends at n.
+__global__ void atom_inc_kernel(std::uint32_t* counter, std::uint32_t* taken) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  taken[i] = ptx::atom_inc_relaxed_gpu(counter);
+}
+
+TEST(PtxFlags, AtomIncHandsOutEveryValueOnce) {
+  REQUIRE_HOPPER();
+  constexpr int kBlocks = 132, kThreads = 96;
+  constexpr std::uint32_t kStart = 7;
+  Buffer<std::uint32_t> counter(1);
+  Buffer<std::uint32_t> taken(kBlocks * kThreads);
+  CUDA_OK(cudaMemcpy(counter.p, &kStart, sizeof(kStart), cudaMemcpyHostToDevice));
+  taken.poison();
+  atom_inc_kernel<<<kBlocks, kThreads>>>(counter.p, taken.p);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<std::uint32_t> values = taken.host();
+  std::sort(values.begin(), values.end());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(values[i], kStart + i) << "value " << i << " of those taken";
+  }
+  EXPECT_EQ(counter.host()[0], kStart + kBlocks * kThreads) << "the counter's final value";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Named barriers
 

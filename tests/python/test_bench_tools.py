@@ -53,9 +53,10 @@ def _trace_words(ctas, tiles, tickets=None):
     words = [tickets, len(ctas), 7, 0]
     for start, pulled, end in ctas:
         words += [start, pulled, end, 0]
-    for turned, ready, begin, end, cta, kind, block in tiles:
-        words += [turned, ready, begin, end, cta | kinds[kind] << 16 | block << 32]
-    words += [0] * 5 * (tickets - len(tiles))
+    for free, turned, ready, begin, landed, multiplied, end, cta, kind, block in tiles:
+        words += [free, turned, ready, begin, landed, multiplied, end,
+                  cta | kinds[kind] << 16 | block << 32]
+    words += [0] * 8 * (tickets - len(tiles))
     return words
 
 
@@ -65,12 +66,13 @@ def test_trace_summary_reads_what_the_kernel_writes(tmp_path):
 
     # Two CTAs; CTA 0's pulls end at 2000 ns, CTA 1's at 500. Times in ns.
     ctas = [(1000, 2000, 9000), (1000, 500, 8000)]
+    # (free, turned, ready, begin, landed, multiplied, end, CTA, kind, block)
     tiles = [
-        (1000, 1100, 1100, 3100, 0, "gate_up", 0),    # 2 us, beside CTA 0's pulls
-        (3100, 3200, 3600, 5600, 0, "gate_up", 1),    # 2 us after; 0.5 us gap after the first
-        (1000, 0, 1000, 1000, 1, "gate_up", 2),       # an empty tile (no rows), 0 us
-        (1000, 4000, 4000, 8000, 1, "down", 0),       # 4 us, waited 3 us
-        (5600, 5700, 5700, 9000, 0, "down", 1),       # 3.3 us, 0.1 us after the second
+        (1000, 1000, 1100, 1100, 1300, 2900, 3100, 0, "gate_up", 0),  # 2 us, beside the pulls
+        (2800, 3100, 3200, 3600, 4000, 5000, 5600, 0, "gate_up", 1),  # 2 us after; 0.5 us gap
+        (1000, 1000, 0, 1000, 0, 0, 1000, 1, "gate_up", 2),  # an empty tile (no rows), 0 us
+        (1000, 1000, 4000, 4000, 4200, 7800, 8000, 1, "down", 0),  # 4 us, waited 3 us
+        (5000, 5600, 5700, 5700, 6100, 8700, 9000, 0, "down", 1),  # 3.3 us, 0.1 us gap
     ]
     path = tmp_path / "t.u64"
     words = _trace_words(ctas, tiles, tickets=6)  # one ticket never ran
@@ -93,6 +95,19 @@ def test_trace_summary_reads_what_the_kernel_writes(tmp_path):
     # First half [1000, 5000): gate_up busy 2000 + 1400 ns (+0 empty), down 1000, over 2 CTAs.
     assert r["timeline"][0]["gate_up"] == pytest.approx(3400 / (4000 * 2))
     assert r["timeline"][0]["down"] == pytest.approx(1000 / (4000 * 2))
+    # The down tiles' parts (two loaded tiles: the p50 is the larger of each): first K block 0.2
+    # and 0.4 us, K loop 3.6 and 2.6, epilogue 0.2 and 0.3, the Producer's draw 0 and 0.6.
+    assert down["first_k_block_p50_us"] == pytest.approx(0.4)
+    assert down["k_loop_p50_us"] == pytest.approx(3.6)
+    assert down["epilogue_p50_us"] == pytest.approx(0.3)
+    assert down["draw_p50_us"] == pytest.approx(0.6)
+    # The next tile after a tile's end: CTA 0's second gate/up after its first (end 3100): free
+    # -0.3, ready 0.1, landed 0.9 us; its down after that (end 5600): -0.6, 0.1, 0.5; CTA 1's down
+    # after its empty tile (end 1000): 0, 3.0, 3.2.
+    n = r["next_after_end_us"]
+    assert n["free"]["p10"] == pytest.approx(-0.6)
+    assert n["ready"]["p50"] == pytest.approx(0.1)
+    assert n["landed"]["p50"] == pytest.approx(0.9) and n["landed"]["p90"] == pytest.approx(3.2)
     with pytest.raises(ValueError, match="not a trace"):
-        bad = _trace_words(ctas, [(1, 2, 3, 4, 5, "down", 0)])
+        bad = _trace_words(ctas, [(1, 1, 2, 3, 3, 3, 4, 5, "down", 0)])
         ts.parse(bad)

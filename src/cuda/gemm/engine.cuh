@@ -138,11 +138,20 @@ class GemmEngine {
     loads_.stall = static_cast<int>(blockIdx.x) == d_.p.stall_block;
   }
 
-  // Producer: the loads of every K block of `tile`. False when the CTA gives up (then it issues
-  // no more loads and goes to finish_producing).
-  __device__ __forceinline__ bool produce(const TileInfo& tile) {
+  // Producer: the loads of every K block of `tile`, hook(kb) before each (NoLoadHook: nothing).
+  // False when the CTA gives up (then it issues no more loads and goes to finish_producing).
+  template <class Hook = NoLoadHook>
+  __device__ __forceinline__ bool produce(const TileInfo& tile, Hook&& hook = Hook{}) {
     const TensorMaps maps{&d_.a, &d_.b, &d_.a2, &d_.b2};
-    return load_tile<F>(maps, ring_, state_, tile, d_.p, loads_);
+    return load_tile<F>(maps, ring_, state_, tile, d_.p, loads_, hook);
+  }
+
+  // The ring's bytes that no stage and no staging tile of this form uses (kSpareBytes from
+  // spare()): a kernel's own shared scratch, free from the start.
+  static constexpr std::uint32_t kSpareBytes =
+      kRingBytes - F::kStages * F::kStageBytes - F::kStagingBytes;
+  __device__ __forceinline__ std::uint8_t* spare() const {
+    return ring_.base + F::kStages * F::kStageBytes + F::kStagingBytes;
   }
 
   // Producer, tile queue: waits for the next queue position to be free. False when the CTA gives
@@ -186,8 +195,9 @@ class GemmEngine {
   }
 
   // Consumer: the whole tile: accumulators zeroed (or seeded, F::kSeeded), the K loop, the
-  // epilogue E.
-  __device__ __forceinline__ void consume(const TileInfo& tile) {
+  // epilogue E. `probe`: what the K loop tells a trace (mma_tile); NoProbe, nothing.
+  template <class Probe = NoProbe>
+  __device__ __forceinline__ void consume(const TileInfo& tile, const Probe& probe = Probe{}) {
     const int wg = consumer();
     // Ping-pong: this warpgroup's k-th tile (the CTA's tile 2k + wg) waits for the phase of its
     // turn barrier that the other warpgroup's previous tile completes; warpgroup 0's first tile
@@ -197,7 +207,7 @@ class GemmEngine {
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     const std::uint32_t turn_parity = (own_tiles_ & 1u) ^ (wg == 0 ? 1u : 0u);
-    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity);
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe);
     ++own_tiles_;
     E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
   }

@@ -262,6 +262,12 @@ __device__ __noinline__ inline int take_queued_ticket(std::uint64_t* full, std::
   return entry_ticket(entry);
 }
 
+// What mma_tile tells a probe (a megakernel's trace stamps): nothing, at no cost.
+struct NoProbe {
+  __device__ __forceinline__ void landed() const {}
+  __device__ __forceinline__ void multiplied() const {}
+};
+
 // Producer: publishes `ticket` at queue position `tag`. False when the Consumers closed the
 // position first (their wait for it gave up): the CTA is aborting.
 __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigned tag, int ticket) {
@@ -306,13 +312,20 @@ struct ProducerLoads {
   bool stall = false;
 };
 
-// Producer: every K block of one tile, each into the next free stage of the ring. False when the
-// CTA gives up (then the caller stops issuing).
-template <class F>
+// What load_tile tells a hook before each K block (a megakernel's Producer draws its next ticket
+// there): nothing, at no cost.
+struct NoLoadHook {
+  __device__ __forceinline__ void operator()(int /*kb*/) const {}
+};
+
+// Producer: every K block of one tile, each into the next free stage of the ring; hook(kb) before
+// each. False when the CTA gives up (then the caller stops issuing).
+template <class F, class Hook>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
-                                          const GemmParams& p, ProducerLoads& loads) {
+                                          const GemmParams& p, ProducerLoads& loads, Hook&& hook) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    hook(kb);
     // NOTES: the flag too, after the wait: once the CTA aborted, the Consumers pass stages without
     // waiting for their data and still release them, so an empty phase they completed says
     // nothing of the stage's last loads, and arming it again could add a second arrival to a
@@ -427,17 +440,21 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // barrier is never a whole phase ahead of its waiter (the waiter's previous tile gates it).
 // A wait that gives up is passed (the data is void once the CTA aborts): every thread of the
 // warpgroup goes through the same wgmma and named barriers whatever its waits returned.
-template <class F>
+// `probe` (NoProbe but in a megakernel's trace): landed() once the first K block is in shared
+// memory, multiplied() once the last wgmma is done.
+template <class F, class Probe>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const GemmParams& p, int consumer_wg, int lane,
-                                         int reader_thread, std::uint32_t turn_parity) {
+                                         int reader_thread, std::uint32_t turn_parity,
+                                         const Probe& probe) {
   if constexpr (F::kPingPong) {
     (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
   }
   int previous_stage = -1;
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
     if constexpr (F::kKGrouped) {
       const int valid = tile.row_count - kb * kTileK;
       if (valid < kTileK) {
@@ -457,6 +474,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   }
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
+  probe.multiplied();
   if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
 }
 

@@ -62,6 +62,16 @@ __device__ __forceinline__ auto with_engine(std::uint8_t* smem, const gemm::Gemm
 }
 
 constexpr int kPullGroupRows = 8;  // rows a pulling warp takes at a time
+// The Producer draws its next ticket this many K blocks before the current tile's last load (a
+// counter's round trip is ~1-2 us under load; a K block takes ~0.8 us of MMA).
+constexpr int kDrawLead = 6;
+// Blocks whose group the launch tables in the ring's spare bytes (BlockGroups::of_block).
+constexpr int kTabledBlocks = static_cast<int>(GateUpEngine<false>::kSpareBytes / 2);
+static_assert(GateUpEngine<false>::kSpareBytes == DownEngine::kSpareBytes &&
+                  GateUpEngine<true>::kSpareBytes == DownEngine::kSpareBytes,
+              "one ring geometry: the same spare bytes in every form of the launch");
+static_assert(kTabledBlocks >= 1024, "room for a useful table");
+static_assert(gemm::kMaxGroups <= 65536, "a group index is a table's u16");
 constexpr int kPullBatch = 4;      // loads in flight per lane of a pulling warp
 // NOTES: the GEMM's budgets, 40 and 232. At 48 for the Producer (fewer spills in the pull loop)
 // the Consumers' setmaxnreg.inc to 232 never succeeded and the launch hung (H200, 4559ca9): the
@@ -93,23 +103,15 @@ __device__ TileInfo shared_tile(const FusedForwardParams& fp, int b, int n, int 
 }
 
 // The GEMM tile of block b, N tile n: the group holding ring row 128 b (the last whose start is at
-// or before it). False: no group's rows are there (the tile is empty: nothing to load or store).
-__device__ bool block_tile(const SchedulerTables& t, int groups, int b, int n, int k_blocks,
-                           TileInfo& tile) {
-  const int row = b * kTileM;
-  int lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (t.start[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  tile.group = lo;
-  tile.row_base = t.start[lo];
-  tile.row_count = t.count[lo];
-  tile.m0 = row - t.start[lo];
+// or before it: BlockGroups). False: no group's rows are there (the tile is empty: nothing to load
+// or store).
+__device__ bool block_tile(const SchedulerTables& t, const fused::BlockGroups& groups, int b, int n,
+                           int k_blocks, TileInfo& tile) {
+  const int g = groups.group_of(b);
+  tile.group = g;
+  tile.row_base = t.start[g];
+  tile.row_count = t.count[g];
+  tile.m0 = b * kTileM - t.start[g];
   tile.n0 = n;
   tile.k_blocks = k_blocks;
   return tile.m0 >= 0 && tile.m0 < tile.row_count;
@@ -218,8 +220,19 @@ __device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
 template <bool kTrace>
 __device__ __forceinline__ std::uint64_t* traced(const FusedForwardParams& fp, int ticket) {
   if (!kTrace || ticket >= fp.trace_tickets) return nullptr;
-  return fp.trace + 4 + 4 * std::int64_t{gridDim.x} + 5 * std::int64_t{ticket};
+  return fp.trace + 4 + 4 * std::int64_t{gridDim.x} + kTraceTicketWords * std::int64_t{ticket};
 }
+
+// What the K loop of a traced tile stamps (thread 128's words 4 and 5; mma_tile's probe).
+struct TraceProbe {
+  std::uint64_t* stamps;  // null: not traced, or not thread 128
+  __device__ __forceinline__ void landed() const {
+    if (stamps != nullptr) stamps[4] = ptx::global_timer_ns();
+  }
+  __device__ __forceinline__ void multiplied() const {
+    if (stamps != nullptr) stamps[5] = ptx::global_timer_ns();
+  }
+};
 
 // Row groups of block b: its ready count once every one is pulled.
 __device__ std::uint32_t groups_of_block(std::int64_t rows, int b) {
@@ -238,10 +251,10 @@ struct Dependency {
 struct TaskTiles {
   const FusedForwardParams& fp;
   const SchedulerTables& tables;
+  const fused::BlockGroups& groups;
 
   // The task's tile; false when its block holds no rows (nothing to load or store).
   __device__ bool of(const Task& task, TileInfo& tile) const {
-    const int groups = fp.gate_up.p.sched.num_groups;
     switch (task.kind) {
       case TaskKind::gate_up:
         return block_tile(tables, groups, task.block, task.n, fp.gate_up.p.sched.k_blocks, tile);
@@ -338,6 +351,18 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   const std::int64_t rows = transfer::rows_in_pass(fp.pull.pass);
   TicketPlan plan;
   plan.blocks = static_cast<int>((rows + kTileM - 1) / kTileM);
+  // Every block's group, once, in the ring's spare bytes (the Producer's decode reads it instead
+  // of searching the groups' starts twice a ticket: NOTES, session 13); blocks past its room are
+  // searched.
+  std::uint16_t* const group_table = reinterpret_cast<std::uint16_t*>(up.spare());
+  const int num_groups = fp.gate_up.p.sched.num_groups;
+  const int tabled = min(plan.blocks, kTabledBlocks);
+  const fused::BlockGroups searched{tables.start, num_groups};
+  for (int q = static_cast<int>(threadIdx.x); q < tabled; q += static_cast<int>(blockDim.x)) {
+    group_table[q] = static_cast<std::uint16_t>(searched.search(q));
+  }
+  __syncthreads();
+  const fused::BlockGroups groups{tables.start, num_groups, group_table, tabled};
   plan.per_minibatch = static_cast<int>(fp.minibatch_rows / kTileM);
   plan.minibatches = (plan.blocks + plan.per_minibatch - 1) / plan.per_minibatch;
   plan.n_up = fp.gate_up.p.sched.n_tiles;
@@ -345,8 +370,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.shared_up = fp.shared_blocks * fp.gate_up_shared.p.sched.n_tiles;
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
-  const TaskTiles tiles{fp, tables};
-  const fused::BlockGroups groups{tables.start, fp.gate_up.p.sched.num_groups};
+  const TaskTiles tiles{fp, tables, groups};
   if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
     fp.trace[0] = static_cast<std::uint64_t>(tickets);
     fp.trace[1] = gridDim.x;
@@ -361,10 +385,14 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
     } else if (up.is_producer_thread()) {
       bool ok = true;
       unsigned handed = 0;  // tickets handed over (records written)
+      int ahead = -1;       // a ticket drawn during the previous tile's loads, or -1
       while (ok) {
+        const std::uint64_t free_at = kTrace ? ptx::global_timer_ns() : 0;
         up.resume(state);
         if (!up.reserve_ticket_slot()) break;
-        const int drawn = static_cast<int>(atomicAdd(c.tickets, 1u));
+        const int drawn =
+            ahead >= 0 ? ahead : static_cast<int>(ptx::atom_inc_relaxed_gpu(c.tickets));
+        ahead = -1;
         const int ticket = drawn < tickets ? drawn : kNoTile;
         Task task{};
         TileInfo tile{};
@@ -382,14 +410,22 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         state = up.state();
         if (ticket == kNoTile) break;
         std::uint64_t* const stamps = traced<kTrace>(fp, ticket);
-        if (stamps != nullptr) stamps[0] = ptx::global_timer_ns();
+        if (stamps != nullptr) {
+          stamps[0] = free_at;
+          stamps[1] = ptx::global_timer_ns();
+        }
         if (!has_tile) continue;  // no rows there: nothing to load
         const Dependency dep = tiles.dependency(task, c, rows);
         ok = with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
           const bool met = dep.counter == nullptr ||
                            wait_counter(fp, e, dep.counter, dep.target, dep.flag, task.block);
-          if (stamps != nullptr) stamps[1] = ptx::global_timer_ns();
-          return met && e.produce(tile);
+          if (stamps != nullptr) stamps[2] = ptx::global_timer_ns();
+          // The next ticket is drawn kDrawLead K blocks before this tile's last load, so that its
+          // round trip is over when the Producer turns to it (NOTES, session 13).
+          const int draw_at = max(0, tile.k_blocks - kDrawLead);
+          return met && e.produce(tile, [&](int kb) {
+            if (kb == draw_at) ahead = static_cast<int>(ptx::atom_inc_relaxed_gpu(c.tickets));
+          });
         });
       }
       up.resume(state);
@@ -407,11 +443,15 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       const TaskRecord& record = records[taken++ % kRecords];
       const Task task = record.task;
       std::uint64_t* const stamps = threadIdx.x == 128 ? traced<kTrace>(fp, ticket) : nullptr;
-      if (stamps != nullptr) stamps[2] = ptx::global_timer_ns();
+      if (stamps != nullptr) stamps[3] = ptx::global_timer_ns();
       if (record.has_tile != 0) {
         const TileInfo tile = record.tile;
         with_task_engine<kClamped>(smem_raw, fp, state, task.kind, [&](auto& e) {
-          e.consume(tile);
+          if constexpr (kTrace) {
+            e.consume(tile, TraceProbe{stamps});
+          } else {
+            e.consume(tile);
+          }
           return 0;
         });
       }
@@ -419,8 +459,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       if (task.kind == TaskKind::gate_up) publish_stored(c.done + task.block);
       if (task.kind == TaskKind::shared_gate_up) publish_stored(c.shared_done + task.block);
       if (stamps != nullptr) {
-        stamps[3] = ptx::global_timer_ns();
-        stamps[4] = blockIdx.x | static_cast<std::uint64_t>(task.kind) << 16 |
+        stamps[6] = ptx::global_timer_ns();
+        stamps[7] = blockIdx.x | static_cast<std::uint64_t>(task.kind) << 16 |
                     static_cast<std::uint64_t>(task.block) << 32;
       }
     }

@@ -26,8 +26,12 @@
 // nothing; every GEMM dependency is on a pull or a smaller ticket; each CTA runs its tickets in
 // order and every CTA is resident (cooperative launch): the smallest unfinished ticket can always
 // run, so there is no deadlock, whatever the routing.
+// (A CTA's Producer draws its next ticket a few K blocks before the current tile's last load, so
+// the counter's round trip is not between two tiles: a CTA then holds one drawn ticket beyond the
+// one it loads, which is larger, so the argument stands.)
 // Which CTA runs a task never changes its bits. The Producer thread decodes each ticket (its task
-// and tile) and leaves the result in shared memory beside the ticket it hands the Consumers, so
+// and tile; every block's expert group is tabled once a launch, in shared memory the ring leaves
+// free) and leaves the result in shared memory beside the ticket it hands the Consumers, so
 // nothing but the hand-over stands between two of their tiles.
 //
 // Every wait is bounded; a counter wait that gives up leaves the rank's error record (FlagId
@@ -40,10 +44,12 @@
 // is null): globaltimer stamps (ns) of one launch, in u64 words:
 //   [0] the launch's tickets, [1] its grid, [2] its blocks, [3] unused;
 //   CTA c, words 4 + 4 c: [0] its start, [1] its last pulling warp done, [2] its end, [3] unused;
-//   ticket t, words 4 + 4 grid + 5 t: [0] the Producer handed it over (decoded, its record
-//   written, the ticket published), [1] its dependency was met (0: an empty tile, nothing
-//   loaded), [2] the Consumers began it, [3] they ended it (stores published), [4] the CTA |
-//   TaskKind << 16 | block << 32.
+//   ticket t, words 4 + 4 grid + 8 t (kTraceTicketWords): [0] the Producer was free for it
+//   (the loads of its CTA's previous ticket all issued; the loop's top), [1] it handed the ticket
+//   over (drawn, decoded, its record written, published), [2] its dependency was met (0: an empty
+//   tile, nothing loaded), [3] the Consumers began it, [4] its first K block had landed and [5]
+//   its last wgmma was done (thread 128; 0: an empty tile), [6] they ended it (stores
+//   published), [7] the CTA | TaskKind << 16 | block << 32.
 // Tickets past trace_tickets are not traced. What the stamps themselves cost (each reads
 // %globaltimer) is not measured yet (docs/perf/NOTES.md, session 11).
 #pragma once
@@ -54,6 +60,7 @@
 
 #include "core/error_record.hpp"
 #include "cuda/gemm/descriptor.cuh"
+#include "cuda/kernels/fused_trace.hpp"  // kTraceTicketWords, fused_trace_words
 #include "cuda/kernels/transfer.hpp"
 
 namespace mok::cuda {
@@ -86,10 +93,6 @@ struct FusedForwardParams {
 // NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in).
 static_assert(sizeof(FusedForwardParams) <= 4096, "the megakernel's parameters are one parameter");
 
-// Words of a trace of `tickets` tickets over `grid` CTAs (the layout above).
-constexpr std::int64_t fused_trace_words(std::int64_t grid, std::int64_t tickets) {
-  return 4 + 4 * grid + 5 * tickets;
-}
 
 // The launch: a cooperative grid of one CTA per SM of the current device. `clamped`: the clamped
 // SwiGLU epilogue (gate_up.p.swiglu_limit). Throws mok::Error when the launch fails.

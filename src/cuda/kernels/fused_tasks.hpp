@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/numerics.hpp"  // MOK_HOST_DEVICE
 
@@ -60,11 +61,15 @@ struct NoGroups {
 
 // The routed blocks' groups from the groups' first rows (ascending, as the schedule lays them
 // out): block q is in the last group whose first row is at or before row 128 q (group 0 when
-// none is), as its GEMM tile is (fused_forward.cu, block_tile).
+// none is), as its GEMM tile is (fused_forward.cu, block_tile). `of_block`, when given, holds
+// search(q) for the blocks q < tabled (the megakernel fills it once per launch: NOTES, session
+// 13), so that decoding a ticket needs no search.
 struct BlockGroups {
   const int* start;  // [groups] first rows
   int groups;
-  MOK_HOST_DEVICE int group_of(int q) const {
+  const std::uint16_t* of_block = nullptr;
+  int tabled = 0;
+  MOK_HOST_DEVICE int search(int q) const {
     int lo = 0, hi = groups - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -75,6 +80,9 @@ struct BlockGroups {
       }
     }
     return lo;
+  }
+  MOK_HOST_DEVICE int group_of(int q) const {
+    return q >= 0 && q < tabled ? static_cast<int>(of_block[q]) : search(q);
   }
   // The blocks of group g are [ceil(start[g] / 128), ceil(start[g + 1] / 128)) (from 0 for g = 0,
   // to the end for the last). NOTES: the final clamp keeps q in its range whatever the table holds
