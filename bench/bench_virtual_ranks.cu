@@ -18,13 +18,25 @@
 // the last), when the last pull landed.
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
-//                       [--queued] [--trace-out PREFIX]
+//                       [--queued] [--trace-out PREFIX] [--minibatch ROWS] [--dense]
+//
+// --minibatch ROWS: Config::minibatch_size for both paths (default: Config's).
+//
+// --dense: at the end of the run, the rate a dense bf16 GEMM sustains on this GPU (cuBLAS, 8192^3,
+// back to back for kDenseSettleS + kDenseMeasureS seconds, the median call after the first
+// kDenseSettleS, as bench/ceilings.py measures bf16_tflops_sustained), and each path's median over
+// the time that rate takes for the layer's own FLOPs (6 T k H I routed + 6 T H S shared): the
+// issue-16 bar "forward time over the same-run sustained dense-GEMM time of the same FLOPs". So
+// that both sides are timed in the same state, --dense also implies --queued and warms each
+// routing up with kDenseSettleS seconds of calls back to back (bench_layer's sustained state).
 //
 // --trace-out PREFIX (with --trace): also the raw trace of each routing, to
 // PREFIX-<case>-<routing>.u64, for bench/trace_summary.py.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -227,16 +239,74 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
   return json;
 }
 
+constexpr double kDenseSettleS = 2.0, kDenseMeasureS = 4.0;
+
+// The dense bf16 GEMM rate (TFLOP/s) this GPU sustains: --dense above.
+double sustained_dense_tflops(cudaStream_t stream) {
+  constexpr int n = 8192;
+  auto a = random_bf16(std::int64_t{n} * n, 101, 1.0f),
+       b = random_bf16(std::int64_t{n} * n, 102, 1.0f);
+  DeviceBuffer c(static_cast<std::size_t>(n) * n * 2);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetStream(handle, stream) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuBLAS handle\n");
+    std::exit(2);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  struct Call {
+    double at;
+    cudaEvent_t begin, end;
+  };
+  std::vector<Call> calls;
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  while (seconds() < kDenseSettleS + kDenseMeasureS) {
+    Call call{seconds(), nullptr, nullptr};
+    check(cudaEventCreate(&call.begin), "event");
+    check(cudaEventCreate(&call.end), "event");
+    cudaEventRecord(call.begin, stream);
+    if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a->p, CUDA_R_16BF, n, b->p,
+                     CUDA_R_16BF, n, &beta, c.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed\n");
+      std::exit(2);
+    }
+    cudaEventRecord(call.end, stream);
+    calls.push_back(call);
+    if (calls.size() % 16 == 0)
+      check(cudaEventSynchronize(call.end), "dense");  // host a few calls ahead
+  }
+  check(cudaStreamSynchronize(stream), "dense");
+  std::vector<double> ms;
+  for (const Call& call : calls) {
+    float t = 0;
+    cudaEventElapsedTime(&t, call.begin, call.end);
+    if (call.at >= kDenseSettleS) ms.push_back(t);
+    cudaEventDestroy(call.begin);
+    cudaEventDestroy(call.end);
+  }
+  cublasDestroy(handle);
+  if (ms.empty()) {
+    std::fprintf(stderr, "no dense GEMM timed\n");
+    std::exit(2);
+  }
+  return 2.0 * n * n * double{n} / (median(ms) * 1e9);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json, trace_out;
   int W = 8, reps = 30;
-  bool trace = false, queued = false;
+  std::int64_t minibatch = 0;
+  bool trace = false, queued = false, dense = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--trace" || a == "--queued") {
-      (a == "--trace" ? trace : queued) = true;
+    if (a == "--trace" || a == "--queued" || a == "--dense") {
+      (a == "--trace" ? trace : a == "--queued" ? queued : dense) = true;
       --i;
       continue;
     }
@@ -254,11 +324,14 @@ int main(int argc, char** argv) {
       json = argv[i + 1];
     else if (a == "--trace-out")
       trace_out = argv[i + 1];
+    else if (a == "--minibatch")
+      minibatch = std::atoll(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
     }
   }
+  if (dense) queued = true;
   const Shape* found = nullptr;
   for (const Shape& s : kShapes) {
     if (name == s.name) found = &s;
@@ -270,7 +343,9 @@ int main(int argc, char** argv) {
   const Shape s = *found;
   const std::int64_t T = s.T / W, E_l = s.E / W;
   mok::Problem p{T, s.H, s.I, s.E, s.k, s.S, W, 0};
-  const mok::Config config{};
+  mok::Config config{};
+  if (minibatch > 0) config.minibatch_size = minibatch;
+  config.validate();
   // Weights: every rank's experts in one [E, ...] tensor (rank r's are experts [r E_l, ...)).
   auto gate = random_bf16(s.E * s.I * s.H, 11, 0.02f), up = random_bf16(s.E * s.I * s.H, 12, 0.02f);
   auto down = random_bf16(s.E * s.H * s.I, 13, 0.02f);
@@ -282,9 +357,11 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<DeviceBuffer>> contexts;
   for (int r = 0; r < W; ++r) contexts.push_back(std::make_unique<DeviceBuffer>(layout.bytes));
 
-  std::printf("%s over %d virtual ranks (T %lld, E_l %lld per rank), reps %d\n", s.name, W,
-              static_cast<long long>(T), static_cast<long long>(E_l), reps);
-  std::string records;
+  std::printf("%s over %d virtual ranks (T %lld, E_l %lld per rank), reps %d, minibatch %lld\n",
+              s.name, W, static_cast<long long>(T), static_cast<long long>(E_l), reps,
+              static_cast<long long>(config.minibatch_size));
+  std::vector<std::string> records;                // each without its closing brace
+  std::vector<std::pair<double, double>> path_ms;  // each record's unfused and fused medians
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   for (bool skewed : {false, true}) {
@@ -327,7 +404,16 @@ int main(int argc, char** argv) {
       outs[fused].resize(static_cast<std::size_t>(s.T * s.H));
       check(cudaMemcpy(outs[fused].data(), out.p, out.bytes, cudaMemcpyDeviceToHost), "out");
     }
-    for (int i = 0; i < 20; ++i) layers[i % 2]->forward(rank_sets[i % 3], true, stream);
+    // Warm-up: 20 calls; with --dense, calls back to back for kDenseSettleS seconds (the clock
+    // then sits where the power limit holds it, as in the dense GEMM's timing and in training).
+    const auto warm_start = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      const double warm =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
+      if (dense ? warm >= kDenseSettleS : i >= 20) break;
+      layers[i % 2]->forward(rank_sets[i % 3], true, stream);
+      if (i % 16 == 15) check(cudaStreamSynchronize(stream), "warm-up");
+    }
     // Every call between its own pair of events; the stream drains after each pair, or with
     // --queued only after the last one (the host then stays ahead of the GPU, as in training).
     std::vector<double> ms[2], ratios;
@@ -383,9 +469,9 @@ int main(int argc, char** argv) {
         // The launch's words as they are (little-endian u64; bench/trace_summary.py reads them),
         // cut after its last ticket.
         const std::string file = trace_out + "-" + s.name + "-" + routing + ".u64";
-        const std::size_t used =
-            std::min(host.size(), static_cast<std::size_t>(4 + 4 * host[1] +
-                                                     mok::cuda::kTraceTicketWords * host[0]));
+        const std::size_t used = std::min(
+            host.size(),
+            static_cast<std::size_t>(4 + 4 * host[1] + mok::cuda::kTraceTicketWords * host[0]));
         FILE* f = std::fopen(file.c_str(), "wb");
         const bool written = f != nullptr && std::fwrite(host.data(), 8, used, f) == used;
         if (f != nullptr && std::fclose(f) != 0) return 2;
@@ -398,18 +484,40 @@ int main(int argc, char** argv) {
     char rec[768];
     std::snprintf(
         rec, sizeof rec,
-        "%s{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
+        "{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
         "\"ranks\": %d, \"pass\": \"fwd\", \"sync\": %s, \"reps\": %d, \"unfused_ms\": %.4f, "
         "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
         "\"pair_ratio_q3\": %.4f, \"trace\": ",
-        records.empty() ? "" : ",\n  ", s.name, routing, W, queued ? "false" : "true", reps,
-        medians[0], medians[1], ratio, q1, q3);
-    records += rec + traced + "}";
+        s.name, routing, W, queued ? "false" : "true", reps, medians[0], medians[1], ratio, q1, q3);
+    records.push_back(rec + traced);
+    path_ms.push_back({medians[0], medians[1]});
+  }
+  if (dense) {
+    const double tflops = sustained_dense_tflops(stream);
+    const double flops =
+        6.0 * static_cast<double>(s.T) * static_cast<double>(s.H) *
+        (static_cast<double>(s.k) * static_cast<double>(s.I) + static_cast<double>(s.S));
+    const double dense_ms = flops / (tflops * 1e9);
+    std::printf("dense bf16 GEMM sustained %.1f TFLOP/s: the layer's %.3f TFLOP in %.3f ms\n",
+                tflops, flops / 1e12, dense_ms);
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      char rec[256];
+      std::snprintf(rec, sizeof rec,
+                    ", \"dense_tflops_sustained\": %.2f, \"dense_ms\": %.4f, "
+                    "\"unfused_over_dense\": %.4f, \"fused_over_dense\": %.4f",
+                    tflops, dense_ms, path_ms[i].first / dense_ms, path_ms[i].second / dense_ms);
+      records[i] += rec;
+      std::printf("  %s: unfused %.3f, fused %.3f x the dense time\n",
+                  i % 2 == 0 ? "uniform" : "skewed", path_ms[i].first / dense_ms,
+                  path_ms[i].second / dense_ms);
+    }
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f == nullptr) return 2;
-    std::fprintf(f, "{\"records\": [\n  %s\n]}\n", records.c_str());
+    std::string all;
+    for (const std::string& r : records) all += (all.empty() ? "" : ",\n  ") + r + "}";
+    std::fprintf(f, "{\"records\": [\n  %s\n]}\n", all.c_str());
     std::fclose(f);
   }
   cudaStreamDestroy(stream);
