@@ -25,7 +25,7 @@
 // --dense: at the end of the run, the rate a dense bf16 GEMM sustains on this GPU (cuBLAS, 8192^3,
 // back to back for kDenseSettleS + kDenseMeasureS seconds, the median call after the first
 // kDenseSettleS, as bench/ceilings.py measures bf16_tflops_sustained), and each path's median over
-// the time that rate takes for the layer's own FLOPs (6 T k H I routed + 6 T H S shared): the
+// the time that rate takes for the layer's own FLOPs (Problem::forward_flops over all T): the
 // issue-16 bar "forward time over the same-run sustained dense-GEMM time of the same FLOPs". So
 // that both sides are timed in the same state, --dense also implies --queued and warms each
 // routing up with kDenseSettleS seconds of calls back to back (bench_layer's sustained state).
@@ -494,9 +494,9 @@ int main(int argc, char** argv) {
   }
   if (dense) {
     const double tflops = sustained_dense_tflops(stream);
-    const double flops =
-        6.0 * static_cast<double>(s.T) * static_cast<double>(s.H) *
-        (static_cast<double>(s.k) * static_cast<double>(s.I) + static_cast<double>(s.S));
+    // Every rank's tokens: the layer of all T, as one GPU computes it.
+    const mok::Problem whole{s.T, s.H, s.I, s.E, s.k, s.S, 1, 0};
+    const double flops = whole.forward_flops(s.T * s.k);
     const double dense_ms = flops / (tflops * 1e9);
     std::printf("dense bf16 GEMM sustained %.1f TFLOP/s: the layer's %.3f TFLOP in %.3f ms\n",
                 tflops, flops / 1e12, dense_ms);
