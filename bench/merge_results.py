@@ -69,15 +69,15 @@ def fused_summary(cases):
     empty without layer-fused results."""
     fused = {(c["case"], c["routing"], c["impl"]): c for c in cases
              if c.get("suite") == "layer-fused" and isinstance(c.get("median_ms"), (int, float))}
+
+    def over(c):
+        v = c.get("over_dense")
+        return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
     rows = []
     for case, routing, impl in sorted(fused, key=lambda k: (k[0], k[1] != "uniform")):
         if impl != "mok-fused" or (case, routing, "mok-unfused") not in fused:
             continue
         f, u = fused[(case, routing, "mok-fused")], fused[(case, routing, "mok-unfused")]
-
-        def over(c):
-            v = c.get("over_dense")
-            return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
         rows.append(f"| {case} | {routing} | {u['median_ms']:.3f} | {f['median_ms']:.3f} | "
                     f"{f['pair_ratio_median']:.3f} ({f['pair_ratio_q1']:.3f}-{f['pair_ratio_q3']:.3f}) | "
                     f"{over(u)} | {over(f)} | {f['commit']} |")
