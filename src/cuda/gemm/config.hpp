@@ -31,12 +31,6 @@ inline constexpr int kTileFixedCost = 2;
 inline constexpr int kThreads = 384;           // Producer, Consumer0, Consumer1 warpgroups
 inline constexpr int kConsumerBarrierId = 1;   // named barrier among the two consumer warpgroups
 inline constexpr int kWarpgroupBarrierId = 2;  // + w: named barrier of consumer warpgroup w
-inline constexpr int kStoredBarrierId = 4;     // both consumer warpgroups: stores published
-// Trailing stores (epilogue.cuh): K blocks of the next tile issued before the previous tile's
-// stores start (GemmParams::trail_at; MOK_GEMM_TRAIL_BLOCKS overrides it, -1: the direct
-// epilogue), in kTrailParts parts, one a K block (mainloop.cuh, mma_tile).
-inline constexpr int kTrailBlocks = 2;
-inline constexpr int kTrailParts = 8;
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;

@@ -65,10 +65,6 @@ struct GemmParams {
   // The SwiGLU epilogues with a clamp (kClamped): the limit L. Last, so the fields before it keep
   // their offsets (the unclamped kernels read nothing new).
   float swiglu_limit;
-  // Cooperative bf16-row epilogues in the grouped GEMM launches: the K blocks of the next tile
-  // issued before a tile's stores start (trailing stores, epilogue.cuh), or -1: all of them before
-  // the next tile's first wait (the direct epilogue's timing).
-  int trail_at;
 };
 
 struct GemmDescriptor {

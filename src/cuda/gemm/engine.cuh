@@ -207,61 +207,9 @@ class GemmEngine {
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     const std::uint32_t turn_parity = (own_tiles_ & 1u) ^ (wg == 0 ? 1u : 0u);
-    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe, -1,
-                false, NoTrail{});
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe);
     ++own_tiles_;
     E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
-  }
-
-  // Whether this engine's tiles can leave their stores to the next tile's K loop (trailing
-  // stores, epilogue.cuh): cooperative tiles of a bf16-row epilogue. NOTES: the forward
-  // megakernel does not (it calls consume): there the next tile's first K block lands ~2.5 us after
-  // the previous tile's K loop, because its Producer hands tiles over one by one, and the stores
-  // were already hidden under that wait; with them trailing, its K loops got longer and the
-  // megakernel 8-20% slower (docs/perf/NOTES.md, session 16).
-  static constexpr bool kTrails = !F::kPingPong && kTrailingPolicy<E>;
-
-  // Consumer, trailing stores: the tile's K loop into `acc` (zeroed here), running trail(part) for
-  // the parts of the previous tile's stores (mma_tile) from K block trail_at() on, one a K block
-  // (trail_spread()) or all before the first wait. Then pack() keeps this tile's output for the
-  // next one.
-  template <class Trail, class Probe = NoProbe>
-  __device__ __forceinline__ void multiply(float (&acc)[F::kAcc], const TileInfo& tile,
-                                           Trail&& trail, const Probe& probe = Probe{}) {
-    static_assert(kTrails, "a cooperative bf16-row epilogue");
-    const int wg = consumer();
-    init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    const int at = min(min(trail_at(), tile.k_blocks), F::kStages - 1);
-    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, static_cast<int>(threadIdx.x) - 128, 0u,
-                probe, at, trail_spread(), trail);
-  }
-
-  // Consumer, trailing stores: this tile's output (its accumulators after multiply) into
-  // `trailing`, with `publish` to release once it is stored (or null).
-  __device__ __forceinline__ void pack(const float (&acc)[F::kAcc], const TileInfo& tile,
-                                       TrailingStores& trailing, std::uint32_t* publish) const {
-    static_assert(kTrails, "a cooperative bf16-row epilogue");
-    E::template pack<F>(acc, tile, d_, consumer(), warp_, lane_, trailing);
-    trailing.p = &d_.p;
-    trailing.publish = publish;
-  }
-
-  // The trailing-store schedule of this engine's descriptor (GemmParams::trail_at): the K block
-  // of the next tile its parts start at, and whether they are spread one a K block. The direct
-  // epilogue (trail_at -1) runs them all at the start of the next tile's K loop, before its first
-  // wait.
-  __device__ __forceinline__ int trail_at() const { return d_.p.trail_at < 0 ? 0 : d_.p.trail_at; }
-  __device__ __forceinline__ bool trail_spread() const { return d_.p.trail_at >= 0; }
-
-  // Consumer, trailing stores: part `part` of what `trailing` holds (nothing: returns), and after
-  // the last part its publication.
-  __device__ __forceinline__ void flush(TrailingStores& trailing, int part) const {
-    if (trailing.kind == Trail::none) return;
-    store_trailing<E::kTrailRows, E::kTrailSwiglu, E::kTrailPre, E::kTrailClamped>(trailing, part);
-    if (part == kTrailParts - 1 && trailing.publish != nullptr) {
-      publish_stores(trailing.publish);
-      trailing.publish = nullptr;
-    }
   }
 
   // Consumer, ping-pong: the other warpgroup's tile of `k_blocks` K blocks (its stages).

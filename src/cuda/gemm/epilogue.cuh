@@ -19,7 +19,6 @@
 #include "cuda/gemm/forms.cuh"
 #include "cuda/gemm/scheduler.cuh"
 #include "cuda/ptx/fence.cuh"
-#include "cuda/ptx/flags.cuh"
 #include "cuda/ptx/tma.cuh"
 
 namespace mok::gemm {
@@ -466,198 +465,6 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], cons
   }
 }
 
-// Trailing stores (NOTES, session 16): a cooperative M-grouped tile whose output is bf16 rows (the
-// gate/up SwiGLU, plain or scattered rows) rounds its accumulators into packed pairs right after
-// its K loop and stores them once the next tile's first K blocks are issued, so the quad
-// transposes, the SwiGLU and the stores run while the tensor cores work on the next tile. Each
-// consumer thread holds its 128 accumulators as 64 bf16 pairs, in accumulator order:
-//   rows (store_plain's pairs):  v[32 h + 4 c + i], c < 8: chunk c of row h (8 columns a lane),
-//   SwiGLU: g at v[32 h + 8 c + i], u at v[32 h + 8 c + 4 + i], c < 4,
-// with h the lane's two rows and i the pair within a chunk (acc_row, acc_col). The bits stored are
-// the direct epilogue's: the same roundings of the same values, only later.
-enum class Trail : int { none, rows, swiglu };
-
-struct TrailingStores {
-  std::uint32_t v[64];
-  const GemmParams* p;  // whose output (parameter space)
-  // rows: the address of row h's first element (0: the row is not stored); SwiGLU: row h's
-  // element offset in the row buffers (-1: not stored).
-  long long where[2];
-  int n0;  // the tile's first output column
-  Trail kind = Trail::none;
-  std::uint32_t* publish = nullptr;    // released once the stores are done, or null
-};
-
-// Whether epilogue policy E can pack its tiles for trailing stores (E::kTrailing).
-template <class E>
-inline constexpr bool kTrailingPolicy = requires { requires E::kTrailing; };
-
-// Every consumer thread of both warpgroups, after stores that another CTA's TMA reads (a
-// megakernel's gate/up tiles): one release increment of `counter` publishes them. NOTES: each
-// thread fences its own generic-proxy stores against the async proxy, the named barrier gathers
-// them at one thread, whose release reduction (cumulative) publishes them.
-__device__ __forceinline__ void publish_stores(std::uint32_t* counter) {
-  ptx::fence_proxy_async_global();
-  ptx::named_barrier_sync(kStoredBarrierId, kConsumerThreads);
-  if (threadIdx.x == 128) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
-}
-
-// The quad's 16-byte piece of 4 pairs starting at v[first] (quad_gather): one store.
-__device__ __forceinline__ uint4 gathered(const std::uint32_t (&v)[64], int first, int q) {
-  return quad_gather(v[first], v[first + 1], v[first + 2], v[first + 3], q);
-}
-
-// Packs store_plain's bf16 rows (E::kRowScale, E::kScatter) of a cooperative M-grouped tile.
-template <class F, class E>
-__device__ __forceinline__ void pack_rows(const float (&acc)[F::kAcc], const TileInfo& t,
-                                          const GemmParams& p, int wg, int warp, int lane,
-                                          TrailingStores& tr) {
-  static_assert(!F::kPingPong && !F::kKGrouped && !E::kFp32, "cooperative bf16 rows");
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + acc_row<F>(wg, 0, warp, lane, h);
-    bool row_ok = r < t.row_count;
-    float scale = 1.0f;
-    if constexpr (E::kRowScale) {
-      if (row_ok) scale = __ldg(p.row_scale + t.row_base + r);
-    }
-    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.out) +
-                         static_cast<long long>(t.row_base + r) * p.ld_out;
-    if constexpr (E::kScatter) {  // the row's slot on its home rank
-      const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
-      row_ok = src >= 0;
-      if (row_ok) {
-        const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
-        const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
-        dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
-              static_cast<long long>(slot) * p.ld_out;
-      }
-    }
-    tr.where[h] = row_ok ? static_cast<long long>(reinterpret_cast<std::uintptr_t>(dst)) : 0;
-#pragma unroll
-    for (int c = 0; c < F::kTileN / 32; ++c) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int a = 4 * (4 * c + i) + 2 * h;
-        float v0 = acc[a], v1 = acc[a + 1];
-        if constexpr (E::kRowScale) {
-          v0 = __fmul_rn(scale, v0);
-          v1 = __fmul_rn(scale, v1);
-        }
-        tr.v[32 * h + 4 * c + i] = pack_bf16x2(v0, v1);
-      }
-    }
-  }
-  tr.n0 = t.n0 * F::kTileN;
-  tr.kind = Trail::rows;
-}
-
-// Packs the gate/up tile's g and u (store_swiglu's roundings) of a cooperative tile.
-template <class F>
-__device__ __forceinline__ void pack_swiglu(const float (&acc)[F::kAcc], const TileInfo& t,
-                                            const GemmParams& p, int wg, int warp, int lane,
-                                            TrailingStores& tr) {
-  static_assert(!F::kPingPong && F::kind == FormKind::kGateUp, "cooperative gate/up tiles");
-  constexpr int kUp = F::kBlockAcc / 2;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const GroupRow row = group_row<F>(t, p, wg, 0, warp, lane, h);
-    tr.where[h] = row.ok ? row.offset : -1;
-#pragma unroll
-    for (int c = 0; c < F::kTileN / 64; ++c) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int a = 4 * (4 * c + i) + 2 * h;
-        tr.v[32 * h + 8 * c + i] = pack_bf16x2(acc[a], acc[a + 1]);
-        tr.v[32 * h + 8 * c + 4 + i] = pack_bf16x2(acc[kUp + a], acc[kUp + a + 1]);
-      }
-    }
-  }
-  tr.n0 = t.n0 * F::kOutTileN;
-  tr.kind = Trail::swiglu;
-}
-
-// Part kPart (of kTrailParts: row h = kPart / 4, a quarter of its chunks) of what `tr` holds
-// (every consumer thread of both warpgroups, all lanes: quad_gather). kRows, kSwiglu: it may hold
-// a tile of rows, of gate/up; kPreActivations: that tile's g and u are stored too (p->gate_out,
-// p->up_out); kClamped: its SwiGLU is clamped (GemmParams::swiglu_limit).
-template <int kPart, bool kRows, bool kSwiglu, bool kPreActivations, bool kClamped>
-__device__ __forceinline__ void store_trailing_part(const TrailingStores& tr) {
-  constexpr int h = kPart / 4, quarter = kPart % 4;
-  // NOTES: the lane read here, opaquely: with the lane from outside, the compiler moved the
-  // transposes' first selects up to the pack (both orders of each pair of pairs live across the
-  // next tile's K loop) and spilled 264 bytes.
-  unsigned opaque_lane;
-  asm volatile("mov.u32 %0, %%laneid;" : "=r"(opaque_lane));
-  const int q = static_cast<int>(opaque_lane % 4);
-  // One address a row and a column budget: each store's column is an immediate offset and its
-  // bound an immediate compare.
-  const int first = tr.n0 + 8 * q;  // this lane's first column; chunk c adds 32 c
-  const int room = tr.p->n - first;
-  const long long where = tr.where[h];
-  if (kRows && tr.kind == Trail::rows) {
-    auto* dst = reinterpret_cast<uint4*>(
-        reinterpret_cast<__nv_bfloat16*>(static_cast<std::uintptr_t>(where)) + first);
-#pragma unroll
-    for (int c = 2 * quarter; c < 2 * quarter + 2; ++c) {
-      const uint4 s = gathered(tr.v, 32 * h + 4 * c, q);
-      if (where != 0 && 32 * c < room) dst[4 * c] = s;
-    }
-  } else if (kSwiglu && tr.kind == Trail::swiglu) {
-    constexpr int c = quarter, g0 = 32 * h + 8 * c, u0 = g0 + 4;
-    const long long offset = where + first;
-    const bool ok = where >= 0 && 32 * c < room;
-    if constexpr (kPreActivations) {
-      const uint4 gs = gathered(tr.v, g0, q);
-      if (ok) reinterpret_cast<uint4*>(tr.p->gate_out + offset)[4 * c] = gs;
-      const uint4 us = gathered(tr.v, u0, q);
-      if (ok) reinterpret_cast<uint4*>(tr.p->up_out + offset)[4 * c] = us;
-    }
-    float limit = 0.0f;
-    if constexpr (kClamped) limit = tr.p->swiglu_limit;
-    std::uint32_t hv[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float g_lo = low_bf16(tr.v[g0 + i]), g_hi = high_bf16(tr.v[g0 + i]);
-      const float u_lo = low_bf16(tr.v[u0 + i]), u_hi = high_bf16(tr.v[u0 + i]);
-      if constexpr (kClamped) {
-        hv[i] = pack_bf16x2(numerics::swiglu_clamped_fast(g_lo, u_lo, limit),
-                            numerics::swiglu_clamped_fast(g_hi, u_hi, limit));
-      } else {
-        hv[i] = pack_bf16x2(numerics::swiglu_fast(g_lo, u_lo), numerics::swiglu_fast(g_hi, u_hi));
-      }
-    }
-    const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
-    if (ok) reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(tr.p->out) + offset)[4 * c] = hs;
-  }
-}
-
-// Part `part` of what `tr` holds (store_trailing_part); the last part leaves it empty. The caller
-// publishes tr.publish. NOTES: a switch of parts each behind a volatile no-op: written as guarded
-// iterations of one unrolled loop, the compiler computed every part's SwiGLU in each call and
-// selected one part's results (8 times the MUFU work).
-template <bool kRows, bool kSwiglu, bool kPreActivations, bool kClamped>
-__device__ __forceinline__ void store_trailing(TrailingStores& tr, int part) {
-  static_assert(kTrailParts == 8, "two rows of four parts");
-#define MOK_TRAIL_PART(P)                                                          \
-  case P:                                                                          \
-    asm volatile("" ::: "memory");                                                 \
-    store_trailing_part<P, kRows, kSwiglu, kPreActivations, kClamped>(tr);         \
-    break
-  switch (part) {
-    MOK_TRAIL_PART(0);
-    MOK_TRAIL_PART(1);
-    MOK_TRAIL_PART(2);
-    MOK_TRAIL_PART(3);
-    MOK_TRAIL_PART(4);
-    MOK_TRAIL_PART(5);
-    MOK_TRAIL_PART(6);
-    MOK_TRAIL_PART(7);
-  }
-#undef MOK_TRAIL_PART
-  if (part == kTrailParts - 1) tr.kind = Trail::none;
-}
-
 // The accumulators of a tile before its K loop: zeros, or the fp32 output's values when a
 // reduction continues.
 template <class F>
@@ -678,15 +485,6 @@ namespace epilogue {
 // kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
 template <bool kPreActivations, bool kClamped = false>
 struct SwigluForward {
-  // Trailing stores (store_trailing's kSwiglu, kClamped).
-  static constexpr bool kTrailing = true, kTrailRows = false, kTrailSwiglu = true;
-  static constexpr bool kTrailPre = kPreActivations, kTrailClamped = kClamped;
-  template <class F>
-  __device__ __forceinline__ static void pack(const float (&acc)[F::kAcc], const TileInfo& t,
-                                              const GemmDescriptor& d, int wg, int warp, int lane,
-                                              TrailingStores& tr) {
-    pack_swiglu<F>(acc, t, d.p, wg, warp, lane, tr);
-  }
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
@@ -702,14 +500,6 @@ template <bool kRowScaleOn, bool kScatterOn>
 struct RowsBf16 {
   static constexpr bool kFp32 = false, kAccumulate = false;
   static constexpr bool kRowScale = kRowScaleOn, kScatter = kScatterOn;
-  static constexpr bool kTrailing = true, kTrailRows = true, kTrailSwiglu = false;
-  static constexpr bool kTrailPre = false, kTrailClamped = false;
-  template <class F>
-  __device__ __forceinline__ static void pack(const float (&acc)[F::kAcc], const TileInfo& t,
-                                              const GemmDescriptor& d, int wg, int warp, int lane,
-                                              TrailingStores& tr) {
-    pack_rows<F, RowsBf16>(acc, t, d.p, wg, warp, lane, tr);
-  }
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,

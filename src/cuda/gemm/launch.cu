@@ -123,22 +123,6 @@ WaitTimeoutReport* timeout_reports() {
   return r;
 }
 
-// NOTES: MOK_GEMM_TRAIL_BLOCKS=-1..3 replaces kTrailBlocks in every launch (-1: the direct
-// epilogue's timing, each tile's stores before the next tile's first wait; a diagnostic for A/B
-// runs). Read once.
-int default_trail_blocks() {
-  static const int blocks = [] {
-    const char* v = std::getenv("MOK_GEMM_TRAIL_BLOCKS");
-    if (v == nullptr || *v == '\0') return kTrailBlocks;
-    const std::string text(v);
-    for (int b = -1; b < 4; ++b) {
-      if (text == std::to_string(b)) return b;
-    }
-    throw Error("MOK_GEMM_TRAIL_BLOCKS", "-1 (the direct epilogue) or 0, 1, 2, 3", text);
-  }();
-  return blocks;
-}
-
 // A descriptor with the group tables and the waits set; the maps are the form's to set.
 GemmDescriptor base_descriptor(const RowSegments& s, const WaitOptions& waits) {
   check(waits.timeout_ns > 0, "waits.timeout_ns", "> 0 nanoseconds", to_text(waits.timeout_ns));
@@ -149,7 +133,6 @@ GemmDescriptor base_descriptor(const RowSegments& s, const WaitOptions& waits) {
   p.sched = scheduler_params(s, 0, 0, 0);
   p.wait_timeout_ns = waits.timeout_ns;
   p.stall_block = waits.stall_block;
-  p.trail_at = default_trail_blocks();
   const int device = current_device();
   WaitTimeoutReport* reports = device < kMaxDevices ? timeout_reports() : nullptr;
   p.timeout_report = reports != nullptr ? reports + device : nullptr;

@@ -442,37 +442,17 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // warpgroup goes through the same wgmma and named barriers whatever its waits returned.
 // `probe` (NoProbe but in a megakernel's trace): landed() once the first K block is in shared
 // memory, multiplied() once the last wgmma is done.
-// Trailing stores (epilogue.cuh): the previous tile's stores in kTrailParts parts, trail(0) ..
-// trail(kTrailParts - 1), run between this tile's K blocks: from the one that comes once
-// `trail_at` K blocks are issued (0 <= trail_at < F::kStages; -1: none trail), one part per K
-// block (`spread`) or all at once, and whatever is left once the last K block is issued. The
-// blocks before the first part are issued without waiting for the tensor cores, so they are all in
-// flight while it runs; their stages are released once the next block is issued. NOTES: trail is
-// called from one site (its code is large: the kernel's K loop stays one copy); trail_at <
-// kStages, or the wait for block trail_at could need a stage that only its own tile releases;
-// parts one K block apart, because the whole gate/up tile's SwiGLU and stores take longer than
-// the blocks in flight (session 16).
-template <class F, class Probe, class Trail>
+template <class F, class Probe>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const GemmParams& p, int consumer_wg, int lane,
                                          int reader_thread, std::uint32_t turn_parity,
-                                         const Probe& probe, int trail_at, bool spread,
-                                         Trail&& trail) {
+                                         const Probe& probe) {
   if constexpr (F::kPingPong) {
     (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
   }
-  PipelineState<F::kStages> release = state;  // the stage of the next K block to release
-  int released = 0;
-  int trailed = trail_at < 0 ? kTrailParts : 0;  // parts run
-  for (int kb = 0;; ++kb) {
-    const bool last = kb == tile.k_blocks;
-    const int due = kb < trail_at  ? 0
-                    : last || !spread ? kTrailParts
-                                      : min(kTrailParts, kb - trail_at + 1);
-#pragma unroll 1
-    for (; trailed < due; ++trailed) trail(trailed);
-    if (last) break;
+  int previous_stage = -1;
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
     if (kb == 0) probe.landed();
     if constexpr (F::kKGrouped) {
@@ -483,14 +463,9 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
       }
     }
     mma_k_block<F>(acc, ring, state.stage, consumer_wg);
-    if (kb >= trail_at) {
-      // Every block before this one is done: their stages go back to the Producer.
-      ptx::wgmma_wait_group<1>();
-      for (; released < kb; ++released) {
-        if (lane == 0) ptx::mbarrier_arrive(ring.empty(release.stage));
-        release.advance();
-      }
-    }
+    ptx::wgmma_wait_group<1>();
+    if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
+    previous_stage = state.stage;
     state.advance();
   }
   if constexpr (F::kPingPong) {
@@ -500,15 +475,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);
   probe.multiplied();
-  for (; released < tile.k_blocks; ++released) {
-    if (lane == 0) ptx::mbarrier_arrive(ring.empty(release.stage));
-    release.advance();
-  }
+  if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
 }
-
-// What mma_tile runs between K blocks when no tile's stores trail: nothing.
-struct NoTrail {
-  __device__ __forceinline__ void operator()(int /*part*/) const {}
-};
 
 }  // namespace mok::gemm

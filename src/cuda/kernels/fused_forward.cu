@@ -82,6 +82,10 @@ constexpr int kConsumerRegisters = gemm::kConsumerRegisters;
 static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <=
                   gemm::kThreads * gemm::kEntryRegisters,
               "register budgets exceed the CTA's registers");
+// The named barrier of the two Consumer warpgroups after a task whose stores another CTA's TMA
+// reads (engine ids: 1, 2, 3).
+constexpr int kStoredBarrierId = 5;
+static_assert(kStoredBarrierId > gemm::kWarpgroupBarrierId + 1, "named barrier ids collide");
 
 // Zero unless a CTA is writing this device's GEMM wait report (GemmEngine::report_timeout).
 __device__ unsigned g_fused_report_lock;
@@ -161,6 +165,16 @@ __device__ bool wait_counter(const FusedForwardParams& fp, const Engine& engine,
   }
   engine.abandon();
   return false;
+}
+
+// Every Consumer thread, after a task whose global stores another CTA's TMA reads: the stores
+// are published with one release increment of `counter`. NOTES: each thread fences its own
+// generic-proxy stores against the async proxy, the named barrier gathers them at one thread,
+// whose release reduction (cumulative) publishes them.
+__device__ void publish_stored(std::uint32_t* counter) {
+  ptx::fence_proxy_async_global();
+  ptx::named_barrier_sync(kStoredBarrierId, gemm::kConsumerThreads);
+  if (threadIdx.x == 128) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
 }
 
 // Warps 1-3 of the Producer warpgroup (idle in a GEMM: one thread of warp 0 issues the loads):
@@ -442,8 +456,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
         });
       }
       // A gate/up tile (even an empty one) counts towards its down tiles' dependency.
-      if (task.kind == TaskKind::gate_up) gemm::publish_stores(c.done + task.block);
-      if (task.kind == TaskKind::shared_gate_up) gemm::publish_stores(c.shared_done + task.block);
+      if (task.kind == TaskKind::gate_up) publish_stored(c.done + task.block);
+      if (task.kind == TaskKind::shared_gate_up) publish_stored(c.shared_done + task.block);
       if (stamps != nullptr) {
         stamps[6] = ptx::global_timer_ns();
         stamps[7] = blockIdx.x | static_cast<std::uint64_t>(task.kind) << 16 |

@@ -101,27 +101,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // NOTES: after an abort the remaining tiles still run (their waits give up at once, their
       // outputs are void): the static order is the one thing all consumer warps agree on.
-      if constexpr (GemmEngine<F, E>::kTrails) {
-        // Each tile's stores trail into the next tile's K loop; the last tile's run after it.
-        TrailingStores trailing;
-        const auto trail = [&](int part) { engine.flush(trailing, part); };
-        float acc[F::kAcc];
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-          const TileInfo t = scheduler.tile(tile);
-          engine.multiply(acc, t, trail);
-          engine.pack(acc, t, trailing, nullptr);
+      unsigned i = 0;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++i) {
+        if (F::kPingPong && (i & 1u) != wg) {
+          engine.pass_over(d.p.sched.k_blocks);  // the other warpgroup's tile
+          continue;
         }
-#pragma unroll 1
-        for (int part = 0; part < kTrailParts; ++part) trail(part);
-      } else {
-        unsigned i = 0;
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++i) {
-          if (F::kPingPong && (i & 1u) != wg) {
-            engine.pass_over(d.p.sched.k_blocks);  // the other warpgroup's tile
-            continue;
-          }
-          engine.consume(scheduler.tile(tile));
-        }
+        engine.consume(scheduler.tile(tile));
       }
     }
     engine.finish_consuming();
