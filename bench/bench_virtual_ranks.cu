@@ -19,6 +19,7 @@
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
 //                       [--queued] [--trace-out PREFIX] [--minibatch ROWS] [--dense]
+//                       [--solo SECONDS]
 //
 // --minibatch ROWS: Config::minibatch_size for both paths (default: Config's).
 //
@@ -29,6 +30,12 @@
 // issue-16 bar "forward time over the same-run sustained dense-GEMM time of the same FLOPs". So
 // that both sides are timed in the same state, --dense also implies --queued and warms each
 // routing up with kDenseSettleS seconds of calls back to back (bench_layer's sustained state).
+//
+// --solo SECONDS: after the pairs of each routing, each path alone (unfused first for uniform
+// routing, fused first for skewed), calls queued back to back for SECONDS: the median call of the
+// second half, and that half's wall-clock interval (Unix
+// seconds), to read beside clocks and power sampled meanwhile (nvidia-smi --query-gpu=timestamp,
+// clocks.sm,power.draw -lms 20): whether a path's time follows its cycles or its energy.
 //
 // --trace-out PREFIX (with --trace): also the raw trace of each routing, to
 // PREFIX-<case>-<routing>.u64, for bench/trace_summary.py.
@@ -242,6 +249,12 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
 constexpr double kDenseSettleS = 2.0, kDenseMeasureS = 4.0;
 
 // The dense bf16 GEMM rate (TFLOP/s) this GPU sustains: --dense above.
+// Wall-clock time (Unix seconds), to line a phase up with clocks and power sampled beside it.
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 double sustained_dense_tflops(cudaStream_t stream) {
   constexpr int n = 8192;
   auto a = random_bf16(std::int64_t{n} * n, 101, 1.0f),
@@ -263,8 +276,10 @@ double sustained_dense_tflops(cudaStream_t stream) {
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  double measured_from = 0;
   while (seconds() < kDenseSettleS + kDenseMeasureS) {
     Call call{seconds(), nullptr, nullptr};
+    if (measured_from == 0 && call.at >= kDenseSettleS) measured_from = unix_seconds();
     check(cudaEventCreate(&call.begin), "event");
     check(cudaEventCreate(&call.end), "event");
     cudaEventRecord(call.begin, stream);
@@ -280,6 +295,8 @@ double sustained_dense_tflops(cudaStream_t stream) {
       check(cudaEventSynchronize(call.end), "dense");  // host a few calls ahead
   }
   check(cudaStreamSynchronize(stream), "dense");
+  std::printf("dense bf16 GEMM timed over wall clock %.3f to %.3f\n", measured_from,
+              unix_seconds());
   std::vector<double> ms;
   for (const Call& call : calls) {
     float t = 0;
@@ -298,10 +315,54 @@ double sustained_dense_tflops(cudaStream_t stream) {
 
 }  // namespace
 
+// --solo: `layer` alone, calls queued back to back for `seconds` over the three input sets; the
+// median call of the second half, printed with that half's wall-clock interval.
+static double solo_ms(mok::cuda::UnfusedLayer& layer,
+                      const std::vector<mok::cuda::RankTensors> (&sets)[3], double seconds,
+                      cudaStream_t stream, const char* path) {
+  struct Call {
+    double at;
+    cudaEvent_t begin, end;
+  };
+  std::vector<Call> calls;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double half_at = 0;
+  for (int i = 0; elapsed() < seconds; ++i) {
+    Call call{elapsed(), nullptr, nullptr};
+    if (half_at == 0 && call.at >= seconds / 2) half_at = unix_seconds();
+    check(cudaEventCreate(&call.begin), "event");
+    check(cudaEventCreate(&call.end), "event");
+    cudaEventRecord(call.begin, stream);
+    layer.forward(sets[i % 3], true, stream);
+    cudaEventRecord(call.end, stream);
+    calls.push_back(call);
+    if (calls.size() % 8 == 0) check(cudaEventSynchronize(call.end), "solo");
+  }
+  check(cudaStreamSynchronize(stream), "solo");
+  const double end_at = unix_seconds();
+  layer.check_errors(stream);
+  std::vector<double> ms;
+  for (const Call& call : calls) {
+    float t = 0;
+    cudaEventElapsedTime(&t, call.begin, call.end);
+    if (call.at >= seconds / 2) ms.push_back(t);
+    cudaEventDestroy(call.begin);
+    cudaEventDestroy(call.end);
+  }
+  const double m = ms.empty() ? 0.0 : median(ms);
+  std::printf("  solo %-7s %8.3f ms (median of %zu calls, wall clock %.3f to %.3f)\n", path, m,
+              ms.size(), half_at, end_at);
+  return m;
+}
+
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json, trace_out;
   int W = 8, reps = 30;
   std::int64_t minibatch = 0;
+  double solo = 0;
   bool trace = false, queued = false, dense = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
@@ -324,9 +385,21 @@ int main(int argc, char** argv) {
       json = argv[i + 1];
     else if (a == "--trace-out")
       trace_out = argv[i + 1];
-    else if (a == "--minibatch")
-      minibatch = std::atoll(argv[i + 1]);
-    else {
+    else if (a == "--minibatch" || a == "--solo") {
+      char* end = nullptr;
+      const double v = std::strtod(argv[i + 1], &end);
+      const bool rows = a == "--minibatch";
+      if (*end != '\0' || !(v > 0) || (rows && v != static_cast<double>(std::int64_t(v)))) {
+        std::fprintf(stderr, "%s needs a positive %s, not %s\n", a.c_str(),
+                     rows ? "integer" : "number", argv[i + 1]);
+        return 2;
+      }
+      if (rows) {
+        minibatch = static_cast<std::int64_t>(v);
+      } else {
+        solo = v;
+      }
+    } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
     }
@@ -452,6 +525,19 @@ int main(int argc, char** argv) {
         s.name, routing, W, queued ? "queued" : "synced", medians[0], medians[1], ratio, q1, q3,
         same ? "bitwise equal" : "OUTPUTS DIFFER");
     if (!same) return 1;
+    std::string solo_json;
+    if (solo > 0) {
+      char rec[256];
+      double medians_alone[2] = {0, 0};
+      for (int j = 0; j < 2; ++j) {  // unfused first for uniform routing, fused for skewed
+        const int fused = skewed ? 1 - j : j;
+        medians_alone[fused] =
+            solo_ms(*layers[fused], rank_sets, solo, stream, fused ? "fused" : "unfused");
+      }
+      std::snprintf(rec, sizeof rec, "\"solo_s\": %.1f, \"solo_unfused_ms\": %.4f, "
+                    "\"solo_fused_ms\": %.4f, ", solo, medians_alone[0], medians_alone[1]);
+      solo_json = rec;
+    }
     std::string traced = "null";
     if (trace) {
       const std::int64_t words = mok::cuda::UnfusedLayer::forward_trace_words(1 << 20);
@@ -487,8 +573,9 @@ int main(int argc, char** argv) {
         "{\"suite\": \"layer-virtual-ranks\", \"case\": \"%s\", \"routing\": \"%s\", "
         "\"ranks\": %d, \"pass\": \"fwd\", \"sync\": %s, \"reps\": %d, \"unfused_ms\": %.4f, "
         "\"fused_ms\": %.4f, \"pair_ratio_median\": %.4f, \"pair_ratio_q1\": %.4f, "
-        "\"pair_ratio_q3\": %.4f, \"trace\": ",
-        s.name, routing, W, queued ? "false" : "true", reps, medians[0], medians[1], ratio, q1, q3);
+        "\"pair_ratio_q3\": %.4f, %s\"trace\": ",
+        s.name, routing, W, queued ? "false" : "true", reps, medians[0], medians[1], ratio, q1, q3,
+        solo_json.c_str());
     records.push_back(rec + traced);
     path_ms.push_back({medians[0], medians[1]});
   }
