@@ -13,6 +13,7 @@ import sys
 
 PERF = pathlib.Path(__file__).resolve().parent.parent / "docs" / "perf"
 PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep", "layer_fused"]
+# layer_fused.json holds both bench_virtual_ranks suites: layer-fused (pairs) and layer-fused-solo.
 
 
 def layer_summary(cases, ceilings):
@@ -93,6 +94,32 @@ def fused_summary(cases):
             "| --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
 
 
+def fused_solo_summary(cases):
+    """The two forward paths each alone at the power limit (bench_virtual_ranks --solo, clock and
+    power sampled beside it: bench/solo_power.py); empty without layer-fused-solo results."""
+    solo = {(c["case"], c.get("ranks", 1), c["routing"], c["impl"]): c for c in cases
+            if c.get("suite") == "layer-fused-solo" and isinstance(c.get("median_ms"), (int, float))}
+    rows = []
+    for case, ranks, routing, impl in sorted(solo, key=lambda k: (k[0], k[1], k[2] != "uniform")):
+        if impl != "mok-fused" or (case, ranks, routing, "mok-unfused") not in solo:
+            continue
+        f, u = solo[(case, ranks, routing, "mok-fused")], solo[(case, ranks, routing, "mok-unfused")]
+        rows.append(f"| {case} | {ranks} | {routing} | {u['median_ms']:.3f} | {f['median_ms']:.3f} | "
+                    f"{u['median_ms'] / f['median_ms']:.3f} | {u['sm_mhz_mean']:.0f} / "
+                    f"{f['sm_mhz_mean']:.0f} | {u['joules_per_call']:.3f} / {f['joules_per_call']:.3f} | "
+                    f"{u['over_dense']:.3f} / {f['over_dense']:.3f} | {f['commit']} |")
+    if not rows:
+        return []
+    return ["## Forward megakernel against the launches, each alone at the power limit", "",
+            "Each path's calls back to back (not interleaved), the board at its 700 W limit: a "
+            "call's time is its energy over that power, so the time ratio is the energy ratio, "
+            "and the per-pair ratio above (one clock for both) is close to the cycle ratio "
+            "instead (docs/perf/NOTES.md, session 17).", "",
+            "| case | W | routing | unfused ms | fused ms | unfused / fused | MHz (unfused / fused) "
+            "| J a call | over dense | commit |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
+
+
 def main() -> int:
     merged = {"gpu": None, "commit": None, "date": None, "ceilings": {}, "cases": []}
     newest = ""
@@ -128,6 +155,7 @@ def main() -> int:
              "every row names the commit and date it was measured at.", ""]
     lines += layer_summary(merged["cases"], merged["ceilings"])
     lines += fused_summary(merged["cases"])
+    lines += fused_solo_summary(merged["cases"])
     lines += ["## All measurements", "",
               "| suite | case | routing | pass | impl | median ms | TFLOP/s | floor ms | commit | date |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

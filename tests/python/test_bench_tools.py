@@ -111,3 +111,41 @@ def test_trace_summary_reads_what_the_kernel_writes(tmp_path):
     with pytest.raises(ValueError, match="not a trace"):
         bad = _trace_words(ctas, [(1, 1, 2, 3, 3, 3, 4, 5, "down", 0)])
         ts.parse(bad)
+
+
+def test_solo_power_lines_phases_up_with_the_samples(tmp_path):
+    import datetime
+
+    import solo_power as sp
+
+    # Samples every 0.1 s from t0: the unfused phase [t0 + 1, t0 + 2] at 1500 MHz and 700 W, the
+    # fused phase [t0 + 3, t0 + 4] at 1400 MHz and 690 W, the dense one [t0 + 5, t0 + 6] at 1480.
+    t0 = 1_800_000_000.0
+    lines = []
+    for i in range(70):
+        t = t0 + 0.1 * i
+        mhz, watts = (1400, 690.0) if 30 <= i <= 40 else (1480, 691.0) if i >= 50 else (1500, 700.0)
+        stamp = datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+        lines.append(f"{stamp.strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {mhz} MHz, {watts} W, 60")
+    lines.insert(3, "garbage, line")
+    smi = tmp_path / "smi.csv"
+    smi.write_text("\n".join(lines) + "\n")
+    log = tmp_path / "run.log"
+    log.write_text(
+        "qwen3-30b-a3b  uniform W 1 queued unfused    2.800 ms  fused    2.600 ms  ...\n"
+        f"  solo unfused    2.000 ms (median of 9 calls, wall clock {t0 + 0.95:.3f} to "
+        f"{t0 + 2.05:.3f})\n"
+        f"  solo fused      1.900 ms (median of 9 calls, wall clock {t0 + 2.95:.3f} to "
+        f"{t0 + 4.05:.3f})\n"
+        f"dense bf16 GEMM timed over wall clock {t0 + 4.95:.3f} to {t0 + 6.95:.3f}\n"
+        "dense bf16 GEMM sustained 680.0 TFLOP/s: the layer's 1.237 TFLOP in 1.819 ms\n")
+    records = sp.phases(log, sp.read_samples(smi))
+    assert [r["path"] for r in records] == ["unfused", "fused", "dense"]
+    u, f, d = records
+    assert u["case"] == "qwen3-30b-a3b W1" and u["routing"] == "uniform"
+    assert u["sm_mhz_mean"] == pytest.approx(1500) and u["power_w_mean"] == pytest.approx(700)
+    assert f["sm_mhz_mean"] == pytest.approx(1400) and f["samples"] == 11
+    assert u["mcycles_per_call"] == pytest.approx(3.0)  # 2 ms at 1500 MHz
+    assert f["joules_per_call"] == pytest.approx(1.9 * 0.690)
+    assert d["sm_mhz_mean"] == pytest.approx(1480) and d["layer_ms_at_dense_rate"] == 1.819
+    assert "median_ms" not in d
