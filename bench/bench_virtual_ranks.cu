@@ -248,13 +248,57 @@ std::string summarise_trace(const std::vector<std::uint64_t>& w, const char* lab
 
 constexpr double kDenseSettleS = 2.0, kDenseMeasureS = 4.0;
 
-// The dense bf16 GEMM rate (TFLOP/s) this GPU sustains: --dense above.
 // Wall-clock time (Unix seconds), to line a phase up with clocks and power sampled beside it.
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
+// Calls timed back to back: call(i) issued on `stream` for `seconds`, each between its own pair
+// of events, the host waiting every `batch` calls (so it stays a few calls ahead); `ms` holds the
+// times of the calls issued from `measured_from` seconds on, [from, to] the wall-clock interval
+// from the first of them to the end.
+struct BackToBack {
+  std::vector<double> ms;
+  double from = 0, to = 0;
+};
+template <class Call>
+BackToBack back_to_back(cudaStream_t stream, double seconds, double measured_from, int batch,
+                        const char* what, Call&& call) {
+  struct Timed {
+    double at;
+    cudaEvent_t begin, end;
+  };
+  std::vector<Timed> calls;
+  BackToBack run;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (int i = 0; elapsed() < seconds; ++i) {
+    Timed t{elapsed(), nullptr, nullptr};
+    if (run.from == 0 && t.at >= measured_from) run.from = unix_seconds();
+    check(cudaEventCreate(&t.begin), "event");
+    check(cudaEventCreate(&t.end), "event");
+    cudaEventRecord(t.begin, stream);
+    call(i);
+    cudaEventRecord(t.end, stream);
+    calls.push_back(t);
+    if (calls.size() % batch == 0) check(cudaEventSynchronize(t.end), what);
+  }
+  check(cudaStreamSynchronize(stream), what);
+  run.to = unix_seconds();
+  for (const Timed& t : calls) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t.begin, t.end);
+    if (t.at >= measured_from) run.ms.push_back(ms);
+    cudaEventDestroy(t.begin);
+    cudaEventDestroy(t.end);
+  }
+  return run;
+}
+
+// The dense bf16 GEMM rate (TFLOP/s) this GPU sustains: --dense above.
 double sustained_dense_tflops(cudaStream_t stream) {
   constexpr int n = 8192;
   auto a = random_bf16(std::int64_t{n} * n, 101, 1.0f),
@@ -267,96 +311,39 @@ double sustained_dense_tflops(cudaStream_t stream) {
     std::exit(2);
   }
   const float alpha = 1.0f, beta = 0.0f;
-  struct Call {
-    double at;
-    cudaEvent_t begin, end;
-  };
-  std::vector<Call> calls;
-  const auto start = std::chrono::steady_clock::now();
-  auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  double measured_from = 0;
-  while (seconds() < kDenseSettleS + kDenseMeasureS) {
-    Call call{seconds(), nullptr, nullptr};
-    if (measured_from == 0 && call.at >= kDenseSettleS) measured_from = unix_seconds();
-    check(cudaEventCreate(&call.begin), "event");
-    check(cudaEventCreate(&call.end), "event");
-    cudaEventRecord(call.begin, stream);
-    if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a->p, CUDA_R_16BF, n, b->p,
-                     CUDA_R_16BF, n, &beta, c.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cublasGemmEx failed\n");
-      std::exit(2);
-    }
-    cudaEventRecord(call.end, stream);
-    calls.push_back(call);
-    if (calls.size() % 16 == 0)
-      check(cudaEventSynchronize(call.end), "dense");  // host a few calls ahead
-  }
-  check(cudaStreamSynchronize(stream), "dense");
-  std::printf("dense bf16 GEMM timed over wall clock %.3f to %.3f\n", measured_from,
-              unix_seconds());
-  std::vector<double> ms;
-  for (const Call& call : calls) {
-    float t = 0;
-    cudaEventElapsedTime(&t, call.begin, call.end);
-    if (call.at >= kDenseSettleS) ms.push_back(t);
-    cudaEventDestroy(call.begin);
-    cudaEventDestroy(call.end);
-  }
+  const BackToBack run =
+      back_to_back(stream, kDenseSettleS + kDenseMeasureS, kDenseSettleS, 16, "dense", [&](int) {
+        if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a->p, CUDA_R_16BF, n,
+                         b->p, CUDA_R_16BF, n, &beta, c.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "cublasGemmEx failed\n");
+          std::exit(2);
+        }
+      });
+  std::printf("dense bf16 GEMM timed over wall clock %.3f to %.3f\n", run.from, run.to);
   cublasDestroy(handle);
-  if (ms.empty()) {
+  if (run.ms.empty()) {
     std::fprintf(stderr, "no dense GEMM timed\n");
     std::exit(2);
   }
-  return 2.0 * n * n * double{n} / (median(ms) * 1e9);
+  return 2.0 * n * n * double{n} / (median(run.ms) * 1e9);
 }
-
-}  // namespace
 
 // --solo: `layer` alone, calls queued back to back for `seconds` over the three input sets; the
 // median call of the second half, printed with that half's wall-clock interval.
-static double solo_ms(mok::cuda::UnfusedLayer& layer,
-                      const std::vector<mok::cuda::RankTensors> (&sets)[3], double seconds,
-                      cudaStream_t stream, const char* path) {
-  struct Call {
-    double at;
-    cudaEvent_t begin, end;
-  };
-  std::vector<Call> calls;
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  double half_at = 0;
-  for (int i = 0; elapsed() < seconds; ++i) {
-    Call call{elapsed(), nullptr, nullptr};
-    if (half_at == 0 && call.at >= seconds / 2) half_at = unix_seconds();
-    check(cudaEventCreate(&call.begin), "event");
-    check(cudaEventCreate(&call.end), "event");
-    cudaEventRecord(call.begin, stream);
+double solo_ms(mok::cuda::UnfusedLayer& layer, const std::vector<mok::cuda::RankTensors> (&sets)[3],
+               double seconds, cudaStream_t stream, const char* path) {
+  const BackToBack run = back_to_back(stream, seconds, seconds / 2, 8, "solo", [&](int i) {
     layer.forward(sets[i % 3], true, stream);
-    cudaEventRecord(call.end, stream);
-    calls.push_back(call);
-    if (calls.size() % 8 == 0) check(cudaEventSynchronize(call.end), "solo");
-  }
-  check(cudaStreamSynchronize(stream), "solo");
-  const double end_at = unix_seconds();
+  });
   layer.check_errors(stream);
-  std::vector<double> ms;
-  for (const Call& call : calls) {
-    float t = 0;
-    cudaEventElapsedTime(&t, call.begin, call.end);
-    if (call.at >= seconds / 2) ms.push_back(t);
-    cudaEventDestroy(call.begin);
-    cudaEventDestroy(call.end);
-  }
-  const double m = ms.empty() ? 0.0 : median(ms);
+  const double m = run.ms.empty() ? 0.0 : median(run.ms);
   std::printf("  solo %-7s %8.3f ms (median of %zu calls, wall clock %.3f to %.3f)\n", path, m,
-              ms.size(), half_at, end_at);
+              run.ms.size(), run.from, run.to);
   return m;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json, trace_out;
