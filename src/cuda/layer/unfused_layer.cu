@@ -529,15 +529,7 @@ struct UnfusedLayer::Impl {
                     cudaStream_t s) {
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
-    static const bool rows_order = [] {  // EXPERIMENT (session 17): A/B in one binary
-      const char* v = std::getenv("MOK_PULL_ORDER");
-      return v != nullptr && std::string(v) == "rows";
-    }();
-    if (rows_order) {
-      check(launch_pull_rows(pull, s), "dispatch of x");
-    } else {
-      check(launch_pull_tokens(pull, buffers(r).row_of_slot, s), "dispatch of x");
-    }
+    check(launch_pull_tokens(pull, buffers(r).row_of_slot, s), "dispatch of x");
     gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
   }
 };
