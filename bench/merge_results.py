@@ -114,8 +114,7 @@ def fused_solo_summary(cases):
             "Each path's calls back to back (not interleaved), the board at its 700 W limit: a "
             "call's time is its energy over that power, so the time ratio is the energy ratio, "
             "and the per-pair ratio above (one clock for both) is close to the cycle ratio "
-            "instead (docs/perf/NOTES.md, session 17). Each case's latest run (its commit "
-            "last); every run is in the table below.", "",
+            "instead (docs/perf/NOTES.md, session 17).", "",
             "| case | W | routing | unfused ms | fused ms | unfused / fused | MHz (unfused / fused) "
             "| J a call | over dense | commit |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
