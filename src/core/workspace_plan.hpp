@@ -43,6 +43,8 @@
 //     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 3]  the forward megakernel's
 //                                              ready, done, shared_done, ticket, pull and exit
 //                                              counters
+//     row_of_slot          i32  [W*T*k]        the table inverted: the table row of each source
+//                                              slot, or -1 (the forward dispatch's token order)
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -110,7 +112,7 @@ struct WorkspacePlan {
   // layer region
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up, row_weights,
       row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
-      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters;
+      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters, row_of_slot;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P
@@ -224,6 +226,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
   p.fused_counters = carve(end, fused_counter_words(R, T) * u32);
+  p.row_of_slot = carve(end, W * T * k * i32);
   p.layer_bytes = end;
   return p;
 }
@@ -284,6 +287,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
     {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
      "u32 [2 * ceil(R/128) + ceil(T/128) + 3]"},
+    {"row_of_slot", Region::layer, &WorkspacePlan::row_of_slot, "i32 [W*T*k]"},
 };
 
 }  // namespace mok::plan

@@ -189,6 +189,67 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TransferGpu,
                                             ::testing::Values(PullMode::forward, PullMode::scaled,
                                                               PullMode::row_weights)));
 
+// The dispatch in token order (launch_invert_table, then launch_pull_tokens per pass) writes the
+// ring that the row order writes, bit for bit, rows past the pass untouched: over W ranks, several
+// passes and one past the end, every slot kept or a random 80%, rows of fewer and of more vectors
+// than a warp's batch, with and without the rank's own x read in place.
+TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
+  MOK_SKIP_WITHOUT_GPU();
+  for (int W : {1, 3, 8})
+    for (std::int64_t hidden : {192, 2112})
+      for (double keep : {1.0, 0.8}) {
+        std::mt19937_64 rng(test_seed() + 17 * W + hidden);
+        const RowGeometry g{.tokens = 45, .topk = 4, .hidden = hidden, .ranks = W};
+        const std::vector<std::int32_t> table = random_table(g, keep, 128, rng);
+        const std::int64_t total = static_cast<std::int64_t>(table.size());
+        const std::int64_t ring_rows = 128 * 3;
+        const std::int64_t slots = W * g.tokens * g.topk;
+        Ranks x(W, g.tokens * g.hidden, rng);
+        DeviceBuffer<std::int32_t> d_table(table),
+            d_total(std::vector<std::int32_t>{std::int32_t(total)}), row_of_slot(slots);
+        row_of_slot.poison();
+        MOK_CUDA_OK(cuda::launch_invert_table(
+            {d_table.get(), d_total.get(), row_of_slot.get(), slots}, nullptr));
+        DeviceBuffer<bf16_t> by_rows(ring_rows * g.hidden), by_tokens(ring_rows * g.hidden);
+        const std::string what = "W " + std::to_string(W) + ", H " + std::to_string(hidden) +
+                                 ", keep " + std::to_string(keep);
+        for (std::int64_t offset = 0; offset < total + ring_rows; offset += ring_rows) {
+          by_rows.poison();
+          by_tokens.poison();
+          PullParams pull{{d_table.get(), d_total.get(), offset, ring_rows},
+                          g,
+                          reinterpret_cast<const void* const*>(x.peers.get()),
+                          nullptr,
+                          by_rows.get()};
+          if (W == 1 && (offset / ring_rows) % 2 == 1) {
+            pull.src_peers = nullptr;
+            pull.src_own = x.bufs[0]->get();
+          }
+          MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
+          pull.ring = by_tokens.get();
+          MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
+          MOK_CUDA_OK(cudaDeviceSynchronize());
+          const auto want = by_rows.download(), got = by_tokens.download();
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(got[i], want[i]) << what << ", pass at " << offset << ", ring row "
+                                       << i / g.hidden << ", col " << i % g.hidden;
+          }
+        }
+        // The inversion itself: every table row's source maps back to it, every other slot -1.
+        const auto inverse = row_of_slot.download();
+        std::vector<std::int32_t> expected(static_cast<std::size_t>(slots), -1);
+        for (std::int64_t i = 0; i < total; ++i) {
+          if (table[i] >= 0) expected[table[i]] = static_cast<std::int32_t>(i);
+        }
+        ASSERT_EQ(inverse, expected) << what;
+      }
+  // Scaled pulls stay in row order.
+  PullParams scaled{};
+  scaled.pass.ring_rows = 128;
+  scaled.scale_own = reinterpret_cast<const float*>(16);
+  EXPECT_EQ(cuda::launch_pull_tokens(scaled, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
 // The row count is read on the device: a captured graph replayed after the count changed moves
 // exactly the new rows.
 TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {

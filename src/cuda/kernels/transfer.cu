@@ -36,6 +36,73 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRo
   });
 }
 
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) invert_table_kernel(InvertTableParams p) {
+  const std::int64_t rows = *p.total_rows;
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows;
+       i += stride) {
+    const std::int32_t src = p.table[i];
+    if (src >= 0 && src < p.slots) p.row_of_slot[src] = static_cast<std::int32_t>(i);
+  }
+}
+
+// Warps over the source tokens (every rank's T): lane j < k reads slot j's row, the warp keeps
+// those in the pass, and copies the token's row to each, kBatch vectors a lane at a time (read
+// once, written once per row). Then warps over the pass's rows, 32 at a time: padding rows become
+// zeros (pull_row's rule).
+constexpr int kTokenBatch = 4;
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    pull_tokens_kernel(PullParams p, const std::int32_t* row_of_slot) {
+  const std::int64_t rows = transfer::rows_in_pass(p.pass);
+  const std::int64_t first = p.pass.row_offset, last = first + rows;
+  const std::int64_t vectors = p.geo.hidden / transfer::kBf16PerVector;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warp = blockIdx.x * std::int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const std::int64_t warps = std::int64_t{gridDim.x} * kWarpsPerBlock;
+  const int k = static_cast<int>(p.geo.topk);
+  const std::int64_t tokens = p.geo.tokens * p.geo.ranks;
+  uint4* const ring = reinterpret_cast<uint4*>(p.ring);
+  for (std::int64_t token = warp; token < tokens && rows > 0; token += warps) {
+    std::int64_t row = -1;
+    if (lane < k) {
+      row = row_of_slot[token * k + lane];
+      if (row < first || row >= last) row = -1;
+    }
+    unsigned kept = __ballot_sync(0xffffffffu, row >= 0);
+    if (kept == 0u) continue;
+    const int rank = static_cast<int>(token / p.geo.tokens);
+    const std::int64_t t = token - std::int64_t{rank} * p.geo.tokens;
+    const void* source = p.src_own != nullptr ? p.src_own : p.src_peers[rank];
+    const uint4* from = reinterpret_cast<const uint4*>(source) + t * vectors;
+    for (std::int64_t v0 = 0; v0 < vectors; v0 += 32 * kTokenBatch) {
+      uint4 held[kTokenBatch];
+#pragma unroll
+      for (int b = 0; b < kTokenBatch; ++b) {
+        const std::int64_t v = v0 + 32 * b + lane;
+        if (v < vectors) held[b] = from[v];
+      }
+      for (unsigned left = kept; left != 0u; left &= left - 1u) {
+        const int j = __ffs(left) - 1;
+        const std::int64_t i = __shfl_sync(0xffffffffu, row, j) - first;
+        uint4* dst = ring + i * vectors;
+#pragma unroll
+        for (int b = 0; b < kTokenBatch; ++b) {
+          const std::int64_t v = v0 + 32 * b + lane;
+          if (v < vectors) dst[v] = held[b];
+        }
+      }
+    }
+  }
+  // Padding rows: zeros.
+  for (std::int64_t base = 32 * warp; base < rows; base += 32 * warps) {
+    const bool padding = base + lane < rows && p.pass.table[first + base + lane] < 0;
+    for (unsigned pad = __ballot_sync(0xffffffffu, padding); pad != 0u; pad &= pad - 1u) {
+      uint4* dst = ring + (base + __ffs(pad) - 1) * vectors;
+      for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 int grid_for(std::int64_t ring_rows) {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) {
@@ -51,6 +118,28 @@ int grid_for(std::int64_t ring_rows) {
 cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
   pull_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_invert_table(const InvertTableParams& p, cudaStream_t stream) {
+  if (p.slots <= 0) return cudaSuccess;
+  const cudaError_t e = cudaMemsetAsync(p.row_of_slot, 0xff,
+                                        static_cast<std::size_t>(p.slots) * sizeof(std::int32_t),
+                                        stream);
+  if (e != cudaSuccess) return e;
+  invert_table_kernel<<<grid_for(p.slots / 32), kWarpsPerBlock * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_pull_tokens(const PullParams& p, const std::int32_t* row_of_slot,
+                               cudaStream_t stream) {
+  if (p.pass.ring_rows <= 0) return cudaSuccess;
+  if (p.scale_peers != nullptr || p.scale_own != nullptr || p.row_weights != nullptr) {
+    return cudaErrorInvalidValue;  // the token order copies rows as they are
+  }
+  const std::int64_t tokens = p.geo.tokens * p.geo.ranks;
+  const std::int64_t work = tokens > p.pass.ring_rows / 32 ? tokens : p.pass.ring_rows / 32;
+  pull_tokens_kernel<<<grid_for(work), kWarpsPerBlock * 32, 0, stream>>>(p, row_of_slot);
   return cudaGetLastError();
 }
 

@@ -50,6 +50,7 @@ struct RankBuffers {
   // fp32 sums of the experts whose rows span passes (passes > 1): carry_slots [I, H] / [H, I]
   float *carry_gate = nullptr, *carry_up = nullptr, *carry_down = nullptr;
   std::uint32_t* fused_counters = nullptr;  // the forward megakernel's (zero between launches)
+  std::int32_t* row_of_slot = nullptr;       // [W*T*k]: the table inverted (launch_pull_tokens)
 };
 
 // One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
@@ -510,12 +511,25 @@ struct UnfusedLayer::Impl {
     launch_fused_forward(f, t.w.swiglu_limit.has_value(), s);
   }
 
-  // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`.
+  // Every local rank's table inverted (row_of_slot), for gate_up_pass's dispatch in token order:
+  // after each schedule that a call's gate_up_pass reads.
+  void invert_tables(cudaStream_t s) {
+    const std::int64_t slots =
+        std::int64_t{problem.ep_size} * problem.num_tokens * problem.topk;
+    for (int r = first; r < first + count; ++r) {
+      check(launch_invert_table({table(r), total_rows(r), buffers(r).row_of_slot, slots}, s),
+            "inversion of the schedule table");
+    }
+  }
+
+  // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`. NOTES (session 17):
+  // the dispatch in token order reads each source token once (the row order read it once per
+  // row: 8 times on qwen3-30b-a3b, mostly from DRAM).
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
-    check(launch_pull_rows(pull, s), "dispatch of x");
+    check(launch_pull_tokens(pull, buffers(r).row_of_slot, s), "dispatch of x");
     gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
   }
 };
@@ -564,6 +578,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
     at(b.carry_gate, pl.carry_gate), at(b.carry_up, pl.carry_up), at(b.carry_down, pl.carry_down);
     at(b.s_out, pl.shared_out), at(b.s_dg, pl.shared_d_gate), at(b.s_du, pl.shared_d_up);
     at(b.fused_counters, pl.fused_counters);
+    at(b.row_of_slot, pl.row_of_slot);
     check(cudaMemset(b.fused_counters, 0, static_cast<std::size_t>(pl.fused_counters.bytes)),
           "cudaMemset of the megakernel counters");
   }
@@ -672,6 +687,7 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch): in pass 0's megakernel
   // launch, or as two dense launches before the passes.
   const bool fused = write_output && m.path == ForwardPath::fused;
+  if (!fused) m.invert_tables(s);
   for (int r = m.first; r < m.first + m.count && S > 0 && !fused; ++r) {
     const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);
@@ -728,6 +744,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   // schedule first, as in forward.
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
+  if (m.passes > 1) m.invert_tables(s);  // the replays of later passes dispatch x again
 
   const bool add = options.accumulate_weight_grads;
   // Shared expert (dense, every token): one pass.
