@@ -1,6 +1,7 @@
 // GPU transfers (pull/push over W virtual ranks on one device) and home reductions, against host
 // computations of the same formulas. Copies and the fixed-order reductions are checked bitwise.
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -192,62 +193,94 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TransferGpu,
 // The dispatch in token order (launch_invert_table, then launch_pull_tokens per pass) writes the
 // ring that the row order writes, bit for bit, rows past the pass untouched: over W ranks, several
 // passes and one past the end, every slot kept or a random 80%, rows of fewer and of more vectors
-// than a warp's batch, with and without the rank's own x read in place.
+// than a warp's batch, with and without the rank's own x read in place; and the backward's form,
+// the rows unscaled with their router weights beside them (row_weights), likewise.
 TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
   MOK_SKIP_WITHOUT_GPU();
-  for (int W : {1, 3, 8})
-    for (std::int64_t hidden : {192, 2112})
-      for (double keep : {1.0, 0.8}) {
-        std::mt19937_64 rng(test_seed() + 17 * W + hidden);
-        const RowGeometry g{.tokens = 45, .topk = 4, .hidden = hidden, .ranks = W};
-        const std::vector<std::int32_t> table = random_table(g, keep, 128, rng);
-        const std::int64_t total = static_cast<std::int64_t>(table.size());
-        const std::int64_t ring_rows = 128 * 3;
-        const std::int64_t slots = W * g.tokens * g.topk;
-        Ranks x(W, g.tokens * g.hidden, rng);
-        DeviceBuffer<std::int32_t> d_table(table),
-            d_total(std::vector<std::int32_t>{std::int32_t(total)}), row_of_slot(slots);
-        row_of_slot.poison();
-        MOK_CUDA_OK(cuda::launch_invert_table(
-            {d_table.get(), d_total.get(), row_of_slot.get(), slots}, nullptr));
-        DeviceBuffer<bf16_t> by_rows(ring_rows * g.hidden), by_tokens(ring_rows * g.hidden);
-        const std::string what = "W " + std::to_string(W) + ", H " + std::to_string(hidden) +
-                                 ", keep " + std::to_string(keep);
-        for (std::int64_t offset = 0; offset < total + ring_rows; offset += ring_rows) {
-          by_rows.poison();
-          by_tokens.poison();
-          PullParams pull{{d_table.get(), d_total.get(), offset, ring_rows},
-                          g,
-                          reinterpret_cast<const void* const*>(x.peers.get()),
-                          nullptr,
-                          by_rows.get()};
-          if (W == 1 && (offset / ring_rows) % 2 == 1) {
-            pull.src_peers = nullptr;
-            pull.src_own = x.bufs[0]->get();
+  for (bool with_weights : {false, true})
+    for (int W : {1, 3, 8})
+      for (std::int64_t hidden : {192, 2112})
+        for (double keep : {1.0, 0.8}) {
+          std::mt19937_64 rng(test_seed() + 17 * W + hidden);
+          const RowGeometry g{.tokens = 45, .topk = 4, .hidden = hidden, .ranks = W};
+          const std::vector<std::int32_t> table = random_table(g, keep, 128, rng);
+          const std::int64_t total = static_cast<std::int64_t>(table.size());
+          const std::int64_t ring_rows = 128 * 3;
+          const std::int64_t slots = W * g.tokens * g.topk;
+          Ranks x(W, g.tokens * g.hidden, rng);
+          std::vector<std::unique_ptr<DeviceBuffer<float>>> w_bufs;
+          std::vector<const float*> w_ptrs;
+          for (int r = 0; r < W; ++r) {
+            std::uniform_real_distribution<float> u(0.01f, 1.0f);
+            std::vector<float> w(g.tokens * g.topk);
+            for (auto& v : w) v = u(rng);
+            w_bufs.push_back(std::make_unique<DeviceBuffer<float>>(w));
+            w_ptrs.push_back(w_bufs.back()->get());
           }
-          MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
-          pull.ring = by_tokens.get();
-          MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
-          MOK_CUDA_OK(cudaDeviceSynchronize());
-          const auto want = by_rows.download(), got = by_tokens.download();
-          for (std::size_t i = 0; i < want.size(); ++i) {
-            ASSERT_EQ(got[i], want[i]) << what << ", pass at " << offset << ", ring row "
-                                       << i / g.hidden << ", col " << i % g.hidden;
+          DeviceBuffer<const float*> w_peers(w_ptrs);
+          DeviceBuffer<float> weights_by_rows(ring_rows), weights_by_tokens(ring_rows);
+          DeviceBuffer<std::int32_t> d_table(table),
+              d_total(std::vector<std::int32_t>{std::int32_t(total)}), row_of_slot(slots);
+          row_of_slot.poison();
+          MOK_CUDA_OK(cuda::launch_invert_table(
+              {d_table.get(), d_total.get(), row_of_slot.get(), slots}, nullptr));
+          DeviceBuffer<bf16_t> by_rows(ring_rows * g.hidden), by_tokens(ring_rows * g.hidden);
+          const std::string what = "W " + std::to_string(W) + ", H " + std::to_string(hidden) +
+                                   ", keep " + std::to_string(keep) +
+                                   (with_weights ? ", row weights" : "");
+          for (std::int64_t offset = 0; offset < total + ring_rows; offset += ring_rows) {
+            by_rows.poison();
+            by_tokens.poison();
+            weights_by_rows.poison();
+            weights_by_tokens.poison();
+            PullParams pull{{d_table.get(), d_total.get(), offset, ring_rows},
+                            g,
+                            reinterpret_cast<const void* const*>(x.peers.get()),
+                            with_weights ? w_peers.get() : nullptr,
+                            by_rows.get(),
+                            with_weights ? weights_by_rows.get() : nullptr};
+            if (W == 1 && (offset / ring_rows) % 2 == 1) {
+              pull.src_peers = nullptr;
+              pull.scale_peers = nullptr;
+              pull.src_own = x.bufs[0]->get();
+              pull.scale_own = with_weights ? w_ptrs[0] : nullptr;
+            }
+            MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
+            pull.ring = by_tokens.get();
+            if (with_weights) pull.row_weights = weights_by_tokens.get();
+            MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
+            MOK_CUDA_OK(cudaDeviceSynchronize());
+            const auto want = by_rows.download(), got = by_tokens.download();
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              ASSERT_EQ(got[i], want[i]) << what << ", pass at " << offset << ", ring row "
+                                         << i / g.hidden << ", col " << i % g.hidden;
+            }
+            const auto want_w = weights_by_rows.download(), got_w = weights_by_tokens.download();
+            for (std::int64_t i = 0; i < ring_rows; ++i) {
+              // Bit patterns (the poison is a NaN).
+              std::uint32_t a = 0, b = 0;
+              std::memcpy(&a, &want_w[i], 4);
+              std::memcpy(&b, &got_w[i], 4);
+              ASSERT_EQ(b, a) << what << ", pass at " << offset << ", row weight " << i;
+            }
           }
+          // The inversion itself: every table row's source maps back to it, every other slot -1.
+          const auto inverse = row_of_slot.download();
+          std::vector<std::int32_t> expected(static_cast<std::size_t>(slots), -1);
+          for (std::int64_t i = 0; i < total; ++i) {
+            if (table[i] >= 0) expected[table[i]] = static_cast<std::int32_t>(i);
+          }
+          ASSERT_EQ(inverse, expected) << what;
         }
-        // The inversion itself: every table row's source maps back to it, every other slot -1.
-        const auto inverse = row_of_slot.download();
-        std::vector<std::int32_t> expected(static_cast<std::size_t>(slots), -1);
-        for (std::int64_t i = 0; i < total; ++i) {
-          if (table[i] >= 0) expected[table[i]] = static_cast<std::int32_t>(i);
-        }
-        ASSERT_EQ(inverse, expected) << what;
-      }
-  // Scaled pulls stay in row order.
+  // Scaled copies stay in row order; row weights need weights to read.
   PullParams scaled{};
   scaled.pass.ring_rows = 128;
   scaled.scale_own = reinterpret_cast<const float*>(16);
   EXPECT_EQ(cuda::launch_pull_tokens(scaled, nullptr, nullptr), cudaErrorInvalidValue);
+  PullParams unweighted{};
+  unweighted.pass.ring_rows = 128;
+  unweighted.row_weights = reinterpret_cast<float*>(16);
+  EXPECT_EQ(cuda::launch_pull_tokens(unweighted, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 // The row count is read on the device: a captured graph replayed after the count changed moves

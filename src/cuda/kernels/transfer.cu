@@ -72,6 +72,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (kept == 0u) continue;
     const int rank = static_cast<int>(token / p.geo.tokens);
     const std::int64_t t = token - std::int64_t{rank} * p.geo.tokens;
+    if (p.row_weights != nullptr && row >= 0) {  // the weight beside the unscaled row
+      const float* weights = p.scale_own != nullptr ? p.scale_own : p.scale_peers[rank];
+      p.row_weights[row - first] = weights[t * k + lane];
+    }
     const void* source = p.src_own != nullptr ? p.src_own : p.src_peers[rank];
     const uint4* from = reinterpret_cast<const uint4*>(source) + t * vectors;
     for (std::int64_t v0 = 0; v0 < vectors; v0 += 32 * kTokenBatch) {
@@ -93,9 +97,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
-  // Padding rows: zeros.
+  // Padding rows: zeros (and weight 0).
   for (std::int64_t base = 32 * warp; base < rows; base += 32 * warps) {
     const bool padding = base + lane < rows && p.pass.table[first + base + lane] < 0;
+    if (padding && p.row_weights != nullptr) p.row_weights[base + lane] = 0.0f;
     for (unsigned pad = __ballot_sync(0xffffffffu, padding); pad != 0u; pad &= pad - 1u) {
       uint4* dst = ring + (base + __ffs(pad) - 1) * vectors;
       for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
@@ -134,8 +139,9 @@ cudaError_t launch_invert_table(const InvertTableParams& p, cudaStream_t stream)
 cudaError_t launch_pull_tokens(const PullParams& p, const std::int32_t* row_of_slot,
                                cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
-  if (p.scale_peers != nullptr || p.scale_own != nullptr || p.row_weights != nullptr) {
-    return cudaErrorInvalidValue;  // the token order copies rows as they are
+  const bool weights = p.scale_peers != nullptr || p.scale_own != nullptr;
+  if (weights != (p.row_weights != nullptr)) {
+    return cudaErrorInvalidValue;  // rows are copied as they are: weights go beside them or not
   }
   const std::int64_t tokens = p.geo.tokens * p.geo.ranks;
   const std::int64_t work = tokens > p.pass.ring_rows / 32 ? tokens : p.pass.ring_rows / 32;

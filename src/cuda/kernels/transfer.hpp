@@ -70,8 +70,9 @@ cudaError_t launch_invert_table(const InvertTableParams& p, cudaStream_t stream)
 // x[src_rank][t] for every kept row i of the pass, zeros in its padding rows): each source token
 // is read once and copied to every ring row of the pass that holds one of its slots, so a token
 // routed to several of this rank's experts costs one read, where the row order reads it once per
-// row. `row_of_slot`: launch_invert_table's, of the same table. `pull.scale_peers`,
-// `pull.scale_own` and `pull.row_weights` must be null.
+// row. `row_of_slot`: launch_invert_table's, of the same table. Weights (`pull.scale_peers` or
+// `pull.scale_own`) only with `pull.row_weights`: the rows unscaled and each row's weight beside
+// it, as launch_pull_rows does (the scaled copy stays in row order: cudaErrorInvalidValue).
 cudaError_t launch_pull_tokens(const PullParams& pull, const std::int32_t* row_of_slot,
                                cudaStream_t stream);
 

@@ -744,7 +744,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   // schedule first, as in forward.
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
-  if (m.passes > 1) m.invert_tables(s);  // the replays of later passes dispatch x again
+  m.invert_tables(s);  // the dispatch of d_out (and the replays of later passes' x)
 
   const bool add = options.accumulate_weight_grads;
   // Shared expert (dense, every token): one pass.
@@ -789,7 +789,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
         pull.src_own = t.d_out.data;
         pull.scale_own = t.in.topk_weights.ptr<const float>();
       }
-      check(launch_pull_rows(pull, s), "dispatch of d_out");
+      check(launch_pull_tokens(pull, b.row_of_slot, s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then
