@@ -19,6 +19,9 @@
 //     segment_starts       i32  [E_local + 1]
 //     ring_plan            RingPlan
 //     schedule_scratch     i32  [E_local, W * tiles_per_rank]   per-tile counts, then offsets
+//     row_of_slot          i32  [W*T*k]     the table inverted: the row of each source slot
+//                                           (encode_row's index), or -1 when it has none here;
+//                                           the dispatches in token order read it
 //     sync_state           SyncState (rank-local barrier counters and the bases of every counter)
 //     error_record         DeviceErrorRecord
 //   layer region       this rank only: the CUDA layer's scratch (the layer allocates it; a team
@@ -43,8 +46,6 @@
 //     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 3]  the forward megakernel's
 //                                              ready, done, shared_done, ticket, pull and exit
 //                                              counters
-//     row_of_slot          i32  [W*T*k]        the table inverted: the table row of each source
-//                                              slot, or -1 (the forward dispatch's token order)
 //
 // Every buffer starts at a multiple of kBufferAlignment bytes (TMA and 16-byte vector accesses).
 #pragma once
@@ -107,12 +108,12 @@ struct WorkspacePlan {
   std::int64_t symmetric_bytes = 0;
   // local region
   Buffer schedule_table, expert_counts, expert_src_counts, segment_starts, ring_plan,
-      schedule_scratch, sync_state, error_record;
+      schedule_scratch, row_of_slot, sync_state, error_record;
   std::int64_t local_bytes = 0;
   // layer region
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up, row_weights,
       row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
-      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters, row_of_slot;
+      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P
@@ -193,6 +194,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.segment_starts = carve(end, (E_local + 1) * i32);
   p.ring_plan = carve(end, sizeof(schedule::RingPlan));
   p.schedule_scratch = carve(end, E_local * W * sched.tiles_per_rank() * i32);
+  p.row_of_slot = carve(end, W * T * k * i32);
   p.sync_state = carve(end, sizeof(SyncState));
   p.error_record = carve(end, sizeof(comm::DeviceErrorRecord));
   p.local_bytes = end;
@@ -226,7 +228,6 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
   p.fused_counters = carve(end, fused_counter_words(R, T) * u32);
-  p.row_of_slot = carve(end, W * T * k * i32);
   p.layer_bytes = end;
   return p;
 }
@@ -262,6 +263,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"ring_plan", Region::local, &WorkspacePlan::ring_plan, "RingPlan (8 x i32)"},
     {"schedule_scratch", Region::local, &WorkspacePlan::schedule_scratch,
      "i32 [E_local, W * ceil(T*k/512)]"},
+    {"row_of_slot", Region::local, &WorkspacePlan::row_of_slot, "i32 [W*T*k]"},
     {"sync_state", Region::local, &WorkspacePlan::sync_state, "SyncState (64 B)"},
     {"error_record", Region::local, &WorkspacePlan::error_record, "DeviceErrorRecord (128 B)"},
     {"pass_x", Region::layer, &WorkspacePlan::pass_x, "bf16 [R, H] (P > 1)"},
@@ -287,7 +289,6 @@ inline constexpr BufferInfo kBuffers[] = {
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
     {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
      "u32 [2 * ceil(R/128) + ceil(T/128) + 3]"},
-    {"row_of_slot", Region::layer, &WorkspacePlan::row_of_slot, "i32 [W*T*k]"},
 };
 
 }  // namespace mok::plan

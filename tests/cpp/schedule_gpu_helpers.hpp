@@ -89,6 +89,7 @@ class DeviceIds {
 struct DeviceSchedule {
   std::vector<std::int32_t> table, expert_counts, expert_src_counts, segment_starts;
   schedule::RingPlan ring_plan;
+  std::vector<std::int32_t> row_of_slot;  // the local region's inverse of the table [W*T*k]
 };
 
 inline std::vector<std::int32_t> download_i32(const TensorView& v) {
@@ -106,7 +107,24 @@ inline DeviceSchedule download(const Team& team, int rank) {
   d.segment_starts = download_i32(v.segment_starts);
   const std::vector<std::int32_t> ring = download_i32(v.ring_plan);
   std::memcpy(&d.ring_plan, ring.data(), sizeof(d.ring_plan));
+  // Not part of ScheduleViews: read from the rank's local region at its plan offset.
+  const Team::Impl& t = team.impl();
+  const plan::Buffer& b = t.plan.row_of_slot;
+  d.row_of_slot.resize(static_cast<std::size_t>(b.bytes / 4));
+  EXPECT_EQ(cudaMemcpy(d.row_of_slot.data(), t.local[rank - t.first_rank] + b.offset,
+                       static_cast<std::size_t>(b.bytes), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return d;
+}
+
+// The table inverted: want[src] = the row whose source is src, -1 for a slot with no row here.
+inline std::vector<std::int32_t> inverse_of(const std::vector<std::int32_t>& table,
+                                            std::int64_t slots) {
+  std::vector<std::int32_t> want(static_cast<std::size_t>(slots), -1);
+  for (std::size_t row = 0; row < table.size(); ++row) {
+    if (table[row] >= 0) want[static_cast<std::size_t>(table[row])] = static_cast<std::int32_t>(row);
+  }
+  return want;
 }
 
 // Every rank this team runs, bitwise against the host twin; "" when equal.
@@ -128,6 +146,10 @@ inline std::string compare_with_twin(const Team& team,
     if (got.segment_starts != want.segment_starts) return r + "segment_starts differ";
     if (std::memcmp(&got.ring_plan, &want.ring_plan, sizeof(got.ring_plan)) != 0) {
       return r + "ring_plan differs";
+    }
+    const std::int64_t slots = std::int64_t{p.ep_size} * shape.slots_per_rank();
+    if (auto d = first_difference(got.row_of_slot, inverse_of(want.table, slots)); !d.empty()) {
+      return r + "row_of_slot" + d;
     }
   }
   return "";

@@ -2,7 +2,7 @@
 // runs (gridDim.y = ranks, gridDim.x = blocks per rank), with no host synchronization.
 //
 //   stage ids -> team barrier -> count tiles -> grid barrier -> scan experts -> grid barrier
-//   -> segment starts, place rows, fill padding
+//   -> segment starts, place rows (and invert them), fill padding
 //
 // The steps are in schedule_blocks.cuh; the team (barriers, error record) in comm/team.cuh.
 #include <algorithm>
@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   s.segment_starts = team.template local<std::int32_t>(plan.segment_starts);
   s.ring_plan = team.template local<schedule::RingPlan>(plan.ring_plan);
   s.scratch = team.template local<std::int32_t>(plan.schedule_scratch);
+  s.row_of_slot = team.template local<std::int32_t>(plan.row_of_slot);
   auto source_ids = [&](int src) -> const std::int32_t* {
     return team.template symmetric<std::int32_t>(src, plan.expert_ids) + parity_offset;
   };

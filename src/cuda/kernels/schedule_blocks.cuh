@@ -9,7 +9,9 @@
 //   scan     per expert, an exclusive scan over tiles               scratch[e][tile] -> offset
 //   segments per expert, padded counts scanned into segment starts  (every block, in shared memory)
 //   place    per tile, in slot order: row = start[e] + offset[e][tile] + rank among the tile's
-//            earlier slots of expert e (warp match + prefix popcount, 32 slots at a time)
+//            earlier slots of expert e (warp match + prefix popcount, 32 slots at a time); the
+//            same step writes the inverse, row_of_slot[src] = row, or -1 for a slot not placed
+//            here (every slot belongs to exactly one tile, so each is written once)
 //
 // NOTES: integer atomics appear only in `count` (shared-memory histogram increments), whose sums do
 // not depend on their order; every position comes from scans and ranks in a fixed order, so the
@@ -54,6 +56,7 @@ struct RankSchedule {
   std::int32_t* segment_starts;
   RingPlan* ring_plan;
   std::int32_t* scratch;  // [E_local][num_tiles]
+  std::int32_t* row_of_slot;  // [W * slots]: the table inverted (src -> row, or -1)
 };
 
 __device__ __forceinline__ int lane_id() {
@@ -190,7 +193,7 @@ __device__ void compute_segments(const RankSchedule& s, std::int64_t macrobatch_
   }
 }
 
-// Step 4, per warp: the rows of each owned tile, in slot order.
+// Step 4, per warp: the rows of each owned tile, in slot order, and each slot's row (or -1).
 template <typename SourceIds>
 __device__ void place_tiles(const RankSchedule& s, SourceIds&& source_ids,
                             const std::int32_t* starts, std::int32_t* warp_next) {
@@ -209,16 +212,20 @@ __device__ void place_tiles(const RankSchedule& s, SourceIds&& source_ids,
 #pragma unroll
     for (int u = 0; u < kSlotsPerLane; ++u) {
       const std::int32_t e = local_expert_of(ids[u], s.rank, s.num_local_experts);
-      if (__ballot_sync(0xffffffffu, e >= 0) == 0u) continue;  // no local row in these 32 slots
+      const std::int64_t slot = first + u * 32 + lane_id();
+      std::int32_t* const inverse = slot < s.slots ? s.row_of_slot + src * s.slots + slot : nullptr;
+      if (__ballot_sync(0xffffffffu, e >= 0) == 0u) {  // no local row in these 32 slots
+        if (inverse != nullptr) *inverse = kPaddingRow;
+        continue;
+      }
       const unsigned peers = __match_any_sync(0xffffffffu, e);
       const int leader = __ffs(peers) - 1;
       const bool lead = lane_id() == leader;
       std::int32_t base = e >= 0 && lead ? warp_next[e] : 0;
       base = __shfl_sync(0xffffffffu, base, leader);
-      if (e >= 0) {
-        const std::int64_t slot = first + u * 32 + lane_id();
-        s.table[base + __popc(peers & lanes_below)] = encode_row(src, slot, s.slots);
-      }
+      const std::int32_t row = base + __popc(peers & lanes_below);
+      if (e >= 0) s.table[row] = encode_row(src, slot, s.slots);
+      if (inverse != nullptr) *inverse = e >= 0 ? row : kPaddingRow;
       __syncwarp();
       if (e >= 0 && lead) warp_next[e] = base + __popc(peers);
       __syncwarp();

@@ -36,20 +36,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRo
   });
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) invert_table_kernel(InvertTableParams p) {
-  const std::int64_t rows = *p.total_rows;
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows;
-       i += stride) {
-    const std::int32_t src = p.table[i];
-    if (src >= 0 && src < p.slots) p.row_of_slot[src] = static_cast<std::int32_t>(i);
-  }
-}
-
 // Warps over the source tokens (every rank's T): lane j < k reads slot j's row, the warp keeps
-// those in the pass, and copies the token's row to each, kBatch vectors a lane at a time (read
-// once, written once per row). Then warps over the pass's rows, 32 at a time: padding rows become
-// zeros (pull_row's rule).
+// those in the pass, and copies the token's row to each, kTokenBatch vectors a lane at a time
+// (read once, written once per row). Then warps over the pass's rows, 32 at a time: padding rows
+// become zeros (pull_row's rule).
 constexpr int kTokenBatch = 4;
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     pull_tokens_kernel(PullParams p, const std::int32_t* row_of_slot) {
@@ -123,16 +113,6 @@ int grid_for(std::int64_t ring_rows) {
 cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
   pull_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_invert_table(const InvertTableParams& p, cudaStream_t stream) {
-  if (p.slots <= 0) return cudaSuccess;
-  const cudaError_t e = cudaMemsetAsync(p.row_of_slot, 0xff,
-                                        static_cast<std::size_t>(p.slots) * sizeof(std::int32_t),
-                                        stream);
-  if (e != cudaSuccess) return e;
-  invert_table_kernel<<<grid_for(p.slots / 32), kWarpsPerBlock * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

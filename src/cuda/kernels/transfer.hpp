@@ -55,22 +55,12 @@ struct ScaleRowsParams {
 cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream);
 cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream);
 
-// The table inverted, for the dispatch in token order: row_of_slot[src] = the table row whose
-// source is src (src = src_rank*T*k + t*k + j), or -1 when no row of this rank's table has it.
-// Every table row below *total_rows is read (every pass); the fill of -1 is part of the launch.
-struct InvertTableParams {
-  const std::int32_t* table = nullptr;       // the schedule table
-  const std::int32_t* total_rows = nullptr;  // device scalar
-  std::int32_t* row_of_slot = nullptr;       // [slots]
-  std::int64_t slots = 0;                    // W*T*k
-};
-cudaError_t launch_invert_table(const InvertTableParams& p, cudaStream_t stream);
-
 // Forward dispatch in token order (the bits of launch_pull_rows without scale: ring[i] =
 // x[src_rank][t] for every kept row i of the pass, zeros in its padding rows): each source token
 // is read once and copied to every ring row of the pass that holds one of its slots, so a token
 // routed to several of this rank's experts costs one read, where the row order reads it once per
-// row. `row_of_slot`: launch_invert_table's, of the same table. Weights (`pull.scale_peers` or
+// row. `row_of_slot`: the schedule's inverse of the same table
+// (WorkspacePlan::row_of_slot: slot -> row, or -1). Weights (`pull.scale_peers` or
 // `pull.scale_own`) only with `pull.row_weights`: the rows unscaled and each row's weight beside
 // it, as launch_pull_rows does (the scaled copy stays in row order: cudaErrorInvalidValue).
 cudaError_t launch_pull_tokens(const PullParams& pull, const std::int32_t* row_of_slot,

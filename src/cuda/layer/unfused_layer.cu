@@ -50,7 +50,6 @@ struct RankBuffers {
   // fp32 sums of the experts whose rows span passes (passes > 1): carry_slots [I, H] / [H, I]
   float *carry_gate = nullptr, *carry_up = nullptr, *carry_down = nullptr;
   std::uint32_t* fused_counters = nullptr;  // the forward megakernel's (zero between launches)
-  std::int32_t* row_of_slot = nullptr;       // [W*T*k]: the table inverted (launch_pull_tokens)
 };
 
 // One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
@@ -341,6 +340,11 @@ struct UnfusedLayer::Impl {
   }
 
   const std::int32_t* table(int r) const { return loc<std::int32_t>(r, plan().schedule_table); }
+  // The table inverted (slot -> row or -1), written by the schedule beside it: the dispatches in
+  // token order read it.
+  const std::int32_t* row_of_slot(int r) const {
+    return loc<std::int32_t>(r, plan().row_of_slot);
+  }
   const std::int32_t* total_rows(int r) const {
     // RingPlan's first field is total_rows (schedule_layout.hpp).
     return loc<std::int32_t>(r, plan().ring_plan);
@@ -511,17 +515,6 @@ struct UnfusedLayer::Impl {
     launch_fused_forward(f, t.w.swiglu_limit.has_value(), s);
   }
 
-  // Every local rank's table inverted (row_of_slot), for gate_up_pass's dispatch in token order:
-  // after each schedule that a call's gate_up_pass reads.
-  void invert_tables(cudaStream_t s) {
-    const std::int64_t slots =
-        std::int64_t{problem.ep_size} * problem.num_tokens * problem.topk;
-    for (int r = first; r < first + count; ++r) {
-      check(launch_invert_table({table(r), total_rows(r), buffers(r).row_of_slot, slots}, s),
-            "inversion of the schedule table");
-    }
-  }
-
   // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`. NOTES (session 17):
   // the dispatch in token order reads each source token once (the row order read it once per
   // row: 8 times on qwen3-30b-a3b, mostly from DRAM).
@@ -529,7 +522,7 @@ struct UnfusedLayer::Impl {
                     cudaStream_t s) {
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
-    check(launch_pull_tokens(pull, buffers(r).row_of_slot, s), "dispatch of x");
+    check(launch_pull_tokens(pull, row_of_slot(r), s), "dispatch of x");
     gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
   }
 };
@@ -578,7 +571,6 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
     at(b.carry_gate, pl.carry_gate), at(b.carry_up, pl.carry_up), at(b.carry_down, pl.carry_down);
     at(b.s_out, pl.shared_out), at(b.s_dg, pl.shared_d_gate), at(b.s_du, pl.shared_d_up);
     at(b.fused_counters, pl.fused_counters);
-    at(b.row_of_slot, pl.row_of_slot);
     check(cudaMemset(b.fused_counters, 0, static_cast<std::size_t>(pl.fused_counters.bytes)),
           "cudaMemset of the megakernel counters");
   }
@@ -687,7 +679,6 @@ void UnfusedLayer::forward(std::span<const RankTensors> ranks, bool write_output
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch): in pass 0's megakernel
   // launch, or as two dense launches before the passes.
   const bool fused = write_output && m.path == ForwardPath::fused;
-  if (!fused) m.invert_tables(s);
   for (int r = m.first; r < m.first + m.count && S > 0 && !fused; ++r) {
     const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);
@@ -744,7 +735,6 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
   // schedule first, as in forward.
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
-  m.invert_tables(s);  // the dispatch of d_out (and the replays of later passes' x)
 
   const bool add = options.accumulate_weight_grads;
   // Shared expert (dense, every token): one pass.
@@ -789,7 +779,7 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
         pull.src_own = t.d_out.data;
         pull.scale_own = t.in.topk_weights.ptr<const float>();
       }
-      check(launch_pull_tokens(pull, b.row_of_slot, s), "dispatch of d_out");
+      check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then
