@@ -499,10 +499,6 @@ struct UnfusedLayer::Impl {
     f.pull = {pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) f.pull.src_own = t.in.x.data;
     f.minibatch_rows = config.minibatch_size;
-    // EXPERIMENT (session 18, to be removed): the megakernel's stage apart from the minibatch.
-    if (const char* v = std::getenv("MOK_FUSED_STAGE_ROWS"); v != nullptr && *v != '\0') {
-      f.minibatch_rows = std::atoll(v);
-    }
     f.counters = buffers(r).fused_counters;
     f.blocks = static_cast<int>(plan::fused_blocks(ring));
     const Team::Impl& ti = team.impl();
