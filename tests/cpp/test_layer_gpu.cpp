@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <string>
@@ -233,23 +234,34 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
 
 // A whole step (schedule, forward, backward) captured once, replayed with new inputs and
 // routings: proves that nothing in the step synchronizes with the host.
-// MOK_FORWARD for the layers made in its scope (a Workspace reads it when it makes its layer).
-class ScopedForwardPath {
+// An environment variable for the layers made in its scope (a Workspace reads MOK_FORWARD and
+// MOK_FUSED_STAGE_ROWS when it makes its layer); the caller's value is restored.
+class ScopedEnv {
  public:
-  explicit ScopedForwardPath(const char* path) {
-    if (const char* was = std::getenv("MOK_FORWARD")) was_ = was;
-    setenv("MOK_FORWARD", path, 1);
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* was = std::getenv(name)) was_ = was;
+    had_ = std::getenv(name) != nullptr;
+    setenv(name, value, 1);
   }
-  ~ScopedForwardPath() {
-    if (was_.empty()) {
-      unsetenv("MOK_FORWARD");
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_.c_str(), was_.c_str(), 1);
     } else {
-      setenv("MOK_FORWARD", was_.c_str(), 1);
+      unsetenv(name_.c_str());
     }
   }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
-  std::string was_;
+  std::string name_, was_;
+  bool had_ = false;
+};
+
+// MOK_FORWARD for the layers made in its scope.
+class ScopedForwardPath : public ScopedEnv {
+ public:
+  explicit ScopedForwardPath(const char* path) : ScopedEnv("MOK_FORWARD", path) {}
 };
 
 // A whole step of case `c` under `config`, captured once in a CUDA graph (after an eager warm-up:
@@ -756,8 +768,12 @@ struct ForwardBits {
 };
 
 // One forward of `d` through the public API on `path`: out (poisoned first) and the context.
-ForwardBits forward_bits(const LayerData& d, const Config& config, const char* path) {
+// `stage_rows`: the megakernel's stage (MOK_FUSED_STAGE_ROWS; 0: the default).
+ForwardBits forward_bits(const LayerData& d, const Config& config, const char* path,
+                         std::int64_t stage_rows = 0) {
   ScopedForwardPath env(path);
+  std::optional<ScopedEnv> stage;
+  if (stage_rows > 0) stage.emplace("MOK_FUSED_STAGE_ROWS", std::to_string(stage_rows).c_str());
   DeviceLayer g(d);
   Workspace ws(d.problem, config, {.backend = Backend::cuda});
   DeviceContext ctx(ws);
@@ -777,7 +793,8 @@ Config fused_config(int comm, std::int64_t minibatch, std::int64_t macrobatch) {
 }
 
 // Bitwise the unfused forward, out and the whole context, at every layer test shape and routing,
-// whatever the minibatch (the megakernel's stages), the ring (one pass and several) and
+// whatever the minibatch, the megakernel's stage (the default, which holds every row of these
+// shapes, and one of the minibatch's rows: many stages), the ring (one pass and several) and
 // fwd_num_comm_sms (MoK's knob, which mok accepts and does not need); ten runs the same bits.
 TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
   MOK_SKIP_WITHOUT_GPU();
@@ -804,10 +821,13 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
     for (const Config& config : configs) {
       const std::string what = std::string(c.name) + ", " + config.to_string();
       const ForwardBits unfused = forward_bits(d, config, "unfused");
-      const ForwardBits fused = forward_bits(d, config, "fused");
       EXPECT_TRUE(same_bits(reference_out, unfused.out)) << what << ": unfused out";
-      EXPECT_TRUE(same_bits(unfused.out, fused.out)) << what << ": out";
-      EXPECT_TRUE(unfused.ctx == fused.ctx) << what << ": forward context";
+      for (std::int64_t stage : {std::int64_t{0}, config.minibatch_size}) {
+        const ForwardBits fused = forward_bits(d, config, "fused", stage);
+        const std::string at = what + ", stage " + std::to_string(stage);
+        EXPECT_TRUE(same_bits(unfused.out, fused.out)) << at << ": out";
+        EXPECT_TRUE(unfused.ctx == fused.ctx) << at << ": forward context";
+      }
     }
   }
   const LayerData d = make_case(cases[6], seed);
@@ -818,15 +838,15 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
   }
 }
 
-// One multi-tile forward each way (5 blocks of rows, 8 experts, a shared expert, minibatches of
-// one block): the case the sanitizers run (scripts/gpu-fused).
+// One multi-tile forward each way (5 blocks of rows, 8 experts, a shared expert, minibatches and
+// megakernel stages of one block): the case the sanitizers run (scripts/gpu-fused).
 TEST(LayerGpuFused, OneMultiTileForward) {
   MOK_SKIP_WITHOUT_GPU();
   const GpuCase c{"sanitized", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
   const Config config = fused_config(40, 128, 0);
   const ForwardBits unfused = forward_bits(d, config, "unfused");
-  const ForwardBits fused = forward_bits(d, config, "fused");
+  const ForwardBits fused = forward_bits(d, config, "fused", /*stage_rows=*/128);
   EXPECT_TRUE(same_bits(unfused.out, fused.out)) << "out";
   EXPECT_TRUE(unfused.ctx == fused.ctx) << "forward context";
 }
@@ -922,6 +942,20 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
                {"timed out on rank 0", "ready[3]", "ring rows [384, 512)"});
   layer.set_withheld_block(-1);
   expect_forward_gives(layer, ranks, g, reference, "the call after the timeout");
+}
+
+// A megakernel stage that is not a positive multiple of 128 rows is refused when the layer is
+// made, naming the variable and the value; a good one is then accepted.
+TEST(LayerGpuFused, ABadStageIsRefusedNamingTheValue) {
+  MOK_SKIP_WITHOUT_GPU();
+  const Problem problem = layer_shape(64, 64, 64, 4, 2, 0);
+  for (const char* bad : {"100", "0", "-128", "16384x", "lots"}) {
+    ScopedEnv stage("MOK_FUSED_STAGE_ROWS", bad);
+    expect_error([&] { cuda::UnfusedLayer layer(problem, Config{}, 0); },
+                 {"MOK_FUSED_STAGE_ROWS", "a positive multiple of 128", bad});
+  }
+  ScopedEnv stage("MOK_FUSED_STAGE_ROWS", "256");
+  cuda::UnfusedLayer layer(problem, Config{}, 0);
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch

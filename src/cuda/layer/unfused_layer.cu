@@ -1,6 +1,7 @@
 #include "cuda/layer/unfused_layer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -277,6 +278,7 @@ struct UnfusedLayer::Impl {
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
   ForwardPath path = forward_path_from_environment();
+  std::int64_t fused_stage_rows = fused_stage_rows_from_environment(config.minibatch_size);
   int withheld_block = -1;           // tests only (set_withheld_block)
   std::uint64_t* trace = nullptr;      // benchmarks only (set_forward_trace)
   int trace_tickets = 0;
@@ -498,7 +500,7 @@ struct UnfusedLayer::Impl {
     }
     f.pull = {pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) f.pull.src_own = t.in.x.data;
-    f.minibatch_rows = config.minibatch_size;
+    f.minibatch_rows = fused_stage_rows;
     f.counters = buffers(r).fused_counters;
     f.blocks = static_cast<int>(plan::fused_blocks(ring));
     const Team::Impl& ti = team.impl();
@@ -620,6 +622,20 @@ ForwardPath forward_path_from_environment() {
   if (v == nullptr || *v == '\0' || std::string(v) == "unfused") return ForwardPath::unfused;
   if (std::string(v) == "fused") return ForwardPath::fused;
   throw Error("MOK_FORWARD", "unfused or fused (or unset: unfused)", v);
+}
+std::int64_t fused_stage_rows_from_environment(std::int64_t minibatch_size) {
+  const char* v = std::getenv("MOK_FUSED_STAGE_ROWS");
+  if (v == nullptr || *v == '\0') return std::max(minibatch_size, kFusedStageRows);
+  char* end = nullptr;
+  errno = 0;
+  const long long rows = std::strtoll(v, &end, 10);
+  if (*end != '\0' || errno != 0 || rows <= 0 || rows % 128 != 0) {
+    throw Error("MOK_FUSED_STAGE_ROWS",
+                "a positive multiple of 128 (or unset: the larger of minibatch_size and " +
+                    std::to_string(kFusedStageRows) + ")",
+                v);
+  }
+  return rows;
 }
 ForwardPath UnfusedLayer::forward_path() const {
   return impl_->path;

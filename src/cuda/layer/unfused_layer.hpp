@@ -49,6 +49,15 @@ struct ExternalRank {
 enum class ForwardPath { unfused, fused };
 ForwardPath forward_path_from_environment();
 
+// The forward megakernel's stage, in rows (kernels/fused_forward.hpp: its tickets run a pass's
+// blocks stage by stage, each stage's gate/up tiles beside the previous stage's down tiles; the
+// order never changes the bits): MOK_FUSED_STAGE_ROWS when set (a positive multiple of 128), else
+// the larger of Config::minibatch_size and kFusedStageRows; read when a layer is made. NOTES
+// (session 18): 16384-row stages saved 0.5% of the megakernel's time alone on average over four
+// PERF.md cases (two rounds on qwen3-30b-a3b, one on each other case), against 4096-row ones.
+inline constexpr std::int64_t kFusedStageRows = 16384;
+std::int64_t fused_stage_rows_from_environment(std::int64_t minibatch_size);
+
 class UnfusedLayer {
  public:
   // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
