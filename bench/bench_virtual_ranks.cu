@@ -21,7 +21,9 @@
 //                       [--queued] [--trace-out PREFIX] [--minibatch ROWS] [--dense]
 //                       [--solo SECONDS]
 //
-// --minibatch ROWS: Config::minibatch_size for both paths (default: Config's).
+// --minibatch ROWS: Config::minibatch_size for both paths (default: Config's). The megakernel's
+// stage is the larger of it and 16384 rows unless MOK_FUSED_STAGE_ROWS sets it
+// (src/cuda/layer/unfused_layer.hpp).
 //
 // --dense: at the end of the run, the rate a dense bf16 GEMM sustains on this GPU (cuBLAS, 8192^3,
 // back to back for kDenseSettleS + kDenseMeasureS seconds, the median call after the first
