@@ -117,16 +117,6 @@ inline DeviceSchedule download(const Team& team, int rank) {
   return d;
 }
 
-// The table inverted: want[src] = the row whose source is src, -1 for a slot with no row here.
-inline std::vector<std::int32_t> inverse_of(const std::vector<std::int32_t>& table,
-                                            std::int64_t slots) {
-  std::vector<std::int32_t> want(static_cast<std::size_t>(slots), -1);
-  for (std::size_t row = 0; row < table.size(); ++row) {
-    if (table[row] >= 0) want[static_cast<std::size_t>(table[row])] = static_cast<std::int32_t>(row);
-  }
-  return want;
-}
-
 // Every rank this team runs, bitwise against the host twin; "" when equal.
 inline std::string compare_with_twin(const Team& team,
                                      const std::vector<std::vector<std::int64_t>>& ids) {

@@ -200,4 +200,14 @@ inline std::string case_name(const GridCase& c, RoutingKind r) {
          std::to_string(c.minibatch) + " " + routing_kind_name(r);
 }
 
+// The table inverted: want[src] = the row whose source is src, -1 for a slot with no row here.
+inline std::vector<std::int32_t> inverse_of(const std::vector<std::int32_t>& table,
+                                            std::int64_t slots) {
+  std::vector<std::int32_t> want(static_cast<std::size_t>(slots), -1);
+  for (std::size_t row = 0; row < table.size(); ++row) {
+    if (table[row] >= 0) want[static_cast<std::size_t>(table[row])] = static_cast<std::int32_t>(row);
+  }
+  return want;
+}
+
 }  // namespace mok::test

@@ -16,6 +16,7 @@
 #include "cuda/kernels/transfer.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_helpers.hpp"
+#include "schedule_test_helpers.hpp"
 
 namespace mok::test {
 namespace {
@@ -220,12 +221,9 @@ TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
           }
           DeviceBuffer<const float*> w_peers(w_ptrs);
           DeviceBuffer<float> weights_by_rows(ring_rows), weights_by_tokens(ring_rows);
-          std::vector<std::int32_t> inverse(static_cast<std::size_t>(slots), -1);
-          for (std::int64_t i = 0; i < total; ++i) {
-            if (table[i] >= 0) inverse[table[i]] = static_cast<std::int32_t>(i);
-          }
           DeviceBuffer<std::int32_t> d_table(table),
-              d_total(std::vector<std::int32_t>{std::int32_t(total)}), row_of_slot(inverse);
+              d_total(std::vector<std::int32_t>{std::int32_t(total)}),
+              row_of_slot(inverse_of(table, slots));
           DeviceBuffer<bf16_t> by_rows(ring_rows * g.hidden), by_tokens(ring_rows * g.hidden);
           const std::string what = "W " + std::to_string(W) + ", H " + std::to_string(hidden) +
                                    ", keep " + std::to_string(keep) +

@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRo
 
 // Warps over the source tokens (every rank's T): lane j < k reads slot j's row, the warp keeps
 // those in the pass, and copies the token's row to each, kTokenBatch vectors a lane at a time
-// (read once, written once per row). Then warps over the pass's rows, 32 at a time: padding rows
-// become zeros (pull_row's rule).
+// (read once, written once per row). Then warps over the pass's rows, 32 at a time: pull_row
+// writes the padding rows among them.
 constexpr int kTokenBatch = 4;
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     pull_tokens_kernel(PullParams p, const std::int32_t* row_of_slot) {
@@ -87,13 +87,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
-  // Padding rows: zeros (and weight 0).
+  // Padding rows, found 32 at a time: pull_row writes them (zeros, and weight 0).
   for (std::int64_t base = 32 * warp; base < rows; base += 32 * warps) {
     const bool padding = base + lane < rows && p.pass.table[first + base + lane] < 0;
-    if (padding && p.row_weights != nullptr) p.row_weights[base + lane] = 0.0f;
     for (unsigned pad = __ballot_sync(0xffffffffu, padding); pad != 0u; pad &= pad - 1u) {
-      uint4* dst = ring + (base + __ffs(pad) - 1) * vectors;
-      for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+      transfer::pull_row(p, base + __ffs(pad) - 1, lane, vectors);
     }
   }
 }
