@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_routing.hpp"
 #include "cuda/kernels/fused_trace.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "mok/api.hpp"
@@ -130,17 +131,8 @@ Inputs make_inputs(const Shape& s, bool skewed, std::uint64_t seed) {
   Inputs in;
   in.x = random_bf16(s.T * s.H, seed, 1.0f);
   std::mt19937_64 rng(seed);
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(s.T * s.k));
+  const std::vector<std::int64_t> ids = mok::bench::routing(s.T, s.k, s.E, skewed, rng);
   std::vector<float> w(ids.size(), 1.0f / static_cast<float>(s.k));
-  for (std::int64_t t = 0; t < s.T; ++t) {
-    std::vector<std::int64_t> pick;
-    while (static_cast<std::int64_t>(pick.size()) < s.k) {
-      const std::int64_t e =
-          skewed && pick.empty() && rng() % 2 == 0 ? 0 : static_cast<std::int64_t>(rng() % s.E);
-      if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
-    }
-    std::copy(pick.begin(), pick.end(), ids.begin() + t * s.k);
-  }
   in.ids = std::make_unique<DeviceBuffer>(ids.size() * 8);
   in.w = std::make_unique<DeviceBuffer>(w.size() * 4);
   check(cudaMemcpy(in.ids->p, ids.data(), ids.size() * 8, cudaMemcpyHostToDevice), "ids");
