@@ -27,7 +27,7 @@ def layer_summary(cases, ceilings):
     rows = []
     for case, routing, pss in keys:
         tr = layer[(case, routing, pss, "torch")]
-        for impl in ("mok", "mok-unfused", "mok-unfused-1pass", "mok-unfused-2pass"):
+        for impl in ("mok", "mok-unfused", "mok-unfused-1pass", "mok-unfused-2pass", "mok-fused"):
             m = layer.get((case, routing, pss, impl))
             if m is None or m.get("commit") != tr.get("commit"):
                 continue  # only same-run comparisons
