@@ -467,8 +467,8 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
-    out, *context = ops.forward(x, schedule.topk_experts, router_weights, *weights, handle,
-                                _checks.check_swiglu_limit(swiglu_limit))
+    out, *context = ops.call(ops.forward, x, schedule.topk_experts, router_weights, *weights,
+                             handle, _checks.check_swiglu_limit(swiglu_limit))
     return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -481,10 +481,9 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
              shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
-    context = ops.recompute_forward_context(x, schedule.topk_experts, routed_gate_weights,
-                                            routed_up_weights, shared_gate_weights,
-                                            shared_up_weights, handle,
-                                            _checks.check_swiglu_limit(swiglu_limit))
+    context = ops.call(ops.recompute_forward_context, x, schedule.topk_experts,
+                       routed_gate_weights, routed_up_weights, shared_gate_weights,
+                       shared_up_weights, handle, _checks.check_swiglu_limit(swiglu_limit))
     return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -508,9 +507,9 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     context = forward_context._ops_args()
     has_shared = shared_gate_weights is not None
     if main_grads is None:
-        d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.backward(
-            grad_output, x, schedule.topk_experts, router_weights, *weights, *context, handle,
-            _checks.check_swiglu_limit(swiglu_limit))
+        d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.call(
+            ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
+            *context, handle, _checks.check_swiglu_limit(swiglu_limit))
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd

@@ -34,10 +34,11 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     (mok::backward).
     """
     handle = 0 if workspace is None else workspace.handle
-    out, *_context = ops.forward(x, topk_experts, topk_weights, routed_gate_weights,
-                                 routed_up_weights, routed_down_weights, shared_gate_weights,
-                                 shared_up_weights, shared_down_weights, handle,
-                                 _checks.check_swiglu_limit(swiglu_limit))
+    # ops.call: the op itself wherever autograd records it or something traces it.
+    out, *_context = ops.call(ops.forward, x, topk_experts, topk_weights, routed_gate_weights,
+                              routed_up_weights, routed_down_weights, shared_gate_weights,
+                              shared_up_weights, shared_down_weights, handle,
+                              _checks.check_swiglu_limit(swiglu_limit))
     return out
 
 

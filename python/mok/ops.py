@@ -108,6 +108,50 @@ def _context_views(context):
             else _checks.view_of(t) for i, t in enumerate(context)]
 
 
+# The layer ops' undecorated bodies, for call(); and the two probes of PyTorch's state it reads
+# (private; where a PyTorch lacks one, every call goes through the dispatcher).
+_BODIES = {}
+_DISPATCH_STACK = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
+def _body(op_def):
+    """Decorator under torch.library.custom_op: keeps the undecorated function for call()."""
+    def keep(fn):
+        op = op_def(fn)
+        _BODIES[op] = fn
+        return op
+    return keep
+
+
+def _untraced(args):
+    """True where running an op's body directly is what its dispatch would do: eager (no
+    torch.compile, no dispatch or function mode, no functorch transform), plain CPU or CUDA tensors
+    (torch.Tensor or Parameter: no fake, meta or subclass tensors), and nothing for autograd to
+    record (grad mode off, or no input that requires grad)."""
+    if torch.compiler.is_compiling() or _DISPATCH_STACK is None or _DISPATCH_STACK() > 0 \
+            or _FUNCTORCH_ACTIVE is None or _FUNCTORCH_ACTIVE():
+        return False
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if torch.overrides.has_torch_function(tensors):  # a function mode, or a subclass's override
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type in ("cpu", "cuda")
+               and not (grad and t.requires_grad) for t in tensors)
+
+
+def call(op, *args):
+    """op(*args) (forward, recompute_forward_context, backward): through PyTorch's dispatcher, or,
+    where nothing would see the difference (_untraced), straight into the op's body, the same
+    function the dispatcher runs. NOTES (session 19, H200 host): the dispatch of a Python custom
+    op (autograd and fake-tensor registration, the output alias check) costs about 45 us of host
+    time a call, 0.3 of a small layer's forward (T 1024: 152 us in all); mok.functional's calls,
+    which MoK's API leaves outside autograd, and the backward of `forward`'s autograd save it."""
+    if _untraced(args):
+        return _BODIES[op](*args)
+    return op(*args)
+
+
 def _call(fn, core, device, *args, **kwargs):
     """Runs a C++ entry point; for CUDA on the device's current PyTorch stream (no waiting)."""
     with core.lock:
@@ -208,10 +252,10 @@ def _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_e
                      topk_experts.shape[1])
 
 
-@torch.library.custom_op(
+@_body(torch.library.custom_op(
     "mok::forward", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace, "
-           f"{_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})")
+           f"{_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})"))
 def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
             workspace, swiglu_limit=None):
@@ -230,11 +274,11 @@ def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weight
     return (out, *context)
 
 
-@torch.library.custom_op(
+@_body(torch.library.custom_op(
     "mok::recompute_forward_context", mutates_args=(),
     schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
            "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
-           f"int workspace, {_SWIGLU_LIMIT_ARG}) -> ({_CONTEXT_OUT})")
+           f"int workspace, {_SWIGLU_LIMIT_ARG}) -> ({_CONTEXT_OUT})"))
 def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
                               shared_gate_weights, shared_up_weights, workspace,
                               swiglu_limit=None):
@@ -271,11 +315,11 @@ def _grad_buffers(shape, weight_dtype):
     return d_x, d_w, routed, shared
 
 
-@torch.library.custom_op(
+@_body(torch.library.custom_op(
     "mok::backward", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
            f"{_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> "
-           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
 def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
              routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
              x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
@@ -371,8 +415,8 @@ def _setup_context(ctx, inputs, output):
 def _backward_formula(ctx, d_out, *_d_context):
     x, topk_experts, topk_weights, *rest = ctx.saved_tensors
     weights, context = rest[:6], rest[6:]
-    grads = backward(d_out.contiguous(), x, topk_experts, topk_weights, *weights, *context,
-                     ctx.workspace, ctx.swiglu_limit)
+    grads = call(backward, d_out.contiguous(), x, topk_experts, topk_weights, *weights, *context,
+                 ctx.workspace, ctx.swiglu_limit)
     d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
     shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)
     return (d_x, None, d_w, d_gate, d_up, d_down, *shared, None, None)

@@ -182,3 +182,62 @@ def test_workspace_handles_follow_objects():
                         torch.zeros(4, 1, dtype=torch.int64), torch.ones(4, 1),
                         *[torch.zeros(1, 64, 64, dtype=torch.bfloat16)] * 3, None, None, None,
                         handle)
+
+
+def test_direct_calls_only_where_no_one_could_tell(gen):
+    """mok.ops.call runs an op's body without PyTorch's dispatcher only for plain CPU or CUDA
+    tensors that autograd would not record, outside every tracing mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mok import ops
+
+    x = torch.randn(4, 8, generator=gen)
+    w = torch.nn.Parameter(torch.randn(4, 8, generator=gen))
+    assert ops._untraced((x, 3, None))
+    with torch.no_grad():
+        assert ops._untraced((x, w))
+    assert not ops._untraced((x, w))  # grad mode and a Parameter: autograd records the op
+    assert ops._untraced((x, w.detach()))
+    assert not ops._untraced((x.to("meta"),))
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not ops._untraced((x.as_subclass(Sub),))
+    with FakeTensorMode():
+        assert not ops._untraced((torch.empty(4, 8),))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_direct_and_dispatched_calls_give_the_same_bits(gen, device):
+    """functional's calls take the op's body directly (no grad here); the dispatcher's path gives
+    the same bits, forward and backward, and autograd still records mok.moe where it must."""
+    from mok import ops
+
+    T, H, I, E, k = 24, 64, 64, 6, 3
+    data = make_layer(gen, T, H, I, E, k, 64).to(device)
+    assert ops._untraced(_layer_args(data))
+    config = functional.MoKConfig()
+    workspace = functional.get_workspace(config, None, device=data.x.device, num_local_tokens=T,
+                                         hidden_size=H, topk=k)
+    schedule = functional.build_schedule(workspace, config, data.topk_experts,
+                                         num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    out, ctx = functional.forward(config, workspace, schedule, data.x, data.topk_weights, sg, su,
+                                  sd, g, u, d)
+    handle = workspace.handle_for(config)
+    ref_out, *ref_ctx = torch.ops.mok.forward(data.x, data.topk_experts, data.topk_weights,
+                                              *data.weights, handle)
+    assert torch.equal(out, ref_out)
+    grads = functional.backward(config, workspace, schedule, ctx, data.d_out, data.x,
+                                data.topk_weights, sg, su, sd, g, u, d)
+    ref = torch.ops.mok.backward(data.d_out, data.x, data.topk_experts, data.topk_weights,
+                                 *data.weights, *ctx._ops_args(), handle)
+    for a, b in zip(grads, ref):
+        assert torch.equal(a, b)
+
+    x, w, *weights = data.requiring_grad()
+    out = mok.moe(x, data.topk_experts, w, *weights)
+    assert out.grad_fn is not None
+    with torch.no_grad():
+        assert mok.moe(x, data.topk_experts, w, *weights).grad_fn is None
