@@ -31,6 +31,8 @@
 //     pass_gate/up/hidden  bf16 [R, I] each    0's are the caller's forward context)
 //     rows_d_out           bf16 [R, H]         backward: the pass's d_out rows, then dy
 //     rows_d_gate/d_up     bf16 [R, I] each    backward: dg, du
+//     rows_scaled_hidden   bf16 [R, I]         backward: bf16(w h), the down weight gradient's
+//                                              operand (I <= H only: scaled_hidden_in_backward)
 //     row_weights          f32  [R]            backward: each row's router weight
 //     row_dots             f32  [R, ceil(I/128)]  backward: d_w partial sums
 //     pass_starts          i32  [E_local + 1]  the pass's segments, ring-relative
@@ -111,8 +113,8 @@ struct WorkspacePlan {
       schedule_scratch, row_of_slot, sync_state, error_record;
   std::int64_t local_bytes = 0;
   // layer region
-  Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up, row_weights,
-      row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
+  Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up,
+      rows_scaled_hidden, row_weights, row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
       shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
@@ -160,6 +162,14 @@ constexpr std::int64_t fused_blocks(std::int64_t rows) {
 }
 constexpr std::int64_t fused_counter_words(std::int64_t ring_rows, std::int64_t tokens) {
   return 2 * fused_blocks(ring_rows) + fused_blocks(tokens) + 3;
+}
+
+// Which operand of the down weight gradient carries the router weight, dW_down = sum over rows
+// of dy^T h with one factor bf16(w x): h (the down dgrad's epilogue writes bf16(w h) as it
+// computes h anyway, R*I more bytes written) when I <= H, else d_out (its rows scaled in place
+// after that epilogue, R*H read and written again). NOTES, session 20.
+constexpr bool scaled_hidden_in_backward(const PlanShape& s) {
+  return s.intermediate_size <= s.hidden_size;
 }
 
 // Ring passes the worst-case table needs (at least 1).
@@ -213,6 +223,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.rows_d_out = carve(end, R * H * bf16);
   p.rows_d_gate = carve(end, R * I * bf16);
   p.rows_d_up = carve(end, R * I * bf16);
+  p.rows_scaled_hidden = carve(end, scaled_hidden_in_backward(s) ? R * I * bf16 : 0);
   p.row_weights = carve(end, R * f32);
   p.row_dots = carve(end, R * dot_chunks * f32);
   p.pass_starts = carve(end, (E_local + 1) * i32);
@@ -273,6 +284,8 @@ inline constexpr BufferInfo kBuffers[] = {
     {"rows_d_out", Region::layer, &WorkspacePlan::rows_d_out, "bf16 [R, H]"},
     {"rows_d_gate", Region::layer, &WorkspacePlan::rows_d_gate, "bf16 [R, I]"},
     {"rows_d_up", Region::layer, &WorkspacePlan::rows_d_up, "bf16 [R, I]"},
+    {"rows_scaled_hidden", Region::layer, &WorkspacePlan::rows_scaled_hidden,
+     "bf16 [R, I] (I <= H)"},
     {"row_weights", Region::layer, &WorkspacePlan::row_weights, "f32 [R]"},
     {"row_dots", Region::layer, &WorkspacePlan::row_dots, "f32 [R, ceil(I/128)]"},
     {"pass_starts", Region::layer, &WorkspacePlan::pass_starts, "i32 [E_local + 1]"},

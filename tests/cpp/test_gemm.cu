@@ -746,7 +746,8 @@ TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
 }
 
 #ifndef MOK_TEST_OLD_TICKET_API
-// The SwiGLU-backward epilogue's two optional outputs (SwigluBackwardEpilogue::row_scale, dot).
+// The SwiGLU-backward epilogue's optional outputs (SwigluBackwardEpilogue::row_scale, dot, and
+// with both scaled_hidden).
 // g, u and h come from the gate/up forward itself; the dgrad's own fp32 accumulators from the
 // same dgrad with an fp32 output (the same kernel and K loop, so the same bits: checked against
 // its bf16 output). Then:
@@ -759,9 +760,10 @@ TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
 //     sum adds at most 127 * 2^-53 of the same, and underflow 34 * 2^-149 absolute. That bound
 //     only holds if the epilogue's h is bitwise the forward's hidden: one bf16 ulp off in one h
 //     moves its product by 2^-8 to 2^-7 of itself, thousands of times the bound's share of it;
-//   rows past each group's rows: dg, du and dot untouched (poisoned before);
+//   scaled_hidden: bitwise bf16(scale * h) (fp32 product, rounded once), h the forward's hidden;
+//   rows past each group's rows: dg, du, dot and scaled_hidden untouched (poisoned before);
 //   both consumer schedules and a second run: the same bits; each option alone: the same bits as
-//     with both (dot never depends on the scale; dg, du never on dot).
+//     with all three (dot never depends on the scale; dg, du never on dot or scaled_hidden).
 void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   Layout l(counts);
   const int G = l.groups();
@@ -771,7 +773,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   Buffer<__nv_bfloat16> x(std::size_t(l.capacity) * k), w_gate(std::size_t(G) * n * k),
       w_up(std::size_t(G) * n * k), dy(std::size_t(l.capacity) * k), w_down(std::size_t(G) * k * n),
       g(cells), u(cells), hid(cells), dh16(cells), dh_scaled(cells), dg(cells), du(cells),
-      want_g(cells), want_u(cells), dg2(cells), du2(cells);
+      want_g(cells), want_u(cells), dg2(cells), du2(cells), wh(cells), wh2(cells);
   Buffer<float> acc32(cells), scale(l.capacity), dot(dot_cells), dot2(dot_cells);
   fill_random(x, 1.0f);
   fill_random(w_gate, 4.0f / std::sqrt(float(k)));
@@ -806,7 +808,8 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
 
   // The dgrad: plain (bf16 and fp32 outputs), or with the SwiGLU epilogue and the options given.
   auto dgrad = [&](void* out, bool fp32, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
-                   const float* row_scale, float* d, Consumers consumers = g_consumers) {
+                   const float* row_scale, float* d, Consumers consumers = g_consumers,
+                   __nv_bfloat16* scaled_hidden = nullptr) {
     mok::gemm::RowsTimesWeightArgs args;
     args.consumers = consumers;
     args.segments = seg;
@@ -815,7 +818,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
     args.w = w_down.p;
     args.out = out;
     args.out_fp32 = fp32;
-    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d};
+    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d, scaled_hidden};
     args.ld_out = n;
     args.n = n;
     args.k = k;
@@ -824,9 +827,10 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   for (auto* b : {&dh16, &dg, &du, &want_g, &want_u}) b->poison();
   acc32.poison();
   dot.poison();
+  wh.poison();
   dgrad(dh16.p, false, nullptr, nullptr, nullptr, nullptr);
   dgrad(acc32.p, true, nullptr, nullptr, nullptr, nullptr);
-  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p);
+  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p, g_consumers, wh.p);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -876,6 +880,22 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   EXPECT_EQ(differ, 0) << "dg, du differ from swiglu_backward_fast(g, u, bf16(scale * acc))";
   EXPECT_EQ(stray, 0) << "dg or du written in rows past the groups";
 
+  const auto got_wh = wh.host();
+  const auto* bwh = reinterpret_cast<const std::uint16_t*>(got_wh.data());
+  long long wh_differ = 0, wh_stray = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int c = 0; c < n; ++c) {
+      const std::size_t i = std::size_t(r) * n + c;
+      if (kept[r]) {
+        wh_differ += bwh[i] != mok::float_to_bf16(hscale[r] * mok::bf16_to_float(h_bits[i]));
+      } else {
+        wh_stray += bwh[i] != 0xffff;
+      }
+    }
+  }
+  EXPECT_EQ(wh_differ, 0) << "scaled_hidden differs from bf16(scale * h), h the forward's hidden";
+  EXPECT_EQ(wh_stray, 0) << "scaled_hidden written in rows past the groups";
+
   const double u32 = std::ldexp(1.0, -24);
   const double gamma34 = 34 * u32 / (1 - 34 * u32);
   const std::vector<float> got_dot = dot.host();
@@ -923,10 +943,12 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
     dg2.poison();
     du2.poison();
     dot2.poison();
-    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, cs);
+    wh2.poison();
+    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, cs, wh2.p);
     CUDA_OK(cudaDeviceSynchronize());
     const char* what = cs == g_consumers ? "a second run" : "the other consumer schedule";
     EXPECT_TRUE(same(dot, dot2)) << what << ": dot differs";
+    EXPECT_TRUE(same(wh, wh2)) << what << ": scaled_hidden differs";
     EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << what << ": dg or du differs";
   }
   dg2.poison();
@@ -934,6 +956,13 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   dgrad(nullptr, false, dg2.p, du2.p, scale.p, nullptr);  // scale only
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "row scale without dot: dg or du differs";
+  dot2.poison();
+  dg2.poison();
+  du2.poison();
+  dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p);  // scale and dot, no scaled_hidden
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same(dot, dot2)) << "dot without scaled_hidden differs";
+  EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "scaled_hidden changed dg or du";
   dot2.poison();
   dg2.poison();
   du2.poison();
@@ -995,6 +1024,17 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
     ADD_FAILURE() << "an fp32 output with the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "out_fp32") << e.what();
+  }
+  args.out_fp32 = false;
+  for (float* dot : {static_cast<float*>(nullptr), f.p}) {  // scaled_hidden needs both options
+    args.swiglu = {x.p, x.p, x.p, x.p, dot == nullptr ? f.p : nullptr, dot, x.p};
+    try {
+      mok::gemm::rows_times_weight(args);
+      ADD_FAILURE() << "scaled_hidden without " << (dot == nullptr ? "dot" : "row_scale")
+                    << " was accepted";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), "swiglu.scaled_hidden") << e.what();
+    }
   }
 }
 #endif  // MOK_TEST_OLD_TICKET_API

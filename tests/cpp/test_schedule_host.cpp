@@ -145,6 +145,16 @@ TEST(WorkspacePlan, LayerRegionFollowsPassesAndSharedExpert) {
   EXPECT_EQ(one.pass_steps.bytes + one.carry_gate.bytes + one.carry_down.bytes, 0);
   EXPECT_EQ(one.rows_d_gate.bytes, 1536 * 192 * 2);
   EXPECT_EQ(one.row_dots.bytes, 1536 * 2 * 4);  // ceil(192 / 128) chunks
+  EXPECT_EQ(one.rows_scaled_hidden.bytes, 0);    // I 192 > H 128: d_out's rows are scaled
+  {
+    plan::PlanShape narrow = s;  // I <= H: the down dgrad writes bf16(w h), [R, I]
+    for (std::int64_t I : {64, 128}) {
+      narrow.intermediate_size = I;
+      EXPECT_TRUE(plan::scaled_hidden_in_backward(narrow)) << I;
+      EXPECT_EQ(plan::make_workspace_plan(narrow).rows_scaled_hidden.bytes, 1536 * I * 2) << I;
+    }
+    EXPECT_FALSE(plan::scaled_hidden_in_backward(s));
+  }
   EXPECT_EQ(one.shared_out.bytes, 300 * 128 * 2);
   EXPECT_EQ(one.shared_d_gate.bytes, 300 * 64 * 2);
   EXPECT_EQ(one.peers.bytes, 6 * 8);

@@ -51,6 +51,7 @@ struct GemmParams {
   __nv_bfloat16* d_gate;
   __nv_bfloat16* d_up;
   float* swiglu_dot;        // ... with dot partials: [rows, ceil(n / 128)]
+  __nv_bfloat16* scaled_hidden;  // ... with dot partials and a row scale: bf16(scale h), or null
   const int* scatter_rows;  // M-grouped bf16 with a scatter (RowScatter)
   unsigned scatter_slots;
   void* const* scatter_peers;

@@ -386,6 +386,21 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
               h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
             }
           }
+          if constexpr (kDot && kRowScale) {
+            // bf16(w h) for the down weight gradient (SwigluBackwardEpilogue::scaled_hidden), in
+            // the stored layout beside dg and du.
+            const int col = n0 + 8 * (4 * c + q);
+            if (p.scaled_hidden != nullptr && row.ok && col < p.n) {
+              std::uint32_t wh_w[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                wh_w[e] = pack_bf16x2(__fmul_rn(scale, low_bf16(h_w[e])),
+                                      __fmul_rn(scale, high_bf16(h_w[e])));
+              }
+              *reinterpret_cast<uint4*>(p.scaled_hidden + row.offset + col) =
+                  make_uint4(wh_w[0], wh_w[1], wh_w[2], wh_w[3]);
+            }
+          }
           if constexpr (kDot) {
             const uint4 hs = quad_gather(h_w[0], h_w[1], h_w[2], h_w[3], q);
             const std::uint32_t hs_w[4] = {hs.x, hs.y, hs.z, hs.w};

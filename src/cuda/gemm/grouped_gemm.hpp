@@ -122,6 +122,10 @@ struct RowsTimesWeightTArgs {
 //     columns j of chunk c (kDotColumns wide) of acc[r][j] * h[r][j], with acc the unscaled fp32
 //     accumulator and h = bf16(silu(g) * u) (numerics::swiglu_fast; bitwise the forward's hidden),
 //     in a fixed order (epilogue.cuh): the same bits under both consumer schedules, every run.
+// And, with both of those, one more (optional):
+//   scaled_hidden [capacity_rows, n] bf16, ld_out: bf16(row_scale[r] * h[r][j]) (the fp32
+//     product of the weight and that same h, rounded once): the down weight gradient's operand
+//     when it scales h instead of d_out (dW_down = d_out^T bf16(w h)).
 // Rows past a group's rows (padding) are written in none of the outputs.
 inline constexpr int kDotColumns = static_cast<int>(plan::kDotColumns);
 
@@ -132,6 +136,7 @@ struct SwigluBackwardEpilogue {
   __nv_bfloat16* d_up = nullptr;
   const float* row_scale = nullptr;  // optional, [capacity_rows]
   float* dot = nullptr;              // optional, [capacity_rows, ceil(n / kDotColumns)]
+  __nv_bfloat16* scaled_hidden = nullptr;  // optional, with row_scale and dot: [capacity_rows, n]
   // Clamped SwiGLU: dg, du = bf16(swiglu_backward_clamped(g, u, dh, L)) and h (for `dot`) clamped
   // as the forward's; absent: the plain epilogue (a separate instantiation).
   std::optional<float> limit;

@@ -353,6 +353,9 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
     check(sw.dot == nullptr, "swiglu.dot",
           "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.dot));
   }
+  check(sw.scaled_hidden == nullptr || (sw.row_scale != nullptr && sw.dot != nullptr),
+        "swiglu.scaled_hidden", "null without both swiglu.row_scale and swiglu.dot",
+        to_text(sw.scaled_hidden));
   if (s.capacity_rows == 0) return;
   const CUtensorMap a =
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
@@ -381,6 +384,7 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
           "4-byte alignment", to_text(sw.row_scale));
     check(reinterpret_cast<std::uintptr_t>(sw.dot) % 4 == 0, "swiglu.dot", "4-byte alignment",
           to_text(sw.dot));
+    if (sw.scaled_hidden != nullptr) check_aligned(sw.scaled_hidden, "swiglu.scaled_hidden");
     p.ld_out = args.ld_out;
     p.swiglu_gate = sw.gate;
     p.swiglu_up = sw.up;
@@ -388,6 +392,7 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
     p.d_up = sw.d_up;
     p.row_scale = sw.row_scale;
     p.swiglu_dot = sw.dot;
+    p.scaled_hidden = sw.scaled_hidden;
     check_swiglu_limit(sw.limit, "swiglu.limit");
     p.swiglu_limit = sw.limit.value_or(0.0f);
   } else if (args.out_fp32) {

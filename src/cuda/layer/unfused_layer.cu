@@ -38,9 +38,10 @@ struct RankBuffers {
     bf16 *x = nullptr, *gate = nullptr, *up = nullptr, *hidden = nullptr;
   };
   PassSet scratch;
-  bf16* y = nullptr;            // [R, H]: backward: d_out rows, then dy = bf16(w d_out)
+  bf16* y = nullptr;            // [R, H]: backward: d_out rows (then dy = bf16(w d_out) if no wh)
   bf16* dg = nullptr;           // [R, I]
   bf16* du = nullptr;           // [R, I]
+  bf16* wh = nullptr;           // [R, I]: bf16(w h) (plan::scaled_hidden_in_backward), or null
   float* row_weights = nullptr; // [R]: the router weight of each row of the pass (backward)
   float* dot = nullptr;         // [R, ceil(I / 128)]: d_w partials of the down dgrad's epilogue
   std::int32_t *pass_starts = nullptr, *pass_rows = nullptr;  // [E_l + 1], [E_l]
@@ -116,7 +117,8 @@ void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowSc
 // itself is never stored. With `dot`, the epilogue also leaves the router-weight gradient's
 // partial sums <d_out W_down, h> per row and 128-column chunk.
 void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, const bf16* u,
-                       bf16* dg, bf16* du, const float* row_weights, float* dot) {
+                       bf16* dg, bf16* du, const float* row_weights, float* dot,
+                       bf16* scaled_hidden) {
   gemm::RowsTimesWeightArgs a;
   a.segments = e.segments;
   a.a = d_out;
@@ -128,6 +130,7 @@ void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, co
   a.swiglu.d_up = du;
   a.swiglu.row_scale = row_weights;
   a.swiglu.dot = dot;
+  a.swiglu.scaled_hidden = scaled_hidden;
   a.swiglu.limit = e.swiglu_limit;
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
@@ -201,16 +204,19 @@ void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16*
 // Backward through one expert family, given the output gradient rows (and x, g, u, h of the
 // forward):
 //   dg/du = SwiGLU backward of dh = bf16(w (d_out W_down)) (one GEMM; routed rows: with the d_w
-//   partials), then `between` (routed rows: d_w pushed home, d_out rows scaled to dy in place),
-//   dx = dg W_gate + du W_up, dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
+//   partials, and bf16(w h) where scaled_hidden is given), then `between` (routed rows: d_w
+//   pushed home; without scaled_hidden, d_out rows scaled to dy = bf16(w d_out) in place),
+//   dx = dg W_gate + du W_up, dW_gate = dg^T x, dW_up = du^T x, and dW_down = d_out^T bf16(w h)
+//   with scaled_hidden, else dy^T h (the shared expert: w = 1, d_out^T h).
 struct ExpertBackward {
   const bf16 *x, *gate, *up, *hidden;
-  bf16* d_out;                   // rows of d_out; dy after `between` (routed), d_out (shared)
+  bf16* d_out;                   // rows of d_out; routed without scaled_hidden: dy after `between`
   const float* row_weights;      // routed: the rows' router weights; shared: null
   float* dot;                    // routed: d_w partials; shared: null
   bf16 *dg, *du, *dx;            // scratch rows and the input gradient
   GradTarget d_gate, d_up, d_down;
   gemm::RowScatter dx_to;        // routed: dx rows go to their home slots
+  bf16* scaled_hidden = nullptr;  // routed, I <= H: bf16(w h), written by the down dgrad
 };
 
 // Streams beside the caller's, one per weight gradient (plan::kWgradStreams), and the events that
@@ -252,12 +258,13 @@ struct WgradStreams {
 template <class Between>
 void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                      Between&& between) {
-  down_dgrad_swiglu(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+  down_dgrad_swiglu(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot, b.scaled_hidden);
   w.fork(e.stream);
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
   between(w.side[0]);
-  weight_grad(on[0], b.d_out, e.hidden, b.hidden, e.width, b.d_down, w.tickets);
+  const bf16* h = b.scaled_hidden != nullptr ? b.scaled_hidden : b.hidden;
+  weight_grad(on[0], b.d_out, e.hidden, h, e.width, b.d_down, w.tickets);
   weight_grad(on[1], b.dg, e.width, b.x, e.hidden, b.d_gate, w.tickets + 2);
   weight_grad(on[2], b.du, e.width, b.x, e.hidden, b.d_up, w.tickets + 4);
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
@@ -567,6 +574,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
     at(b.scratch.hidden, pl.pass_hidden);
     at(b.scratch.x, pl.pass_x);
     at(b.y, pl.rows_d_out), at(b.dg, pl.rows_d_gate), at(b.du, pl.rows_d_up);
+    at(b.wh, pl.rows_scaled_hidden);
     at(b.row_weights, pl.row_weights), at(b.dot, pl.row_dots);
     at(b.pass_starts, pl.pass_starts), at(b.pass_rows, pl.pass_rows);
     at(b.pass_steps, pl.pass_steps);
@@ -798,13 +806,16 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
       auto between = [&](cudaStream_t on) {
-        // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then
-        // dy = bf16(w d_out) in place for the down weight gradient.
+        // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
+        // the dgrad did not write bf16(w h), dy = bf16(w d_out) in place for the down weight
+        // gradient.
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
         check(launch_router_grad_push(push, on), "router weight gradient");
-        ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
-        check(launch_scale_rows(scale, on), "scaling of d_out rows");
+        if (b.wh == nullptr) {
+          ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
+          check(launch_scale_rows(scale, on), "scaling of d_out rows");
+        }
       };
       ExpertBackward eb{set.x,
                         set.gate,
@@ -819,7 +830,8 @@ void UnfusedLayer::backward(std::span<const RankTensors> ranks, const BackwardOp
                         {&t.grads.d_gate, add, m.pass_plan(r, b.carry_gate), !first},
                         {&t.grads.d_up, add, m.pass_plan(r, b.carry_up), !first},
                         {&t.grads.d_down, add, m.pass_plan(r, b.carry_down), !first},
-                        m.to_home_slots(r, pass, m.dx_peers)};  // the backward combine
+                        m.to_home_slots(r, pass, m.dx_peers),  // the backward combine
+                        b.wh};
       expert_backward(m.routed(r, t, s), eb, m.wgrad, between);
     }
   }
