@@ -51,7 +51,6 @@ struct GemmParams {
   __nv_bfloat16* d_gate;
   __nv_bfloat16* d_up;
   float* swiglu_dot;        // ... with dot partials: [rows, ceil(n / 128)]
-  __nv_bfloat16* scaled_hidden;  // ... with dot partials and a row scale: bf16(scale h), or null
   const int* scatter_rows;  // M-grouped bf16 with a scatter (RowScatter)
   unsigned scatter_slots;
   void* const* scatter_peers;
@@ -66,6 +65,9 @@ struct GemmParams {
   // The SwiGLU epilogues with a clamp (kClamped): the limit L. Last, so the fields before it keep
   // their offsets (the unclamped kernels read nothing new).
   float swiglu_limit;
+  // SwigluBackward<true, true, *, true>: bf16(row_scale h) [rows, n], ld_out (after the limit for
+  // the same reason: the other kernels' fields keep their offsets).
+  __nv_bfloat16* scaled_hidden;
 };
 
 struct GemmDescriptor {

@@ -308,11 +308,13 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 // the accumulator layout.
 // kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
 // and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
-template <class F, bool kRowScale, bool kDot, bool kClamped>
+// kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
+template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
                                                       int wg, int warp, int lane) {
   static_assert(F::kind == FormKind::kRowsW, "the down dgrad's epilogue");
+  static_assert(!kScaledHidden || (kRowScale && kDot), "bf16(w h) needs the scale and h");
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
   constexpr int kBatch = 4;
   static_assert(kPieces % kBatch == 0, "whole batches");
@@ -386,11 +388,11 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
               h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
             }
           }
-          if constexpr (kDot && kRowScale) {
+          if constexpr (kScaledHidden) {
             // bf16(w h) for the down weight gradient (SwigluBackwardEpilogue::scaled_hidden), in
             // the stored layout beside dg and du.
             const int col = n0 + 8 * (4 * c + q);
-            if (p.scaled_hidden != nullptr && row.ok && col < p.n) {
+            if (row.ok && col < p.n) {
               std::uint32_t wh_w[4];
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
@@ -538,14 +540,16 @@ struct RowsFp32 {
 
 // RowsW (the down dgrad) with the SwiGLU backward: dg, du from dh (kRowScale: dh scaled per row),
 // kDot: and the router-weight dot partials (SwigluBackwardEpilogue); kClamped: the clamped
-// SwiGLU's backward (GemmParams::swiglu_limit).
-template <bool kRowScale, bool kDot, bool kClamped = false>
+// SwiGLU's backward (GemmParams::swiglu_limit); kScaledHidden (with both kRowScale and kDot):
+// and bf16(w h) (SwigluBackwardEpilogue::scaled_hidden, GemmParams::scaled_hidden).
+template <bool kRowScale, bool kDot, bool kClamped = false, bool kScaledHidden = false>
 struct SwigluBackward {
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
-    store_swiglu_backward<F, kRowScale, kDot, kClamped>(acc, t, d.p, wg, warp, lane);
+    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden>(acc, t, d.p, wg, warp,
+                                                                       lane);
   }
 };
 

@@ -416,7 +416,13 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
     with_flag(sw.row_scale != nullptr, [&](auto scaled) {
       with_flag(sw.dot != nullptr, [&](auto dot) {
         with_flag(sw.limit.has_value(), [&](auto clamped) {
-          launch<F, epilogue::SwigluBackward<scaled(), dot(), clamped()>>(d, args.stream);
+          if constexpr (scaled() && dot()) {
+            with_flag(sw.scaled_hidden != nullptr, [&](auto wh) {
+              launch<F, epilogue::SwigluBackward<true, true, clamped(), wh()>>(d, args.stream);
+            });
+          } else {
+            launch<F, epilogue::SwigluBackward<scaled(), dot(), clamped()>>(d, args.stream);
+          }
         });
       });
     });

@@ -213,6 +213,11 @@ template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false, 
     const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true>>(
     const GemmDescriptor&, bool, Stream);
+// The routed backward where I <= H: bf16(w h) for the down weight gradient as well (session 20).
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, false, true>>(
+    const GemmDescriptor&, bool, Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true, true>>(
+    const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::bf16>>(
     const GemmDescriptor&, bool, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::fp32>>(
