@@ -20,6 +20,9 @@
 //     dy = bf16(w[t,j] * d_out[t])
 //     dW_down[e] = dy^T h, dW_gate[e] = dg^T x, dW_up[e] = du^T x   fp32 over rows in schedule
 //     order
+//     (the CUDA backend, where I <= H, rounds the other factor of dW_down instead:
+//     d_out^T bf16(w h), plan::scaled_hidden_in_backward; one rounding of the same product either
+//     way, so the same precision, other bits)
 // Every reduction runs in a fixed order, so results are bitwise reproducible and independent of
 // the thread count.
 //
