@@ -1,5 +1,7 @@
 """The benchmarks' own logic, on the CPU: what bench/bench_layer.py's mok implementations hand to
-mok (no layer runs here; mok.functional's entry points are replaced by recorders)."""
+mok (no layer runs here; mok.functional's entry points are replaced by recorders), and the tools
+that read the benchmarks' output (traces, power samples, A/B results)."""
+import json
 import os
 import pathlib
 import sys
@@ -149,3 +151,41 @@ def test_solo_power_lines_phases_up_with_the_samples(tmp_path):
     assert f["joules_per_call"] == pytest.approx(1.9 * 0.690)
     assert d["sm_mhz_mean"] == pytest.approx(1480) and d["layer_ms_at_dense_rate"] == 1.819
     assert "median_ms" not in d
+
+
+def _layer_file(path, name, cells):
+    doc = {"gpu": "test", "commit": name, "date": "2026-12-04",
+           "cases": [{"suite": "layer", "case": c, "routing": "uniform", "pass": p, "impl": "mok",
+                      "median_ms": ms} for (c, p), ms in cells.items()]}
+    path.write_text(json.dumps(doc))
+
+
+def test_ab_summary_divides_each_package_by_the_base(tmp_path):
+    import ab_summary
+
+    # Two rounds of a base B and a change A (file order puts A first: the base is named).
+    _layer_file(tmp_path / "A.round1.json", "A", {("qwen3", "fwd"): 2.0, ("qwen3", "fwdbwd"): 8.0})
+    _layer_file(tmp_path / "B.round1.json", "B", {("qwen3", "fwd"): 2.2, ("qwen3", "fwdbwd"): 8.4})
+    _layer_file(tmp_path / "A.round2.json", "A", {("qwen3", "fwd"): 2.2, ("qwen3", "fwdbwd"): 8.2})
+    _layer_file(tmp_path / "B.round2.json", "B", {("qwen3", "fwd"): 2.2, ("qwen3", "fwdbwd"): 8.6})
+    (tmp_path / "B.round3.log").write_text("not a results file")
+    cells, names = ab_summary.load(tmp_path)
+    assert names == ["A", "B"]
+    assert cells[("qwen3", "uniform", "fwdbwd")] == {"A": [8.0, 8.2], "B": [8.4, 8.6]}
+    out = ab_summary.lines(cells, names, "B")
+    fwd = next(line for line in out if " fwd " in line)
+    bwd = next(line for line in out if " fwdbwd " in line)
+    assert "A 2.100 (2.000, 2.200) 0.955" in fwd and "B 2.200 (2.200, 2.200) 1.000" in fwd
+    assert "A 8.100 (8.000, 8.200) 0.953" in bwd
+
+
+def test_ab_layer_refuses_what_it_cannot_compare(tmp_path):
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "ab-layer"
+    for args, says in ((["A=."], "at least two"), (["A=.", f"B={tmp_path}/none"], "not a directory"),
+                       (["A=.", "oops"], "is not NAME=DIR"), (["A=.", "A=."], "twice")):
+        r = subprocess.run(["bash", str(script), str(tmp_path / "out"), *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert says in r.stderr, (args, r.stderr)
