@@ -9,14 +9,21 @@
 // the rounds' medians, and the smallest and largest round median (the spread).
 // Every form is timed under the automatic consumer schedule ("mok") and each forced one
 // ("mok-cooperative", "mok-ping_pong"); likewise the plain gate/up GEMM ("mok-unfused...").
+// "dgrad-swiglu" is the layer's routed down dgrad: dh = dy W_down with the SwiGLU-backward
+// epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
+// the same with bf16(w h) stored too (the backward's form where I <= H). Before timing, both
+// schedules and both forms must write every kept row of dg, du and dot with the same bits.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -149,7 +156,7 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
-  std::printf("%-14s %-8s %-7s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
+  std::printf("%-14s %-8s %-15s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
               "median_ms", "tflops", "rel_err", "[round min, max]");
   for (const Case& c : kCases) {
     if (!only.empty() && only.find(std::string(",") + c.name + ",") == std::string::npos) continue;
@@ -188,6 +195,23 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&out_y, size_t(capacity) * c.h * 2));
       CHECK_CUDA(cudaMalloc(&out_dh, size_t(capacity) * c.i * 2));
       CHECK_CUDA(cudaMalloc(&out_dw, size_t(G) * c.h * c.i * 2));
+      // The SwiGLU-backward dgrad: g, u as the forward stored them, dg, du, bf16(w h) and the dot
+      // partials out, the router weight of each row in.
+      const int dot_chunks = (c.i + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
+      __nv_bfloat16* sg = alloc_random(size_t(capacity) * c.i, 8, 2.0f);
+      __nv_bfloat16* su = alloc_random(size_t(capacity) * c.i, 9, 2.0f);
+      __nv_bfloat16 *out_dg, *out_du, *out_wh;
+      float *row_w, *out_dot;
+      CHECK_CUDA(cudaMalloc(&out_dg, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_du, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_wh, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_dot, size_t(capacity) * dot_chunks * 4));
+      CHECK_CUDA(cudaMalloc(&row_w, size_t(capacity) * 4));
+      {
+        std::vector<float> w(capacity);
+        for (int r = 0; r < capacity; ++r) w[r] = 0.05f + 0.9f * float((r * 7919) % 1000) / 1000;
+        CHECK_CUDA(cudaMemcpy(row_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+      }
       CHECK_CUDA(cudaDeviceSynchronize());
 
       mok::gemm::GateUpForwardArgs gu;
@@ -238,6 +262,11 @@ int main(int argc, char** argv) {
       wgrad.m = c.h;
       wgrad.n = c.i;
       wgrad.tickets = tickets;
+      mok::gemm::RowsTimesWeightArgs dgrad_swiglu = dgrad;
+      dgrad_swiglu.out = nullptr;
+      dgrad_swiglu.swiglu = {sg, su, out_dg, out_du, row_w, out_dot, nullptr, std::nullopt};
+      mok::gemm::RowsTimesWeightArgs dgrad_swiglu_wh = dgrad_swiglu;
+      dgrad_swiglu_wh.swiglu.scaled_hidden = out_wh;
 
       // Correctness before timing, under each consumer schedule: a sampled row of expert 0 and of
       // the last expert (the GEMM tests check every form fully, tests/cpp/test_gemm.cu).
@@ -260,6 +289,59 @@ int main(int argc, char** argv) {
           err = std::max(err, rel_err_row(x, c.h, w13, 0, row, g, 2 * c.i, c.h, out_gu, 2 * c.i));
           err = std::max(err, rel_err_row(hid, c.i, wd, 0, row, g, c.h, c.i, out_y, c.h));
           err = std::max(err, rel_err_row(dy, c.h, wd, 1, row, g, c.i, c.h, out_dh, c.i));
+        }
+      }
+      // The SwiGLU-backward dgrad (its values are test_gemm.cu's): every kept row of dg, du and
+      // dot written, with the same bits under both schedules and with or without bf16(w h).
+      {
+        std::vector<char> kept(capacity, 0);
+        for (int g = 0; g < G; ++g)
+          for (int r = starts[g]; r < starts[g] + counts[g]; ++r) kept[r] = 1;
+        std::vector<std::uint16_t> first_dg, first_du;
+        std::vector<float> first_dot;
+        int run = 0;
+        for (bool wh : {true, false}) {
+          for (mok::gemm::Consumers consumers :
+               {mok::gemm::Consumers::cooperative, mok::gemm::Consumers::ping_pong}) {
+            mok::gemm::RowsTimesWeightArgs a = wh ? dgrad_swiglu_wh : dgrad_swiglu;
+            a.consumers = consumers;
+            CHECK_CUDA(cudaMemset(out_dg, 0xff, size_t(capacity) * c.i * 2));
+            CHECK_CUDA(cudaMemset(out_du, 0xff, size_t(capacity) * c.i * 2));
+            CHECK_CUDA(cudaMemset(out_dot, 0xff, size_t(capacity) * dot_chunks * 4));
+            mok::gemm::rows_times_weight(a);
+            CHECK_CUDA(cudaDeviceSynchronize());
+            std::vector<std::uint16_t> dg(size_t(capacity) * c.i), du(dg.size());
+            std::vector<float> dot(size_t(capacity) * dot_chunks);
+            CHECK_CUDA(cudaMemcpy(dg.data(), out_dg, dg.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(du.data(), out_du, du.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(dot.data(), out_dot, dot.size() * 4, cudaMemcpyDeviceToHost));
+            long long unwritten = 0;
+            for (int r = 0; r < capacity; ++r) {
+              if (!kept[r]) continue;
+              for (int j = 0; j < c.i; ++j) {
+                const size_t i = size_t(r) * c.i + j;
+                unwritten += dg[i] == 0xffff || du[i] == 0xffff;
+              }
+              for (int ch = 0; ch < dot_chunks; ++ch)
+                unwritten += std::isnan(dot[size_t(r) * dot_chunks + ch]);
+            }
+            if (run++ == 0) {
+              first_dg = std::move(dg);
+              first_du = std::move(du);
+              first_dot = std::move(dot);
+            } else if (dg != first_dg || du != first_du ||
+                       std::memcmp(dot.data(), first_dot.data(), dot.size() * 4) != 0) {
+              std::fprintf(stderr, "%s: the SwiGLU dgrad's bits differ (%s, scaled_hidden %d)\n",
+                           c.name, consumers == mok::gemm::Consumers::cooperative
+                                       ? "cooperative" : "ping-pong", int(wh));
+              return 1;
+            }
+            if (unwritten != 0) {
+              std::fprintf(stderr, "%s: the SwiGLU dgrad left %lld kept values unwritten\n",
+                           c.name, unwritten);
+              return 1;
+            }
+          }
         }
       }
       if (!(err < 1.0 / 128)) {  // 2 bf16 ulps relative: a wrong kernel, not rounding
@@ -285,7 +367,9 @@ int main(int argc, char** argv) {
         mok::gemm::GateUpForwardArgs gu_s = gu;
         mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
         mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
+        mok::gemm::RowsTimesWeightArgs dsw_s = dgrad_swiglu, dswh_s = dgrad_swiglu_wh;
         mok::gemm::WeightGradArgs wgrad_s = wgrad;
+        dsw_s.consumers = dswh_s.consumers = consumers;
         gu_s.consumers = plain_s.consumers = down_s.consumers = dgrad_s.consumers =
             wgrad_s.consumers = consumers;
         items.push_back(
@@ -296,6 +380,10 @@ int main(int argc, char** argv) {
             {"gemm2", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight_t(down_s); }});
         items.push_back(
             {"dgrad", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight(dgrad_s); }});
+        items.push_back({"dgrad-swiglu", name("mok", suffix), flops,
+                         [=] { mok::gemm::rows_times_weight(dsw_s); }});
+        items.push_back({"dgrad-swiglu-wh", name("mok", suffix), flops,
+                         [=] { mok::gemm::rows_times_weight(dswh_s); }});
         items.push_back(
             {"wgrad", name("mok", suffix), flops, [=] { mok::gemm::weight_grad(wgrad_s); }});
       }
@@ -315,7 +403,7 @@ int main(int argc, char** argv) {
         std::sort(v.begin(), v.end());
         const double ms = v[v.size() / 2];
         const double tf = it.flops / (ms * 1e-3) / 1e12;
-        std::printf("%-14s %-8s %-7s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]\n", c.name, routing,
+        std::printf("%-14s %-8s %-15s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]\n", c.name, routing,
                     it.pass, it.impl.c_str(), ms, tf, err, v.front(), v.back());
         std::fprintf(
             json,
@@ -328,7 +416,8 @@ int main(int argc, char** argv) {
       }
       for (void* p : {(void*)x, (void*)w13, (void*)wg, (void*)wu, (void*)wd, (void*)hid, (void*)dy,
                       (void*)out_h, (void*)out_gu, (void*)out_y, (void*)out_dh, (void*)out_dw,
-                      (void*)d_starts, (void*)d_counts, (void*)tickets}) {
+                      (void*)sg, (void*)su, (void*)out_dg, (void*)out_du, (void*)out_wh,
+                      (void*)out_dot, (void*)row_w, (void*)d_starts, (void*)d_counts, (void*)tickets}) {
         cudaFree(p);
       }
     }

@@ -27,21 +27,24 @@ inline void run_layer(LayerData& d, int threads = 0, bool backward_too = true) {
   if (backward_too) backward(ws, d.inputs(), d.weights(), ctx.get(), d.d_out.view(), d.grads());
 }
 
-// Inputs on a grid whose products and sums are exact in bf16 and fp32: x and the gate and up
-// weights in {-1, -1/2, 0, 1/2, 1}, H = 64, so every g and u is a multiple of 1/4 of magnitude at
-// most 64, exactly representable in bf16. The bf16 layer's g and u are then the exact ones: the
-// clamp decides every element as the f64 layer does (random data would put a few elements within
-// a bf16 rounding of the limit, on different sides in the two layers), and many land exactly on
-// +-L (the boundary, where the gradient flows). Down weights, router weights and d_out stay
-// random. The clamped-SwiGLU tests' inputs (test_swiglu_limit.cpp and its GPU twin).
+// Inputs on a grid whose products and sums are exact in bf16 and fp32: the gate and up weights in
+// {-1, -1/2, 0, 1/2, 1}, x the same at H = 64 and in {-1/2, 0, 1/2} at H = 128 (where I < H can
+// be tested), so every g and u is a multiple of 1/4 of magnitude at most 64, exactly
+// representable in bf16. The bf16 layer's g and u are then the exact ones: the clamp decides
+// every element as the f64 layer does (random data would put a few elements within a bf16
+// rounding of the limit, on different sides in the two layers), and many land exactly on +-L (the
+// boundary, where the gradient flows). Down weights, router weights and d_out stay random. The
+// clamped-SwiGLU tests' inputs (test_swiglu_limit.cpp and its GPU twin).
 inline LayerData grid_layer(const Problem& p, std::uint64_t seed, Routing r) {
-  EXPECT_EQ(p.hidden_size, 64);
+  EXPECT_TRUE(p.hidden_size == 64 || p.hidden_size == 128) << "H " << p.hidden_size;
   LayerData d = make_layer_data(p, DType::bf16, seed, r);
   std::mt19937_64 rng(seed ^ 0x5eed);
-  std::uniform_int_distribution<int> pick(-2, 2);
+  const int x_steps = p.hidden_size == 64 ? 2 : 1;  // |x| <= 64 / H: |g|, |u| <= 64
+  std::uniform_int_distribution<int> pick(-2, 2), pick_x(-x_steps, x_steps);
   for (HostTensor* t : {&d.x, &d.gate, &d.up, &d.shared_gate, &d.shared_up}) {
     if (!t->defined()) continue;  // no shared expert (S = 0)
-    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * pick(rng));
+    auto& draw = t == &d.x ? pick_x : pick;
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * draw(rng));
   }
   return d;
 }

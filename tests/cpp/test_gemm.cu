@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -636,6 +637,22 @@ __global__ void swiglu_backward_fast_kernel(const __nv_bfloat16* dh, const __nv_
   }
 }
 
+// The same with the clamped SwiGLU (numerics::swiglu_backward_clamped_fast): what the epilogue
+// with SwigluBackwardEpilogue::limit must equal, bitwise.
+__global__ void swiglu_backward_clamped_fast_kernel(const __nv_bfloat16* dh, const __nv_bfloat16* g,
+                                                    const __nv_bfloat16* u, std::size_t n,
+                                                    float limit, __nv_bfloat16* dg,
+                                                    __nv_bfloat16* du) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    float a, b;
+    mok::numerics::swiglu_backward_clamped_fast(__bfloat162float(g[i]), __bfloat162float(u[i]),
+                                                __bfloat162float(dh[i]), limit, &a, &b);
+    dg[i] = __float2bfloat16_rn(a);
+    du[i] = __float2bfloat16_rn(b);
+  }
+}
+
 void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) {
   Layout l(counts);
   const int G = l.groups();
@@ -764,7 +781,11 @@ TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
 //   rows past each group's rows: dg, du, dot and scaled_hidden untouched (poisoned before);
 //   both consumer schedules and a second run: the same bits; each option alone: the same bits as
 //     with all three (dot never depends on the scale; dg, du never on dot or scaled_hidden).
-void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
+// With a limit (clamped SwiGLU) the forward and every dgrad take it: g, u stay unclamped, h is
+// the clamped hidden, dg, du bitwise swiglu_backward_clamped_fast; and the clamp must act (some
+// kept g > L or |u| > L, and the unclamped dg, du differ somewhere), or ignoring it would pass.
+void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
+                   std::optional<float> limit = std::nullopt) {
   Layout l(counts);
   const int G = l.groups();
   const std::size_t cells = std::size_t(l.capacity) * n;
@@ -803,6 +824,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   fwd.ld_out = n;
   fwd.hidden_size = k;
   fwd.intermediate_size = n;
+  fwd.swiglu_limit = limit;
   mok::gemm::gate_up_forward(fwd);
   CUDA_OK(cudaGetLastError());
 
@@ -818,7 +840,8 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
     args.w = w_down.p;
     args.out = out;
     args.out_fp32 = fp32;
-    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d, scaled_hidden};
+    if (d_gate != nullptr)
+      args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d, scaled_hidden, limit};
     args.ld_out = n;
     args.n = n;
     args.k = k;
@@ -858,7 +881,14 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   }
   EXPECT_EQ(fp32_vs_bf16, 0) << "the fp32 output is not the accumulator of the bf16 output";
   CUDA_OK(cudaMemcpy(dh_scaled.p, scaled.data(), cells * 2, cudaMemcpyHostToDevice));
-  swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, want_g.p, want_u.p);
+  if (limit) {
+    swiglu_backward_clamped_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, *limit,
+                                                       want_g.p, want_u.p);
+    // The unclamped expectation, into dg2, du2 (poisoned again before their own use below).
+    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, dg2.p, du2.p);
+  } else {
+    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, want_g.p, want_u.p);
+  }
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   const auto got_g = dg.host(), got_u = du.host(), wg = want_g.host(), wu = want_u.host();
@@ -877,8 +907,33 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
       }
     }
   }
-  EXPECT_EQ(differ, 0) << "dg, du differ from swiglu_backward_fast(g, u, bf16(scale * acc))";
+  EXPECT_EQ(differ, 0) << "dg, du differ from swiglu_backward" << (limit ? "_clamped" : "")
+                       << "_fast(g, u, bf16(scale * acc))";
   EXPECT_EQ(stray, 0) << "dg or du written in rows past the groups";
+
+  // With a limit: kept elements the clamp acts on (g > L or |u| > L), and kept elements whose
+  // dg or du the unclamped backward gives differently (so ignoring the limit fails above).
+  long long clamped = 0, unclamped_differ = 0, kept_values = 0;
+  if (limit) {
+    const float L = *limit;
+    const auto hg = g.host(), hu = u.host(), pg = dg2.host(), pu = du2.host();
+    const auto* b_g = reinterpret_cast<const std::uint16_t*>(hg.data());
+    const auto* b_u = reinterpret_cast<const std::uint16_t*>(hu.data());
+    const auto* bpg = reinterpret_cast<const std::uint16_t*>(pg.data());
+    const auto* bpu = reinterpret_cast<const std::uint16_t*>(pu.data());
+    for (int r = 0; r < l.capacity; ++r) {
+      if (!kept[r]) continue;
+      for (int c = 0; c < n; ++c) {
+        const std::size_t i = std::size_t(r) * n + c;
+        const float gv = mok::bf16_to_float(b_g[i]), uv = mok::bf16_to_float(b_u[i]);
+        clamped += gv > L || std::fabs(uv) > L;
+        unclamped_differ += bpg[i] != bg[i] || bpu[i] != bu[i];
+        ++kept_values;
+      }
+    }
+    EXPECT_GT(clamped, 0) << "no kept g above the limit nor u outside it";
+    EXPECT_GT(unclamped_differ, 0) << "the unclamped dg, du are the clamped ones";
+  }
 
   const auto got_wh = wh.host();
   const auto* bwh = reinterpret_cast<const std::uint16_t*>(got_wh.data());
@@ -926,10 +981,15 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
       ++checked;
     }
   }
+  char clamp_note[96] = "";
+  if (limit) {
+    std::snprintf(clamp_note, sizeof clamp_note, " limit %g (%lld of %lld values clamped)",
+                  double(*limit), clamped, kept_values);
+  }
   std::printf(
-      "[ mok ] dgrad + SwiGLU backward, row scale and dot N=%d K=%d G=%d%s: %lld dot "
+      "[ mok ] dgrad + SwiGLU backward, row scale and dot N=%d K=%d G=%d%s%s: %lld dot "
       "values, largest error %.3g of its bound\n",
-      n, k, G, dense ? " dense" : "", checked, worst);
+      n, k, G, dense ? " dense" : "", clamp_note, checked, worst);
   EXPECT_GT(checked, 0);
   EXPECT_EQ(far, 0) << "dot beyond the fp32 summation bound (h not the forward's hidden?)";
   EXPECT_EQ(dot_stray, 0) << "dot written in rows past the groups";
@@ -971,7 +1031,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense) {
   EXPECT_TRUE(same(dot, dot2)) << "dot without row scale differs";
   want_g.poison();
   want_u.poison();
-  dgrad(nullptr, false, want_g.p, want_u.p, nullptr, nullptr);  // neither: the plain epilogue
+  dgrad(nullptr, false, want_g.p, want_u.p, nullptr, nullptr);  // neither: dg, du alone
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dg2, want_g) && same(du2, want_u)) << "dot changed dg or du";
 }
@@ -985,6 +1045,18 @@ TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
   REQUIRE_HOPPER();
   run_dgrad_dot({999}, 512, 256, true);
   run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false);
+}
+
+// The same with the clamped SwiGLU. The data: x uniform in [-1, 1), w_gate in [-4, 4)/sqrt(K),
+// w_up in [-2, 2)/sqrt(K), so g and u are near normal with standard deviations 4/3 and 2/3 (K
+// sums of variance 1/3 * 16/(3K) and 1/3 * 4/(3K)), whatever K. L = 0.5 clamps g above 0.375 sd
+// (~35% of g) and u beyond 0.75 sd (~45%): about 65% of the elements one way or both, the clamp
+// on nearly every row. L = 3 clamps g above 2.25 sd (~1.2%, some 28000 of the 3000-row group's
+// 2.3M) and u almost never (4.5 sd): a sparse clamp, mostly of the gate alone.
+TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotClamped) {
+  REQUIRE_HOPPER();
+  run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false, 0.5f);
+  run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false, 3.0f);
 }
 
 TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {

@@ -1,7 +1,9 @@
 // Clamped SwiGLU (Weights::swiglu_limit) on the CUDA layer: forward and every gradient against the
 // exact f64 layer at several limits, repeated bitwise; a limit no value reaches gives the
 // unclamped layer's bits; several ring passes (backward replays the clamped forward) give the
-// bits of one. Skipped without a GPU (passed on the H200 at 7db507e).
+// bits of one. Skipped without a GPU (passed on the H200 at 7db507e). The cases with I <= H
+// (seven_no_shared, half_narrow) take the backward that writes bf16(w h) in the down dgrad's
+// epilogue (plan::scaled_hidden_in_backward), the others the one that scales d_out.
 #include <cstdio>
 
 #include "gpu_buffer.hpp"
@@ -52,8 +54,9 @@ INSTANTIATE_TEST_SUITE_P(
         LimitCase{"half_shared", 0.5f, layer_shape(257, 64, 192, 8, 2, 64), Routing::softmax},
         LimitCase{"one_skewed", 1.0f, layer_shape(131, 64, 128, 6, 3, 128), Routing::skewed},
         LimitCase{"seven_shared", 7.0f, layer_shape(97, 64, 128, 4, 4, 128), Routing::softmax},
-        LimitCase{"seven_no_shared", 7.0f, layer_shape(64, 64, 64, 5, 2, 0),
-                  Routing::one_expert}),
+        LimitCase{"seven_no_shared", 7.0f, layer_shape(64, 64, 64, 5, 2, 0), Routing::one_expert},
+        // I < H: bf16(w h) from the clamped h of the dgrad epilogue (H = 128: grid_layer's x)
+        LimitCase{"half_narrow", 0.5f, layer_shape(193, 128, 64, 6, 2, 0), Routing::skewed}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(SwigluLimitGpuBits, InactiveLimitIsTheUnclampedLayer) {
