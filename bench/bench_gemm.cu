@@ -13,13 +13,14 @@
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
 // the same with bf16(w h) stored too (the backward's form where I <= H). Before timing, both
 // schedules and both forms must write every kept row of dg, du and dot with the same bits.
+// argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -146,12 +147,15 @@ double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds] [case,case,...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds] [case,case,...] [pass,pass,...]\n",
+                 argv[0]);
     return 2;
   }
   const int reps = argc > 2 ? std::atoi(argv[2]) : 20;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 5;
   const std::string only = argc > 4 ? std::string(",") + argv[4] + "," : std::string();
+  // Passes to time (gemm1, gemm2, dgrad, dgrad-swiglu, dgrad-swiglu-wh, wgrad); default all.
+  const std::string passes = argc > 5 ? std::string(",") + argv[5] + "," : std::string();
   FILE* json = std::fopen(argv[1], "w");
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
@@ -331,14 +335,15 @@ int main(int argc, char** argv) {
               first_dot = std::move(dot);
             } else if (dg != first_dg || du != first_du ||
                        std::memcmp(dot.data(), first_dot.data(), dot.size() * 4) != 0) {
-              std::fprintf(stderr, "%s: the SwiGLU dgrad's bits differ (%s, scaled_hidden %d)\n",
-                           c.name, consumers == mok::gemm::Consumers::cooperative
-                                       ? "cooperative" : "ping-pong", int(wh));
+              std::fprintf(
+                  stderr, "%s: the SwiGLU dgrad's bits differ (%s, scaled_hidden %d)\n", c.name,
+                  consumers == mok::gemm::Consumers::cooperative ? "cooperative" : "ping-pong",
+                  int(wh));
               return 1;
             }
             if (unwritten != 0) {
-              std::fprintf(stderr, "%s: the SwiGLU dgrad left %lld kept values unwritten\n",
-                           c.name, unwritten);
+              std::fprintf(stderr, "%s: the SwiGLU dgrad left %lld kept values unwritten\n", c.name,
+                           unwritten);
               return 1;
             }
           }
@@ -390,6 +395,10 @@ int main(int argc, char** argv) {
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
+      std::erase_if(items, [&](const Item& it) {
+        return !passes.empty() &&
+               passes.find(std::string(",") + it.pass + ",") == std::string::npos;
+      });
       for (const Item& it : items) time_median_ms(it.fn, flush, flush_bytes, 5);
       std::vector<std::vector<double>> round_ms(items.size());
       for (int r = 0; r < rounds; ++r) {
@@ -414,10 +423,12 @@ int main(int argc, char** argv) {
             v.back());
         std::fflush(json);
       }
-      for (void* p : {(void*)x, (void*)w13, (void*)wg, (void*)wu, (void*)wd, (void*)hid, (void*)dy,
-                      (void*)out_h, (void*)out_gu, (void*)out_y, (void*)out_dh, (void*)out_dw,
-                      (void*)sg, (void*)su, (void*)out_dg, (void*)out_du, (void*)out_wh,
-                      (void*)out_dot, (void*)row_w, (void*)d_starts, (void*)d_counts, (void*)tickets}) {
+      for (void* p :
+           {(void*)x,        (void*)w13,    (void*)wg,      (void*)wu,     (void*)wd,
+            (void*)hid,      (void*)dy,     (void*)out_h,   (void*)out_gu, (void*)out_y,
+            (void*)out_dh,   (void*)out_dw, (void*)sg,      (void*)su,     (void*)out_dg,
+            (void*)out_du,   (void*)out_wh, (void*)out_dot, (void*)row_w,  (void*)d_starts,
+            (void*)d_counts, (void*)tickets}) {
         cudaFree(p);
       }
     }

@@ -207,7 +207,13 @@ class GemmEngine {
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     const std::uint32_t turn_parity = (own_tiles_ & 1u) ^ (wg == 0 ? 1u : 0u);
-    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe);
+    if constexpr (epilogue::ReadsRows<E, F>) {
+      const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
+      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe,
+                  lead);
+    } else {
+      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe);
+    }
     ++own_tiles_;
     E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
   }

@@ -19,6 +19,7 @@
 #include "cuda/gemm/forms.cuh"
 #include "cuda/gemm/scheduler.cuh"
 #include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/prefetch.cuh"
 #include "cuda/ptx/tma.cuh"
 
 namespace mok::gemm {
@@ -309,6 +310,32 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
 // kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
 // and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
 // kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
+// The lines of g and u that store_swiglu_backward will read for this lane's rows of the tile,
+// fetched into L2 (kEpilogueLeadBlocks K blocks ahead, mma_tile): each lane of a quad takes every
+// fourth 128-byte line of its row's tile columns. The loads themselves stay in the store, so
+// the bits cannot change.
+template <class F>
+__device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const GemmParams& p, int wg,
+                                                     int warp, int lane) {
+  constexpr int kLines = F::kTileN * 2 / 128;  // bf16 columns of a tile row, in 128-byte lines
+  const int n0 = t.n0 * F::kTileN;
+#pragma unroll
+  for (int b = 0; b < F::kBlocks; ++b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
+#pragma unroll
+      for (int i = 0; i < kLines; i += 4) {
+        const int col = n0 + 64 * (i + lane % 4);
+        if (row.ok && i + lane % 4 < kLines && col < p.n) {
+          ptx::prefetch_l2(p.swiglu_gate + row.offset + col);
+          ptx::prefetch_l2(p.swiglu_up + row.offset + col);
+        }
+      }
+    }
+  }
+}
+
 template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
@@ -373,8 +400,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
             float dg0, du0, dg1, du1;
             if constexpr (kClamped) {
               numerics::swiglu_backward_clamped_fast(g0, u0, low_bf16(dh_w[e]), limit, &dg0, &du0);
-              numerics::swiglu_backward_clamped_fast(g1, u1, high_bf16(dh_w[e]), limit, &dg1,
-                                                     &du1);
+              numerics::swiglu_backward_clamped_fast(g1, u1, high_bf16(dh_w[e]), limit, &dg1, &du1);
             } else {
               numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
               numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
@@ -498,6 +524,13 @@ __device__ __forceinline__ void init_accumulators(float (&acc)[F::kAcc], const T
 // TMA-store epilogue), and says which forms it serves (static_assert in store).
 namespace epilogue {
 
+// An epilogue that reads row buffers has a lead<F>(tile, params, wg, warp, lane), which the
+// consumer runs inside the K loop (mma_tile's `lead`) to start those reads early.
+template <class E, class F>
+concept ReadsRows = requires(const TileInfo& t, const GemmParams& p) {
+  E::template lead<F>(t, p, 0, 0, 0);
+};
+
 // Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up);
 // kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
 template <bool kPreActivations, bool kClamped = false>
@@ -548,8 +581,13 @@ struct SwigluBackward {
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
-    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden>(acc, t, d.p, wg, warp,
-                                                                       lane);
+    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden>(acc, t, d.p, wg, warp, lane);
+  }
+  // Before the end of the K loop (Engine::consume): g and u of the tile's rows into L2.
+  template <class F>
+  __device__ __forceinline__ static void lead(const TileInfo& t, const GemmParams& p, int wg,
+                                              int warp, int lane) {
+    prefetch_swiglu_rows<F>(t, p, wg, warp, lane);
   }
 };
 

@@ -268,6 +268,12 @@ struct NoProbe {
   __device__ __forceinline__ void multiplied() const {}
 };
 
+// What mma_tile runs kEpilogueLeadBlocks K blocks before the end of the tile (the epilogue's
+// early loads, engine.cuh): nothing, at no cost.
+struct NoLead {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // Producer: publishes `ticket` at queue position `tag`. False when the Consumers closed the
 // position first (their wait for it gave up): the CTA is aborting.
 __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigned tag, int ticket) {
@@ -441,16 +447,19 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // A wait that gives up is passed (the data is void once the CTA aborts): every thread of the
 // warpgroup goes through the same wgmma and named barriers whatever its waits returned.
 // `probe` (NoProbe but in a megakernel's trace): landed() once the first K block is in shared
-// memory, multiplied() once the last wgmma is done.
-template <class F, class Probe>
+// memory, multiplied() once the last wgmma is done. `lead` (NoLead unless the epilogue reads rows)
+// runs once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
+template <class F, class Probe, class Lead = NoLead>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const GemmParams& p, int consumer_wg, int lane,
                                          int reader_thread, std::uint32_t turn_parity,
-                                         const Probe& probe) {
+                                         const Probe& probe, const Lead& lead = Lead{}) {
   if constexpr (F::kPingPong) {
     (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
   }
+  const int lead_block =
+      tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   int previous_stage = -1;
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
@@ -463,6 +472,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
       }
     }
     mma_k_block<F>(acc, ring, state.stage, consumer_wg);
+    if (kb == lead_block) lead();
     ptx::wgmma_wait_group<1>();
     if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
     previous_stage = state.stage;
