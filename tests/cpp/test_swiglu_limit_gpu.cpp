@@ -1,9 +1,10 @@
 // Clamped SwiGLU (Weights::swiglu_limit) on the CUDA layer: forward and every gradient against the
 // exact f64 layer at several limits, repeated bitwise; a limit no value reaches gives the
 // unclamped layer's bits; several ring passes (backward replays the clamped forward) give the
-// bits of one. Skipped without a GPU (passed on the H200 at 7db507e). The cases with I <= H
-// (seven_no_shared, half_narrow) take the backward that writes bf16(w h) in the down dgrad's
-// epilogue (plan::scaled_hidden_in_backward), the others the one that scales d_out.
+// bits of one. Skipped without a GPU (passed on the H200 at 7db507e; half_narrow since 1a1eca3).
+// The cases with I <= H (seven_no_shared, half_narrow) take the backward that writes bf16(w h) in
+// the down dgrad's epilogue (plan::scaled_hidden_in_backward), the others the one that scales
+// d_out.
 #include <cstdio>
 
 #include "gpu_buffer.hpp"
