@@ -114,8 +114,9 @@ struct WorkspacePlan {
   std::int64_t local_bytes = 0;
   // layer region
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up,
-      rows_scaled_hidden, row_weights, row_dots, pass_starts, pass_rows, pass_steps, carry_gate, carry_up, carry_down, shared_out,
-      shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers, fused_counters;
+      rows_scaled_hidden, row_weights, row_dots, pass_starts, pass_rows, pass_steps, carry_gate,
+      carry_up, carry_down, shared_out, shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers,
+      fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P

@@ -30,8 +30,8 @@ inline constexpr int kTileFixedCost = 2;
 // An epilogue that reads row buffers (the SwiGLU backward's g and u) has them fetched into L2 this
 // many K blocks before the end of the tile's K loop (at its first K block if it has fewer), so
 // that more of its loads wait for L2 rather than HBM. NOTES (session 21, H200): leads of 1 to 4
-// took 2.5-4% off qwen3-30b-a3b's down dgrad, 6 about 2%, 12 nothing; dsv3-ep8slice within the
-// spread either way.
+// took about 2.5% off qwen3-30b-a3b's down dgrad (1-5% by cell), 6 about 1.6%, 12 nothing;
+// dsv3-ep8slice within the spread either way.
 // Built with -DMOK_EPILOGUE_LEAD_BLOCKS=n to measure another lead.
 #ifndef MOK_EPILOGUE_LEAD_BLOCKS
 #define MOK_EPILOGUE_LEAD_BLOCKS 3

@@ -291,25 +291,6 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
   }
 }
 
-// The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
-// would store it (kRowScale: bf16(row_scale[r] * acc)), then, per 8 columns of a row, 16
-// bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
-// before the first is used.
-// kDot: also dot[r][c] = sum over the kDotColumns columns of chunk c of acc * h, h = bf16(silu(g) *
-// u) (swiglu_fast, as the gate/up epilogue rounds it). A batch of pieces is exactly one chunk, in
-// both schedules (cooperative tiles hold two chunks, ping-pong tiles one). NOTES: the order is
-// fixed: each lane of a quad (the 4 lanes holding one row) sums the chunk's columns it holds in
-// its accumulators (32: columns 8j + 2q and 8j + 2q + 1 of the chunk, j = 0..15), in increasing
-// accumulator index with __fmaf_rn from 0, then the quad adds its lanes' sums with __fadd_rn in a
-// fixed butterfly (lanes q ^ 1, then q ^ 2; fp32 addition commutes, so all four lanes hold the
-// same bits). A lane holds the same columns of a chunk, in the same accumulator order, under both
-// consumer schedules, so the bits do not depend on the schedule. h comes from g and u in the
-// stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
-// transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
-// the accumulator layout.
-// kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
-// and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
-// kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
 // The lines of g and u that store_swiglu_backward will read for this lane's rows of the tile,
 // fetched into L2 (kEpilogueLeadBlocks K blocks ahead, mma_tile): each lane of a quad takes every
 // fourth 128-byte line of its row's tile columns. The loads themselves stay in the store, so
@@ -336,6 +317,25 @@ __device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const Ge
   }
 }
 
+// The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
+// would store it (kRowScale: bf16(row_scale[r] * acc)), then, per 8 columns of a row, 16
+// bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
+// before the first is used.
+// kDot: also dot[r][c] = sum over the kDotColumns columns of chunk c of acc * h, h = bf16(silu(g) *
+// u) (swiglu_fast, as the gate/up epilogue rounds it). A batch of pieces is exactly one chunk, in
+// both schedules (cooperative tiles hold two chunks, ping-pong tiles one). NOTES: the order is
+// fixed: each lane of a quad (the 4 lanes holding one row) sums the chunk's columns it holds in
+// its accumulators (32: columns 8j + 2q and 8j + 2q + 1 of the chunk, j = 0..15), in increasing
+// accumulator index with __fmaf_rn from 0, then the quad adds its lanes' sums with __fadd_rn in a
+// fixed butterfly (lanes q ^ 1, then q ^ 2; fp32 addition commutes, so all four lanes hold the
+// same bits). A lane holds the same columns of a chunk, in the same accumulator order, under both
+// consumer schedules, so the bits do not depend on the schedule. h comes from g and u in the
+// stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
+// transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
+// the accumulator layout.
+// kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
+// and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
+// kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
 template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
