@@ -218,6 +218,26 @@ class GemmEngine {
     E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
   }
 
+  // Consumer, with rows held across tiles (HeldRows, epilogue.cuh, which the caller keeps from
+  // tile to tile and stores with store_held after its last): consume, but the rows `held` holds
+  // are stored once this tile's first K block is issued, and this tile's rows are held in turn
+  // (E holds them in form F: epilogue::HoldsRows).
+  template <class Probe = NoProbe>
+  __device__ __forceinline__ void consume(const TileInfo& tile, HeldRows& held,
+                                          const Probe& probe = Probe{}) {
+    static_assert(epilogue::HoldsRows<E, F>, "an epilogue that holds rows");
+    const int wg = consumer();
+    const int reader_thread = static_cast<int>(threadIdx.x) - 128;  // cooperative
+    float acc[F::kAcc];
+    init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
+    const int lane = lane_;
+    const auto store_held_rows = [&held, lane] { store_held(held, lane); };
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, 0u, probe, NoLead{},
+                store_held_rows);
+    ++own_tiles_;
+    E::template hold<F>(acc, tile, d_, wg, warp_, lane_, held);
+  }
+
   // Consumer, ping-pong: the other warpgroup's tile of `k_blocks` K blocks (its stages).
   __device__ __forceinline__ void pass_over(int k_blocks) { state_.advance(k_blocks); }
 

@@ -291,6 +291,92 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
   }
 }
 
+// A cooperative consumer warpgroup's bf16 rows of one tile (RowsBf16), held in registers from its
+// epilogue until the next tile's first K block is issued, and stored then (store_held), while the
+// tensor cores work: the tile's epilogue is only the rounding and the destination rows. A lane
+// holds the pairs of its two rows (h) in the accumulator layout, as store_plain would pass them
+// to quad_gather. NOTES: the down forward on qwen3-30b-a3b stores a 128 x 256 tile after only 12
+// K blocks; holding its rows made it 2-4% faster on the H200 (docs/perf/NOTES.md, session 22).
+struct HeldRows {
+  std::uint32_t v[2][8][4];    // [h][c][i]: pair of column chunk 4c + i (store_plain's v[i])
+  __nv_bfloat16* row[2] = {};  // row h's element at the tile's first column, or null
+  int columns = 0;             // the tile's columns inside n
+  bool any = false;            // rows are held (the same in every lane of the warpgroup)
+};
+
+// What a consumer loop keeps when its epilogue holds no rows: nothing (store_held: nothing).
+struct NoHeldRows {};
+__device__ __forceinline__ void store_held(NoHeldRows&, int) {}
+
+// The epilogue of a cooperative RowsBf16 tile when its rows are held: store_plain's values and
+// destinations, into `held` (empty: store_held ran since it was last filled).
+template <class F, class E>
+__device__ __forceinline__ void hold_plain(const float (&acc)[F::kAcc], const TileInfo& t,
+                                           const GemmParams& p, int wg, int warp, int lane,
+                                           HeldRows& held) {
+  static_assert(!F::kPingPong && !F::kKGrouped && F::kTileN == 256 && !E::kFp32,
+                "cooperative M-grouped bf16 rows");
+  const int n0 = t.n0 * F::kTileN;
+  held.columns = p.n - n0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = t.m0 + acc_row<F>(wg, 0, warp, lane, h);
+    bool row_ok = r < t.row_count;
+    float scale = 1.0f;
+    if constexpr (E::kRowScale) {
+      if (row_ok) scale = __ldg(p.row_scale + t.row_base + r);
+    }
+    __nv_bfloat16* dst =
+        static_cast<__nv_bfloat16*>(p.out) + static_cast<long long>(t.row_base + r) * p.ld_out;
+    if constexpr (E::kScatter) {  // the row's slot on its home rank
+      const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
+      row_ok = src >= 0;
+      if (row_ok) {
+        const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
+        const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
+        dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
+              static_cast<long long>(slot) * p.ld_out;
+      }
+    }
+    held.row[h] = row_ok ? dst + n0 : nullptr;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int a = 4 * (4 * c + i) + 2 * h;
+        float v0 = acc[a], v1 = acc[a + 1];
+        if constexpr (E::kRowScale) {
+          v0 = __fmul_rn(scale, v0);
+          v1 = __fmul_rn(scale, v1);
+        }
+        held.v[h][c][i] = pack_bf16x2(v0, v1);
+      }
+    }
+  }
+  held.any = true;
+}
+
+// Stores the rows `held` holds, if any (as store_plain stores them), and empties it. Every lane of
+// the warpgroup calls it.
+__device__ __forceinline__ void store_held(HeldRows& held, int lane) {
+  if (held.any) {
+    const int q = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint4 s = quad_gather(held.v[h][c][0], held.v[h][c][1], held.v[h][c][2],
+                                    held.v[h][c][3], q);
+        const int col = 8 * (4 * c + q);
+        if (held.row[h] != nullptr && col < held.columns) {
+          *reinterpret_cast<uint4*>(held.row[h] + col) = s;
+        }
+      }
+    }
+  }
+  held.any = false;
+}
+
 // The lines of g and u that store_swiglu_backward will read for this lane's rows of the tile,
 // fetched into L2 (kEpilogueLeadBlocks K blocks ahead, mma_tile): each lane of a quad takes every
 // fourth 128-byte line of its row's tile columns. The loads themselves stay in the store, so
@@ -531,6 +617,12 @@ concept ReadsRows = requires(const TileInfo& t, const GemmParams& p) {
   E::template lead<F>(t, p, 0, 0, 0);
 };
 
+// An epilogue that can hold a tile's rows until the next tile's first K block (HeldRows) has
+// kHolds<F> true for the forms where it does, and a hold<F>(acc, tile, descriptor, wg, warp, lane,
+// held) that fills `held` instead of storing.
+template <class E, class F>
+concept HoldsRows = requires { requires E::template kHolds<F>; };
+
 // Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up);
 // kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
 template <bool kPreActivations, bool kClamped = false>
@@ -556,6 +648,16 @@ struct RowsBf16 {
                                                std::uint8_t* staging) {
     static_assert(F::kind == FormKind::kRowsWT || F::kind == FormKind::kRowsW, "plain rows");
     store_plain<F, RowsBf16>(acc, t, d.p, wg, warp, lane);
+  }
+  // Cooperative: the rows are held and stored during the next tile's first K block (HeldRows).
+  template <class F>
+  static constexpr bool kHolds = !F::kPingPong;
+  template <class F>
+  __device__ __forceinline__ static void hold(const float (&acc)[F::kAcc], const TileInfo& t,
+                                              const GemmDescriptor& d, int wg, int warp, int lane,
+                                              HeldRows& held) {
+    static_assert(F::kind == FormKind::kRowsWT || F::kind == FormKind::kRowsW, "plain rows");
+    hold_plain<F, RowsBf16>(acc, t, d.p, wg, warp, lane, held);
   }
 };
 

@@ -29,6 +29,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
@@ -449,19 +450,42 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // `probe` (NoProbe but in a megakernel's trace): landed() once the first K block is in shared
 // memory, multiplied() once the last wgmma is done. `lead` (NoLead unless the epilogue reads rows)
 // runs once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
-template <class F, class Probe, class Lead = NoLead>
+// `first` (NoLead unless the consumer holds the previous tile's rows: HeldRows, epilogue.cuh) runs
+// once, after the wgmma of K block 0 is issued (before the loop when there is none), while the
+// tensor cores work. NOTES: K block 0 is then peeled off the loop, so that what `first` reads is
+// dead in the loop's registers.
+template <class F, class Probe, class Lead = NoLead, class First = NoLead>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const GemmParams& p, int consumer_wg, int lane,
                                          int reader_thread, std::uint32_t turn_parity,
-                                         const Probe& probe, const Lead& lead = Lead{}) {
+                                         const Probe& probe, const Lead& lead = Lead{},
+                                         const First& first = First{}) {
   if constexpr (F::kPingPong) {
     (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
   }
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   int previous_stage = -1;
-  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+  constexpr bool kFirst = !std::is_same_v<First, NoLead>;
+  if constexpr (kFirst) {
+    if (tile.k_blocks > 0) {
+      (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+      probe.landed();
+      if constexpr (F::kKGrouped) {
+        if (tile.row_count < kTileK) {
+          zero_tail_rows(ring, state.stage, tile.row_count, reader_thread,
+                         F::kPingPong ? kWarpgroupBarrierId + consumer_wg : kConsumerBarrierId);
+        }
+      }
+      mma_k_block<F>(acc, ring, state.stage, consumer_wg);
+      if (lead_block == 0) lead();
+      previous_stage = state.stage;
+      state.advance();
+    }
+    first();
+  }
+  for (int kb = kFirst ? 1 : 0; kb < tile.k_blocks; ++kb) {
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
     if (kb == 0) probe.landed();
     if constexpr (F::kKGrouped) {

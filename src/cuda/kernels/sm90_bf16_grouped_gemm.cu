@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/engine.cuh"
@@ -102,13 +103,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       // NOTES: after an abort the remaining tiles still run (their waits give up at once, their
       // outputs are void): the static order is the one thing all consumer warps agree on.
       unsigned i = 0;
+      // An epilogue that holds rows: each tile's, until the next tile's first K block.
+      std::conditional_t<epilogue::HoldsRows<E, F>, HeldRows, NoHeldRows> held;
       for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++i) {
         if (F::kPingPong && (i & 1u) != wg) {
           engine.pass_over(d.p.sched.k_blocks);  // the other warpgroup's tile
           continue;
         }
-        engine.consume(scheduler.tile(tile));
+        if constexpr (epilogue::HoldsRows<E, F>) {
+          engine.consume(scheduler.tile(tile), held);
+        } else {
+          engine.consume(scheduler.tile(tile));
+        }
       }
+      store_held(held, lane);  // the last tile's
     }
     engine.finish_consuming();
   }
