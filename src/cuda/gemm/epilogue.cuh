@@ -309,7 +309,10 @@ struct NoHeldRows {};
 __device__ __forceinline__ void store_held(NoHeldRows&, int) {}
 
 // The epilogue of a cooperative RowsBf16 tile when its rows are held: store_plain's values and
-// destinations, into `held` (empty: store_held ran since it was last filled).
+// destinations, into `held` (empty: store_held ran since it was last filled). NOTES: the row
+// scale and scatter lines repeat store_plain's: a helper shared by both (two forms tried) changed
+// the SASS of every scattering kernel, the measured ones and the megakernel's included, so they
+// stay as measured (session 22).
 template <class F, class E>
 __device__ __forceinline__ void hold_plain(const float (&acc)[F::kAcc], const TileInfo& t,
                                            const GemmParams& p, int wg, int warp, int lane,

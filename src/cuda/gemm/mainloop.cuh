@@ -270,7 +270,7 @@ struct NoProbe {
 };
 
 // What mma_tile runs kEpilogueLeadBlocks K blocks before the end of the tile (the epilogue's
-// early loads, engine.cuh): nothing, at no cost.
+// early loads, engine.cuh), or after K block 0 (`first`: held rows): nothing, at no cost.
 struct NoLead {
   __device__ __forceinline__ void operator()() const {}
 };
@@ -469,15 +469,10 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   int previous_stage = -1;
   constexpr bool kFirst = !std::is_same_v<First, NoLead>;
   if constexpr (kFirst) {
+    static_assert(!F::kPingPong && !F::kKGrouped, "held rows: cooperative M-grouped tiles");
     if (tile.k_blocks > 0) {
       (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
       probe.landed();
-      if constexpr (F::kKGrouped) {
-        if (tile.row_count < kTileK) {
-          zero_tail_rows(ring, state.stage, tile.row_count, reader_thread,
-                         F::kPingPong ? kWarpgroupBarrierId + consumer_wg : kConsumerBarrierId);
-        }
-      }
       mma_k_block<F>(acc, ring, state.stage, consumer_wg);
       if (lead_block == 0) lead();
       previous_stage = state.stage;
