@@ -32,6 +32,8 @@
 // issue-16 bar "forward time over the same-run sustained dense-GEMM time of the same FLOPs". So
 // that both sides are timed in the same state, --dense also implies --queued and warms each
 // routing up with kDenseSettleS seconds of calls back to back (bench_layer's sustained state).
+// Then mok's own GEMM engine on the same product for as long (its dense form), printed as a rate
+// and a ratio to cuBLAS's: the two engines' energy per FLOP at the same power limit.
 //
 // --solo SECONDS: after the pairs of each routing, each path alone (unfused first for uniform
 // routing, fused first for skewed), calls queued back to back for SECONDS: the median call of the
@@ -42,6 +44,7 @@
 // --trace-out PREFIX (with --trace): also the raw trace of each routing, to
 // PREFIX-<case>-<routing>.u64, for bench/trace_summary.py.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,6 +59,7 @@
 #include <vector>
 
 #include "bench_routing.hpp"
+#include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/fused_trace.hpp"
 #include "cuda/layer/unfused_layer.hpp"
 #include "mok/api.hpp"
@@ -320,7 +324,33 @@ double sustained_dense_tflops(cudaStream_t stream) {
     std::fprintf(stderr, "no dense GEMM timed\n");
     std::exit(2);
   }
-  return 2.0 * n * n * double{n} / (median(run.ms) * 1e9);
+  const double tflops = 2.0 * n * n * double{n} / (median(run.ms) * 1e9);
+  // mok's own engine on the same product, back to back for as long (its dense form: one group of
+  // n rows, out = a w^T, plain bf16 rows, the automatic consumer schedule), so that its energy
+  // per FLOP can be read beside cuBLAS's at the same power limit.
+  mok::gemm::RowsTimesWeightTArgs g;
+  g.segments.num_groups = 1;
+  g.segments.capacity_rows = n;
+  g.segments.dense_rows = n;
+  g.a = static_cast<const __nv_bfloat16*>(a->p);
+  g.ld_a = n;
+  g.w = static_cast<const __nv_bfloat16*>(b->p);
+  g.out = static_cast<__nv_bfloat16*>(c.p);
+  g.ld_out = n;
+  g.n = n;
+  g.k = n;
+  g.stream = stream;
+  const BackToBack own = back_to_back(stream, kDenseSettleS + kDenseMeasureS, kDenseSettleS, 16,
+                                      "mok dense", [&](int) { mok::gemm::rows_times_weight_t(g); });
+  if (own.ms.empty()) {
+    std::fprintf(stderr, "no mok dense GEMM timed\n");
+    std::exit(2);
+  }
+  const double own_tflops = 2.0 * n * n * double{n} / (median(own.ms) * 1e9);
+  std::printf("mok dense bf16 GEMM timed over wall clock %.3f to %.3f\n", own.from, own.to);
+  std::printf("mok dense bf16 GEMM sustained %.1f TFLOP/s, %.3f x cuBLAS's %.1f\n", own_tflops,
+              own_tflops / tflops, tflops);
+  return tflops;
 }
 
 // --solo: `layer` alone, calls queued back to back for `seconds` over the three input sets; the

@@ -23,9 +23,13 @@ import statistics
 _SOLO = re.compile(r"^(?P<case>\S+)\s+(?P<routing>uniform|skewed)\s+W (?P<w>\d+)")
 _PHASE = re.compile(r"solo (?P<path>\w+)\s+(?P<ms>[\d.]+) ms .*wall clock (?P<a>[\d.]+) to "
                     r"(?P<b>[\d.]+)")
-_DENSE = re.compile(r"dense bf16 GEMM timed over wall clock (?P<a>[\d.]+) to (?P<b>[\d.]+)")
-_RATE = re.compile(r"dense bf16 GEMM sustained (?P<tflops>[\d.]+) TFLOP/s: "
+_DENSE = re.compile(r"^dense bf16 GEMM timed over wall clock (?P<a>[\d.]+) to (?P<b>[\d.]+)")
+# mok's own engine on the dense GEMM's product, timed right after it (--dense).
+_OWN_DENSE = re.compile(r"^mok dense bf16 GEMM timed over wall clock (?P<a>[\d.]+) to (?P<b>[\d.]+)")
+_RATE = re.compile(r"^dense bf16 GEMM sustained (?P<tflops>[\d.]+) TFLOP/s: "
                    r"the layer's [\d.]+ TFLOP in (?P<ms>[\d.]+) ms")
+_OWN_RATE = re.compile(r"^mok dense bf16 GEMM sustained (?P<tflops>[\d.]+) TFLOP/s, "
+                       r"(?P<ratio>[\d.]+) x cuBLAS's")
 
 
 def read_samples(path):
@@ -83,10 +87,22 @@ def phases(log_path, samples):
                 rec = phase_record(samples, float(m["a"]), float(m["b"]), None)
                 out.append({"case": case, "routing": None, "path": "dense", **(rec or {})})
                 continue
+            m = _OWN_DENSE.search(line)
+            if m:
+                rec = phase_record(samples, float(m["a"]), float(m["b"]), None)
+                out.append({"case": case, "routing": None, "path": "mok-dense", **(rec or {})})
+                continue
+            m = _OWN_RATE.search(line)
+            own_rec = [r for r in out if r["path"] == "mok-dense"]
+            if m and own_rec:
+                own_rec[-1]["tflops"] = float(m["tflops"])
+                own_rec[-1]["over_cublas"] = float(m["ratio"])
+                continue
             m = _RATE.search(line)
-            if m and out and out[-1]["path"] == "dense":
-                out[-1]["tflops"] = float(m["tflops"])
-                out[-1]["layer_ms_at_dense_rate"] = float(m["ms"])
+            dense_rec = [r for r in out if r["path"] == "dense"]
+            if m and dense_rec:
+                dense_rec[-1]["tflops"] = float(m["tflops"])
+                dense_rec[-1]["layer_ms_at_dense_rate"] = float(m["ms"])
     return out
 
 
@@ -125,6 +141,10 @@ def main():
             line += (f"; over the dense time: unfused {u['median_ms'] / dense[case]:.3f}, "
                      f"fused {f['median_ms'] / dense[case]:.3f}")
         print(line)
+    for r in records:
+        if r["path"] == "mok-dense" and "over_cublas" in r:
+            print(f"{r['case']}: mok's dense engine {r['tflops']:.1f} TFLOP/s, "
+                  f"{r['over_cublas']:.3f} x cuBLAS's rate")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"records": records}, f, indent=1)

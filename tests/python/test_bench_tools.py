@@ -139,11 +139,15 @@ def test_solo_power_lines_phases_up_with_the_samples(tmp_path):
         f"{t0 + 2.05:.3f})\n"
         f"  solo fused      1.900 ms (median of 9 calls, wall clock {t0 + 2.95:.3f} to "
         f"{t0 + 4.05:.3f})\n"
-        f"dense bf16 GEMM timed over wall clock {t0 + 4.95:.3f} to {t0 + 6.95:.3f}\n"
+        f"dense bf16 GEMM timed over wall clock {t0 + 4.95:.3f} to {t0 + 5.55:.3f}\n"
+        f"mok dense bf16 GEMM timed over wall clock {t0 + 5.95:.3f} to {t0 + 6.95:.3f}\n"
+        "mok dense bf16 GEMM sustained 670.2 TFLOP/s, 0.986 x cuBLAS's 680.0\n"
         "dense bf16 GEMM sustained 680.0 TFLOP/s: the layer's 1.237 TFLOP in 1.819 ms\n")
     records = sp.phases(log, sp.read_samples(smi))
-    assert [r["path"] for r in records] == ["unfused", "fused", "dense"]
-    u, f, d = records
+    assert [r["path"] for r in records] == ["unfused", "fused", "dense", "mok-dense"]
+    u, f, d, own = records
+    assert own["tflops"] == 670.2 and own["over_cublas"] == 0.986 and own["samples"] == 10
+    assert "layer_ms_at_dense_rate" not in own and d["tflops"] == 680.0
     assert u["case"] == "qwen3-30b-a3b W1" and u["routing"] == "uniform"
     assert u["sm_mhz_mean"] == pytest.approx(1500) and u["power_w_mean"] == pytest.approx(700)
     assert f["sm_mhz_mean"] == pytest.approx(1400) and f["samples"] == 11
