@@ -157,6 +157,38 @@ def test_solo_power_lines_phases_up_with_the_samples(tmp_path):
     assert "median_ms" not in d
 
 
+def test_fused_results_turns_a_solo_run_into_both_suites(tmp_path):
+    import fused_results as fr
+
+    run = {"suite": "layer-virtual-ranks", "case": "dsv3-ep8slice", "routing": "skewed", "ranks": 8,
+           "pass": "fwd", "sync": False, "reps": 30, "unfused_ms": 6.3, "fused_ms": 5.6,
+           "pair_ratio_median": 1.12, "pair_ratio_q1": 1.11, "pair_ratio_q3": 1.13, "solo_s": 6.0,
+           "solo_unfused_ms": 6.0, "solo_fused_ms": 5.0, "trace": None,
+           "dense_tflops_sustained": 680.0, "dense_ms": 4.0, "unfused_over_dense": 1.575,
+           "fused_over_dense": 1.4}
+    power = [{"case": "dsv3-ep8slice W8", "routing": "skewed", "path": p, "samples": 150,
+              "sm_mhz_mean": mhz, "power_w_mean": 690.0, "median_ms": ms,
+              "mcycles_per_call": ms * mhz / 1000, "joules_per_call": ms * 0.69}
+             for p, ms, mhz in (("unfused", 6.0, 1500.0), ("fused", 5.0, 1400.0))]
+    power.append({"case": "dsv3-ep8slice W8", "routing": None, "path": "mok-dense", "samples": 200,
+                  "tflops": 675.0, "over_cublas": 0.993})
+    out = fr.convert([run], power, "abc1234", "2026-12-04", "Logs: here.")
+    by = {(r["suite"], r["impl"]): r for r in out}
+    assert len(out) == 4 and {r["case"] for r in out} == {"dsv3-ep8slice-W8virtual"}
+    pair = by[("layer-fused", "mok-fused")]
+    assert pair["median_ms"] == 5.6 and pair["over_dense"] == 1.4 and pair["pair_ratio_median"] == 1.12
+    solo_u, solo_f = by[("layer-fused-solo", "mok-unfused")], by[("layer-fused-solo", "mok-fused")]
+    assert solo_u["median_ms"] == 6.0 and solo_u["over_dense"] == 1.5 and solo_u["ranks"] == 8
+    assert solo_f["over_dense"] == 1.25 and solo_f["sm_mhz_mean"] == 1400.0
+    assert solo_f["engine_dense_tflops_sustained"] == 675.0 and solo_f["commit"] == "abc1234"
+    # A path without its power samples, or logs of another run, is refused, not recorded blind.
+    with pytest.raises(SystemExit, match="no power samples"):
+        fr.convert([run], power[1:], "abc1234", "2026-12-04", "")
+    power[0]["median_ms"] = 6.2
+    with pytest.raises(SystemExit, match="not the JSON's"):
+        fr.convert([run], power, "abc1234", "2026-12-04", "")
+
+
 def _layer_file(path, name, cells):
     doc = {"gpu": "test", "commit": name, "date": "2026-12-04",
            "cases": [{"suite": "layer", "case": c, "routing": "uniform", "pass": p, "impl": "mok",
