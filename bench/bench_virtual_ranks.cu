@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,7 @@
 #include <vector>
 
 #include "bench_routing.hpp"
+#include "core/bf16.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/fused_trace.hpp"
 #include "cuda/layer/unfused_layer.hpp"
@@ -296,6 +298,43 @@ BackToBack back_to_back(cudaStream_t stream, double seconds, double measured_fro
   return run;
 }
 
+// The dense engine's product out = a w^T ([n, n] bf16 each, row-major) against a double-precision
+// reference at 1,024 sampled elements (the four corners among them): within bf16's rounding of
+// the result (2^-8 of it) plus 2^-14 of the sum of the products' magnitudes for the fp32
+// accumulation. A transposed or garbage product misses by tens. Exits on a miss: no rate is
+// printed for a product that is wrong.
+void check_dense_product(const void* a_dev, const void* w_dev, const void* out_dev, int n) {
+  const std::size_t count = static_cast<std::size_t>(n) * n;
+  std::vector<mok::bf16_t> a(count), w(count), out(count);
+  check(cudaMemcpy(a.data(), a_dev, count * 2, cudaMemcpyDeviceToHost), "dense check: a");
+  check(cudaMemcpy(w.data(), w_dev, count * 2, cudaMemcpyDeviceToHost), "dense check: w");
+  check(cudaMemcpy(out.data(), out_dev, count * 2, cudaMemcpyDeviceToHost), "dense check: out");
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> pick(0, n - 1);
+  int misses = 0;
+  for (int s = 0; s < 1024; ++s) {
+    const int i = s < 4 ? (s & 1) * (n - 1) : pick(rng);
+    const int j = s < 4 ? (s >> 1) * (n - 1) : pick(rng);
+    double ref = 0, magnitude = 0;
+    for (int k = 0; k < n; ++k) {
+      const double p = double{mok::bf16_to_float(a[static_cast<std::size_t>(i) * n + k])} *
+                       double{mok::bf16_to_float(w[static_cast<std::size_t>(j) * n + k])};
+      ref += p;
+      magnitude += std::fabs(p);
+    }
+    const double got = mok::bf16_to_float(out[static_cast<std::size_t>(i) * n + j]);
+    const double tolerance = std::ldexp(std::fabs(ref), -8) + std::ldexp(magnitude, -14);
+    if (!(std::fabs(got - ref) <= tolerance) && misses++ < 4) {
+      std::fprintf(stderr, "mok dense GEMM wrong at [%d, %d]: %.6g, reference %.6g (tolerance %.3g)\n",
+                   i, j, got, ref, tolerance);
+    }
+  }
+  if (misses > 0) {
+    std::fprintf(stderr, "mok dense GEMM: %d of 1024 sampled elements outside tolerance\n", misses);
+    std::exit(2);
+  }
+}
+
 // The dense bf16 GEMM rate (TFLOP/s) this GPU sustains: --dense above.
 double sustained_dense_tflops(cudaStream_t stream) {
   constexpr int n = 8192;
@@ -340,6 +379,12 @@ double sustained_dense_tflops(cudaStream_t stream) {
   g.n = n;
   g.k = n;
   g.stream = stream;
+  // Checked before it is timed: the output poisoned (bf16 NaN), one call, the sampled elements.
+  check(cudaStreamSynchronize(stream), "dense GEMM");
+  check(cudaMemsetAsync(c.p, 0xff, c.bytes, stream), "poison");
+  mok::gemm::rows_times_weight_t(g);
+  check(cudaStreamSynchronize(stream), "mok dense GEMM");
+  check_dense_product(a->p, b->p, c.p, n);
   const BackToBack own = back_to_back(stream, kDenseSettleS + kDenseMeasureS, kDenseSettleS, 16,
                                       "mok dense", [&](int) { mok::gemm::rows_times_weight_t(g); });
   if (own.ms.empty()) {
