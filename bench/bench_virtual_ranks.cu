@@ -119,6 +119,8 @@ std::unique_ptr<DeviceBuffer> random_bf16(std::int64_t n, std::uint64_t seed, fl
   auto b = std::make_unique<DeviceBuffer>(static_cast<std::size_t>(n) * 2);
   fill_bf16<<<1024, 256>>>(static_cast<std::uint16_t*>(b->p), n, seed, scale);
   check(cudaGetLastError(), "fill");
+  // On the legacy stream, which the benchmark's non-blocking stream does not wait for: done here.
+  check(cudaDeviceSynchronize(), "fill");
   return b;
 }
 
