@@ -32,8 +32,9 @@
 // issue-16 bar "forward time over the same-run sustained dense-GEMM time of the same FLOPs". So
 // that both sides are timed in the same state, --dense also implies --queued and warms each
 // routing up with kDenseSettleS seconds of calls back to back (bench_layer's sustained state).
-// Then mok's own GEMM engine on the same product for as long (its dense form), printed as a rate
-// and a ratio to cuBLAS's: the two engines' energy per FLOP at the same power limit.
+// Then mok's own GEMM engine on the same product for as long (its dense form; its product checked
+// at sampled elements first), printed as a rate and a ratio to cuBLAS's: the two engines' energy
+// per FLOP at the same power limit.
 //
 // --solo SECONDS: after the pairs of each routing, each path alone (unfused first for uniform
 // routing, fused first for skewed), calls queued back to back for SECONDS: the median call of the

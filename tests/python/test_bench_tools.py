@@ -184,7 +184,9 @@ def test_fused_results_turns_a_solo_run_into_both_suites(tmp_path):
     # A path without its power samples, or logs of another run, is refused, not recorded blind.
     with pytest.raises(SystemExit, match="no power samples"):
         fr.convert([run], power[1:], "abc1234", "2026-12-04", "")
-    power[0]["median_ms"] = 6.2
+    run["solo_unfused_ms"], power[0]["median_ms"] = 0.3125, 0.313  # the log's rounding: the same
+    assert fr.convert([run], power, "abc1234", "2026-12-04", "")[2]["median_ms"] == 0.3125
+    power[0]["median_ms"] = 0.314
     with pytest.raises(SystemExit, match="not the JSON's"):
         fr.convert([run], power, "abc1234", "2026-12-04", "")
 
