@@ -29,7 +29,11 @@ bld $root/s25/hack /tmp/bnodisp "-DHACK_NODISPATCH" &
 bld $root/s25/hack /tmp/bnoreduce "-DHACK_NOREDUCE" &
 bld $root/s25/hack /tmp/brdl2 "-DHACK_RDL2" &
 wait; cat $O/builds.log
+# rdl2 must keep every wgmma (a hack that changes what ptxas can prove may delete some: NOTES,
+# session 23); its numbers mean nothing otherwise.
 for b in base rdl2; do cuobjdump -sass /tmp/b$b/bench_virtual_ranks 2>/dev/null | grep -c HGMMA > $O/hgmma_$b.txt; done
+cmp -s $O/hgmma_base.txt $O/hgmma_rdl2.txt && echo "HGMMA $(cat $O/hgmma_base.txt) in both" ||
+  echo "HGMMA differ: base $(cat $O/hgmma_base.txt), rdl2 $(cat $O/hgmma_rdl2.txt): rdl2 invalid"
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 20 > $O/smi.csv 2>&1 &
 SMI=$!
 for cv in "qwen3-30b-a3b rdl2" "qwen3-30b-a3b base" "qwen3-30b-a3b nodisp" "qwen3-30b-a3b noreduce" \
