@@ -18,12 +18,12 @@
 // the last), when the last pull landed.
 //
 //   bench_virtual_ranks [--case dsv3-ep8slice] [--ranks 8] [--reps 30] [--json FILE] [--trace]
-//                       [--queued] [--trace-out PREFIX] [--minibatch ROWS] [--dense]
-//                       [--solo SECONDS]
+//                       [--queued] [--trace-out PREFIX] [--minibatch ROWS] [--stage-rows ROWS]
+//                       [--dense] [--solo SECONDS]
 //
-// --minibatch ROWS: Config::minibatch_size for both paths (default: Config's). The megakernel's
-// stage is the larger of it and 16384 rows unless MOK_FUSED_STAGE_ROWS sets it
-// (src/cuda/layer/unfused_layer.hpp).
+// --minibatch ROWS: Config::minibatch_size for both paths (default: Config's).
+// --stage-rows ROWS: Config::fused_stage_rows, the megakernel's stage (default 0: the larger of
+// the minibatch and 16384 rows).
 //
 // --dense: at the end of the run, the rate a dense bf16 GEMM sustains on this GPU (cuBLAS, 8192^3,
 // back to back for kDenseSettleS + kDenseMeasureS seconds, the median call after the first
@@ -420,7 +420,7 @@ double solo_ms(mok::cuda::UnfusedLayer& layer, const std::vector<mok::cuda::Rank
 int main(int argc, char** argv) {
   std::string name = "dsv3-ep8slice", json, trace_out;
   int W = 8, reps = 30;
-  std::int64_t minibatch = 0;
+  std::int64_t minibatch = 0, stage_rows = 0;
   double solo = 0;
   bool trace = false, queued = false, dense = false;
   for (int i = 1; i < argc; i += 2) {
@@ -444,17 +444,17 @@ int main(int argc, char** argv) {
       json = argv[i + 1];
     else if (a == "--trace-out")
       trace_out = argv[i + 1];
-    else if (a == "--minibatch" || a == "--solo") {
+    else if (a == "--minibatch" || a == "--stage-rows" || a == "--solo") {
       char* end = nullptr;
       const double v = std::strtod(argv[i + 1], &end);
-      const bool rows = a == "--minibatch";
+      const bool rows = a != "--solo";
       if (*end != '\0' || !(v > 0) || (rows && v != static_cast<double>(std::int64_t(v)))) {
         std::fprintf(stderr, "%s needs a positive %s, not %s\n", a.c_str(),
                      rows ? "integer" : "number", argv[i + 1]);
         return 2;
       }
       if (rows) {
-        minibatch = static_cast<std::int64_t>(v);
+        (a == "--minibatch" ? minibatch : stage_rows) = static_cast<std::int64_t>(v);
       } else {
         solo = v;
       }
@@ -477,6 +477,7 @@ int main(int argc, char** argv) {
   mok::Problem p{T, s.H, s.I, s.E, s.k, s.S, W, 0};
   mok::Config config{};
   if (minibatch > 0) config.minibatch_size = minibatch;
+  config.fused_stage_rows = stage_rows;
   config.validate();
   // Weights: every rank's experts in one [E, ...] tensor (rank r's are experts [r E_l, ...)).
   auto gate = random_bf16(s.E * s.I * s.H, 11, 0.02f), up = random_bf16(s.E * s.I * s.H, 12, 0.02f);
@@ -527,8 +528,8 @@ int main(int argc, char** argv) {
                                                         ranks_of(sets[2])};
     for (int fused = 0; fused < 2; ++fused) {
       layers[fused] = std::make_unique<mok::cuda::UnfusedLayer>(p, config, 0);
-      layers[fused]->set_forward_path(fused ? mok::cuda::ForwardPath::fused
-                                            : mok::cuda::ForwardPath::unfused);
+      layers[fused]->set_forward_path(fused ? mok::ForwardPath::fused
+                                            : mok::ForwardPath::launches);
       check(cudaMemset(out.p, 0xff, out.bytes), "poison");
       layers[fused]->forward(rank_sets[0], true, stream);
       check(cudaStreamSynchronize(stream), "forward");

@@ -34,7 +34,7 @@ struct RunArgs {
   std::uint64_t seed = 1;
   int threads = 0;
   bool json = false;
-  Config config;      // --minibatch / --macrobatch
+  Config config;      // --minibatch / --macrobatch / --forward / --stage-rows
   std::optional<float> swiglu_limit;  // --swiglu-limit: clamped SwiGLU (Weights::swiglu_limit)
   bool plan = false;  // --plan: print the workspace plan instead of running
 };

@@ -85,6 +85,9 @@ run options:
   --minibatch N         config.minibatch_size, rows (default 4096)
   --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 0: automatic, 131072
                         routed rows plus each local expert's padding to the tile)
+  --forward P           config.forward_path on the CUDA backend: launches (default) | fused (the
+                        forward megakernel; the same bits)
+  --stage-rows N        config.fused_stage_rows, the fused forward's stage (default 0: automatic)
   --swiglu-limit L      clamped SwiGLU, silu(min(g, L)) * clamp(u, -L, L) (MoK's swiglu_limit; a
                         finite positive number; default: none, the plain SwiGLU). The check's
                         tolerances do not model the clamp's kink: with L small enough that many
@@ -151,6 +154,15 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
       a.config.minibatch_size = parse_int(flag, value);
     } else if (flag == "--macrobatch") {
       a.config.macrobatch_size = parse_int(flag, value);
+    } else if (flag == "--forward") {
+      if (value == "launches")
+        a.config.forward_path = ForwardPath::launches;
+      else if (value == "fused")
+        a.config.forward_path = ForwardPath::fused;
+      else
+        throw UsageError("--forward: expected launches or fused, got '" + value + "'");
+    } else if (flag == "--stage-rows") {
+      a.config.fused_stage_rows = parse_int(flag, value);
     } else if (flag == "--swiglu-limit") {
       char* end = nullptr;
       const double l = std::strtod(value.c_str(), &end);

@@ -1,5 +1,6 @@
 #include "mok/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -40,13 +41,39 @@ void Config::validate() const {
     throw Error("config.schedule_capacity_multiplier", "a finite positive number",
                 to_text(schedule_capacity_multiplier));
   }
+  if (forward_path != ForwardPath::launches && forward_path != ForwardPath::fused) {
+    throw Error("config.forward_path", "launches or fused",
+                to_text(static_cast<int>(forward_path)));
+  }
+  if (fused_stage_rows < 0 || fused_stage_rows % schedule::kExpertSegmentAlignment != 0) {
+    throw Error("config.fused_stage_rows",
+                "0 (automatic) or a positive multiple of " +
+                    to_text(schedule::kExpertSegmentAlignment) + " rows",
+                to_text(fused_stage_rows));
+  }
+}
+
+const char* forward_path_name(ForwardPath p) {
+  switch (p) {
+    case ForwardPath::launches:
+      return "launches";
+    case ForwardPath::fused:
+      return "fused";
+  }
+  return "?";
+}
+
+std::int64_t Config::resolved_fused_stage_rows() const {
+  return fused_stage_rows != 0 ? fused_stage_rows : std::max(minibatch_size, kFusedStageRows);
 }
 
 std::string Config::to_string() const {
   std::ostringstream s;
   s << "fwd_num_comm_sms=" << fwd_num_comm_sms << " bwd_num_comm_sms=" << bwd_num_comm_sms
     << " minibatch_size=" << minibatch_size << " macrobatch_size=" << macrobatch_size
-    << " schedule_capacity_multiplier=" << schedule_capacity_multiplier;
+    << " schedule_capacity_multiplier=" << schedule_capacity_multiplier
+    << " forward_path=" << forward_path_name(forward_path)
+    << " fused_stage_rows=" << fused_stage_rows;
   return s.str();
 }
 

@@ -176,14 +176,24 @@ Problem problem_of(std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t 
   return p;
 }
 
+ForwardPath parse_forward_path(const std::string& name) {
+  if (name == "launches") return ForwardPath::launches;
+  if (name == "fused") return ForwardPath::fused;
+  throw Error("config.forward_path", "'launches' or 'fused'", "'" + name + "'");
+}
+
+// MoKConfig's knobs: MoK's five, then mok's own (forward_path, fused_stage_rows).
 Config config_of(int fwd_sms, int bwd_sms, std::int64_t minibatch, std::int64_t macrobatch,
-                 double capacity_multiplier) {
+                 double capacity_multiplier, const std::string& forward_path,
+                 std::int64_t fused_stage_rows) {
   Config c;
   c.fwd_num_comm_sms = fwd_sms;
   c.bwd_num_comm_sms = bwd_sms;
   c.minibatch_size = minibatch;
   c.macrobatch_size = macrobatch;
   c.schedule_capacity_multiplier = capacity_multiplier;
+  c.forward_path = parse_forward_path(forward_path);
+  c.fused_stage_rows = fused_stage_rows;
   return c;
 }
 
@@ -226,26 +236,30 @@ NB_MODULE(_C, m) {
       [](std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
          std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms, std::int64_t mini,
          std::int64_t macro, double mult, const std::string& backend,
-         const std::string& activation_dtype) {
+         const std::string& activation_dtype, const std::string& forward_path,
+         std::int64_t fused_stage_rows) {
         const ForwardContextLayout l = forward_context_layout(
             problem_of(T, H, I, E, k, S, ep_size, ep_rank),
-            config_of(fwd_sms, bwd_sms, mini, macro, mult), resolve_backend(parse_backend(backend)),
-            parse_dtype(activation_dtype, "activation"));
+            config_of(fwd_sms, bwd_sms, mini, macro, mult, forward_path, fused_stage_rows),
+            resolve_backend(parse_backend(backend)), parse_dtype(activation_dtype, "activation"));
         return nb::make_tuple(l.x_rows, l.routed_rows);
       },
       nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
       nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
       nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("fwd_num_comm_sms"),
       nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"), nb::arg("macrobatch_size"),
-      nb::arg("schedule_capacity_multiplier"), nb::arg("backend"), nb::arg("activation_dtype"));
+      nb::arg("schedule_capacity_multiplier"), nb::arg("backend"), nb::arg("activation_dtype"),
+      nb::arg("forward_path") = "launches", nb::arg("fused_stage_rows") = 0);
 
   m.def(
       "validate_config",
-      [](int fwd, int bwd, std::int64_t mini, std::int64_t macro, double mult) {
-        config_of(fwd, bwd, mini, macro, mult).validate();
+      [](int fwd, int bwd, std::int64_t mini, std::int64_t macro, double mult,
+         const std::string& forward_path, std::int64_t fused_stage_rows) {
+        config_of(fwd, bwd, mini, macro, mult, forward_path, fused_stage_rows).validate();
       },
       nb::arg("fwd_num_comm_sms"), nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"),
-      nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"));
+      nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"),
+      nb::arg("forward_path") = "launches", nb::arg("fused_stage_rows") = 0);
 
   // The schedule's host twin (include/mok/schedule.hpp) on CPU tensors: rank `ep_rank`'s table
   // from every rank's topk_experts. Only T, k, E and W matter; H and I are placeholders.
@@ -261,15 +275,18 @@ NB_MODULE(_C, m) {
       "symmetric_workspace_bytes",
       [](std::int64_t T, std::int64_t H, std::int64_t I, std::int64_t E, std::int64_t k,
          std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms, std::int64_t mini,
-         std::int64_t macro, double mult) {
-        return symmetric_workspace_bytes(problem_of(T, H, I, E, k, S, ep_size, ep_rank),
-                                         config_of(fwd_sms, bwd_sms, mini, macro, mult));
+         std::int64_t macro, double mult, const std::string& forward_path,
+         std::int64_t fused_stage_rows) {
+        return symmetric_workspace_bytes(
+            problem_of(T, H, I, E, k, S, ep_size, ep_rank),
+            config_of(fwd_sms, bwd_sms, mini, macro, mult, forward_path, fused_stage_rows));
       },
       nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"), nb::arg("intermediate_size"),
       nb::arg("num_experts"), nb::arg("topk"), nb::arg("shared_intermediate_size"),
       nb::arg("ep_size"), nb::arg("ep_rank"), nb::arg("fwd_num_comm_sms"),
       nb::arg("bwd_num_comm_sms"), nb::arg("minibatch_size"), nb::arg("macrobatch_size"),
-      nb::arg("schedule_capacity_multiplier"));
+      nb::arg("schedule_capacity_multiplier"), nb::arg("forward_path") = "launches",
+      nb::arg("fused_stage_rows") = 0);
   m.def(
       "schedule_table",
       [](const std::vector<nb::handle>& topk_experts, std::int64_t num_experts, int ep_rank,
@@ -320,7 +337,8 @@ NB_MODULE(_C, m) {
              std::int64_t mini, std::int64_t macro, double mult, const std::string& backend,
              const std::string& activation_dtype, int num_threads, int device_index,
              const std::vector<std::uintptr_t>& symmetric_bases,
-             std::uint64_t barrier_timeout_ms) {
+             std::uint64_t barrier_timeout_ms, const std::string& forward_path,
+             std::int64_t fused_stage_rows) {
             WorkspaceOptions o;
             o.backend = parse_backend(backend);
             o.activation_dtype = parse_dtype(activation_dtype, "activation");
@@ -330,8 +348,10 @@ NB_MODULE(_C, m) {
               o.symmetric_bases.push_back(reinterpret_cast<void*>(b));
             }
             o.barrier_timeout_ms = barrier_timeout_ms;
-            new (self) Workspace(problem_of(T, H, I, E, k, S, ep_size, ep_rank),
-                                 config_of(fwd_sms, bwd_sms, mini, macro, mult), o);
+            new (self) Workspace(
+                problem_of(T, H, I, E, k, S, ep_size, ep_rank),
+                config_of(fwd_sms, bwd_sms, mini, macro, mult, forward_path, fused_stage_rows),
+                o);
           },
           nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"),
           nb::arg("intermediate_size"), nb::arg("num_experts"), nb::arg("topk"),
@@ -340,7 +360,8 @@ NB_MODULE(_C, m) {
           nb::arg("macrobatch_size"), nb::arg("schedule_capacity_multiplier"), nb::arg("backend"),
           nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"),
           nb::arg("symmetric_bases") = std::vector<std::uintptr_t>{},
-          nb::arg("barrier_timeout_ms") = 10000)
+          nb::arg("barrier_timeout_ms") = 10000, nb::arg("forward_path") = "launches",
+          nb::arg("fused_stage_rows") = 0)
       .def_prop_ro("backend",
                    [](const Workspace& ws) { return std::string(backend_name(ws.backend())); })
       .def_prop_ro(

@@ -51,6 +51,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   else
     fail "run --backend cuda: $out"
   fi
+  # The forward megakernel: the same check.
+  out=$("$mok" run --backend cuda --forward fused --tokens 300 --json 2>&1)
+  if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["backend"]=="cuda" and j["check"]["passed"] is True, j' 2>/dev/null; then
+    pass "run --backend cuda --forward fused --json"
+  else
+    fail "run --backend cuda --forward fused: $out"
+  fi
 else
   expect_usage "CUDA backend is not available" run --backend cuda
 fi
@@ -71,6 +78,8 @@ else
   fail "run --plan: $plan"
 fi
 expect_usage "minibatch_size" run --minibatch 100 --plan
+expect_usage "--forward: expected launches or fused, got 'unfused'" run --forward unfused
+expect_usage "fused_stage_rows" run --stage-rows 100 --plan
 
 # 4b. Clamped SwiGLU: the option reaches the layer and the JSON, and the run passes its check (at 7
 #     the tiny preset's g, u ~ N(0, 1) are hardly ever clamped: the clamp's numerics are tested in

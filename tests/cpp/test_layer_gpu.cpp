@@ -234,36 +234,6 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
 
 // A whole step (schedule, forward, backward) captured once, replayed with new inputs and
 // routings: proves that nothing in the step synchronizes with the host.
-// An environment variable for the layers made in its scope (a Workspace reads MOK_FORWARD and
-// MOK_FUSED_STAGE_ROWS when it makes its layer); the caller's value is restored.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* was = std::getenv(name)) was_ = was;
-    had_ = std::getenv(name) != nullptr;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_.c_str(), was_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, was_;
-  bool had_ = false;
-};
-
-// MOK_FORWARD for the layers made in its scope.
-class ScopedForwardPath : public ScopedEnv {
- public:
-  explicit ScopedForwardPath(const char* path) : ScopedEnv("MOK_FORWARD", path) {}
-};
-
 // A whole step of case `c` under `config`, captured once in a CUDA graph (after an eager warm-up:
 // one-time set-up stays out of the capture) and replayed with new inputs and the three routings
 // (unused slots in the replay `drop_at`): each replay against the f64 layer, and bitwise against
@@ -301,10 +271,9 @@ void expect_captured_step_replays(const GpuCase& c, const Config& config,
     const CheckReport r = check_against_f64(d);
     EXPECT_TRUE(r.passed()) << "replay " << i << "\n" << r.summary();
     LayerData eager = make_case(replay, seed + 1 + i);
-    {
-      ScopedForwardPath unfused("unfused");
-      run_gpu(eager, config);
-    }
+    Config launches = config;
+    launches.forward_path = ForwardPath::launches;
+    run_gpu(eager, launches);
     EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an eager step";
   }
   cudaGraphExecDestroy(exec);
@@ -760,7 +729,7 @@ TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
                {"timed out on rank 0", "arrivals from rank 1"});
 }
 
-// The forward megakernel (MOK_FORWARD=fused, cuda::ForwardPath::fused) against the unfused path.
+// The forward megakernel (Config::forward_path = ForwardPath::fused) against the launches.
 
 struct ForwardBits {
   HostTensor out;
@@ -768,12 +737,11 @@ struct ForwardBits {
 };
 
 // One forward of `d` through the public API on `path`: out (poisoned first) and the context.
-// `stage_rows`: the megakernel's stage (MOK_FUSED_STAGE_ROWS; 0: the default).
-ForwardBits forward_bits(const LayerData& d, const Config& config, const char* path,
+// `stage_rows`: the megakernel's stage (Config::fused_stage_rows; 0: the default).
+ForwardBits forward_bits(const LayerData& d, Config config, ForwardPath path,
                          std::int64_t stage_rows = 0) {
-  ScopedForwardPath env(path);
-  std::optional<ScopedEnv> stage;
-  if (stage_rows > 0) stage.emplace("MOK_FUSED_STAGE_ROWS", std::to_string(stage_rows).c_str());
+  config.forward_path = path;
+  config.fused_stage_rows = stage_rows;
   DeviceLayer g(d);
   Workspace ws(d.problem, config, {.backend = Backend::cuda});
   DeviceContext ctx(ws);
@@ -817,13 +785,13 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
                             fused_config(3, 256, 512)};   // several passes
   for (const GpuCase& c : cases) {
     const LayerData d = make_case(c, seed);
-    const HostTensor reference_out = forward_bits(d, Config{}, "unfused").out;
+    const HostTensor reference_out = forward_bits(d, Config{}, ForwardPath::launches).out;
     for (const Config& config : configs) {
       const std::string what = std::string(c.name) + ", " + config.to_string();
-      const ForwardBits unfused = forward_bits(d, config, "unfused");
+      const ForwardBits unfused = forward_bits(d, config, ForwardPath::launches);
       EXPECT_TRUE(same_bits(reference_out, unfused.out)) << what << ": unfused out";
       for (std::int64_t stage : {std::int64_t{0}, config.minibatch_size}) {
-        const ForwardBits fused = forward_bits(d, config, "fused", stage);
+        const ForwardBits fused = forward_bits(d, config, ForwardPath::fused, stage);
         const std::string at = what + ", stage " + std::to_string(stage);
         EXPECT_TRUE(same_bits(unfused.out, fused.out)) << at << ": out";
         EXPECT_TRUE(unfused.ctx == fused.ctx) << at << ": forward context";
@@ -831,9 +799,9 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
     }
   }
   const LayerData d = make_case(cases[6], seed);
-  const ForwardBits first = forward_bits(d, Config{}, "fused");
+  const ForwardBits first = forward_bits(d, Config{}, ForwardPath::fused);
   for (int run = 1; run < test_runs(); ++run) {
-    const ForwardBits again = forward_bits(d, Config{}, "fused");
+    const ForwardBits again = forward_bits(d, Config{}, ForwardPath::fused);
     EXPECT_TRUE(same_bits(first.out, again.out) && first.ctx == again.ctx) << "run " << run;
   }
 }
@@ -845,8 +813,8 @@ TEST(LayerGpuFused, OneMultiTileForward) {
   const GpuCase c{"sanitized", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
   const Config config = fused_config(40, 128, 0);
-  const ForwardBits unfused = forward_bits(d, config, "unfused");
-  const ForwardBits fused = forward_bits(d, config, "fused", /*stage_rows=*/128);
+  const ForwardBits unfused = forward_bits(d, config, ForwardPath::launches);
+  const ForwardBits fused = forward_bits(d, config, ForwardPath::fused, /*stage_rows=*/128);
   EXPECT_TRUE(same_bits(unfused.out, fused.out)) << "out";
   EXPECT_TRUE(unfused.ctx == fused.ctx) << "forward context";
 }
@@ -860,8 +828,8 @@ TEST(LayerGpuFused, ClampedForwardIsBitwiseTheUnfused) {
     LayerData d = make_case(c, test_seed());
     d.swiglu_limit = limit;
     for (const Config& config : {Config{}, fused_config(8, 128, 256)}) {
-      const ForwardBits unfused = forward_bits(d, config, "unfused");
-      const ForwardBits fused = forward_bits(d, config, "fused");
+      const ForwardBits unfused = forward_bits(d, config, ForwardPath::launches);
+      const ForwardBits fused = forward_bits(d, config, ForwardPath::fused);
       const std::string what = "limit " + std::to_string(limit) + ", " + config.to_string();
       EXPECT_TRUE(same_bits(unfused.out, fused.out)) << what << ": out";
       EXPECT_TRUE(unfused.ctx == fused.ctx) << what << ": forward context";
@@ -882,7 +850,7 @@ TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
           "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
       std::vector<HostTensor> outs;
       std::vector<std::vector<std::uint8_t>> contexts_bits;
-      for (cuda::ForwardPath path : {cuda::ForwardPath::unfused, cuda::ForwardPath::fused}) {
+      for (ForwardPath path : {ForwardPath::launches, ForwardPath::fused}) {
         DeviceLayer g(c.many);
         cuda::UnfusedLayer layer(c.rank, Config{}, 0);
         layer.set_forward_path(path);
@@ -929,13 +897,13 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   MOK_SKIP_WITHOUT_GPU();
   const GpuCase c{"withheld", layer_shape(600, 128, 128, 4, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
-  const HostTensor reference = forward_bits(d, fused_config(8, 128, 0), "unfused").out;
+  const HostTensor reference = forward_bits(d, fused_config(8, 128, 0), ForwardPath::launches).out;
   DeviceLayer g(d);
   std::vector<std::unique_ptr<DeviceTensor>> scratch;
   std::vector<std::unique_ptr<DeviceContext>> contexts;
   std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
   cuda::UnfusedLayer layer(c.problem, fused_config(8, 128, 0), 0);
-  layer.set_forward_path(cuda::ForwardPath::fused);
+  layer.set_forward_path(ForwardPath::fused);
   layer.set_withheld_block(3, 300);
   expect_bounded_call([&] { layer.forward(ranks, true, nullptr); });
   expect_error([&] { layer.check_errors(nullptr); },
@@ -944,18 +912,25 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   expect_forward_gives(layer, ranks, g, reference, "the call after the timeout");
 }
 
-// A megakernel stage that is not a positive multiple of 128 rows is refused when the layer is
-// made, naming the variable and the value; a good one is then accepted.
-TEST(LayerGpuFused, ABadStageIsRefusedNamingTheValue) {
+// The fused forward on a team across processes is refused, naming the knob, until a multi-GPU
+// run has tested it: when the layer is made and when a test switches an existing layer to it.
+TEST(LayerGpuFused, ATeamAcrossProcessesRefusesTheFusedForward) {
   MOK_SKIP_WITHOUT_GPU();
-  const Problem problem = layer_shape(64, 64, 64, 4, 2, 0);
-  for (const char* bad : {"100", "0", "-128", "16384x", "lots"}) {
-    ScopedEnv stage("MOK_FUSED_STAGE_ROWS", bad);
-    expect_error([&] { cuda::UnfusedLayer layer(problem, Config{}, 0); },
-                 {"MOK_FUSED_STAGE_ROWS", "a positive multiple of 128", bad});
-  }
-  ScopedEnv stage("MOK_FUSED_STAGE_ROWS", "256");
-  cuda::UnfusedLayer layer(problem, Config{}, 0);
+  Problem problem = layer_shape(64, 64, 64, 4, 2, 0);
+  problem.ep_size = 2;
+  problem.ep_rank = 0;
+  const std::int64_t bytes = symmetric_workspace_bytes(problem, Config{});
+  DeviceBuffer<std::uint8_t> region0(static_cast<std::size_t>(bytes));
+  DeviceBuffer<std::uint8_t> region1(static_cast<std::size_t>(bytes));
+  const cuda::ExternalRank external{{region0.get(), region1.get()}, 1000};
+  Config fused;
+  fused.forward_path = ForwardPath::fused;
+  expect_error([&] { cuda::UnfusedLayer layer(problem, fused, 0, external); },
+               {"config.forward_path", "team across processes", "fused"});
+  cuda::UnfusedLayer layer(problem, Config{}, 0, external);
+  expect_error([&] { layer.set_forward_path(ForwardPath::fused); },
+               {"config.forward_path", "fused"});
+  EXPECT_EQ(layer.forward_path(), ForwardPath::launches);
 }
 
 // The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
@@ -969,13 +944,13 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   const GpuCase c{"traced", layer_shape(600, 128, 192, 4, 2, 64), Routing::skewed, false};
   const LayerData d = make_case(c, test_seed());
   const Config config = fused_config(8, 256, 0);
-  const HostTensor reference = forward_bits(d, config, "unfused").out;
+  const HostTensor reference = forward_bits(d, config, ForwardPath::launches).out;
   DeviceLayer g(d);
   std::vector<std::unique_ptr<DeviceTensor>> scratch;
   std::vector<std::unique_ptr<DeviceContext>> contexts;
   std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
   cuda::UnfusedLayer layer(c.problem, config, 0);
-  layer.set_forward_path(cuda::ForwardPath::fused);
+  layer.set_forward_path(ForwardPath::fused);
   EXPECT_THROW(layer.set_forward_trace(reinterpret_cast<std::uint64_t*>(16),
                                        cuda::UnfusedLayer::forward_trace_words(0) - 1),
                Error);
@@ -1040,9 +1015,10 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
 // A whole step with the megakernel forward, captured once and replayed with new routings.
 TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
   MOK_SKIP_WITHOUT_GPU();
-  ScopedForwardPath env("fused");
   const GpuCase c{"graph", layer_shape(300, 128, 128, 6, 2, 64), Routing::softmax, false};
-  expect_captured_step_replays(c, fused_config(8, 128, 256),  // several passes
+  Config config = fused_config(8, 128, 256);  // several passes
+  config.forward_path = ForwardPath::fused;
+  expect_captured_step_replays(c, config,
                                {Routing::skewed, Routing::one_expert, Routing::softmax}, 2);
 }
 

@@ -76,6 +76,9 @@ TEST(Validation, ConfigKnobs) {
       {"config.macrobatch_size", [](Config& c) { c.macrobatch_size = 4096 * 3 + 1; }},
       {"config.schedule_capacity_multiplier",
        [](Config& c) { c.schedule_capacity_multiplier = 0; }},
+      {"config.forward_path", [](Config& c) { c.forward_path = static_cast<ForwardPath>(7); }},
+      {"config.fused_stage_rows", [](Config& c) { c.fused_stage_rows = -128; }},
+      {"config.fused_stage_rows", [](Config& c) { c.fused_stage_rows = 100; }},
   };
   for (const auto& [name, mutate] : cases) {
     Config c;
@@ -83,6 +86,28 @@ TEST(Validation, ConfigKnobs) {
     expect_error([&] { c.validate(); }, {name});
     expect_error([&] { Workspace ws(small(), c, {.backend = Backend::cpu}); }, {name});
   }
+}
+
+// The fused forward's stage: 0 resolves to the larger of the minibatch and kFusedStageRows.
+TEST(Validation, FusedStageRowsResolve) {
+  Config c;
+  EXPECT_EQ(c.forward_path, ForwardPath::launches);
+  EXPECT_EQ(c.resolved_fused_stage_rows(), kFusedStageRows);
+  c.minibatch_size = 4 * kFusedStageRows;
+  EXPECT_EQ(c.resolved_fused_stage_rows(), 4 * kFusedStageRows);
+  c.fused_stage_rows = 256;
+  c.validate();
+  EXPECT_EQ(c.resolved_fused_stage_rows(), 256);
+  EXPECT_NE(c.to_string().find("forward_path=launches fused_stage_rows=256"), std::string::npos)
+      << c.to_string();
+}
+
+// The CPU backend computes the same function on either forward path (it has one).
+TEST(Validation, TheCpuBackendAcceptsEitherForwardPath) {
+  Config c;
+  c.forward_path = ForwardPath::fused;
+  Workspace ws(small(), c, {.backend = Backend::cpu});
+  EXPECT_EQ(ws.config().forward_path, ForwardPath::fused);
 }
 
 TEST(Validation, ExpertIdsOutOfRange) {

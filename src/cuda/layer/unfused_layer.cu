@@ -284,8 +284,8 @@ struct UnfusedLayer::Impl {
   int count = 1;
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
-  ForwardPath path = forward_path_from_environment();
-  std::int64_t fused_stage_rows = fused_stage_rows_from_environment(config.minibatch_size);
+  ForwardPath path = config.forward_path;
+  std::int64_t fused_stage_rows = config.resolved_fused_stage_rows();
   int withheld_block = -1;           // tests only (set_withheld_block)
   std::uint64_t* trace = nullptr;      // benchmarks only (set_forward_trace)
   int trace_tickets = 0;
@@ -540,6 +540,7 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
                            const ExternalRank& external)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
+  set_forward_path(config.forward_path);
   check(cudaSetDevice(device), "cudaSetDevice");
   const plan::WorkspacePlan& pl = m.plan();
   const int W = p.ep_size;
@@ -625,30 +626,19 @@ UnfusedLayer::UnfusedLayer(const Problem& p, const Config& config, int device,
 
 UnfusedLayer::~UnfusedLayer() = default;
 
-ForwardPath forward_path_from_environment() {
-  const char* v = std::getenv("MOK_FORWARD");
-  if (v == nullptr || *v == '\0' || std::string(v) == "unfused") return ForwardPath::unfused;
-  if (std::string(v) == "fused") return ForwardPath::fused;
-  throw Error("MOK_FORWARD", "unfused or fused (or unset: unfused)", v);
-}
-std::int64_t fused_stage_rows_from_environment(std::int64_t minibatch_size) {
-  const char* v = std::getenv("MOK_FUSED_STAGE_ROWS");
-  if (v == nullptr || *v == '\0') return std::max(minibatch_size, kFusedStageRows);
-  char* end = nullptr;
-  errno = 0;
-  const long long rows = std::strtoll(v, &end, 10);
-  if (*end != '\0' || errno != 0 || rows <= 0 || rows % 128 != 0) {
-    throw Error("MOK_FUSED_STAGE_ROWS",
-                "a positive multiple of 128 (or unset: the larger of minibatch_size and " +
-                    std::to_string(kFusedStageRows) + ")",
-                v);
-  }
-  return rows;
-}
 ForwardPath UnfusedLayer::forward_path() const {
   return impl_->path;
 }
 void UnfusedLayer::set_forward_path(ForwardPath path) {
+  // NOTES: the megakernel's cross-process waits (peers' staged rows at system scope) have never
+  // run on several GPUs; until a multi-GPU run tests them, a team across processes runs the
+  // launches, whose barriers have.
+  if (path == ForwardPath::fused && impl_->external()) {
+    throw Error("config.forward_path",
+                "launches on a team across processes (the fused forward has not been tested "
+                "across GPUs yet)",
+                "fused");
+  }
   impl_->path = path;
 }
 void UnfusedLayer::set_withheld_block(int b, std::uint64_t timeout_ms) {

@@ -42,22 +42,6 @@ struct ExternalRank {
   std::uint64_t barrier_timeout_ms = 10000;
 };
 
-// How forward runs each ring pass (recompute_forward_context always runs the unfused gate/up):
-//   unfused  launches: pull, gate/up + SwiGLU, down with the combine in its epilogue (the reference)
-//   fused    one forward megakernel launch (kernels/fused_forward.hpp): the same bits
-// The default is MOK_FORWARD (unfused or fused; unset: unfused), read when a layer is made.
-enum class ForwardPath { unfused, fused };
-ForwardPath forward_path_from_environment();
-
-// The forward megakernel's stage, in rows (kernels/fused_forward.hpp: its tickets run a pass's
-// blocks stage by stage, each stage's gate/up tiles beside the previous stage's down tiles; the
-// order never changes the bits): MOK_FUSED_STAGE_ROWS when set (a positive multiple of 128), else
-// the larger of Config::minibatch_size and kFusedStageRows; read when a layer is made. NOTES
-// (session 18): 16384-row stages saved 0.5% of the megakernel's time alone on average over four
-// PERF.md cases (two rounds on qwen3-30b-a3b, one on each other case), against 4096-row ones.
-inline constexpr std::int64_t kFusedStageRows = 16384;
-std::int64_t fused_stage_rows_from_environment(std::int64_t minibatch_size);
-
 class UnfusedLayer {
  public:
   // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
@@ -81,6 +65,8 @@ class UnfusedLayer {
   // device-side clear of the record is ordered on `stream`.
   void check_errors(cudaStream_t stream = nullptr);
 
+  // The forward path (Config::forward_path when the layer is made; tests and benchmarks compare
+  // both on one layer). Throws mok::Error for the fused path on a team across processes.
   ForwardPath forward_path() const;
   void set_forward_path(ForwardPath path);
   // Tests only: the forward megakernel never pulls ring rows [128 b, 128 b + 128) of a pass (-1:
