@@ -28,6 +28,7 @@
 #include "cuda/comm/team.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "mok/schedule.hpp"
+#include "support/transfers.hpp"
 
 namespace {
 
@@ -141,7 +142,7 @@ void run_shape(const Shape& s, bool skewed, int reps, std::uint64_t seed,
     check(cudaMemsetAsync(ring_b.p, 0x7f, ring * s.H * 2, stream), "poison");
     check(cudaMemsetAsync(weights_a.p, 0xff, ring * 4, stream), "poison");
     check(cudaMemsetAsync(weights_b.p, 0x7f, ring * 4, stream), "poison");
-    check(cuda::launch_pull_rows(a, stream), "launch_pull_rows");
+    check(mok::test::launch_pull_rows(a, stream), "launch_pull_rows");
     check(cuda::launch_pull_tokens(b, row_of_slot, stream), "launch_pull_tokens");
     check(cudaStreamSynchronize(stream), "the first pulls");
     bool bitwise = download(ring_a.p, rows * s.H) == download(ring_b.p, rows * s.H);
@@ -160,7 +161,7 @@ void run_shape(const Shape& s, bool skewed, int reps, std::uint64_t seed,
         const bool tokens = (i + j) % 2 == 1;  // which goes first alternates
         check(cudaEventRecord(ev[2 * j], stream), "event");
         check(tokens ? cuda::launch_pull_tokens(b, row_of_slot, stream)
-                     : cuda::launch_pull_rows(a, stream),
+                     : mok::test::launch_pull_rows(a, stream),
               "pull");
         check(cudaEventRecord(ev[2 * j + 1], stream), "event");
         check(cudaEventSynchronize(ev[2 * j + 1]), "sync");

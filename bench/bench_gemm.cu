@@ -7,12 +7,11 @@
 // items interleaved), each item's round = 5 warm-up runs and `reps` timed runs with CUDA events
 // around each launch, L2 flushed (256 MB memset) before each. Reported: the median over rounds of
 // the rounds' medians, and the smallest and largest round median (the spread).
-// Every form is timed under the automatic consumer schedule ("mok") and each forced one
-// ("mok-cooperative", "mok-ping_pong"); likewise the plain gate/up GEMM ("mok-unfused...").
+// Every form is timed as "mok"; the plain gate/up GEMM (no SwiGLU epilogue) as "mok-unfused".
 // "dgrad-swiglu" is the layer's routed down dgrad: dh = dy W_down with the SwiGLU-backward
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
 // the same with bf16(w h) stored too (the backward's form where I <= H). Before timing, both
-// schedules and both forms must write every kept row of dg, du and dot with the same bits.
+// forms must write every kept row of dg, du and dot with the same bits.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,14 +31,13 @@
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                        \
-  do {                                                                          \
-    cudaError_t e_ = (expr);                                                    \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s failed: %s %s\n", #expr, cudaGetErrorString(e_), \
-                   mok::gemm::last_wait_timeout().c_str());                     \
-      std::exit(1);                                                             \
-    }                                                                           \
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (0)
 
 struct Case {
@@ -272,14 +270,12 @@ int main(int argc, char** argv) {
       mok::gemm::RowsTimesWeightArgs dgrad_swiglu_wh = dgrad_swiglu;
       dgrad_swiglu_wh.swiglu.scaled_hidden = out_wh;
 
-      // Correctness before timing, under each consumer schedule: a sampled row of expert 0 and of
-      // the last expert (the GEMM tests check every form fully, tests/cpp/test_gemm.cu).
+      // Correctness before timing: a sampled row of expert 0 and of the last expert (the GEMM
+      // tests check every form fully, tests/cpp/test_gemm.cu).
       double err = 0;
-      for (mok::gemm::Consumers consumers :
-           {mok::gemm::Consumers::cooperative, mok::gemm::Consumers::ping_pong}) {
-        mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
-        mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
-        plain_s.consumers = down_s.consumers = dgrad_s.consumers = consumers;
+      {
+        const mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
+        const mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
         CHECK_CUDA(cudaMemset(out_gu, 0xff, size_t(capacity) * 2 * c.i * 2));
         CHECK_CUDA(cudaMemset(out_y, 0xff, size_t(capacity) * c.h * 2));
         CHECK_CUDA(cudaMemset(out_dh, 0xff, size_t(capacity) * c.i * 2));
@@ -296,7 +292,7 @@ int main(int argc, char** argv) {
         }
       }
       // The SwiGLU-backward dgrad (its values are test_gemm.cu's): every kept row of dg, du and
-      // dot written, with the same bits under both schedules and with or without bf16(w h).
+      // dot written, with the same bits with or without bf16(w h).
       {
         std::vector<char> kept(capacity, 0);
         for (int g = 0; g < G; ++g)
@@ -305,10 +301,8 @@ int main(int argc, char** argv) {
         std::vector<float> first_dot;
         int run = 0;
         for (bool wh : {true, false}) {
-          for (mok::gemm::Consumers consumers :
-               {mok::gemm::Consumers::cooperative, mok::gemm::Consumers::ping_pong}) {
-            mok::gemm::RowsTimesWeightArgs a = wh ? dgrad_swiglu_wh : dgrad_swiglu;
-            a.consumers = consumers;
+          {
+            const mok::gemm::RowsTimesWeightArgs a = wh ? dgrad_swiglu_wh : dgrad_swiglu;
             CHECK_CUDA(cudaMemset(out_dg, 0xff, size_t(capacity) * c.i * 2));
             CHECK_CUDA(cudaMemset(out_du, 0xff, size_t(capacity) * c.i * 2));
             CHECK_CUDA(cudaMemset(out_dot, 0xff, size_t(capacity) * dot_chunks * 4));
@@ -335,10 +329,8 @@ int main(int argc, char** argv) {
               first_dot = std::move(dot);
             } else if (dg != first_dg || du != first_du ||
                        std::memcmp(dot.data(), first_dot.data(), dot.size() * 4) != 0) {
-              std::fprintf(
-                  stderr, "%s: the SwiGLU dgrad's bits differ (%s, scaled_hidden %d)\n", c.name,
-                  consumers == mok::gemm::Consumers::cooperative ? "cooperative" : "ping-pong",
-                  int(wh));
+              std::fprintf(stderr, "%s: the SwiGLU dgrad's bits differ (scaled_hidden %d)\n",
+                           c.name, int(wh));
               return 1;
             }
             if (unwritten != 0) {
@@ -362,36 +354,16 @@ int main(int argc, char** argv) {
         std::function<void()> fn;
       };
       std::vector<Item> items;
-      using mok::gemm::Consumers;
-      const std::pair<Consumers, const char*> schedules[] = {
-          {Consumers::automatic, ""},
-          {Consumers::cooperative, "-cooperative"},
-          {Consumers::ping_pong, "-ping_pong"}};
-      auto name = [](const char* base, const char* suffix) { return std::string(base) + suffix; };
-      for (const auto& [consumers, suffix] : schedules) {
-        mok::gemm::GateUpForwardArgs gu_s = gu;
-        mok::gemm::RowsTimesWeightTArgs plain_s = plain, down_s = down;
-        mok::gemm::RowsTimesWeightArgs dgrad_s = dgrad;
-        mok::gemm::RowsTimesWeightArgs dsw_s = dgrad_swiglu, dswh_s = dgrad_swiglu_wh;
-        mok::gemm::WeightGradArgs wgrad_s = wgrad;
-        dsw_s.consumers = dswh_s.consumers = consumers;
-        gu_s.consumers = plain_s.consumers = down_s.consumers = dgrad_s.consumers =
-            wgrad_s.consumers = consumers;
-        items.push_back(
-            {"gemm1", name("mok", suffix), 2 * flops, [=] { mok::gemm::gate_up_forward(gu_s); }});
-        items.push_back({"gemm1", name("mok-unfused", suffix), 2 * flops,
-                         [=] { mok::gemm::rows_times_weight_t(plain_s); }});
-        items.push_back(
-            {"gemm2", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight_t(down_s); }});
-        items.push_back(
-            {"dgrad", name("mok", suffix), flops, [=] { mok::gemm::rows_times_weight(dgrad_s); }});
-        items.push_back({"dgrad-swiglu", name("mok", suffix), flops,
-                         [=] { mok::gemm::rows_times_weight(dsw_s); }});
-        items.push_back({"dgrad-swiglu-wh", name("mok", suffix), flops,
-                         [=] { mok::gemm::rows_times_weight(dswh_s); }});
-        items.push_back(
-            {"wgrad", name("mok", suffix), flops, [=] { mok::gemm::weight_grad(wgrad_s); }});
-      }
+      items.push_back({"gemm1", "mok", 2 * flops, [=] { mok::gemm::gate_up_forward(gu); }});
+      items.push_back(
+          {"gemm1", "mok-unfused", 2 * flops, [=] { mok::gemm::rows_times_weight_t(plain); }});
+      items.push_back({"gemm2", "mok", flops, [=] { mok::gemm::rows_times_weight_t(down); }});
+      items.push_back({"dgrad", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad); }});
+      items.push_back(
+          {"dgrad-swiglu", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad_swiglu); }});
+      items.push_back({"dgrad-swiglu-wh", "mok", flops,
+                       [=] { mok::gemm::rows_times_weight(dgrad_swiglu_wh); }});
+      items.push_back({"wgrad", "mok", flops, [=] { mok::gemm::weight_grad(wgrad); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).

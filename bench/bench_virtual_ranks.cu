@@ -1,5 +1,5 @@
 // bench_virtual_ranks: the forward of one layer split over W virtual ranks on one GPU
-// (cuda::UnfusedLayer of a local virtual team), the unfused launches against the forward
+// (cuda::Layer of a local virtual team), the unfused launches against the forward
 // megakernel, in the same run. Each rank holds T / W of the tokens and E / W of the experts, the
 // shared expert whole; routing uniform (every slot an expert drawn uniformly) or skewed (half the
 // slots to expert 0). Before timing, the two paths' outputs are compared bitwise (every rank's
@@ -64,8 +64,9 @@
 #include "core/bf16.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/fused_trace.hpp"
-#include "cuda/layer/unfused_layer.hpp"
+#include "cuda/layer/layer.hpp"
 #include "mok/api.hpp"
+#include "support/kernel_hooks.hpp"
 
 namespace {
 
@@ -253,8 +254,7 @@ constexpr double kDenseSettleS = 2.0, kDenseMeasureS = 4.0;
 
 // Wall-clock time (Unix seconds), to line a phase up with clocks and power sampled beside it.
 double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Calls timed back to back: call(i) issued on `stream` for `seconds`, each between its own pair
@@ -328,8 +328,9 @@ void check_dense_product(const void* a_dev, const void* w_dev, const void* out_d
     const double got = mok::bf16_to_float(out[static_cast<std::size_t>(i) * n + j]);
     const double tolerance = std::ldexp(std::fabs(ref), -8) + std::ldexp(magnitude, -14);
     if (!(std::fabs(got - ref) <= tolerance) && misses++ < 4) {
-      std::fprintf(stderr, "mok dense GEMM wrong at [%d, %d]: %.6g, reference %.6g (tolerance %.3g)\n",
-                   i, j, got, ref, tolerance);
+      std::fprintf(stderr,
+                   "mok dense GEMM wrong at [%d, %d]: %.6g, reference %.6g (tolerance %.3g)\n", i,
+                   j, got, ref, tolerance);
     }
   }
   if (misses > 0) {
@@ -403,11 +404,10 @@ double sustained_dense_tflops(cudaStream_t stream) {
 
 // --solo: `layer` alone, calls queued back to back for `seconds` over the three input sets; the
 // median call of the second half, printed with that half's wall-clock interval.
-double solo_ms(mok::cuda::UnfusedLayer& layer, const std::vector<mok::cuda::RankTensors> (&sets)[3],
+double solo_ms(mok::cuda::Layer& layer, const std::vector<mok::cuda::RankTensors> (&sets)[3],
                double seconds, cudaStream_t stream, const char* path) {
-  const BackToBack run = back_to_back(stream, seconds, seconds / 2, 8, "solo", [&](int i) {
-    layer.forward(sets[i % 3], true, stream);
-  });
+  const BackToBack run = back_to_back(stream, seconds, seconds / 2, 8, "solo",
+                                      [&](int i) { layer.forward(sets[i % 3], true, stream); });
   layer.check_errors(stream);
   const double m = run.ms.empty() ? 0.0 : median(run.ms);
   std::printf("  solo %-7s %8.3f ms (median of %zu calls, wall clock %.3f to %.3f)\n", path, m,
@@ -523,13 +523,12 @@ int main(int argc, char** argv) {
       return ranks;
     };
     std::vector<std::uint16_t> outs[2];
-    std::unique_ptr<mok::cuda::UnfusedLayer> layers[2];
+    std::unique_ptr<mok::cuda::Layer> layers[2];
     std::vector<mok::cuda::RankTensors> rank_sets[3] = {ranks_of(sets[0]), ranks_of(sets[1]),
                                                         ranks_of(sets[2])};
     for (int fused = 0; fused < 2; ++fused) {
-      layers[fused] = std::make_unique<mok::cuda::UnfusedLayer>(p, config, 0);
-      layers[fused]->set_forward_path(fused ? mok::ForwardPath::fused
-                                            : mok::ForwardPath::launches);
+      layers[fused] = std::make_unique<mok::cuda::Layer>(p, config, 0);
+      layers[fused]->set_forward_path(fused ? mok::ForwardPath::fused : mok::ForwardPath::launches);
       check(cudaMemset(out.p, 0xff, out.bytes), "poison");
       layers[fused]->forward(rank_sets[0], true, stream);
       check(cudaStreamSynchronize(stream), "forward");
@@ -594,20 +593,24 @@ int main(int argc, char** argv) {
         medians_alone[fused] =
             solo_ms(*layers[fused], rank_sets, solo, stream, fused ? "fused" : "unfused");
       }
-      std::snprintf(rec, sizeof rec, "\"solo_s\": %.1f, \"solo_unfused_ms\": %.4f, "
-                    "\"solo_fused_ms\": %.4f, ", solo, medians_alone[0], medians_alone[1]);
+      std::snprintf(rec, sizeof rec,
+                    "\"solo_s\": %.1f, \"solo_unfused_ms\": %.4f, "
+                    "\"solo_fused_ms\": %.4f, ",
+                    solo, medians_alone[0], medians_alone[1]);
       solo_json = rec;
     }
     std::string traced = "null";
     if (trace) {
-      const std::int64_t words = mok::cuda::UnfusedLayer::forward_trace_words(1 << 20);
+      const std::int64_t words = mok::cuda::Layer::forward_trace_words(1 << 20);
       DeviceBuffer buffer(static_cast<std::size_t>(words) * 8);
       check(cudaMemset(buffer.p, 0, buffer.bytes), "trace");
-      layers[1]->set_forward_trace(static_cast<std::uint64_t*>(buffer.p), words);
+      layers[1]->set_forward_hooks({.trace = static_cast<std::uint64_t*>(buffer.p),
+                                    .trace_words = words,
+                                    .launcher = &mok::test::launch_fused_forward_with_hooks});
       layers[1]->forward(rank_sets[0], true, stream);
       check(cudaStreamSynchronize(stream), "traced forward");
       layers[1]->check_errors(stream);
-      layers[1]->set_forward_trace(nullptr, 0);
+      layers[1]->set_forward_hooks({});
       std::vector<std::uint64_t> host(static_cast<std::size_t>(words));
       check(cudaMemcpy(host.data(), buffer.p, buffer.bytes, cudaMemcpyDeviceToHost), "trace");
       traced = summarise_trace(host, (std::string(s.name) + " " + routing).c_str());

@@ -1,14 +1,14 @@
-// The backend interface: core validates every call (src/core/api.cpp), then hands it to the
+// The backend interface: core validates every call (src/api/api.cpp), then hands it to the
 // Workspace's backend. The CPU reference (src/reference/backend.cpp) and the CUDA layer
-// (src/cuda/layer/layer.cu) implement it; core includes neither. Internal: users see
+// (src/cuda/layer/backend.cu) implement it; core includes neither. Internal: users see
 // mok::Workspace.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "mok/api.hpp"
 
@@ -31,7 +31,7 @@ class LayerBackend {
   virtual std::size_t bytes() const = 0;          // device memory the backend holds
   virtual int num_threads() const = 0;            // CPU threads (0: not a CPU backend)
 
-  // Host expert parallelism (include/mok/host_ep.hpp; validated by src/core/host_ep.cpp): the
+  // Host expert parallelism (include/mok/host_ep.hpp; validated by src/api/host_ep.cpp): the
   // expert and home halves of a call whose rows the caller moves between processes. Only the
   // CPU reference has them; the defaults say so.
   virtual void ep_expert_forward(const Inputs& gathered, const Weights& w,
@@ -54,13 +54,13 @@ std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int 
 
 // The CUDA layer on `device`: the whole layer (ep_size 1), or with `symmetric_bases` (ep_size
 // entries) rank p.ep_rank of a team across processes. A build without CUDA throws
-// (src/core/no_cuda.cpp).
+// (src/cuda/no_cuda.cpp).
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
                                                 const std::vector<void*>& symmetric_bases = {},
                                                 std::uint64_t barrier_timeout_ms = 10000);
 
 // The CUDA runtime facts core and the CLI need, in every build (src/cuda/runtime.cu, or
-// src/core/no_cuda.cpp without CUDA).
+// src/cuda/no_cuda.cpp without CUDA).
 namespace cuda {
 bool compiled();                        // this build has the CUDA backend's sources
 int device_count();                     // 0 when not compiled or no device

@@ -18,7 +18,7 @@ struct Workspace::Impl {
   Workspace::CallCounts calls;
 };
 
-// Shared by the entry points (src/core/api.cpp, src/core/host_ep.cpp).
+// Shared by the entry points (src/api/api.cpp, src/api/host_ep.cpp).
 Device device_of(const Workspace::Impl& ws);
 // The forward context's views against the workspace's layout (shapes, dtype, device).
 void check_context(const Workspace& ws, const ForwardContext& c);

@@ -11,7 +11,6 @@
 //     router_weight_grads  f32  [T*k]        expert ranks push d_w[t*k+j]
 //     expert_ids           i32  [2, T*k]     the id exchange, double-buffered by launch parity
 //     team_flags           u32  [kMaxRanks]  team barrier: flags[q] counts arrivals from rank q
-//     team_probe           u32  [2, 64, 16]  the team self-test's payload (src/cuda/comm)
 //   local region       this rank only
 //     schedule_table       i32  [max_schedule_rows]   (src/core/schedule_layout.hpp)
 //     expert_counts        i32  [E_local]
@@ -54,8 +53,8 @@
 
 #include <cstdint>
 
-#include "core/schedule_layout.hpp"
 #include "core/error_record.hpp"
+#include "core/schedule_layout.hpp"
 
 namespace mok::plan {
 
@@ -63,8 +62,6 @@ inline constexpr std::int64_t kBufferAlignment = 256;
 // The down dgrad epilogue leaves the router-weight gradient's fp32 partial sums per row and chunk
 // of this many columns (row_dots; gemm::kDotColumns is this constant).
 inline constexpr std::int64_t kDotColumns = 128;
-inline constexpr std::int64_t kProbeBlocks = 64;  // team self-test: blocks per rank it can check
-inline constexpr std::int64_t kProbeWords = 16;
 
 // Counters that let device barriers run without any host reset between launches. Each counter
 // only grows; a launch reads the bases at its start, and the block that passes its last barrier
@@ -79,19 +76,19 @@ struct SyncState {
 static_assert(sizeof(SyncState) == 64);
 
 // The three weight gradients of an expert family (down, gate, up) are independent GEMMs and run
-// at the same time, each on a stream of its own (src/cuda/layer/unfused_layer.cu), so one
+// at the same time, each on a stream of its own (src/cuda/layer/layer.cu), so one
 // gradient's long tiles (an expert that holds most rows) overlap the others' instead of leaving
 // SMs idle. Launches that may run at once need a ticket counter pair each.
 inline constexpr int kWgradStreams = 3;
 
 struct PlanShape {
-  std::int64_t num_tokens = 0;       // T
-  std::int64_t hidden_size = 0;      // H
-  std::int64_t topk = 0;             // k
-  std::int64_t num_experts = 0;      // E
-  int ep_size = 1;                   // W
-  std::int64_t macrobatch_size = 0;  // ring rows: schedule::macrobatch_rows, resolved
-  std::int64_t minibatch_size = 0;   // rows per minibatch
+  std::int64_t num_tokens = 0;                // T
+  std::int64_t hidden_size = 0;               // H
+  std::int64_t topk = 0;                      // k
+  std::int64_t num_experts = 0;               // E
+  int ep_size = 1;                            // W
+  std::int64_t macrobatch_size = 0;           // ring rows: schedule::macrobatch_rows, resolved
+  std::int64_t minibatch_size = 0;            // rows per minibatch
   std::int64_t intermediate_size = 0;         // I (the layer region only)
   std::int64_t shared_intermediate_size = 0;  // S (the layer region only)
 
@@ -106,7 +103,7 @@ struct Buffer {
 struct WorkspacePlan {
   // symmetric region
   Buffer x_staging, combine, d_out_staging, dx_routed, router_weights, router_weight_grads,
-      expert_ids, team_flags, team_probe;
+      expert_ids, team_flags;
   std::int64_t symmetric_bytes = 0;
   // local region
   Buffer schedule_table, expert_counts, expert_src_counts, segment_starts, ring_plan,
@@ -115,8 +112,8 @@ struct WorkspacePlan {
   // layer region
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up,
       rows_scaled_hidden, row_weights, row_dots, pass_starts, pass_rows, pass_steps, carry_gate,
-      carry_up, carry_down, shared_out, shared_d_gate, shared_d_up, dense_rows, wgrad_tickets, peers,
-      fused_counters;
+      carry_up, carry_down, shared_out, shared_d_gate, shared_d_up, dense_rows, wgrad_tickets,
+      peers, fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P
@@ -142,8 +139,8 @@ constexpr Buffer carve(std::int64_t& end, std::int64_t bytes) {
 // Rows of a ring pass: macrobatch_size, but never more than the worst-case schedule table rounded
 // up to whole minibatches (so a one-pass layer holds only what it can receive).
 constexpr std::int64_t ring_rows(const PlanShape& s) {
-  const std::int64_t table = schedule::round_up(schedule::max_schedule_rows(s.schedule()),
-                                                s.minibatch_size);
+  const std::int64_t table =
+      schedule::round_up(schedule::max_schedule_rows(s.schedule()), s.minibatch_size);
   return table < s.macrobatch_size ? table : s.macrobatch_size;
 }
 
@@ -195,7 +192,6 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.router_weight_grads = carve(end, T * k * f32);
   p.expert_ids = carve(end, 2 * T * k * i32);
   p.team_flags = carve(end, schedule::kMaxRanks * u32);
-  p.team_probe = carve(end, 2 * kProbeBlocks * kProbeWords * u32);
   p.symmetric_bytes = end;
 
   end = 0;
@@ -267,7 +263,6 @@ inline constexpr BufferInfo kBuffers[] = {
     {"router_weight_grads", Region::symmetric, &WorkspacePlan::router_weight_grads, "f32 [T*k]"},
     {"expert_ids", Region::symmetric, &WorkspacePlan::expert_ids, "i32 [2, T*k]"},
     {"team_flags", Region::symmetric, &WorkspacePlan::team_flags, "u32 [64]"},
-    {"team_probe", Region::symmetric, &WorkspacePlan::team_probe, "u32 [2, 64, 16]"},
     {"schedule_table", Region::local, &WorkspacePlan::schedule_table, "i32 [W*T*k + E_local*127]"},
     {"expert_counts", Region::local, &WorkspacePlan::expert_counts, "i32 [E_local]"},
     {"expert_src_counts", Region::local, &WorkspacePlan::expert_src_counts, "i32 [E_local, W]"},

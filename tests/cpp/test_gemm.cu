@@ -7,11 +7,6 @@
 // that tiny difference crosses a bf16 rounding boundary, by one bf16 ulp (relative u = 2^-8). So
 // a path with r bf16 roundings is bounded by r * u (a bound that holds even if every element
 // flipped). fp32 outputs: bounded by the worst-case fp32 summation error, K * 2^-24.
-//
-// Built with -DMOK_TEST_OLD_TICKET_API, this file also compiles against the tree before the
-// caller-provided ticket counters (9a62ee7: no WeightGradArgs::tickets, counter pairs taken round
-// robin per instantiation): only the GemmTickets and pre-existing tests are built then, and
-// GemmTickets fails there (docs/perf/NOTES.md, "v9").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -34,6 +29,7 @@
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "hopper_test.hpp"
 #include "mok/error.hpp"
+#include "support/kernel_hooks.hpp"
 
 namespace {
 
@@ -45,33 +41,11 @@ using mok::gemm::RowSegments;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
 
-#define CUDA_OK(expr)                                                            \
-  do {                                                                           \
-    const cudaError_t e_ = (expr);                                               \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_) << " " \
-                               << mok::gemm::last_wait_timeout();                \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    const cudaError_t e_ = (expr);                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
-
-// Every test runs under both consumer schedules (the suite's parameter); the bitwise checks also
-// compare the two schedules' outputs, which must be identical (same per-element maths: each
-// output element is reduced over k16 steps in the same order by m64n256k16 or m64n128k16).
-using mok::gemm::Consumers;
-Consumers g_consumers = Consumers::cooperative;
-Consumers other_consumers() {
-  return g_consumers == Consumers::ping_pong ? Consumers::cooperative : Consumers::ping_pong;
-}
-class ConsumersTest : public ::testing::TestWithParam<Consumers> {
- protected:
-  void SetUp() override { g_consumers = GetParam(); }
-};
-std::string consumers_name(const ::testing::TestParamInfo<Consumers>& info) {
-  return info.param == Consumers::ping_pong ? "ping_pong" : "cooperative";
-}
-#define CONSUMER_SUITE(name)                                                                \
-  class name : public ConsumersTest {};                                                     \
-  INSTANTIATE_TEST_SUITE_P(Consumers, name,                                                 \
-                           ::testing::Values(Consumers::cooperative, Consumers::ping_pong), \
-                           consumers_name)
 
 __device__ std::uint32_t hash32(std::uint64_t x) {
   x ^= x >> 33;
@@ -264,7 +238,6 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   gate.poison();
   up.poison();
   mok::gemm::GateUpForwardArgs args;
-  args.consumers = g_consumers;
   args.segments =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
   args.x = x.p;
@@ -316,27 +289,20 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
     mok::gemm::gate_up_forward(args);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(hid, hid2)) << "two runs differ";
-    hid2.poison();
-    args.consumers = other_consumers();
-    mok::gemm::gate_up_forward(args);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(bitwise_equal(hid, hid2)) << "the two consumer schedules differ";
   }
 }
 
-CONSUMER_SUITE(GemmGateUp);
-
-TEST_P(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
+TEST(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
   REQUIRE_HOPPER();
   run_gate_up({{0, 1, 130, 77, 0, 300, 128}, 256, 192, 40}, false, true);
 }
 
-TEST_P(GemmGateUp, PreActivationsVariant) {
+TEST(GemmGateUp, PreActivationsVariant) {
   REQUIRE_HOPPER();
   run_gate_up({{5, 0, 257, 64, 129}, 320, 320, 40}, true, true);
 }
 
-TEST_P(GemmGateUp, RandomGroupSizes) {
+TEST(GemmGateUp, RandomGroupSizes) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   for (int trial = 0; trial < 3; ++trial) {
@@ -344,17 +310,17 @@ TEST_P(GemmGateUp, RandomGroupSizes) {
   }
 }
 
-TEST_P(GemmGateUp, OneGroupHoldsAlmostAllRows) {
+TEST(GemmGateUp, OneGroupHoldsAlmostAllRows) {
   REQUIRE_HOPPER();
   run_gate_up({{4000, 1, 0, 3, 0}, 384, 256, 64}, false, true);
 }
 
-TEST_P(GemmGateUp, Dsv3Ep8SliceUniform) {
+TEST(GemmGateUp, Dsv3Ep8SliceUniform) {
   REQUIRE_HOPPER();
   run_gate_up({std::vector<int>(32, 1024), 7168, 2048, 3}, true, true);
 }
 
-TEST_P(GemmGateUp, DenseSharedExpert) {
+TEST(GemmGateUp, DenseSharedExpert) {
   REQUIRE_HOPPER();
   run_gate_up({{1000}, 512, 256, 200, true}, false, true);
 }
@@ -440,11 +406,9 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
   out.poison();
   const RowSegments seg =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
-  auto launch = [&](__nv_bfloat16* dst, const mok::gemm::RowScatter& to = {},
-                    Consumers consumers = g_consumers) {
+  auto launch = [&](__nv_bfloat16* dst, const mok::gemm::RowScatter& to = {}) {
     if (c.trans_b) {
       mok::gemm::RowsTimesWeightArgs args;
-      args.consumers = consumers;
       args.segments = seg;
       args.a = a.p;
       args.ld_a = c.k;
@@ -457,7 +421,6 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       mok::gemm::rows_times_weight(args);
     } else {
       mok::gemm::RowsTimesWeightTArgs args;
-      args.consumers = consumers;
       args.segments = seg;
       args.a = a.p;
       args.ld_a = c.k;
@@ -499,38 +462,32 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
     launch(out2.p);
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
-    out2.poison();
-    launch(out2.p, {}, other_consumers());
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(bitwise_equal(out, out2)) << "the two consumer schedules differ";
   }
   if (check_bitwise && !c.dense && l.capacity * static_cast<long long>(c.n) < (64ll << 20)) {
     check_scatter(l, c.n, out, [&](const mok::gemm::RowScatter& to) { launch(nullptr, to); });
   }
 }
 
-CONSUMER_SUITE(GemmDown);
-
-TEST_P(GemmDown, SmallOddGroupsRowScale) {
+TEST(GemmDown, SmallOddGroupsRowScale) {
   REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, false, true}, true);
 }
 
-TEST_P(GemmDown, RandomGroupSizes) {
+TEST(GemmDown, RandomGroupSizes) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   for (int trial = 0; trial < 3; ++trial)
     run_rows({random_counts(7, 200, rng), 448, 256, 16, false}, false);
 }
 
-TEST_P(GemmDown, Qwen3SkewedOneGroupHalf) {
+TEST(GemmDown, Qwen3SkewedOneGroupHalf) {
   REQUIRE_HOPPER();
   std::vector<int> counts(128, 16384 * 8 / 2 / 127);
   counts[0] = 16384 * 8 / 2;
   run_rows({counts, 2048, 768, 2, false, true}, true);
 }
 
-TEST_P(GemmDown, DenseSharedExpert) {
+TEST(GemmDown, DenseSharedExpert) {
   REQUIRE_HOPPER();
   run_rows({{999}, 512, 256, 300, false, false, true}, true);
 }
@@ -538,33 +495,31 @@ TEST_P(GemmDown, DenseSharedExpert) {
 // An odd number of tiles (5 M tiles x 3 N tiles) in groups of 1, 3 and 1 M tiles: with clusters of
 // two CTAs, neighbour tiles fall in different N tiles and groups (no shared weight tile), and the
 // last cluster step has a single tile.
-TEST_P(GemmDown, OddTileCountAcrossGroupsAndPanels) {
+TEST(GemmDown, OddTileCountAcrossGroupsAndPanels) {
   REQUIRE_HOPPER();
   run_rows({{1, 300, 1}, 768, 128, 40, false}, true);
   run_rows({{1, 300, 1}, 768, 128, 40, true}, true);
 }
 
-CONSUMER_SUITE(GemmDgrad);
-
-TEST_P(GemmDgrad, SmallOddGroups) {
+TEST(GemmDgrad, SmallOddGroups) {
   REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, true}, true);
 }
 
-TEST_P(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
+TEST(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   run_rows({random_counts(6, 200, rng), 192, 512, 16, true}, false);
   run_rows({{3000, 0, 2, 1}, 256, 384, 64, true}, true);
 }
 
-TEST_P(GemmDgrad, Dsv3Ep8SliceUniform) {
+TEST(GemmDgrad, Dsv3Ep8SliceUniform) {
   REQUIRE_HOPPER();
   run_rows({std::vector<int>(32, 1024), 2048, 7168, 2, true}, true);
 }
 
 // The gate/up input gradient: dx = bf16(dg W_gate + du W_up) with one fp32 accumulator.
-TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
+TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   Layout l({0, 1, 130, 77, 0, 300});
@@ -578,9 +533,8 @@ TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
   fill_random(w2, 2.0f / std::sqrt(float(k)));
   l.poison_padding(a, k);
   l.poison_padding(a2, k);
-  auto launch = [&](__nv_bfloat16* dst, Consumers consumers = g_consumers) {
+  auto launch = [&](__nv_bfloat16* dst) {
     mok::gemm::RowsTimesWeightArgs args;
-    args.consumers = consumers;
     args.segments = l.segments();
     args.a = a.p;
     args.ld_a = k;
@@ -613,10 +567,6 @@ TEST_P(GemmDgrad, TwoProductsShareOneAccumulator) {
   launch(out2.p);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
-  out2.poison();
-  launch(out2.p, other_consumers());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(bitwise_equal(out, out2)) << "the two consumer schedules differ";
 }
 
 // The SwiGLU backward in the down dgrad's epilogue (SwigluBackwardEpilogue). What it must equal,
@@ -671,10 +621,8 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
   }
   const RowSegments seg =
       dense ? RowSegments{nullptr, nullptr, 1, l.capacity, counts[0]} : l.segments();
-  auto launch = [&](__nv_bfloat16* out, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
-                    Consumers consumers = g_consumers) {
+  auto launch = [&](__nv_bfloat16* out, __nv_bfloat16* d_gate, __nv_bfloat16* d_up) {
     mok::gemm::RowsTimesWeightArgs args;
-    args.consumers = consumers;
     args.segments = seg;
     args.a = dy.p;
     args.ld_a = k;
@@ -740,29 +688,25 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
   EXPECT_LT(off_by_one_ulp, checked / 100 + 1)
       << "more boundary cases than the approximation explains";
 
-  // Run to run and across the consumer schedules: the same bits.
-  for (Consumers cs : {g_consumers, other_consumers()}) {
-    dg2.poison();
-    du2.poison();
-    launch(nullptr, dg2.p, du2.p, cs);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(bitwise_equal(dg, dg2) && bitwise_equal(du, du2))
-        << (cs == g_consumers ? "two runs differ" : "the two consumer schedules differ");
-  }
+  // Run to run: the same bits.
+  dg2.poison();
+  du2.poison();
+  launch(nullptr, dg2.p, du2.p);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bitwise_equal(dg, dg2) && bitwise_equal(du, du2)) << "two runs differ";
 }
 
-TEST_P(GemmDgrad, SwigluBackwardEpilogueSmallOddGroups) {
+TEST(GemmDgrad, SwigluBackwardEpilogueSmallOddGroups) {
   REQUIRE_HOPPER();
   run_dgrad_swiglu({0, 1, 130, 77, 0, 300}, 320, 192, false);
 }
 
-TEST_P(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
+TEST(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
   REQUIRE_HOPPER();
   run_dgrad_swiglu({999}, 512, 256, true);
   run_dgrad_swiglu({3000, 0, 2, 1}, 768, 448, false);
 }
 
-#ifndef MOK_TEST_OLD_TICKET_API
 // The SwiGLU-backward epilogue's optional outputs (SwigluBackwardEpilogue::row_scale, dot, and
 // with both scaled_hidden).
 // g, u and h come from the gate/up forward itself; the dgrad's own fp32 accumulators from the
@@ -830,10 +774,8 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
 
   // The dgrad: plain (bf16 and fp32 outputs), or with the SwiGLU epilogue and the options given.
   auto dgrad = [&](void* out, bool fp32, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
-                   const float* row_scale, float* d, Consumers consumers = g_consumers,
-                   __nv_bfloat16* scaled_hidden = nullptr) {
+                   const float* row_scale, float* d, __nv_bfloat16* scaled_hidden = nullptr) {
     mok::gemm::RowsTimesWeightArgs args;
-    args.consumers = consumers;
     args.segments = seg;
     args.a = dy.p;
     args.ld_a = k;
@@ -853,7 +795,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   wh.poison();
   dgrad(dh16.p, false, nullptr, nullptr, nullptr, nullptr);
   dgrad(acc32.p, true, nullptr, nullptr, nullptr, nullptr);
-  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p, g_consumers, wh.p);
+  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p, wh.p);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -994,22 +936,21 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   EXPECT_EQ(far, 0) << "dot beyond the fp32 summation bound (h not the forward's hidden?)";
   EXPECT_EQ(dot_stray, 0) << "dot written in rows past the groups";
 
-  // The other schedule, a second run, and each option alone: the same bits.
+  // A second run, and each option alone: the same bits.
   auto same = [](const auto& x, const auto& y) {
     const auto a = x.host(), b = y.host();
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
   };
-  for (Consumers cs : {other_consumers(), g_consumers}) {
+  {
     dg2.poison();
     du2.poison();
     dot2.poison();
     wh2.poison();
-    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, cs, wh2.p);
+    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, wh2.p);
     CUDA_OK(cudaDeviceSynchronize());
-    const char* what = cs == g_consumers ? "a second run" : "the other consumer schedule";
-    EXPECT_TRUE(same(dot, dot2)) << what << ": dot differs";
-    EXPECT_TRUE(same(wh, wh2)) << what << ": scaled_hidden differs";
-    EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << what << ": dg or du differs";
+    EXPECT_TRUE(same(dot, dot2)) << "a second run: dot differs";
+    EXPECT_TRUE(same(wh, wh2)) << "a second run: scaled_hidden differs";
+    EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "a second run: dg or du differs";
   }
   dg2.poison();
   du2.poison();
@@ -1036,12 +977,12 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   EXPECT_TRUE(same(dg2, want_g) && same(du2, want_u)) << "dot changed dg or du";
 }
 
-TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotSmallOddAndEmptyGroups) {
+TEST(GemmDgrad, SwigluBackwardRowScaleAndDotSmallOddAndEmptyGroups) {
   REQUIRE_HOPPER();
   run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false);  // a last chunk of 64 columns
 }
 
-TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
+TEST(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
   REQUIRE_HOPPER();
   run_dgrad_dot({999}, 512, 256, true);
   run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false);
@@ -1053,7 +994,7 @@ TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
 // (~35% of g) and u beyond 0.75 sd (~45%): about 65% of the elements one way or both, the clamp
 // on nearly every row. L = 3 clamps g above 2.25 sd (~1.2%, some 28000 of the 3000-row group's
 // 2.3M) and u almost never (4.5 sd): a sparse clamp, mostly of the gate alone.
-TEST_P(GemmDgrad, SwigluBackwardRowScaleAndDotClamped) {
+TEST(GemmDgrad, SwigluBackwardRowScaleAndDotClamped) {
   REQUIRE_HOPPER();
   run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false, 0.5f);
   run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false, 3.0f);
@@ -1109,7 +1050,6 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
     }
   }
 }
-#endif  // MOK_TEST_OLD_TICKET_API
 
 TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
   REQUIRE_HOPPER();
@@ -1162,15 +1102,11 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   l.poison_padding(b, c.n);
   Buffer<unsigned> tickets(2);  // one counter pair, reused by the launches (one stream)
   CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
-  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic,
-                    Consumers consumers = g_consumers) {
+  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic) {
     mok::gemm::WeightGradArgs args;
-    args.consumers = consumers;
     args.segments = l.segments();
     args.order = order;
-#ifndef MOK_TEST_OLD_TICKET_API
     args.tickets = tickets.p;
-#endif
     args.a = a.p;
     args.ld_a = c.m;
     args.b = b.p;
@@ -1233,27 +1169,22 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   EXPECT_LE(e.rel(), bound);
   EXPECT_EQ(nonzero_empty, 0) << "empty groups must give exact (+0) zeros";
   if (check_bitwise) {
-    // A second run, then each tile order forced, then the other consumer schedule: the same bits
-    // whoever runs which tile.
+    // A second run, then each tile order forced: the same bits whoever runs which tile.
     using mok::gemm::TileOrder;
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < 3; ++v) {
       const TileOrder order = v == 1   ? TileOrder::fixed
                               : v == 2 ? TileOrder::tickets
                                        : TileOrder::automatic;
-      const Consumers consumers = v == 3 ? other_consumers() : g_consumers;
-      const char* name = v == 0   ? "automatic order"
-                         : v == 1 ? "fixed order"
-                         : v == 2 ? "tickets order"
-                                  : "the other consumer schedule";
+      const char* name = v == 0 ? "automatic order" : v == 1 ? "fixed order" : "tickets order";
       if (c.fp32) {
         out32b.poison();
-        launch(out32b.p, order, consumers);
+        launch(out32b.p, order);
         CUDA_OK(cudaDeviceSynchronize());
         const auto x = out32.host(), y = out32b.host();
         EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << name << " differs";
       } else {
         out16b.poison();
-        launch(out16b.p, order, consumers);
+        launch(out16b.p, order);
         CUDA_OK(cudaDeviceSynchronize());
         EXPECT_TRUE(bitwise_equal(out16, out16b)) << name << " differs";
       }
@@ -1262,15 +1193,13 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   EXPECT_EQ(tickets.host(), (std::vector<unsigned>{0, 0})) << "the counter pair was not reset";
 }
 
-CONSUMER_SUITE(GemmWgrad);
-
-TEST_P(GemmWgrad, SmallOddGroupsFp32AndBf16) {
+TEST(GemmWgrad, SmallOddGroupsFp32AndBf16) {
   REQUIRE_HOPPER();
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, true}, true);
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, false}, true);
 }
 
-TEST_P(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
+TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   run_wgrad({random_counts(5, 300, rng), 256, 384, 8, true}, false);
@@ -1279,7 +1208,7 @@ TEST_P(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
 
 // Heavy-first tile order: the heaviest group is the last one, short and empty groups before it,
 // and more tiles than CTAs.
-TEST_P(GemmWgrad, HeavyGroupLastManyGroups) {
+TEST(GemmWgrad, HeavyGroupLastManyGroups) {
   REQUIRE_HOPPER();
   std::vector<int> counts(40, 70);
   counts[3] = 0;
@@ -1289,7 +1218,7 @@ TEST_P(GemmWgrad, HeavyGroupLastManyGroups) {
   run_wgrad({counts, 256, 512, 2, true}, true);
 }
 
-TEST_P(GemmWgrad, Dsv3Ep8SliceDown) {
+TEST(GemmWgrad, Dsv3Ep8SliceDown) {
   REQUIRE_HOPPER();
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
 }
@@ -1306,11 +1235,10 @@ struct WgradOperands {
     l.poison_padding(a, m);
     l.poison_padding(b, n);
   }
-  // A launch over these operands into `out` ([groups, m, n], ld n), with the suite's consumer
-  // schedule; segments, tickets and the rest are the caller's.
+  // A launch over these operands into `out` ([groups, m, n], ld n); segments, tickets and the
+  // rest are the caller's.
   mok::gemm::WeightGradArgs args(void* out, bool out_fp32) const {
     mok::gemm::WeightGradArgs w;
-    w.consumers = g_consumers;
     w.a = a.p;
     w.ld_a = m;
     w.b = b.p;
@@ -1326,7 +1254,7 @@ struct WgradOperands {
 
 // A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
 // sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
-TEST_P(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
+TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   REQUIRE_HOPPER();
   Layout l({300, 0, 700, 129, 64});
   const int G = l.groups(), m = 192, n = 320;
@@ -1394,7 +1322,7 @@ int host_pass_step(int start, int count, int g, int groups, int pass, int passes
 // carried and closed through an fp32 slot) gives the bits of the unsplit launch, for bf16, fp32
 // and accumulated fp32 outputs; with more pass boundaries than groups the slots are per group.
 // Groups the plan skips are never written (poisoned outputs stay poisoned until their step).
-TEST_P(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
+TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
   REQUIRE_HOPPER();
   // Rows per group: a group spanning many passes, empty groups, one in a single pass, odd counts.
   Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
@@ -1485,7 +1413,7 @@ TEST_P(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of
 // a single launch (each launch has its own ticket counter pair, which its last CTA resets; the
 // automatic order may or may not use it).
-TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
+TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   REQUIRE_HOPPER();
   Layout l({900, 0, 77, 2000, 128, 1, 640});
   const int G = l.groups(), m = 192, n = 320;
@@ -1501,9 +1429,7 @@ TEST_P(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   auto launch = [&](int i, cudaStream_t stream) {
     mok::gemm::WeightGradArgs args = ops.args(outs[i]->p, false);
     args.segments = l.segments();
-#ifndef MOK_TEST_OLD_TICKET_API
     args.tickets = pairs.p + 2 * i;
-#endif
     args.stream = stream;
     mok::gemm::weight_grad(args);
   };
@@ -1583,7 +1509,6 @@ struct TicketProblem {
   }
   void launch(void* out, unsigned* tickets, cudaStream_t stream) const {
     mok::gemm::WeightGradArgs args;
-    args.consumers = g_consumers;
     args.order = mok::gemm::TileOrder::tickets;
     args.segments = layout.segments();
     args.a = a.p;
@@ -1596,17 +1521,11 @@ struct TicketProblem {
     args.continue_reduction = continued;
     args.m = m;
     args.n = n;
-#ifndef MOK_TEST_OLD_TICKET_API
     args.tickets = tickets;
-#else
-    (void)tickets;  // the old tree takes a pair round robin per instantiation
-#endif
     args.stream = stream;
     mok::gemm::weight_grad(args);
   }
-  std::size_t out_bytes() const {
-    return out_elems * (continued ? 4 : 2);
-  }
+  std::size_t out_bytes() const { return out_elems * (continued ? 4 : 2); }
 };
 
 bool same_bytes(const void* x, const void* y, std::size_t bytes) {
@@ -1615,8 +1534,6 @@ bool same_bytes(const void* x, const void* y, std::size_t bytes) {
   cudaMemcpy(b.data(), y, bytes, cudaMemcpyDeviceToHost);
   return std::memcmp(a.data(), b.data(), bytes) == 0;
 }
-
-CONSUMER_SUITE(GemmTickets);
 
 // A plain and a continued wgrad in flight at once, on two streams and as parallel branches of a
 // replayed CUDA graph, each with its own counter pair: every result is bitwise its single launch.
@@ -1628,7 +1545,7 @@ CONSUMER_SUITE(GemmTickets);
 // tickets past P's, and P's last CTA would reset the pair under C, whose CTAs then take its tiles
 // from 0 again: tiles computed twice, each time from the output, which a continued reduction
 // reads (so C's bits change). Run alone with --gtest_filter='*GemmTickets*' for that.
-TEST_P(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches) {
+TEST(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches) {
   REQUIRE_HOPPER();
   const TicketProblem p(std::vector<int>{16384}, 256, 256, false);
   const TicketProblem c(std::vector<int>(64, 1024), 1024, 1024, true);
@@ -1695,10 +1612,8 @@ TEST_P(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunch
     EXPECT_TRUE(same_bytes(graph_c.p, want_c.p, c.out_bytes()))
         << "graph replay " << replay << ": the continued wgrad differs from its single launch";
   }
-#ifndef MOK_TEST_OLD_TICKET_API
   EXPECT_EQ(pairs.host(), std::vector<unsigned>(pairs.n, 0u))
       << "a launch's last CTA did not reset its counter pair";
-#endif
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaEventDestroy(fork);
@@ -1707,11 +1622,10 @@ TEST_P(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunch
   cudaStreamDestroy(s1);
 }
 
-#ifndef MOK_TEST_OLD_TICKET_API
 // The tiles really come from the caller's pair: with its ticket counter set past the last tile, a
 // TileOrder::tickets launch computes nothing (the output stays poisoned), and its last CTA still
 // puts the pair back to zero.
-TEST_P(GemmTickets, TilesComeFromTheCallersPair) {
+TEST(GemmTickets, TilesComeFromTheCallersPair) {
   REQUIRE_HOPPER();
   const TicketProblem p(std::vector<int>{300, 0, 77}, 192, 320, false);
   Buffer<unsigned> pair(2);
@@ -1760,7 +1674,6 @@ TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
   EXPECT_NO_THROW(mok::gemm::weight_grad(args));
   CUDA_OK(cudaDeviceSynchronize());
 }
-#endif  // MOK_TEST_OLD_TICKET_API
 
 // ---------------------------------------------------------------------------------------------
 // Group sizes changed on the device, between launches and under CUDA graph replay.
@@ -1769,9 +1682,7 @@ __global__ void set_counts_kernel(int* counts, const int* values, int n) {
   if (threadIdx.x < n) counts[threadIdx.x] = values[threadIdx.x];
 }
 
-CONSUMER_SUITE(GemmDeviceGroups);
-
-TEST_P(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
+TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   const int n = 256, k = 320;
@@ -1788,7 +1699,6 @@ TEST_P(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   mok::gemm::RowsTimesWeightTArgs args;
-  args.consumers = g_consumers;
   args.segments = l.segments();
   args.a = a.p;
   args.ld_a = k;
@@ -1847,19 +1757,20 @@ TEST_P(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   cudaStreamDestroy(stream);
 }
 
-#ifndef MOK_TEST_OLD_TICKET_API
 // ---------------------------------------------------------------------------------------------
 // Waits that give up: no hang, no trap, a report, and a context that still works afterwards
 
 constexpr std::uint64_t kShortTimeoutNs = 200'000'000;  // 0.2 s
 
-// Runs a launch whose CTA 0 never gets the data of its first stage (WaitOptions::stall_block = 0,
-// timeout kShortTimeoutNs) to its end. The shapes keep every CTA at one tile of at most 3 K
-// blocks (no more than any form's stages), so the stalled CTA's Producer never waits and the one
-// wait that times out is its Consumers' on the full barrier.
+// Runs a launch whose CTA 0 never gets the data of its first stage (the stall-hooked kernel of
+// tests/cpp/support, timeout kShortTimeoutNs, its report in `report`) to its end. The shapes keep
+// every CTA at one tile of at most 3 K blocks (no more than any form's stages), so the stalled
+// CTA's Producer never waits and the one wait that times out is its Consumers' on the full
+// barrier. `other`: a report no launch here writes to, which must stay empty.
 template <class Launch>
-void expect_stalled_launch_gives_up(Launch&& launch_stalled) {
-  (void)mok::gemm::take_wait_timeout();  // start from no report
+void expect_stalled_launch_gives_up(mok::gemm::TimeoutReport& report_to,
+                                    mok::gemm::TimeoutReport& other, Launch&& launch_stalled) {
+  ASSERT_EQ(report_to.take(), "") << "a fresh report is empty";
   CUDA_OK(cudaDeviceSynchronize());
   const auto t0 = std::chrono::steady_clock::now();
   launch_stalled();
@@ -1867,18 +1778,18 @@ void expect_stalled_launch_gives_up(Launch&& launch_stalled) {
   CUDA_OK(cudaDeviceSynchronize());  // returns (no hang) and succeeds (no trap)
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string report = mok::gemm::take_wait_timeout();
+  EXPECT_EQ(report_to.peek(), report_to.peek()) << "peek() changed the report";
+  const std::string report = report_to.take();
   std::printf("[ mok ] stalled launch ended after %.3f s: %s\n", seconds, report.c_str());
   EXPECT_GE(seconds, 0.9e-9 * kShortTimeoutNs) << "ended before a wait could time out";
   EXPECT_LT(seconds, 10.0) << "took far longer than its timeout";
   EXPECT_NE(report.find("barrier full ("), std::string::npos) << report;
   EXPECT_NE(report.find("in block 0,"), std::string::npos) << report;
-  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "take_wait_timeout() did not clear the report";
+  EXPECT_EQ(report_to.take(), "") << "take() did not clear the report";
+  EXPECT_EQ(other.take(), "") << "another caller's report saw the stall";
 }
 
-CONSUMER_SUITE(GemmWaits);
-
-TEST_P(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
+TEST(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(fresh_seed());
   Layout l({200, 77, 300});  // 6 M tiles: 6 or 12 tiles, fewer than the CTAs
@@ -1888,9 +1799,9 @@ TEST_P(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
   fill_random(a, 1.0f);
   fill_random(w, 2.0f / std::sqrt(float(k)));
   l.poison_padding(a, k);
-  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits) {
+  mok::gemm::TimeoutReport report, other;
+  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits, int stall_block = -1) {
     mok::gemm::RowsTimesWeightArgs args;
-    args.consumers = g_consumers;
     args.segments = l.segments();
     args.a = a.p;
     args.ld_a = k;
@@ -1900,12 +1811,18 @@ TEST_P(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
     args.n = n;
     args.k = k;
     args.waits = waits;
-    mok::gemm::rows_times_weight(args);
+    if (stall_block >= 0) {
+      mok::test::launch_rows_times_weight_stalled(args, stall_block);
+    } else {
+      mok::gemm::rows_times_weight(args);
+    }
   };
-  expect_stalled_launch_gives_up([&] { launch(out.p, {kShortTimeoutNs, 0}); });
+  expect_stalled_launch_gives_up(report, other, [&] {
+    launch(out.p, {kShortTimeoutNs, &report}, 0);
+  });
   // The next launch in this process, on the same context: right, and leaves no report.
   out.poison();
-  launch(out.p, {});
+  launch(out.p, {.report = &report});
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> rows, groups;
@@ -1918,14 +1835,14 @@ TEST_P(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
   EXPECT_LE(e.rel(), kU);
   EXPECT_EQ(written_padding(out, n, l), 0) << "padding rows were written";
   out2.poison();
-  launch(out2.p, {});
+  launch(out2.p, {.report = &report});
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
-  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "a launch that did not stall left a report";
+  EXPECT_EQ(report.take(), "") << "a launch that did not stall left a report";
 }
 
 // The K-grouped form: its Consumers take tiles from the queue, so they must all see its end.
-TEST_P(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
+TEST(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
   REQUIRE_HOPPER();
   Layout l({150, 0, 64});  // 3, 0 and 1 K blocks; 6 or 12 tiles
   const int G = l.groups(), m = 256, n = 256;
@@ -1934,15 +1851,22 @@ TEST_P(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
   const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
   Buffer<__nv_bfloat16> out(elems), out2(elems);
-  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits) {
+  mok::gemm::TimeoutReport report, other;
+  auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits, int stall_block = -1) {
     mok::gemm::WeightGradArgs args = ops.args(dst, false);
     args.segments = l.segments();
     args.waits = waits;
-    mok::gemm::weight_grad(args);
+    if (stall_block >= 0) {
+      mok::test::launch_weight_grad_stalled(args, stall_block);
+    } else {
+      mok::gemm::weight_grad(args);
+    }
   };
-  expect_stalled_launch_gives_up([&] { launch(out.p, {kShortTimeoutNs, 0}); });
+  expect_stalled_launch_gives_up(report, other, [&] {
+    launch(out.p, {kShortTimeoutNs, &report}, 0);
+  });
   out.poison();
-  launch(out.p, {});
+  launch(out.p, {.report = &report});
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   // Every output row of every group against the fp32 reference.
@@ -1968,10 +1892,10 @@ TEST_P(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
   EXPECT_EQ(e.nan, 0);
   EXPECT_LE(e.rel(), kU);
   out2.poison();
-  launch(out2.p, {});
+  launch(out2.p, {.report = &report});
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
-  EXPECT_EQ(mok::gemm::take_wait_timeout(), "") << "a launch that did not stall left a report";
+  EXPECT_EQ(report.take(), "") << "a launch that did not stall left a report";
 }
 
 TEST(GemmArguments, WaitTimeoutMustBePositive) {
@@ -1996,6 +1920,5 @@ TEST(GemmArguments, WaitTimeoutMustBePositive) {
     EXPECT_EQ(e.argument(), "waits.timeout_ns") << e.what();
   }
 }
-#endif  // MOK_TEST_OLD_TICKET_API
 
 }  // namespace

@@ -1,14 +1,14 @@
 // The CUDA layer (unfused path) end to end: forward and every gradient against the exact f64
 // layer, bitwise determinism, bitwise invariance to the ring size, a whole step in a CUDA graph,
 // and device-side validation of expert ids. Skipped without a GPU.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
-#include <thread>
 #include <string>
-#include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,11 +16,12 @@
 #include "core/workspace_plan.hpp"
 #include "cuda/comm/team.hpp"
 #include "cuda/kernels/fused_trace.hpp"
-#include "synthetic/device_layer.hpp"
-#include "cuda/layer/unfused_layer.hpp"
+#include "cuda/layer/layer.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_gpu_helpers.hpp"
 #include "layer_helpers.hpp"
+#include "support/kernel_hooks.hpp"
+#include "synthetic/device_layer.hpp"
 
 namespace mok::test {
 namespace {
@@ -159,7 +160,7 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
                         {layer_shape(300, 256, 192, 5, 3, 0), many},
                         {ep2, many},
                         {layer_shape(4096, 1024, 512, 64, 6, 0), {}}};
-  { cuda::UnfusedLayer warm(cases[0].problem, cases[0].config, 0); }
+  { cuda::Layer warm(cases[0].problem, cases[0].config, 0); }
   for (const Case& c : cases) {
     const plan::WorkspacePlan pl = plan::make_workspace_plan(plan_shape_of(c.problem, c.config));
     const std::int64_t W = c.problem.ep_size;
@@ -167,7 +168,7 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::size_t free0 = 0, free1 = 0, total = 0;
     ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    cuda::UnfusedLayer layer(c.problem, c.config, 0);
+    cuda::Layer layer(c.problem, c.config, 0);
     ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
     const std::string name = c.problem.to_string();
     EXPECT_EQ(static_cast<std::int64_t>(layer.bytes()), W * pl.total_bytes() + guards) << name;
@@ -181,8 +182,7 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
       EXPECT_EQ(pl.carry_slots, 0) << name;
       EXPECT_EQ(pl.pass_x.bytes + pl.pass_gate.bytes + pl.carry_gate.bytes, 0) << name;
     } else {
-      EXPECT_EQ(pl.carry_slots, std::min(pl.max_passes - 1, c.problem.num_local_experts()))
-          << name;
+      EXPECT_EQ(pl.carry_slots, std::min(pl.max_passes - 1, c.problem.num_local_experts())) << name;
       EXPECT_GT(pl.carry_gate.bytes, 0) << name;
     }
     if (W == 1) {
@@ -349,9 +349,8 @@ TEST(LayerGpuValidation, MisalignedViewsAreRefusedByName) {
     v.data = static_cast<char*>(shifted.view().data) + 2;
     return v;
   };
-  expect_error(
-      [&] { forward(ws, g.inputs(), g.weights(), misaligned(g.out.view()), ctx.get()); },
-      {"invalid out:", "16 bytes", "2 bytes past"});
+  expect_error([&] { forward(ws, g.inputs(), g.weights(), misaligned(g.out.view()), ctx.get()); },
+               {"invalid out:", "16 bytes", "2 bytes past"});
   Inputs bad_x = g.inputs();
   bad_x.x = misaligned(g.x.view());
   expect_error([&] { forward(ws, bad_x, g.weights(), g.out.view(), ctx.get()); },
@@ -364,14 +363,12 @@ TEST(LayerGpuValidation, MisalignedViewsAreRefusedByName) {
       {"invalid d_out:", "16 bytes"});
   Grads bad_dx = g.grads();
   bad_dx.d_x = misaligned(g.d_x.view());
-  expect_error(
-      [&] { backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), bad_dx); },
-      {"invalid d_x:", "16 bytes"});
+  expect_error([&] { backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), bad_dx); },
+               {"invalid d_x:", "16 bytes"});
   ForwardContext bad_ctx = ctx.get();
   bad_ctx.hidden_shared.data = static_cast<char*>(bad_ctx.hidden_shared.data) + 2;
-  expect_error(
-      [&] { backward(ws, g.inputs(), g.weights(), bad_ctx, g.d_out.view(), g.grads()); },
-      {"forward_context.hidden_shared", "16 bytes"});
+  expect_error([&] { backward(ws, g.inputs(), g.weights(), bad_ctx, g.d_out.view(), g.grads()); },
+               {"forward_context.hidden_shared", "16 bytes"});
   backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), g.grads());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   g.download(d);
@@ -447,8 +444,7 @@ struct EpCase {
 EpCase ep_case(int W, std::int64_t T, const Problem& shape, std::uint64_t seed, Routing routing,
                std::int64_t unused_every) {
   const Problem global = layer_shape(W * T, shape.hidden_size, shape.intermediate_size,
-                                     shape.num_experts, shape.topk,
-                                     shape.shared_intermediate_size);
+                                     shape.num_experts, shape.topk, shape.shared_intermediate_size);
   EpCase c{make_layer_data(global, DType::bf16, seed, routing), {}, global};
   for (std::int64_t s = 3; s < W * T * shape.topk; s += unused_every) {
     c.one.topk_experts.set(s, -1);
@@ -478,8 +474,7 @@ std::vector<cuda::RankTensors> split_into_ranks(
   std::vector<cuda::RankTensors> ranks(W);
   for (int r = 0; r < W; ++r) {
     cuda::RankTensors& t = ranks[r];
-    t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T),
-            rows(g.w.view(), r * T, T)};
+    t.in = {rows(g.x.view(), r * T, T), rows(g.ids.view(), r * T, T), rows(g.w.view(), r * T, T)};
     t.w = {rows(g.gate.view(), r * E_l, E_l),
            rows(g.up.view(), r * E_l, E_l),
            rows(g.down.view(), r * E_l, E_l),
@@ -500,8 +495,7 @@ std::vector<cuda::RankTensors> split_into_ranks(
         forward_context_layout(p, Config{}, Backend::cuda, DType::bf16)));
     t.ctx = contexts.back()->get();
     if (r == 0) continue;
-    for (TensorView* v : {&t.grads.d_shared_gate, &t.grads.d_shared_up,
-                          &t.grads.d_shared_down}) {
+    for (TensorView* v : {&t.grads.d_shared_gate, &t.grads.d_shared_up, &t.grads.d_shared_down}) {
       HostTensor h(DType::bf16, {v->shape[0], v->shape[1]});
       scratch.push_back(std::make_unique<DeviceTensor>(h));
       *v = scratch.back()->view();
@@ -547,7 +541,7 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       LayerData &one = c.one, &many = c.many;
       const Problem& p = c.rank;
       DeviceLayer g(many);
-      cuda::UnfusedLayer layer(p, Config{}, 0);
+      cuda::Layer layer(p, Config{}, 0);
       std::vector<std::unique_ptr<DeviceTensor>> scratch;
       std::vector<std::unique_ptr<DeviceContext>> contexts;
       std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
@@ -578,9 +572,8 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   }
 }
 
-
 // A team across processes, its ranks simulated in one process on one GPU: each rank an
-// UnfusedLayer of an external team (cuda::ExternalRank) over symmetric regions this test
+// Layer of an external team (cuda::ExternalRank) over symmetric regions this test
 // allocates, called from its own host thread on its own stream, so the ranks meet only through
 // the device-side team barriers at system scope (the schedule's, and the layer's between
 // staging and pulls, pushes and home reductions). Bitwise one GPU running the whole layer.
@@ -631,12 +624,12 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
               std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
           bases.push_back(regions.back()->get());
         }
-        std::vector<std::unique_ptr<cuda::UnfusedLayer>> layers;
+        std::vector<std::unique_ptr<cuda::Layer>> layers;
         for (int r = 0; r < W; ++r) {
           Problem mine = p;
           mine.ep_rank = r;
-          layers.push_back(std::make_unique<cuda::UnfusedLayer>(
-              mine, Config{}, 0, cuda::ExternalRank{bases, kTimeoutMs}));
+          layers.push_back(std::make_unique<cuda::Layer>(mine, Config{}, 0,
+                                                         cuda::ExternalRank{bases, kTimeoutMs}));
         }
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists
         std::vector<cudaStream_t> streams(W);
@@ -685,13 +678,14 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
         std::string all;
         for (int r = 0; r < W; ++r) {
           all += "\n  rank " + std::to_string(r) + " (forward + backward calls returned after " +
-                 std::to_string(launch_ms[r]) + " ms): " +
-                 (failures[r].empty() ? std::string("no error") : failures[r]);
+                 std::to_string(launch_ms[r]) +
+                 " ms): " + (failures[r].empty() ? std::string("no error") : failures[r]);
         }
         ASSERT_TRUE(only_stalls) << what << ", attempt " << attempt << ":" << all;
-        std::printf("[ mok ] %s, attempt %d of %d: a rank's kernels did not run beside another's "
-                    "in time (a hardware work queue shared between streams?); retrying:%s\n",
-                    what.c_str(), attempt, kAttempts, all.c_str());
+        std::printf(
+            "[ mok ] %s, attempt %d of %d: a rank's kernels did not run beside another's "
+            "in time (a hardware work queue shared between streams?); retrying:%s\n",
+            what.c_str(), attempt, kAttempts, all.c_str());
       }
       EXPECT_TRUE(clean) << what << ": every one of " << kAttempts
                          << " attempts timed out (a protocol that deadlocks?)";
@@ -717,14 +711,13 @@ TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
   DeviceBuffer<std::uint8_t> region0(static_cast<std::size_t>(bytes));
   DeviceBuffer<std::uint8_t> region1(static_cast<std::size_t>(bytes));
   const std::vector<void*> bases{region0.get(), region1.get()};
-  cuda::UnfusedLayer rank0(p, Config{}, 0, cuda::ExternalRank{bases, 200});
+  cuda::Layer rank0(p, Config{}, 0, cuda::ExternalRank{bases, 200});
   Problem p1 = p;
   p1.ep_rank = 1;
-  cuda::UnfusedLayer rank1(p1, Config{}, 0, cuda::ExternalRank{bases, 200});  // never called
+  cuda::Layer rank1(p1, Config{}, 0, cuda::ExternalRank{bases, 200});  // never called
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_bounded_call([&] {
-    rank0.forward(std::span<const cuda::RankTensors>(&ranks[0], 1), true, nullptr);
-  });
+  expect_bounded_call(
+      [&] { rank0.forward(std::span<const cuda::RankTensors>(&ranks[0], 1), true, nullptr); });
   expect_error([&] { rank0.check_errors(nullptr); },
                {"timed out on rank 0", "arrivals from rank 1"});
 }
@@ -781,8 +774,8 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
                             fused_config(1, 4096, 0),
                             fused_config(8, 128, 0),
                             fused_config(1000, 256, 0),
-                            fused_config(40, 128, 256),   // several passes
-                            fused_config(3, 256, 512)};   // several passes
+                            fused_config(40, 128, 256),  // several passes
+                            fused_config(3, 256, 512)};  // several passes
   for (const GpuCase& c : cases) {
     const LayerData d = make_case(c, seed);
     const HostTensor reference_out = forward_bits(d, Config{}, ForwardPath::launches).out;
@@ -852,7 +845,7 @@ TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
       std::vector<std::vector<std::uint8_t>> contexts_bits;
       for (ForwardPath path : {ForwardPath::launches, ForwardPath::fused}) {
         DeviceLayer g(c.many);
-        cuda::UnfusedLayer layer(c.rank, Config{}, 0);
+        cuda::Layer layer(c.rank, Config{}, 0);
         layer.set_forward_path(path);
         std::vector<std::unique_ptr<DeviceTensor>> scratch;
         std::vector<std::unique_ptr<DeviceContext>> contexts;
@@ -878,7 +871,7 @@ TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
 
 // One forward of `layer` over `ranks` (out poisoned first, errors checked): out is `reference`'s
 // bits.
-void expect_forward_gives(cuda::UnfusedLayer& layer, std::span<const cuda::RankTensors> ranks,
+void expect_forward_gives(cuda::Layer& layer, std::span<const cuda::RankTensors> ranks,
                           DeviceLayer& g, const HostTensor& reference, const char* what) {
   g.out.poison();
   layer.forward(ranks, true, nullptr);
@@ -902,13 +895,17 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
   std::vector<std::unique_ptr<DeviceTensor>> scratch;
   std::vector<std::unique_ptr<DeviceContext>> contexts;
   std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
-  cuda::UnfusedLayer layer(c.problem, fused_config(8, 128, 0), 0);
+  cuda::Layer layer(c.problem, fused_config(8, 128, 0), 0);
   layer.set_forward_path(ForwardPath::fused);
-  layer.set_withheld_block(3, 300);
+  // A hook needs the launcher built with the hooks: the library's kernel has none.
+  expect_error([&] { layer.set_forward_hooks({.withheld_block = 3}); },
+               {"ForwardHooks.launcher", "test hooks"});
+  layer.set_forward_hooks(
+      {.withheld_block = 3, .timeout_ms = 300, .launcher = &test::launch_fused_forward_with_hooks});
   expect_bounded_call([&] { layer.forward(ranks, true, nullptr); });
   expect_error([&] { layer.check_errors(nullptr); },
                {"timed out on rank 0", "ready[3]", "ring rows [384, 512)"});
-  layer.set_withheld_block(-1);
+  layer.set_forward_hooks({});
   expect_forward_gives(layer, ranks, g, reference, "the call after the timeout");
 }
 
@@ -925,19 +922,21 @@ TEST(LayerGpuFused, ATeamAcrossProcessesRefusesTheFusedForward) {
   const cuda::ExternalRank external{{region0.get(), region1.get()}, 1000};
   Config fused;
   fused.forward_path = ForwardPath::fused;
-  expect_error([&] { cuda::UnfusedLayer layer(problem, fused, 0, external); },
+  expect_error([&] { cuda::Layer layer(problem, fused, 0, external); },
                {"config.forward_path", "team across processes", "fused"});
-  cuda::UnfusedLayer layer(problem, Config{}, 0, external);
+  cuda::Layer layer(problem, Config{}, 0, external);
   expect_error([&] { layer.set_forward_path(ForwardPath::fused); },
                {"config.forward_path", "fused"});
   EXPECT_EQ(layer.forward_path(), ForwardPath::launches);
 }
 
-// The trace a benchmark asks for (UnfusedLayer::set_forward_trace): every tile of the launch
+// The trace a benchmark asks for (Layer::set_forward_hooks): every tile of the launch
 // stamped once, by a CTA of the grid, in order (the Producer free <= handed over <= its dependency
 // met <= its first K block landed; the Consumers' start <= landed <= multiplied <= end, all within
 // the launch), each kind's tile count what the shape says;
-// and tracing leaves the output's bits alone (the traced kernel is a separate instantiation).
+// and tracing leaves the output's bits alone (the hooked kernel is a separate instantiation, the
+// library's has none of its code). A trace with room for fewer tickets than the launch has
+// stamps only those: nothing is written past its words.
 TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   MOK_SKIP_WITHOUT_GPU();
   // I 192: 2 gate/up tiles per block; H 128: 1 down tile; S 64 over 600 tokens: 5 shared blocks.
@@ -949,22 +948,29 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
   std::vector<std::unique_ptr<DeviceTensor>> scratch;
   std::vector<std::unique_ptr<DeviceContext>> contexts;
   std::vector<cuda::RankTensors> ranks = split_into_ranks(g, c.problem, scratch, contexts);
-  cuda::UnfusedLayer layer(c.problem, config, 0);
+  cuda::Layer layer(c.problem, config, 0);
   layer.set_forward_path(ForwardPath::fused);
-  EXPECT_THROW(layer.set_forward_trace(reinterpret_cast<std::uint64_t*>(16),
-                                       cuda::UnfusedLayer::forward_trace_words(0) - 1),
-               Error);
-  const std::int64_t words = cuda::UnfusedLayer::forward_trace_words(4096);
+  const auto hooks = [](std::uint64_t* trace, std::int64_t words) {
+    return cuda::Layer::ForwardHooks{
+        .trace = trace, .trace_words = words, .launcher = &test::launch_fused_forward_with_hooks};
+  };
+  expect_error(
+      [&] {
+        layer.set_forward_hooks(
+            hooks(reinterpret_cast<std::uint64_t*>(16), cuda::Layer::forward_trace_words(0) - 1));
+      },
+      {"ForwardHooks.trace_words"});
+  const std::int64_t words = cuda::Layer::forward_trace_words(4096);
   DeviceBuffer<std::uint64_t> trace(static_cast<std::size_t>(words));
   MOK_CUDA_OK(cudaMemset(trace.get(), 0, trace.size() * 8));
-  layer.set_forward_trace(trace.get(), words);
+  layer.set_forward_hooks(hooks(trace.get(), words));
   expect_forward_gives(layer, ranks, g, reference, "a traced forward's out");
 
   const std::vector<std::uint64_t> w = trace.download();
   const std::int64_t blocks = static_cast<std::int64_t>(w[2]);
   const std::int64_t grid = static_cast<std::int64_t>(w[1]);
-  ASSERT_EQ(words, cuda::UnfusedLayer::forward_trace_words(4096)) << "grid " << grid;
-  ASSERT_EQ(cuda::UnfusedLayer::forward_trace_words(0), 4 + 4 * grid);
+  ASSERT_EQ(words, cuda::Layer::forward_trace_words(4096)) << "grid " << grid;
+  ASSERT_EQ(cuda::Layer::forward_trace_words(0), 4 + 4 * grid);
   ASSERT_GE(blocks, (600 * 2 + 127) / 128) << "the pass's blocks hold its rows";
   const std::int64_t tickets = static_cast<std::int64_t>(w[0]);
   ASSERT_EQ(tickets, blocks * (2 + 1) + 5 * (1 + 1));
@@ -1007,8 +1013,19 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
     ASSERT_EQ(w[4 + 4 * grid + kWords * t + 7], 0u) << "ticket " << t << " past the launch's";
   }
 
-  // Off again: the untraced kernel, the same bits.
-  layer.set_forward_trace(nullptr, 0);
+  // A trace with room for 3 tickets: a guard word after it stays as it was.
+  const std::int64_t short_words = cuda::Layer::forward_trace_words(3);
+  DeviceBuffer<std::uint64_t> short_trace(static_cast<std::size_t>(short_words + 64));
+  MOK_CUDA_OK(cudaMemset(short_trace.get(), 0x5a, short_trace.size() * 8));
+  layer.set_forward_hooks(hooks(short_trace.get(), short_words));
+  expect_forward_gives(layer, ranks, g, reference, "a forward with a short trace");
+  const std::vector<std::uint64_t> st = short_trace.download();
+  for (std::int64_t i = short_words; i < short_words + 64; ++i) {
+    ASSERT_EQ(st[i], 0x5a5a5a5a5a5a5a5aull) << "word " << i << " past the trace was written";
+  }
+
+  // Off again: the library's kernel, the same bits.
+  layer.set_forward_hooks({});
   expect_forward_gives(layer, ranks, g, reference, "the untraced forward after a traced one");
 }
 
@@ -1018,8 +1035,8 @@ TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
   const GpuCase c{"graph", layer_shape(300, 128, 128, 6, 2, 64), Routing::softmax, false};
   Config config = fused_config(8, 128, 256);  // several passes
   config.forward_path = ForwardPath::fused;
-  expect_captured_step_replays(c, config,
-                               {Routing::skewed, Routing::one_expert, Routing::softmax}, 2);
+  expect_captured_step_replays(c, config, {Routing::skewed, Routing::one_expert, Routing::softmax},
+                               2);
 }
 
 }  // namespace

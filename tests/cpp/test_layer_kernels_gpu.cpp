@@ -1,8 +1,8 @@
 // GPU transfers (pull/push over W virtual ranks on one device) and home reductions, against host
 // computations of the same formulas. Copies and the fixed-order reductions are checked bitwise.
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -17,6 +17,7 @@
 #include "gpu_buffer.hpp"
 #include "layer_helpers.hpp"
 #include "schedule_test_helpers.hpp"
+#include "support/transfers.hpp"
 
 namespace mok::test {
 namespace {
@@ -24,8 +25,8 @@ namespace {
 using cuda::HomeReduceParams;
 using cuda::PassRows;
 using cuda::PullParams;
-using cuda::PushParams;
 using cuda::RowGeometry;
+using test::PushParams;
 
 // Random finite bf16 bit patterns: any misrouted row or element shows as a mismatch.
 std::vector<bf16_t> random_bf16(std::size_t n, std::mt19937_64& rng) {
@@ -114,8 +115,11 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
     ring.poison();
     row_weights.poison();
     PassRows pass{d_table.get(), d_total.get(), offset, ring_rows};
-    PullParams pull{pass, g, reinterpret_cast<const void* const*>(x.peers.get()),
-                    backward ? w_peers.get() : nullptr, ring.get(),
+    PullParams pull{pass,
+                    g,
+                    reinterpret_cast<const void* const*>(x.peers.get()),
+                    backward ? w_peers.get() : nullptr,
+                    ring.get(),
                     mode == PullMode::row_weights ? row_weights.get() : nullptr};
     if (W == 1 && (offset / ring_rows) % 2 == 0) {
       // One rank, every other pass: its own tensors read in place, no peer arrays at all.
@@ -124,7 +128,7 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
       pull.src_own = x.bufs[0]->get();
       pull.scale_own = backward ? w_ptrs[0] : nullptr;
     }
-    MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
+    MOK_CUDA_OK(test::launch_pull_rows(pull, nullptr));
     const std::int64_t rows = std::clamp<std::int64_t>(total - offset, 0, ring_rows);
     if (mode == PullMode::row_weights) {
       MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -161,7 +165,7 @@ TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
       ASSERT_EQ(got[i], 0xffff) << "a ring row past the pass was written";
     }
     PushParams push{pass, g, ring.get(), combine.peers.get()};
-    MOK_CUDA_OK(cuda::launch_push_rows(push, nullptr));
+    MOK_CUDA_OK(test::launch_push_rows(push, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     for (std::int64_t i = 0; i < rows; ++i) {
       if (table[offset + i] >= 0) written[table[offset + i]] = true;
@@ -245,7 +249,7 @@ TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
               pull.src_own = x.bufs[0]->get();
               pull.scale_own = with_weights ? w_ptrs[0] : nullptr;
             }
-            MOK_CUDA_OK(cuda::launch_pull_rows(pull, nullptr));
+            MOK_CUDA_OK(test::launch_pull_rows(pull, nullptr));
             pull.ring = by_tokens.get();
             if (with_weights) pull.row_weights = weights_by_tokens.get();
             MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
@@ -297,7 +301,7 @@ TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {
                   reinterpret_cast<const void* const*>(x.peers.get()),
                   nullptr,
                   ring.get()};
-  MOK_CUDA_OK(cuda::launch_pull_rows(pull, stream));
+  MOK_CUDA_OK(test::launch_pull_rows(pull, stream));
   MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (std::int32_t total : {5, 128, 0, 77}) {
@@ -395,7 +399,8 @@ TEST(RouterGradGpu, PushOverPassesThenGatherIsTheChunkOrderSum) {
     for (int r = 0; r < W; ++r) {
       for (std::int64_t s = 0; s < slots; ++s) {
         ids[r][s] = id(rng);
-        if (ids[r][s] >= 0 && ids[r][s] < E) srcs.push_back(static_cast<std::int32_t>(r * slots + s));
+        if (ids[r][s] >= 0 && ids[r][s] < E)
+          srcs.push_back(static_cast<std::int32_t>(r * slots + s));
       }
     }
     std::shuffle(srcs.begin(), srcs.end(), rng);
@@ -428,8 +433,11 @@ TEST(RouterGradGpu, PushOverPassesThenGatherIsTheChunkOrderSum) {
         std::copy_n(&dot[(offset + i) * chunks], chunks, &pass_dot[i * chunks]);
       }
       ring_dot.upload(pass_dot);
-      cuda::RouterGradPushParams p{{d_table.get(), d_total.get(), offset, ring_rows}, g,
-                                   ring_dot.get(), chunks, peers.get()};
+      cuda::RouterGradPushParams p{{d_table.get(), d_total.get(), offset, ring_rows},
+                                   g,
+                                   ring_dot.get(),
+                                   chunks,
+                                   peers.get()};
       MOK_CUDA_OK(cuda::launch_router_grad_push(p, nullptr));
     }
     for (int r = 0; r < W; ++r) {
@@ -525,7 +533,7 @@ TEST(PassSegmentsGpu, ClipsTheScheduleToEachPassAndPlansTheCarries) {
         ASSERT_GE(slot, 0);
         ASSERT_LT(slot, slots) << "expert " << e;
         for (std::size_t i = 0; i < active.size(); ++i) {
-          const int want = i == 0 ? gemm::kOpen
+          const int want = i == 0                   ? gemm::kOpen
                            : i + 1 == active.size() ? gemm::kClose
                                                     : gemm::kCarry;
           ASSERT_EQ(st[active[i]], want | slot << gemm::kPassSlotShift)

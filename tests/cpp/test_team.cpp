@@ -5,6 +5,7 @@
 
 #include "layer_helpers.hpp"
 #include "schedule_gpu_helpers.hpp"
+#include "support/team_selftest.hpp"
 
 namespace mok::test {
 namespace {

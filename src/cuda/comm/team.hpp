@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/workspace_plan.hpp"
 #include "core/error_record.hpp"
+#include "core/workspace_plan.hpp"
 #include "cuda/comm/team_args.hpp"
 #include "mok/schedule.hpp"
 
@@ -79,13 +79,5 @@ std::string describe_device_error(const comm::DeviceErrorRecord& r, std::uint64_
 // Enqueues one team barrier on `stream`: every local rank waits (bounded, reported) until every
 // rank of the team has arrived, each after all its earlier work on its stream. Capturable.
 cudaError_t launch_team_barrier(const Team::Impl& t, cudaStream_t stream);
-
-// Team self-test (tests, diagnostics): `rounds` team barriers with a random delay of up to
-// `max_delay_ns` per rank, block and round before each; after each barrier every block checks every
-// peer block's payload for that round. Ranks equal to `missing_rank` skip the test entirely (so
-// the others must time out). Returns the number of payload mismatches seen; device errors are
-// raised as mok::Error. Synchronizes.
-std::int64_t team_selftest(Team& team, int rounds, int blocks_per_rank, std::uint32_t max_delay_ns,
-                           std::uint64_t seed, int missing_rank = -1);
 
 }  // namespace mok

@@ -1,5 +1,5 @@
 // One team barrier as a launch of its own: the ordering point between a call's phases when the
-// ranks are in different processes (src/cuda/layer/unfused_layer.cu says which phases).
+// ranks are in different processes (src/cuda/layer/layer.cu says which phases).
 #include "cuda/comm/team.cuh"
 #include "cuda/comm/team.hpp"
 
@@ -10,7 +10,8 @@ namespace {
 // stream made (rows pushed into peers' regions over NVLink, staged rows) visible at system scope
 // before this rank's arrival; the barrier's release reduction then publishes them with it.
 template <ptx::Scope Scope>
-__global__ void __launch_bounds__(32) team_barrier_kernel(const __grid_constant__ comm::TeamArgs args) {
+__global__ void __launch_bounds__(32)
+    team_barrier_kernel(const __grid_constant__ comm::TeamArgs args) {
   comm::RankTeam<Scope> team(args);
   if (threadIdx.x == 0) __threadfence_system();
   if (!team.team_barrier()) return;  // timed out: recorded, the host raises it

@@ -17,9 +17,9 @@
 
 namespace mok::gemm {
 
-// Where a launch that gave up on a wait says which one (DESIGN.md section 4: never hang, never
-// trap): one per device, in mapped pinned host memory (the launcher's take_wait_timeout reads it).
-// The first wait to give up after the host cleared it fills the fields, then sets `timed_out`.
+// Where a launch that gave up on a wait says which one (never hang, never trap): the caller's, in
+// mapped pinned host memory (grouped_gemm.hpp, TimeoutReport, reads it). The first wait to give up
+// after the host cleared it fills the fields, then sets `timed_out`.
 struct WaitTimeoutReport {
   int timed_out;  // 1 once a wait gave up (written last)
   int barrier_id;
@@ -60,8 +60,8 @@ struct GemmParams {
   int tile_order;     // a TileOrder (automatic or fixed without `tickets`)
   // Waits.
   unsigned long long wait_timeout_ns;  // every engine wait gives up after this long
-  int stall_block;                     // tests only (WaitOptions): -1, or the CTA that stalls
-  WaitTimeoutReport* timeout_report;   // mapped pinned host memory (this device's), or null
+  WaitTimeoutReport* timeout_report;   // the caller's, in mapped pinned host memory, or null
+  unsigned* timeout_lock;  // device word beside it: zero unless a CTA is writing the report
   // The SwiGLU epilogues with a clamp (kClamped): the limit L. Last, so the fields before it keep
   // their offsets (the unclamped kernels read nothing new).
   float swiglu_limit;

@@ -8,9 +8,7 @@
 //             block of the tile into the next stages of the ring; finish_producing() before
 //             leaving.
 //   Consumer0/1 (warpgroups 1, 2, all their threads): consume(tile) runs the tile's K loop with
-//             wgmma and then the epilogue E. Cooperative: both consume every tile (64 rows each).
-//             Ping-pong: each consumes every other tile of the CTA's sequence whole and passes
-//             over the other's (pass_over), the two K loops taking turns (mainloop.cuh).
+//             wgmma and then the epilogue E; both consume every tile (64 rows each).
 //             finish_consuming() before leaving.
 //   Tile queue: when only the Producer knows the next tile (tickets drawn from a counter), it
 //             hands the tile's ticket to the Consumers: reserve_ticket_slot() then
@@ -46,13 +44,14 @@ struct EngineState {
   PipelineState<kStages> pipeline;
   TileQueueState queue;
   ProducerLoads loads;
-  unsigned own_tiles = 0;  // ping-pong: tiles this warpgroup consumed
 };
 
 // The warp roles of an engine CTA (kThreads threads: three warpgroups).
 enum class Role { kProducer, kConsumer0, kConsumer1 };
 
-template <class F, class E>
+// kStallHook: the test hook of become_producer (tests/cpp's stall kernels; the library's kernels
+// are built without it, so their code has none of it).
+template <class F, class E, bool kStallHook = false>
 class GemmEngine {
  public:
   using Form = F;
@@ -105,13 +104,12 @@ class GemmEngine {
   // no barrier re-initialised. Forms that share a ring must share its geometry (the caller
   // asserts it).
   __device__ __forceinline__ EngineState<F::kStages> state() const {
-    return {state_, queue_, loads_, own_tiles_};
+    return {state_, queue_, loads_};
   }
   __device__ __forceinline__ void resume(const EngineState<F::kStages>& s) {
     state_ = s.pipeline;
     queue_ = s.queue;
     loads_ = s.loads;
-    own_tiles_ = s.own_tiles;
   }
 
   // Whether the CTA has given up (any role's wait, or abandon()).
@@ -132,10 +130,11 @@ class GemmEngine {
 
   // Warpgroup 0, all its threads: the Producer's register budget (a kernel whose Producer
   // warpgroup does more than issue loads may ask for more, within the register file).
+  // `stall_block` (kStallHook only): the CTA with this index never loads its first K block.
   template <int kRegisters = kProducerRegisters>
-  __device__ __forceinline__ void become_producer() {
+  __device__ __forceinline__ void become_producer(int stall_block = -1) {
     ptx::setmaxnreg_dec<kRegisters>();
-    loads_.stall = static_cast<int>(blockIdx.x) == d_.p.stall_block;
+    if constexpr (kStallHook) loads_.stall = static_cast<int>(blockIdx.x) == stall_block;
   }
 
   // Producer: the loads of every K block of `tile`, hook(kb) before each (NoLoadHook: nothing).
@@ -143,7 +142,7 @@ class GemmEngine {
   template <class Hook = NoLoadHook>
   __device__ __forceinline__ bool produce(const TileInfo& tile, Hook&& hook = Hook{}) {
     const TensorMaps maps{&d_.a, &d_.b, &d_.a2, &d_.b2};
-    return load_tile<F>(maps, ring_, state_, tile, d_.p, loads_, hook);
+    return load_tile<F, kStallHook>(maps, ring_, state_, tile, d_.p, loads_, hook);
   }
 
   // The ring's bytes that no stage and no staging tile of this form uses (kSpareBytes from
@@ -172,7 +171,7 @@ class GemmEngine {
 
   // Producer, last: waits for the loads it issued to land.
   __device__ __forceinline__ void finish_producing() const {
-    drain_loads<F>(ring_, state_, loads_, d_.p);
+    drain_loads<F, kStallHook>(ring_, state_, loads_, d_.p);
   }
 
   // Warpgroups 1 and 2, all their threads: the Consumers' register budget.
@@ -199,22 +198,15 @@ class GemmEngine {
   template <class Probe = NoProbe>
   __device__ __forceinline__ void consume(const TileInfo& tile, const Probe& probe = Probe{}) {
     const int wg = consumer();
-    // Ping-pong: this warpgroup's k-th tile (the CTA's tile 2k + wg) waits for the phase of its
-    // turn barrier that the other warpgroup's previous tile completes; warpgroup 0's first tile
-    // waits for parity 1 of a fresh barrier, which passes at once.
-    const int reader_thread = F::kPingPong ? (static_cast<int>(threadIdx.x) - 128) % 128
-                                           : static_cast<int>(threadIdx.x) - 128;
+    const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    const std::uint32_t turn_parity = (own_tiles_ & 1u) ^ (wg == 0 ? 1u : 0u);
     if constexpr (epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
-      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe,
-                  lead);
+      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, lead);
     } else {
-      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, turn_parity, probe);
+      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe);
     }
-    ++own_tiles_;
     E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
   }
 
@@ -227,19 +219,15 @@ class GemmEngine {
                                           const Probe& probe = Probe{}) {
     static_assert(epilogue::HoldsRows<E, F>, "an epilogue that holds rows");
     const int wg = consumer();
-    const int reader_thread = static_cast<int>(threadIdx.x) - 128;  // cooperative
+    const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     const int lane = lane_;
     const auto store_held_rows = [&held, lane] { store_held(held, lane); };
-    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, 0u, probe, NoLead{},
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, NoLead{},
                 store_held_rows);
-    ++own_tiles_;
     E::template hold<F>(acc, tile, d_, wg, warp_, lane_, held);
   }
-
-  // Consumer, ping-pong: the other warpgroup's tile of `k_blocks` K blocks (its stages).
-  __device__ __forceinline__ void pass_over(int k_blocks) { state_.advance(k_blocks); }
 
   // Consumer, last: the TMA-store epilogue's bulk stores have read the CTA's shared memory.
   __device__ __forceinline__ void finish_consuming() const {
@@ -249,10 +237,11 @@ class GemmEngine {
   }
 
   // One thread, after a CTA barrier that every role reaches once out of its loops: a CTA that gave
-  // up says which wait first did. `lock`: a device word, zero unless a CTA is writing the report.
-  __device__ __forceinline__ void report_timeout(unsigned* lock) const {
+  // up says which wait first did, in the launch's report (GemmParams::timeout_report).
+  __device__ __forceinline__ void report_timeout() const {
     if (ring_.abort()->aborted == 1) {  // a wait of the engine's (CtaAbort::give_up)
-      report_wait_timeout(*ring_.abort(), d_.p.timeout_report, lock, d_.p.wait_timeout_ns);
+      report_wait_timeout(*ring_.abort(), d_.p.timeout_report, d_.p.timeout_lock,
+                          d_.p.wait_timeout_ns);
     }
   }
 
@@ -272,7 +261,6 @@ class GemmEngine {
   PipelineState<F::kStages> state_;
   TileQueueState queue_;
   ProducerLoads loads_;
-  unsigned own_tiles_ = 0;  // ping-pong: tiles this warpgroup consumed
 };
 
 }  // namespace mok::gemm

@@ -1,5 +1,5 @@
-// Epilogues: from one consumer warpgroup's fp32 accumulators (cooperative: its 64 x 256 half of
-// the tile; ping-pong: the whole 128 x 128 tile as two 64-row blocks) straight to global memory
+// Epilogues: from one consumer warpgroup's fp32 accumulators (its 64 x 256 half of the 128 x 256
+// tile) straight to global memory
 // (bf16 pairs or fp32 pairs), masking rows past the group and columns past n. Every rounding step
 // is spelled out so the CPU reference can follow it (src/reference/reference.hpp).
 //
@@ -24,12 +24,11 @@
 
 namespace mok::gemm {
 
-// Row (within the 128-row tile) and column (within the tile) of accumulator
-// b * F::kBlockAcc + 4j + 2h + e of block b, for consumer warpgroup `wg`, warp `warp` of it and
-// `lane` (see ptx/wgmma.cuh for the layout of one block).
-template <class F>
-__device__ __forceinline__ int acc_row(int wg, int b, int warp, int lane, int h) {
-  return (F::kPingPong ? b : wg) * 64 + warp * 16 + lane / 4 + 8 * h;
+// Row (within the 128-row tile) and column (within the tile) of accumulator 4j + 2h + e, for
+// consumer warpgroup `wg`, warp `warp` of it and `lane` (see ptx/wgmma.cuh for the layout of one
+// m64n256 block).
+__device__ __forceinline__ int acc_row(int wg, int warp, int lane, int h) {
+  return wg * 64 + warp * 16 + lane / 4 + 8 * h;
 }
 __device__ __forceinline__ int acc_col(int lane, int j) {
   return 8 * j + 2 * (lane % 4);
@@ -43,10 +42,9 @@ struct GroupRow {
   int index;
   long long offset;
 };
-template <class F>
-__device__ __forceinline__ GroupRow group_row(const TileInfo& t, const GemmParams& p, int wg, int b,
+__device__ __forceinline__ GroupRow group_row(const TileInfo& t, const GemmParams& p, int wg,
                                               int warp, int lane, int h) {
-  const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
+  const int r = t.m0 + acc_row(wg, warp, lane, h);
   return {r < t.row_count, t.row_base + r, static_cast<long long>(t.row_base + r) * p.ld_out};
 }
 
@@ -88,7 +86,7 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
   return upper ? make_uint4(c, d, a, b) : make_uint4(a, b, c, d);
 }
 
-// SwiGLU: in each accumulator block, the first half of the columns is the gate tile, the second
+// SwiGLU: in the accumulators, the first half of the columns is the gate tile, the second
 // the up tile of the same kTileN / 2 output columns.
 //   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
 // kPreActivations: g and u are stored too (p.gate_out, p.up_out).
@@ -105,41 +103,38 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
   const int n0 = t.n0 * F::kOutTileN;
   const int q = lane % 4;
 #pragma unroll
-  for (int b = 0; b < F::kBlocks; ++b) {
+  for (int h = 0; h < 2; ++h) {
+    const GroupRow row = group_row(t, p, wg, warp, lane, h);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
+    for (int c = 0; c < F::kTileN / 64; ++c) {
+      std::uint32_t hv[4], gv[4], uv[4];
 #pragma unroll
-      for (int c = 0; c < F::kTileN / 64; ++c) {
-        std::uint32_t hv[4], gv[4], uv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int a = b * F::kBlockAcc + 4 * (4 * c + i) + 2 * h;
-          constexpr int kUp = F::kBlockAcc / 2;
-          // NOTES: rounded as bf16 pairs (one packed conversion for two values) and unpacked:
-          // the same bits as two scalar roundings, half the conversion-pipe work (v6).
-          gv[i] = pack_bf16x2(acc[a], acc[a + 1]);
-          uv[i] = pack_bf16x2(acc[kUp + a], acc[kUp + a + 1]);
-          const float g0 = low_bf16(gv[i]), g1 = high_bf16(gv[i]);
-          const float u0 = low_bf16(uv[i]), u1 = high_bf16(uv[i]);
-          if constexpr (kClamped) {
-            hv[i] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
-                                numerics::swiglu_clamped_fast(g1, u1, limit));
-          } else {
-            hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
-          }
+      for (int i = 0; i < 4; ++i) {
+        const int a = 4 * (4 * c + i) + 2 * h;
+        constexpr int kUp = F::kAcc / 2;
+        // NOTES: rounded as bf16 pairs (one packed conversion for two values) and unpacked:
+        // the same bits as two scalar roundings, half the conversion-pipe work (v6).
+        gv[i] = pack_bf16x2(acc[a], acc[a + 1]);
+        uv[i] = pack_bf16x2(acc[kUp + a], acc[kUp + a + 1]);
+        const float g0 = low_bf16(gv[i]), g1 = high_bf16(gv[i]);
+        const float u0 = low_bf16(uv[i]), u1 = high_bf16(uv[i]);
+        if constexpr (kClamped) {
+          hv[i] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
+                              numerics::swiglu_clamped_fast(g1, u1, limit));
+        } else {
+          hv[i] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
         }
-        const int col = n0 + 8 * (4 * c + q);
-        const bool ok = row.ok && col < p.n;
-        const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
-        if (ok) *reinterpret_cast<uint4*>(hidden + row.offset + col) = hs;
-        if constexpr (kPreActivations) {
-          const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
-          const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
-          if (ok) {
-            *reinterpret_cast<uint4*>(p.gate_out + row.offset + col) = gs;
-            *reinterpret_cast<uint4*>(p.up_out + row.offset + col) = us;
-          }
+      }
+      const int col = n0 + 8 * (4 * c + q);
+      const bool ok = row.ok && col < p.n;
+      const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
+      if (ok) *reinterpret_cast<uint4*>(hidden + row.offset + col) = hs;
+      if constexpr (kPreActivations) {
+        const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
+        const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
+        if (ok) {
+          *reinterpret_cast<uint4*>(p.gate_out + row.offset + col) = gs;
+          *reinterpret_cast<uint4*>(p.up_out + row.offset + col) = us;
         }
       }
     }
@@ -190,21 +185,18 @@ __device__ __forceinline__ void load_fp32_accumulators(float (&acc)[F::kAcc], co
     ld = p.ld_out;
   }
 #pragma unroll
-  for (int b = 0; b < F::kBlocks; ++b) {
+  for (int h = 0; h < 2; ++h) {
+    const int r = t.m0 + acc_row(wg, warp, lane, h);
+    const long long offset = static_cast<long long>(r) * ld;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-      const long long offset = static_cast<long long>(r) * ld;
-#pragma unroll
-      for (int j = 0; j < F::kTileN / 8; ++j) {
-        const int col = n0 + acc_col(lane, j);
-        float2 v = make_float2(0.0f, 0.0f);
-        if (r < p.m && col < p.n) {
-          v = *reinterpret_cast<const float2*>(seed + offset + col);
-        }
-        acc[b * F::kBlockAcc + 4 * j + 2 * h] = v.x;
-        acc[b * F::kBlockAcc + 4 * j + 2 * h + 1] = v.y;
+    for (int j = 0; j < F::kTileN / 8; ++j) {
+      const int col = n0 + acc_col(lane, j);
+      float2 v = make_float2(0.0f, 0.0f);
+      if (r < p.m && col < p.n) {
+        v = *reinterpret_cast<const float2*>(seed + offset + col);
       }
+      acc[4 * j + 2 * h] = v.x;
+      acc[4 * j + 2 * h + 1] = v.y;
     }
   }
 }
@@ -223,80 +215,77 @@ __device__ __forceinline__ void store_plain(const float (&acc)[F::kAcc], const T
   GroupOutput o{p.out, p.ld_out, E::kFp32 ? 1 : 0, E::kAccumulate ? 1 : 0};
   if constexpr (kKGrouped) o = group_output<E>(t, p);
 #pragma unroll
-  for (int b = 0; b < F::kBlocks; ++b) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = t.m0 + acc_row<F>(wg, b, warp, lane, h);
-      long long offset;
-      float scale = 1.0f;
-      bool row_ok;
-      if constexpr (kKGrouped) {
-        row_ok = r < p.m;
-        offset = static_cast<long long>(r) * o.ld;
-      } else {
-        row_ok = r < t.row_count;
-        offset = static_cast<long long>(t.row_base + r) * o.ld;
-        if constexpr (E::kRowScale) {
-          if (row_ok) scale = __ldg(p.row_scale + t.row_base + r);
-        }
+  for (int h = 0; h < 2; ++h) {
+    const int r = t.m0 + acc_row(wg, warp, lane, h);
+    long long offset;
+    float scale = 1.0f;
+    bool row_ok;
+    if constexpr (kKGrouped) {
+      row_ok = r < p.m;
+      offset = static_cast<long long>(r) * o.ld;
+    } else {
+      row_ok = r < t.row_count;
+      offset = static_cast<long long>(t.row_base + r) * o.ld;
+      if constexpr (E::kRowScale) {
+        if (row_ok) scale = __ldg(p.row_scale + t.row_base + r);
       }
-      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(o.base) + offset;
-      if constexpr (E::kScatter) {  // the row's slot on its home rank
-        const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
-        row_ok = src >= 0;
-        if (row_ok) {
-          const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
-          const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
-          dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
-                static_cast<long long>(slot) * p.ld_out;
-        }
+    }
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(o.base) + offset;
+    if constexpr (E::kScatter) {  // the row's slot on its home rank
+      const int src = row_ok ? __ldg(p.scatter_rows + t.row_base + r) : -1;
+      row_ok = src >= 0;
+      if (row_ok) {
+        const unsigned rank = static_cast<unsigned>(src) / p.scatter_slots;
+        const unsigned slot = static_cast<unsigned>(src) - rank * p.scatter_slots;
+        dst = static_cast<__nv_bfloat16*>(p.scatter_peers[rank]) +
+              static_cast<long long>(slot) * p.ld_out;
       }
-      constexpr bool scaled = E::kRowScale;
-      if (o.fp32) {
-        if (!row_ok) continue;
+    }
+    constexpr bool scaled = E::kRowScale;
+    if (o.fp32) {
+      if (!row_ok) continue;
 #pragma unroll
-        for (int j = 0; j < F::kTileN / 8; ++j) {
-          const int col = n0 + acc_col(lane, j);
-          if (col < p.n) {
-            auto* out = reinterpret_cast<float2*>(static_cast<float*>(o.base) + offset + col);
-            const int a = b * F::kBlockAcc + 4 * j + 2 * h;
-            float2 v = make_float2(acc[a], acc[a + 1]);
-            if (o.accumulate) {
-              const float2 old = *out;
-              v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
-            }
-            *out = v;
+      for (int j = 0; j < F::kTileN / 8; ++j) {
+        const int col = n0 + acc_col(lane, j);
+        if (col < p.n) {
+          auto* out = reinterpret_cast<float2*>(static_cast<float*>(o.base) + offset + col);
+          const int a = 4 * j + 2 * h;
+          float2 v = make_float2(acc[a], acc[a + 1]);
+          if (o.accumulate) {
+            const float2 old = *out;
+            v = make_float2(__fadd_rn(old.x, v.x), __fadd_rn(old.y, v.y));
           }
+          *out = v;
         }
-        continue;
       }
+      continue;
+    }
 #pragma unroll
-      for (int c = 0; c < F::kTileN / 32; ++c) {
-        std::uint32_t v[4];
+    for (int c = 0; c < F::kTileN / 32; ++c) {
+      std::uint32_t v[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int a = b * F::kBlockAcc + 4 * (4 * c + i) + 2 * h;
-          float v0 = acc[a], v1 = acc[a + 1];
-          if (scaled) {
-            v0 = __fmul_rn(scale, v0);
-            v1 = __fmul_rn(scale, v1);
-          }
-          v[i] = pack_bf16x2(v0, v1);
+      for (int i = 0; i < 4; ++i) {
+        const int a = 4 * (4 * c + i) + 2 * h;
+        float v0 = acc[a], v1 = acc[a + 1];
+        if (scaled) {
+          v0 = __fmul_rn(scale, v0);
+          v1 = __fmul_rn(scale, v1);
         }
-        const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
-        const int col = n0 + 8 * (4 * c + q);
-        if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
+        v[i] = pack_bf16x2(v0, v1);
       }
+      const uint4 s = quad_gather(v[0], v[1], v[2], v[3], q);
+      const int col = n0 + 8 * (4 * c + q);
+      if (row_ok && col < p.n) *reinterpret_cast<uint4*>(dst + col) = s;
     }
   }
 }
 
-// A cooperative consumer warpgroup's bf16 rows of one tile (RowsBf16), held in registers from its
+// A consumer warpgroup's bf16 rows of one tile (RowsBf16), held in registers from its
 // epilogue until the next tile's first K block is issued, and stored then (store_held), while the
 // tensor cores work: the tile's epilogue is only the rounding and the destination rows. A lane
 // holds the pairs of its two rows (h) in the accumulator layout, as store_plain would pass them
 // to quad_gather. NOTES: the down forward on qwen3-30b-a3b stores a 128 x 256 tile after only 12
-// K blocks; holding its rows made it 2-4% faster on the H200 (docs/perf/NOTES.md, session 22).
+// K blocks; holding its rows made it 2-4% faster on the H200 (docs/perf/NOTES.md, 85a3bf9).
 struct HeldRows {
   std::uint32_t v[2][8][4];    // [h][c][i]: pair of column chunk 4c + i (store_plain's v[i])
   __nv_bfloat16* row[2] = {};  // row h's element at the tile's first column, or null
@@ -308,22 +297,21 @@ struct HeldRows {
 struct NoHeldRows {};
 __device__ __forceinline__ void store_held(NoHeldRows&, int) {}
 
-// The epilogue of a cooperative RowsBf16 tile when its rows are held: store_plain's values and
+// The epilogue of a RowsBf16 tile when its rows are held: store_plain's values and
 // destinations, into `held` (empty: store_held ran since it was last filled). NOTES: the row
 // scale and scatter lines repeat store_plain's: a helper shared by both (two forms tried) changed
 // the SASS of every scattering kernel, the measured ones and the megakernel's included, so they
-// stay as measured (session 22).
+// stay as measured (85a3bf9).
 template <class F, class E>
 __device__ __forceinline__ void hold_plain(const float (&acc)[F::kAcc], const TileInfo& t,
                                            const GemmParams& p, int wg, int warp, int lane,
                                            HeldRows& held) {
-  static_assert(!F::kPingPong && !F::kKGrouped && F::kTileN == 256 && !E::kFp32,
-                "cooperative M-grouped bf16 rows");
+  static_assert(!F::kKGrouped && F::kTileN == 256 && !E::kFp32, "M-grouped bf16 rows");
   const int n0 = t.n0 * F::kTileN;
   held.columns = p.n - n0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + acc_row<F>(wg, 0, warp, lane, h);
+    const int r = t.m0 + acc_row(wg, warp, lane, h);
     bool row_ok = r < t.row_count;
     float scale = 1.0f;
     if constexpr (E::kRowScale) {
@@ -368,8 +356,8 @@ __device__ __forceinline__ void store_held(HeldRows& held, int lane) {
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
-        const uint4 s = quad_gather(held.v[h][c][0], held.v[h][c][1], held.v[h][c][2],
-                                    held.v[h][c][3], q);
+        const uint4 s =
+            quad_gather(held.v[h][c][0], held.v[h][c][1], held.v[h][c][2], held.v[h][c][3], q);
         const int col = 8 * (4 * c + q);
         if (held.row[h] != nullptr && col < held.columns) {
           *reinterpret_cast<uint4*>(held.row[h] + col) = s;
@@ -390,17 +378,14 @@ __device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const Ge
   constexpr int kLines = F::kTileN * 2 / 128;  // bf16 columns of a tile row, in 128-byte lines
   const int n0 = t.n0 * F::kTileN;
 #pragma unroll
-  for (int b = 0; b < F::kBlocks; ++b) {
+  for (int h = 0; h < 2; ++h) {
+    const GroupRow row = group_row(t, p, wg, warp, lane, h);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
-#pragma unroll
-      for (int i = 0; i < kLines; i += 4) {
-        const int col = n0 + 64 * (i + lane % 4);
-        if (row.ok && i + lane % 4 < kLines && col < p.n) {
-          ptx::prefetch_l2(p.swiglu_gate + row.offset + col);
-          ptx::prefetch_l2(p.swiglu_up + row.offset + col);
-        }
+    for (int i = 0; i < kLines; i += 4) {
+      const int col = n0 + 64 * (i + lane % 4);
+      if (row.ok && i + lane % 4 < kLines && col < p.n) {
+        ptx::prefetch_l2(p.swiglu_gate + row.offset + col);
+        ptx::prefetch_l2(p.swiglu_up + row.offset + col);
       }
     }
   }
@@ -411,14 +396,13 @@ __device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const Ge
 // bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
 // before the first is used.
 // kDot: also dot[r][c] = sum over the kDotColumns columns of chunk c of acc * h, h = bf16(silu(g) *
-// u) (swiglu_fast, as the gate/up epilogue rounds it). A batch of pieces is exactly one chunk, in
-// both schedules (cooperative tiles hold two chunks, ping-pong tiles one). NOTES: the order is
+// u) (swiglu_fast, as the gate/up epilogue rounds it). A batch of pieces is exactly one chunk (a
+// tile holds two). NOTES: the order is
 // fixed: each lane of a quad (the 4 lanes holding one row) sums the chunk's columns it holds in
 // its accumulators (32: columns 8j + 2q and 8j + 2q + 1 of the chunk, j = 0..15), in increasing
 // accumulator index with __fmaf_rn from 0, then the quad adds its lanes' sums with __fadd_rn in a
 // fixed butterfly (lanes q ^ 1, then q ^ 2; fp32 addition commutes, so all four lanes hold the
-// same bits). A lane holds the same columns of a chunk, in the same accumulator order, under both
-// consumer schedules, so the bits do not depend on the schedule. h comes from g and u in the
+// same bits). h comes from g and u in the
 // stored layout (8 consecutive columns a lane, after quad_gather); quad_gather is a 4 x 4
 // transpose of the quad's pairs (an involution), so applying it to the packed h pairs puts h in
 // the accumulator layout.
@@ -442,107 +426,104 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   float limit = 0.0f;
   if constexpr (kClamped) limit = p.swiglu_limit;
 #pragma unroll
-  for (int b = 0; b < F::kBlocks; ++b) {
+  for (int h = 0; h < 2; ++h) {
+    const GroupRow row = group_row(t, p, wg, warp, lane, h);
+    float scale = 1.0f;
+    if constexpr (kRowScale) {
+      if (row.ok) scale = __ldg(p.row_scale + row.index);
+    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const GroupRow row = group_row<F>(t, p, wg, b, warp, lane, h);
-      float scale = 1.0f;
-      if constexpr (kRowScale) {
-        if (row.ok) scale = __ldg(p.row_scale + row.index);
+    for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
+      uint4 g[kBatch], u[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int col = n0 + 8 * (4 * (c0 + i) + q);
+        g[i] = u[i] = make_uint4(0, 0, 0, 0);
+        if (row.ok && col < p.n) {
+          g[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_gate + row.offset + col));
+          u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row.offset + col));
+        }
       }
+      float dot = 0.0f;
 #pragma unroll
-      for (int c0 = 0; c0 < kPieces; c0 += kBatch) {
-        uint4 g[kBatch], u[kBatch];
+      for (int i = 0; i < kBatch; ++i) {
+        const int c = c0 + i;
+        std::uint32_t v[4];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int col = n0 + 8 * (4 * (c0 + i) + q);
-          g[i] = u[i] = make_uint4(0, 0, 0, 0);
-          if (row.ok && col < p.n) {
-            g[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_gate + row.offset + col));
-            u[i] = __ldg(reinterpret_cast<const uint4*>(p.swiglu_up + row.offset + col));
+        for (int j = 0; j < 4; ++j) {
+          const int a = 4 * (4 * c + j) + 2 * h;
+          float v0 = acc[a], v1 = acc[a + 1];
+          if (scaled) {
+            v0 = __fmul_rn(scale, v0);
+            v1 = __fmul_rn(scale, v1);
+          }
+          v[j] = pack_bf16x2(v0, v1);
+        }
+        const uint4 dh = quad_gather(v[0], v[1], v[2], v[3], q);
+        const std::uint32_t dh_w[4] = {dh.x, dh.y, dh.z, dh.w};
+        const std::uint32_t g_w[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
+        const std::uint32_t u_w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
+        std::uint32_t dg_w[4], du_w[4], h_w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float g0 = low_bf16(g_w[e]), g1 = high_bf16(g_w[e]);
+          const float u0 = low_bf16(u_w[e]), u1 = high_bf16(u_w[e]);
+          float dg0, du0, dg1, du1;
+          if constexpr (kClamped) {
+            numerics::swiglu_backward_clamped_fast(g0, u0, low_bf16(dh_w[e]), limit, &dg0, &du0);
+            numerics::swiglu_backward_clamped_fast(g1, u1, high_bf16(dh_w[e]), limit, &dg1, &du1);
+          } else {
+            numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
+            numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
+          }
+          dg_w[e] = pack_bf16x2(dg0, dg1);
+          du_w[e] = pack_bf16x2(du0, du1);
+          if constexpr (kDot && kClamped) {
+            h_w[e] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
+                                 numerics::swiglu_clamped_fast(g1, u1, limit));
+          } else if constexpr (kDot) {
+            h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
           }
         }
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int c = c0 + i;
-          std::uint32_t v[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int a = b * F::kBlockAcc + 4 * (4 * c + j) + 2 * h;
-            float v0 = acc[a], v1 = acc[a + 1];
-            if (scaled) {
-              v0 = __fmul_rn(scale, v0);
-              v1 = __fmul_rn(scale, v1);
-            }
-            v[j] = pack_bf16x2(v0, v1);
-          }
-          const uint4 dh = quad_gather(v[0], v[1], v[2], v[3], q);
-          const std::uint32_t dh_w[4] = {dh.x, dh.y, dh.z, dh.w};
-          const std::uint32_t g_w[4] = {g[i].x, g[i].y, g[i].z, g[i].w};
-          const std::uint32_t u_w[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
-          std::uint32_t dg_w[4], du_w[4], h_w[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float g0 = low_bf16(g_w[e]), g1 = high_bf16(g_w[e]);
-            const float u0 = low_bf16(u_w[e]), u1 = high_bf16(u_w[e]);
-            float dg0, du0, dg1, du1;
-            if constexpr (kClamped) {
-              numerics::swiglu_backward_clamped_fast(g0, u0, low_bf16(dh_w[e]), limit, &dg0, &du0);
-              numerics::swiglu_backward_clamped_fast(g1, u1, high_bf16(dh_w[e]), limit, &dg1, &du1);
-            } else {
-              numerics::swiglu_backward_fast(g0, u0, low_bf16(dh_w[e]), &dg0, &du0);
-              numerics::swiglu_backward_fast(g1, u1, high_bf16(dh_w[e]), &dg1, &du1);
-            }
-            dg_w[e] = pack_bf16x2(dg0, dg1);
-            du_w[e] = pack_bf16x2(du0, du1);
-            if constexpr (kDot && kClamped) {
-              h_w[e] = pack_bf16x2(numerics::swiglu_clamped_fast(g0, u0, limit),
-                                   numerics::swiglu_clamped_fast(g1, u1, limit));
-            } else if constexpr (kDot) {
-              h_w[e] = pack_bf16x2(numerics::swiglu_fast(g0, u0), numerics::swiglu_fast(g1, u1));
-            }
-          }
-          if constexpr (kScaledHidden) {
-            // bf16(w h) for the down weight gradient (SwigluBackwardEpilogue::scaled_hidden), in
-            // the stored layout beside dg and du.
-            const int col = n0 + 8 * (4 * c + q);
-            if (row.ok && col < p.n) {
-              std::uint32_t wh_w[4];
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                wh_w[e] = pack_bf16x2(__fmul_rn(scale, low_bf16(h_w[e])),
-                                      __fmul_rn(scale, high_bf16(h_w[e])));
-              }
-              *reinterpret_cast<uint4*>(p.scaled_hidden + row.offset + col) =
-                  make_uint4(wh_w[0], wh_w[1], wh_w[2], wh_w[3]);
-            }
-          }
-          if constexpr (kDot) {
-            const uint4 hs = quad_gather(h_w[0], h_w[1], h_w[2], h_w[3], q);
-            const std::uint32_t hs_w[4] = {hs.x, hs.y, hs.z, hs.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const int a = b * F::kBlockAcc + 4 * (4 * c + j) + 2 * h;
-              dot = __fmaf_rn(acc[a], low_bf16(hs_w[j]), dot);
-              dot = __fmaf_rn(acc[a + 1], high_bf16(hs_w[j]), dot);
-            }
-          }
+        if constexpr (kScaledHidden) {
+          // bf16(w h) for the down weight gradient (SwigluBackwardEpilogue::scaled_hidden), in
+          // the stored layout beside dg and du.
           const int col = n0 + 8 * (4 * c + q);
           if (row.ok && col < p.n) {
-            *reinterpret_cast<uint4*>(p.d_gate + row.offset + col) =
-                make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
-            *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
-                make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
+            std::uint32_t wh_w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              wh_w[e] = pack_bf16x2(__fmul_rn(scale, low_bf16(h_w[e])),
+                                    __fmul_rn(scale, high_bf16(h_w[e])));
+            }
+            *reinterpret_cast<uint4*>(p.scaled_hidden + row.offset + col) =
+                make_uint4(wh_w[0], wh_w[1], wh_w[2], wh_w[3]);
           }
         }
         if constexpr (kDot) {
-          dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 1));
-          dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 2));
-          const int chunk = (n0 + 32 * c0) / kDotColumns;
-          if (q == 0 && row.ok && chunk < dot_columns) {
-            p.swiglu_dot[static_cast<long long>(row.index) * dot_columns + chunk] = dot;
+          const uint4 hs = quad_gather(h_w[0], h_w[1], h_w[2], h_w[3], q);
+          const std::uint32_t hs_w[4] = {hs.x, hs.y, hs.z, hs.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int a = 4 * (4 * c + j) + 2 * h;
+            dot = __fmaf_rn(acc[a], low_bf16(hs_w[j]), dot);
+            dot = __fmaf_rn(acc[a + 1], high_bf16(hs_w[j]), dot);
           }
+        }
+        const int col = n0 + 8 * (4 * c + q);
+        if (row.ok && col < p.n) {
+          *reinterpret_cast<uint4*>(p.d_gate + row.offset + col) =
+              make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
+          *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
+              make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
+        }
+      }
+      if constexpr (kDot) {
+        dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 1));
+        dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, 2));
+        const int chunk = (n0 + 32 * c0) / kDotColumns;
+        if (q == 0 && row.ok && chunk < dot_columns) {
+          p.swiglu_dot[static_cast<long long>(row.index) * dot_columns + chunk] = dot;
         }
       }
     }
@@ -560,7 +541,7 @@ template <class F>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmParams& p, int wg, int warp, int lane,
                                                std::uint8_t* staging, const CUtensorMap* map_out) {
-  static_assert(F::kTmaStore && !F::kPingPong && F::kTileN % 64 == 0, "cooperative bf16 tiles");
+  static_assert(F::kTmaStore && F::kTileN % 64 == 0, "bf16 wgrad tiles");
   constexpr std::uint32_t kBoxBytes = 64 * 128;
   const bool issuer = warp == 0 && lane == 0;
   const int barrier = kWarpgroupBarrierId + wg;
@@ -624,7 +605,9 @@ concept ReadsRows = requires(const TileInfo& t, const GemmParams& p) {
 // kHolds<F> true for the forms where it does, and a hold<F>(acc, tile, descriptor, wg, warp, lane,
 // held) that fills `held` instead of storing.
 template <class E, class F>
-concept HoldsRows = requires { requires E::template kHolds<F>; };
+concept HoldsRows = requires {
+  requires E::template kHolds<F>;
+};
 
 // Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up);
 // kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
@@ -652,9 +635,9 @@ struct RowsBf16 {
     static_assert(F::kind == FormKind::kRowsWT || F::kind == FormKind::kRowsW, "plain rows");
     store_plain<F, RowsBf16>(acc, t, d.p, wg, warp, lane);
   }
-  // Cooperative: the rows are held and stored during the next tile's first K block (HeldRows).
+  // The rows are held and stored during the next tile's first K block (HeldRows).
   template <class F>
-  static constexpr bool kHolds = !F::kPingPong;
+  static constexpr bool kHolds = true;
   template <class F>
   __device__ __forceinline__ static void hold(const float (&acc)[F::kAcc], const TileInfo& t,
                                               const GemmDescriptor& d, int wg, int warp, int lane,
@@ -697,7 +680,7 @@ struct SwigluBackward {
 };
 
 // K-grouped (wgrad): each group's [m, n] sum to the output (bf16, fp32, or fp32 added to it), or,
-// by the group's pass step (data-dependent), to its fp32 carry slot. The cooperative bf16 wgrad
+// by the group's pass step (data-dependent), to its fp32 carry slot. The bf16 wgrad
 // (F::kTmaStore) stores its output tiles through the staging tile and TMA (d.out).
 enum class GradOut { bf16, fp32, fp32_add };
 template <GradOut kOut>

@@ -15,18 +15,13 @@ enum class FormKind {
   kWeightGradContinued,  // the same, accumulators seeded from the fp32 output
 };
 
-// Consumers::automatic per form (FormKind order): ping-pong where it measured faster on the H200
-// (docs/perf/NOTES.md, v6).
-inline constexpr bool kPingPongByDefault[] = {false, false, false, false, false};
-
-// kPingPongConsumers: false = cooperative (both consumer warpgroups on one 128 x 256 tile, 64 rows
-// each, m64n256k16), true = ping-pong (each consumer warpgroup owns a whole 128 x 128 tile, two
-// m64n128k16 per k16 step, and the two warpgroups take turns with the tensor cores, so one runs its
-// epilogue while the other runs its K loop). Both give the same bits (tests/cpp/test_gemm.cu).
-template <FormKind kKind, bool kPingPongConsumers>
+// Both consumer warpgroups work on one 128 x 256 tile, 64 rows each (wgmma m64n256k16). NOTES:
+// ping-pong consumers (each warpgroup a whole 128 x 128 tile, running its epilogue while the other
+// runs its K loop) measured 6-22% slower than this on every form (docs/perf/NOTES.md, v6) and were
+// removed.
+template <FormKind kKind>
 struct Form {
   static constexpr FormKind kind = kKind;
-  static constexpr bool kPingPong = kPingPongConsumers;
   static constexpr bool kKGrouped =
       kKind == FormKind::kWeightGrad || kKind == FormKind::kWeightGradContinued;
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
@@ -35,20 +30,16 @@ struct Form {
   static constexpr int kTransA = kKGrouped ? 1 : 0;  // 1: A is M-major
   static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
 
-  static constexpr int kTileN = kPingPong ? 128 : 256;
+  static constexpr int kTileN = 256;
   // NOTES: the bf16 wgrad stores its tiles through shared memory and TMA (epilogue.cuh,
   // store_tile_tma): v4/v5 measured its short-K cells (2-16 K blocks a tile) bound by the
   // epilogue, and a TMA store lets the Consumers start the next tile while the copy engine writes
   // this one. Its 64 KiB staging tile costs the ring one stage.
-  static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad && !kPingPong;
-  static constexpr int kStages = kPingPong ? 6 : kTmaStore ? 3 : 4;
-  // A consumer warpgroup's accumulators: kBlocks blocks of 64 rows x kTileN columns, kTileN / 2
-  // fp32 a thread each (128 in both schedules). Block b holds tile rows 64 b (ping-pong) or the
-  // warpgroup's own 64 rows (cooperative).
-  static constexpr int kBlocks = kPingPong ? 2 : 1;
-  static constexpr int kBlockAcc = kTileN / 2;
-  static constexpr int kAcc = kBlocks * kBlockAcc;
-  static constexpr int kReaders = kPingPong ? 4 : 8;  // consumer warps that read a stage
+  static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad;
+  static constexpr int kStages = kTmaStore ? 3 : 4;
+  // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
+  static constexpr int kAcc = kTileN / 2;
+  static constexpr int kReaders = 8;  // consumer warps that read a stage
   static constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;
   static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes;  // TMA bytes a stage
   static constexpr std::uint32_t kStagingBytes = kTmaStore ? kTileM * kTileN * 2 : 0;

@@ -14,8 +14,8 @@
 // They throw mok::Error for invalid arguments and launch failures.
 //
 // Every wait inside a launch is bounded (WaitOptions): a launch that waits too long gives up
-// cleanly, its outputs void, and take_wait_timeout() says which wait gave up; it never traps, so
-// the CUDA context (and the next launch) survives.
+// cleanly, its outputs void, and the caller's TimeoutReport says which wait gave up; it never
+// traps, so the CUDA context (and the next launch) survives.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,14 +35,41 @@ namespace mok::gemm {
 inline constexpr int kExpertSegmentAlignment = schedule::kExpertSegmentAlignment;
 inline constexpr int kMaxGroups = 1024;
 
+struct WaitTimeoutReport;  // descriptor.cuh
+
+// Where launches that gave up on a wait say which one: a WaitTimeoutReport in mapped pinned host
+// memory and a lock word in device memory, both on the device current at construction. One per
+// owner of launches (the CUDA layer keeps one per workspace, so a stall is reported by the layer
+// whose launch stalled, never by another's), never shared by callers who read it apart.
+class TimeoutReport {
+ public:
+  TimeoutReport();  // throws mok::Error when the memory cannot be had
+  ~TimeoutReport();
+  TimeoutReport(const TimeoutReport&) = delete;
+  TimeoutReport& operator=(const TimeoutReport&) = delete;
+
+  // The first wait that gave up since the report was last cleared, as text ("" if none did: its
+  // barrier, parity, block and thread), then clears it. Read once the launches in question have
+  // completed (e.g. after a stream synchronization, or the next call's check on its stream).
+  std::string take();
+  // The same text without clearing the report.
+  std::string peek() const;
+
+  WaitTimeoutReport* report() const { return report_; }
+  unsigned* lock() const { return lock_; }
+
+ private:
+  WaitTimeoutReport* report_ = nullptr;  // mapped pinned host memory (host and device pointer)
+  unsigned* lock_ = nullptr;             // device memory, zero
+  int device_ = 0;
+};
+
 // How long any wait inside a launch may take before the launch gives up (default 20 s: no
-// legitimate wait comes near it), and a test hook. A launch that gives up ends normally with its
-// outputs void and leaves a report for take_wait_timeout().
+// legitimate wait comes near it), and where it says so. A launch that gives up ends normally with
+// its outputs void and, with a `report`, leaves its report there.
 struct WaitOptions {
   std::uint64_t timeout_ns = 20ull * 1000 * 1000 * 1000;
-  // Tests only: the CTA with this index never arms the first stage of its first tile, so its
-  // Consumers wait for data that never comes (-1: off).
-  int stall_block = -1;
+  TimeoutReport* report = nullptr;  // null: no report (the outputs are void all the same)
 };
 
 // Which rows belong to which group. Dense form: starts == rows == nullptr, num_groups == 1,
@@ -65,16 +92,9 @@ struct RowScatter {
   void* const* peers = nullptr;        // device array of destination pointers, one per rank
 };
 
-// How the two consumer warpgroups of the kernel share the work (the same bits either way).
-// cooperative: both on one 128 x 256 tile; ping_pong: each owns every other 128 x 128 tile and runs
-// its epilogue while the other runs its K loop. automatic: the form's measured default
-// (forms.cuh, kPingPongByDefault), or MOK_GEMM_CONSUMERS when set.
-enum class Consumers { automatic, cooperative, ping_pong };
-
 // hidden = bf16(silu(g) * u), g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T) for the rows of e.
 struct GateUpForwardArgs {
   RowSegments segments;
-  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* x = nullptr;  // [capacity_rows, hidden_size], ld_x
   std::int64_t ld_x = 0;
   const __nv_bfloat16* w_gate = nullptr;  // [G, intermediate_size, hidden_size] contiguous
@@ -97,7 +117,6 @@ struct GateUpForwardArgs {
 // optional fp32 per-row factor (the router weight); row_scale indexes rows of the buffer.
 struct RowsTimesWeightTArgs {
   RowSegments segments;
-  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* w = nullptr;  // [G, n, k] contiguous
@@ -134,8 +153,8 @@ struct SwigluBackwardEpilogue {
   const __nv_bfloat16* up = nullptr;    // u of the forward
   __nv_bfloat16* d_gate = nullptr;
   __nv_bfloat16* d_up = nullptr;
-  const float* row_scale = nullptr;  // optional, [capacity_rows]
-  float* dot = nullptr;              // optional, [capacity_rows, ceil(n / kDotColumns)]
+  const float* row_scale = nullptr;        // optional, [capacity_rows]
+  float* dot = nullptr;                    // optional, [capacity_rows, ceil(n / kDotColumns)]
   __nv_bfloat16* scaled_hidden = nullptr;  // optional, with row_scale and dot: [capacity_rows, n]
   // Clamped SwiGLU: dg, du = bf16(swiglu_backward_clamped(g, u, dh, L)) and h (for `dot`) clamped
   // as the forward's; absent: the plain epilogue (a separate instantiation).
@@ -149,7 +168,6 @@ struct SwigluBackwardEpilogue {
 // dx = dg W_gate[e] + du W_up[e] with one rounding, as the reference computes it.
 struct RowsTimesWeightArgs {
   RowSegments segments;
-  Consumers consumers = Consumers::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
   const __nv_bfloat16* w = nullptr;   // [G, k, n] contiguous
@@ -179,7 +197,7 @@ struct RowsTimesWeightArgs {
 //   tickets: CTAs draw tiles from an integer counter pair the caller provides (`tickets`);
 //   automatic: with `tickets`, the static round robin when it balances the CTAs' K blocks within a
 //     few percent of what the counter would (decided on the device from the group sizes), else
-//     the counter; without `tickets`, fixed. MOK_GEMM_WGRAD_ORDER=fixed|tickets overrides it.
+//     the counter; without `tickets`, fixed.
 // `tickets`: 2 unsigned words of device memory, zero before the launch; the launch's last CTA puts
 // them back to zero, so launches ordered on one stream (or one graph branch) can reuse a pair,
 // while launches that may run at the same time (two streams, parallel graph branches) need a pair
@@ -210,7 +228,6 @@ struct PassPlan {
 
 struct WeightGradArgs {
   RowSegments segments;
-  Consumers consumers = Consumers::automatic;
   TileOrder order = TileOrder::automatic;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, m], ld_a
   std::int64_t ld_a = 0;
@@ -239,14 +256,6 @@ void gate_up_forward(const GateUpForwardArgs& args);
 void rows_times_weight_t(const RowsTimesWeightTArgs& args);  // down forward (and dense)
 void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
 void weight_grad(const WeightGradArgs& args);                // wgrad
-
-// Which wait gave up, per device, since the last take_wait_timeout() ("" if none did): the first
-// one on each device after the report was cleared (its barrier, parity, block and thread), then
-// clears the reports. Read it once the launches in question have completed (e.g. after a stream
-// synchronization); launches that did not give up leave no report.
-std::string take_wait_timeout();
-// The same text without clearing the reports.
-std::string last_wait_timeout();
 
 // The persistent grid size the launchers use (one CTA per SM of the current device).
 int persistent_grid_size();

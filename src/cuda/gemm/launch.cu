@@ -1,7 +1,7 @@
 // The grouped GEMM launchers (grouped_gemm.hpp): argument checks, tensor maps and the GEMM's
-// descriptor (descriptor.cuh), the choice of consumer schedule and epilogue policy, environment
-// overrides, and the wait-timeout reports. Host code only: the kernel and its instantiations are
-// in src/cuda/kernels/sm90_bf16_grouped_gemm.cu (launch.hpp between the two).
+// descriptor (descriptor.cuh), the choice of epilogue policy, and the wait-timeout reports. Host
+// code only: the kernel and its instantiations are in src/cuda/kernels/sm90_bf16_grouped_gemm.cu
+// (launch.hpp between the two).
 #include "cuda/gemm/launch.hpp"
 
 #include <cuda.h>
@@ -54,8 +54,7 @@ void check_aligned(const void* ptr, const char* name) {
 // A clamped SwiGLU epilogue's limit: absent, or finite and positive (mok::Error names the value).
 void check_swiglu_limit(const std::optional<float>& limit, const char* name) {
   if (!limit) return;
-  check(std::isfinite(*limit) && *limit > 0.0f, name, "a finite positive number",
-        to_text(*limit));
+  check(std::isfinite(*limit) && *limit > 0.0f, name, "a finite positive number", to_text(*limit));
 }
 
 void check_multiple_of_64(int v, const char* name) {
@@ -101,75 +100,66 @@ SchedulerParams scheduler_params(const RowSegments& s, int m_tiles, int n_tiles,
                          s.dense_rows, m_tiles, n_tiles,      k_blocks};
 }
 
-// Mapped pinned host memory for one WaitTimeoutReport per device, allocated on first use (retried
-// until it succeeds) and never freed: one per process. Portable, so it is mapped in every device's
-// context; with unified addressing (every sm_90 system) the host pointer is the device pointer.
-std::mutex g_reports_mutex;
-std::atomic<WaitTimeoutReport*> g_reports{nullptr};
-
-WaitTimeoutReport* timeout_reports() {
-  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
-  const std::lock_guard<std::mutex> lock(g_reports_mutex);
-  if (WaitTimeoutReport* r = g_reports.load(std::memory_order_acquire)) return r;
-  void* h = nullptr;
-  if (cudaHostAlloc(&h, kMaxDevices * sizeof(WaitTimeoutReport),
-                    cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  std::memset(h, 0, kMaxDevices * sizeof(WaitTimeoutReport));
-  auto* r = static_cast<WaitTimeoutReport*>(h);
-  g_reports.store(r, std::memory_order_release);
-  return r;
-}
-
 // A descriptor with the group tables and the waits set; the maps are the form's to set.
 GemmDescriptor base_descriptor(const RowSegments& s, const WaitOptions& waits) {
   check(waits.timeout_ns > 0, "waits.timeout_ns", "> 0 nanoseconds", to_text(waits.timeout_ns));
-  check(waits.stall_block >= -1, "waits.stall_block", "-1 (off) or a block index",
-        to_text(waits.stall_block));
   GemmDescriptor d{};
   GemmParams& p = d.p;
   p.sched = scheduler_params(s, 0, 0, 0);
   p.wait_timeout_ns = waits.timeout_ns;
-  p.stall_block = waits.stall_block;
-  const int device = current_device();
-  WaitTimeoutReport* reports = device < kMaxDevices ? timeout_reports() : nullptr;
-  p.timeout_report = reports != nullptr ? reports + device : nullptr;
+  p.timeout_report = waits.report != nullptr ? waits.report->report() : nullptr;
+  p.timeout_lock = waits.report != nullptr ? waits.report->lock() : nullptr;
   return d;
 }
 
-// The reports of every device that has one, as text; `take` clears them.
-std::string wait_timeouts(bool take) {
-  const char* const names[] = {"full", "empty", "tile queue full", "tile queue empty",
-                               "ping-pong turn"};
-  WaitTimeoutReport* reports = g_reports.load(std::memory_order_acquire);
-  if (reports == nullptr) return {};
-  const std::lock_guard<std::mutex> lock(g_reports_mutex);
-  std::string text;
-  for (int d = 0; d < kMaxDevices; ++d) {
-    volatile WaitTimeoutReport* r = reports + d;
-    if (r->timed_out == 0) continue;
-    const int id = r->barrier_id;
-    if (!text.empty()) text += "; ";
-    text += "grouped GEMM gave up on device " + to_text(d) + ": barrier " +
-            (id >= 0 && id < 5 ? names[id] : "?") + " (shared offset " + to_text(r->smem_address) +
-            ", parity " + to_text(r->parity) + ") waited past " +
-            to_text(r->timeout_ns / 1000000ull) + " ms in block " + to_text(r->block) +
-            ", thread " + to_text(r->thread);
-    if (take) r->timed_out = 0;
-  }
-  return text;
+// A report's text ("" if no wait gave up).
+std::string report_text(const volatile WaitTimeoutReport* r, int device) {
+  if (r->timed_out == 0) return {};
+  const char* const names[] = {"full", "empty", "tile queue full", "tile queue empty"};
+  const int id = r->barrier_id;
+  return "grouped GEMM gave up on device " + to_text(device) + ": barrier " +
+         (id >= 0 && id < 4 ? names[id] : "?") + " (shared offset " + to_text(r->smem_address) +
+         ", parity " + to_text(r->parity) + ") waited past " + to_text(r->timeout_ns / 1000000ull) +
+         " ms in block " + to_text(r->block) + ", thread " + to_text(r->thread);
 }
 
 }  // namespace
 
-std::string take_wait_timeout() {
-  return wait_timeouts(true);
+// NOTES: portable, so the host memory is mapped in every device's context; with unified
+// addressing (every sm_90 system) the host pointer is the device pointer.
+TimeoutReport::TimeoutReport() : device_(current_device()) {
+  void* h = nullptr;
+  cudaError_t e =
+      cudaHostAlloc(&h, sizeof(WaitTimeoutReport), cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess) {
+    std::memset(h, 0, sizeof(WaitTimeoutReport));
+    report_ = static_cast<WaitTimeoutReport*>(h);
+    e = cudaMalloc(&lock_, sizeof(unsigned));
+  }
+  if (e == cudaSuccess) e = cudaMemset(lock_, 0, sizeof(unsigned));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaFreeHost(report_);
+    cudaFree(lock_);
+    throw Error("grouped GEMM timeout report", "mapped host memory and a device word",
+                cudaGetErrorString(e));
+  }
 }
 
-std::string last_wait_timeout() {
-  return wait_timeouts(false);
+TimeoutReport::~TimeoutReport() {
+  cudaFreeHost(report_);
+  cudaFree(lock_);
+}
+
+std::string TimeoutReport::take() {
+  volatile WaitTimeoutReport* r = report_;
+  std::string text = report_text(r, device_);
+  if (!text.empty()) r->timed_out = 0;
+  return text;
+}
+
+std::string TimeoutReport::peek() const {
+  return report_text(report_, device_);
 }
 
 int persistent_grid_size() {
@@ -182,43 +172,6 @@ int persistent_grid_size() {
 }
 
 namespace {
-
-// A diagnostic override from the environment: `variable` unset, empty or "automatic" gives
-// Enum::automatic, else the choice named (`names[i]` for Enum value i + 1); anything else throws.
-template <class Enum, std::size_t kChoices>
-Enum choice_from_environment(const char* variable, const char* const (&names)[kChoices]) {
-  const char* v = std::getenv(variable);
-  if (v == nullptr || *v == '\0' || std::string(v) == "automatic") return Enum::automatic;
-  std::string expected = "automatic";
-  for (std::size_t i = 0; i < kChoices; ++i) {
-    if (std::string(v) == names[i]) return static_cast<Enum>(i + 1);
-    expected += std::string(i + 1 < kChoices ? ", " : " or ") + names[i];
-  }
-  throw Error(variable, expected, v);
-}
-
-// NOTES: MOK_GEMM_CONSUMERS=cooperative|ping_pong replaces the automatic choice in every launch
-// that leaves `consumers` automatic (a diagnostic for layer-level A/B runs). Read once.
-Consumers default_consumers() {
-  static_assert(static_cast<int>(Consumers::ping_pong) == 2, "names in enum order");
-  static const Consumers consumers =
-      choice_from_environment<Consumers>("MOK_GEMM_CONSUMERS", {"cooperative", "ping_pong"});
-  return consumers;
-}
-
-// Runs body(Form<kKind, ping-pong?>{}) for the schedule `requested` resolves to.
-template <FormKind kKind, class Body>
-void with_form(Consumers requested, Body&& body) {
-  Consumers c = requested == Consumers::automatic ? default_consumers() : requested;
-  if (c == Consumers::automatic) {
-    c = kPingPongByDefault[static_cast<int>(kKind)] ? Consumers::ping_pong : Consumers::cooperative;
-  }
-  if (c == Consumers::ping_pong) {
-    body(Form<kKind, true>{});
-  } else {
-    body(Form<kKind, false>{});
-  }
-}
 
 // body(std::true_type{}) or body(std::false_type{}): a launch-level option as a compile-time one.
 template <class Body>
@@ -233,7 +186,7 @@ void with_flag(bool on, Body&& body) {
 // Form F with epilogue policy E over `d`.
 template <class F, class E>
 void launch(const GemmDescriptor& d, cudaStream_t stream) {
-  launch_grouped_gemm<F::kind, E>(d, F::kPingPong, stream);
+  launch_grouped_gemm<F::kind, E>(d, stream);
 }
 
 }  // namespace
@@ -302,12 +255,6 @@ std::optional<GemmDescriptor> describe_rows_times_weight_t(const RowsTimesWeight
   return d;
 }
 
-// The forms a megakernel runs (kernels/fused_forward.cu): the cooperative schedule's.
-template std::optional<GemmDescriptor> describe_gate_up_forward<Form<FormKind::kGateUp, false>>(
-    const GateUpForwardArgs&);
-template std::optional<GemmDescriptor> describe_rows_times_weight_t<Form<FormKind::kRowsWT, false>>(
-    const RowsTimesWeightTArgs&);
-
 namespace {
 
 template <class F>
@@ -332,8 +279,10 @@ void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
   });
 }
 
+}  // namespace
+
 template <class F>
-void rows_times_weight_form(const RowsTimesWeightArgs& args) {
+std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.n, "n");
   check_multiple_of_64(args.k, "k");
@@ -356,7 +305,7 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   check(sw.scaled_hidden == nullptr || (sw.row_scale != nullptr && sw.dot != nullptr),
         "swiglu.scaled_hidden", "null without both swiglu.row_scale and swiglu.dot",
         to_text(sw.scaled_hidden));
-  if (s.capacity_rows == 0) return;
+  if (s.capacity_rows == 0) return std::nullopt;
   const CUtensorMap a =
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
@@ -412,7 +361,18 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
     d.b2 = make_tensor_map_bf16(args.w2, static_cast<long long>(s.num_groups) * args.k, args.n,
                                 args.n, F::kBoxRowsB, "w2");
   }
-  if (swiglu) {
+  return d;
+}
+
+namespace {
+
+template <class F>
+void rows_times_weight_form(const RowsTimesWeightArgs& args) {
+  const std::optional<GemmDescriptor> described = describe_rows_times_weight<F>(args);
+  if (!described) return;
+  const GemmDescriptor& d = *described;
+  const SwigluBackwardEpilogue& sw = args.swiglu;
+  if (sw.d_gate != nullptr) {
     with_flag(sw.row_scale != nullptr, [&](auto scaled) {
       with_flag(sw.dot != nullptr, [&](auto dot) {
         with_flag(sw.limit.has_value(), [&](auto clamped) {
@@ -435,17 +395,10 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   }
 }
 
-// NOTES: MOK_GEMM_WGRAD_ORDER=fixed|tickets replaces the automatic choice in every launch that
-// leaves `order` automatic (a diagnostic: the layer's A/B of docs/perf/NOTES.md v4). Read once.
-TileOrder default_wgrad_order() {
-  static_assert(static_cast<int>(TileOrder::tickets) == 2, "names in enum order");
-  static const TileOrder order =
-      choice_from_environment<TileOrder>("MOK_GEMM_WGRAD_ORDER", {"fixed", "tickets"});
-  return order;
-}
+}  // namespace
 
 template <class F>
-void weight_grad_form(const WeightGradArgs& args) {
+std::optional<GemmDescriptor> describe_weight_grad(const WeightGradArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.m, "m");
   check_multiple_of_64(args.n, "n");
@@ -492,18 +445,15 @@ void weight_grad_form(const WeightGradArgs& args) {
   }
   // NOTES: the counter pair is the caller's (WeightGradArgs::tickets), so no two launches share
   // one unless the caller says so: launches in flight at once each have their own.
-  const TileOrder order = args.order == TileOrder::automatic ? default_wgrad_order() : args.order;
   if (args.tickets == nullptr) {
     check(args.order != TileOrder::tickets, "WeightGradArgs.tickets",
           "2 zeroed words of device memory (order = TileOrder::tickets draws tiles from them)",
           "null");
-    check(order != TileOrder::tickets, "MOK_GEMM_WGRAD_ORDER",
-          "fixed or automatic for a launch without WeightGradArgs.tickets", "tickets");
   }
   check(reinterpret_cast<std::uintptr_t>(args.tickets) % 4 == 0, "WeightGradArgs.tickets",
         "4-byte alignment", to_text(args.tickets));
   p.tickets = args.tickets;
-  p.tile_order = static_cast<int>(args.tickets == nullptr ? TileOrder::fixed : order);
+  p.tile_order = static_cast<int>(args.tickets == nullptr ? TileOrder::fixed : args.order);
   if constexpr (F::kTmaStore) {
     if (!args.out_fp32) {
       // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are m rows apart.
@@ -511,6 +461,14 @@ void weight_grad_form(const WeightGradArgs& args) {
                                    args.ld_out, 64, "out");
     }
   }
+  return d;
+}
+
+namespace {
+
+template <class F>
+void weight_grad_form(const WeightGradArgs& args) {
+  const GemmDescriptor d = *describe_weight_grad<F>(args);
   using epilogue::GradOut;
   if (!args.out_fp32) {
     launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream);
@@ -523,28 +481,36 @@ void weight_grad_form(const WeightGradArgs& args) {
 
 }  // namespace
 
+// Every form's descriptor, for kernels that run the GEMM themselves (the forward megakernel,
+// kernels/fused_forward.cu; tests/cpp's stall kernels).
+template std::optional<GemmDescriptor> describe_gate_up_forward<Form<FormKind::kGateUp>>(
+    const GateUpForwardArgs&);
+template std::optional<GemmDescriptor> describe_rows_times_weight_t<Form<FormKind::kRowsWT>>(
+    const RowsTimesWeightTArgs&);
+template std::optional<GemmDescriptor> describe_rows_times_weight<Form<FormKind::kRowsW>>(
+    const RowsTimesWeightArgs&);
+template std::optional<GemmDescriptor> describe_weight_grad<Form<FormKind::kWeightGrad>>(
+    const WeightGradArgs&);
+template std::optional<GemmDescriptor> describe_weight_grad<Form<FormKind::kWeightGradContinued>>(
+    const WeightGradArgs&);
+
 void gate_up_forward(const GateUpForwardArgs& args) {
-  with_form<FormKind::kGateUp>(args.consumers,
-                               [&](auto f) { gate_up_forward_form<decltype(f)>(args); });
+  gate_up_forward_form<Form<FormKind::kGateUp>>(args);
 }
 
 void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
-  with_form<FormKind::kRowsWT>(args.consumers,
-                               [&](auto f) { rows_times_weight_t_form<decltype(f)>(args); });
+  rows_times_weight_t_form<Form<FormKind::kRowsWT>>(args);
 }
 
 void rows_times_weight(const RowsTimesWeightArgs& args) {
-  with_form<FormKind::kRowsW>(args.consumers,
-                              [&](auto f) { rows_times_weight_form<decltype(f)>(args); });
+  rows_times_weight_form<Form<FormKind::kRowsW>>(args);
 }
 
 void weight_grad(const WeightGradArgs& args) {
   if (args.continue_reduction) {
-    with_form<FormKind::kWeightGradContinued>(args.consumers,
-                                              [&](auto f) { weight_grad_form<decltype(f)>(args); });
+    weight_grad_form<Form<FormKind::kWeightGradContinued>>(args);
   } else {
-    with_form<FormKind::kWeightGrad>(args.consumers,
-                                     [&](auto f) { weight_grad_form<decltype(f)>(args); });
+    weight_grad_form<Form<FormKind::kWeightGrad>>(args);
   }
 }
 

@@ -1,12 +1,8 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
-// F::kStages-deep shared-memory ring) and two Consumer warpgroups, either cooperative (each issues
-// wgmma m64n256k16 on its 64-row half of a 128 x 256 tile) or ping-pong (each owns every other
-// tile of the CTA, 128 x 128, and issues two m64n128k16 per k16 step). Full barriers: one arrival
-// from the Producer + the stage's TMA bytes. Empty barriers: one arrival per reading consumer warp
-// (F::kReaders) once its wgmma have read the stage.
-// Ping-pong turns: consumer warpgroup w waits on turn(w) before its K loop and, once the loop's
-// last wgmma is issued, arrives on the other's turn; so the two K loops alternate on the tensor
-// cores in the CTA's tile order and each warpgroup's epilogue overlaps the other's K loop.
+// F::kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on
+// its 64-row half of a 128 x 256 tile). Full barriers: one arrival from the Producer + the stage's
+// TMA bytes. Empty barriers: one arrival per reading consumer warp (F::kReaders) once its wgmma
+// have read the stage.
 // The tile queue (K-grouped forms): the Producer draws a ticket, publishes it in a slot and
 // arrives on the slot's full barrier; every consumer thread reads it, and each consumer warp then
 // arrives on the slot's empty barrier.
@@ -50,12 +46,6 @@ struct PipelineState {
       phase ^= 1u;
     }
   }
-  // Past `n` stages at once (a ping-pong consumer skipping the other warpgroup's tile).
-  __device__ void advance(int n) {
-    const int s = stage + n;
-    phase ^= static_cast<std::uint32_t>(s / kStages) & 1u;
-    stage = s % kStages;
-  }
 };
 
 // The tile queue's position as one counter (slot = count mod depth, parity = (count / depth) mod
@@ -88,7 +78,6 @@ enum : int {
   kBarrierEmpty = 1,
   kBarrierTileFull = 2,
   kBarrierTileEmpty = 3,
-  kBarrierTurn = 4
 };
 
 // The CTA's give-up state (shared memory, zero at start): `aborted` turns 1 once one of its waits
@@ -177,12 +166,12 @@ __device__ __forceinline__ bool wait_barrier(const SharedRing<F>& ring, std::uin
 }
 
 // After every role of the CTA has left its loops (a CTA barrier between), by one thread: a CTA
-// that gave up reports its first timed-out wait in `report` (this device's, in mapped host
-// memory), unless a report is there already, which the host has not taken yet. `lock`: a word of
-// device memory, zero unless a CTA is writing the report (so the first one wins whole).
+// that gave up reports its first timed-out wait in `report` (the launch's, in mapped host
+// memory), unless a report is there already, which the host has not taken yet. `lock`: the
+// report's word of device memory, zero unless a CTA is writing it (so the first one wins whole).
 __device__ __forceinline__ void report_wait_timeout(const CtaAbort& a, WaitTimeoutReport* report,
                                                     unsigned* lock, unsigned long long timeout_ns) {
-  if (report == nullptr || atomicCAS(lock, 0u, 1u) != 0u) return;
+  if (report == nullptr || lock == nullptr || atomicCAS(lock, 0u, 1u) != 0u) return;
   volatile WaitTimeoutReport* r = report;
   if (r->timed_out == 0) {
     r->barrier_id = a.barrier_id;
@@ -311,9 +300,10 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
   }
 }
 
-// What the Producer needs to know about its own loads at the end: the stages whose latest arming
-// the test hook skipped (WaitOptions::stall_block; no loads in flight there), and whether the hook
-// is still to fire.
+// What the Producer needs to know about its own loads at the end, in a kernel built with the
+// stall hook (kStallHook: the test kernels of tests/cpp, never the library's): the stages whose
+// latest arming the hook skipped (no loads in flight there), and whether the hook is still to
+// fire.
 struct ProducerLoads {
   std::uint32_t skipped = 0;
   bool stall = false;
@@ -326,8 +316,10 @@ struct NoLoadHook {
 };
 
 // Producer: every K block of one tile, each into the next free stage of the ring; hook(kb) before
-// each. False when the CTA gives up (then the caller stops issuing).
-template <class F, class Hook>
+// each. False when the CTA gives up (then the caller stops issuing). kStallHook (tests only): the
+// first K block of a CTA whose loads.stall is set is never loaded, so its Consumers wait until
+// they give up.
+template <class F, bool kStallHook, class Hook>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
                                           const GemmParams& p, ProducerLoads& loads, Hook&& hook) {
@@ -342,14 +334,17 @@ __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRi
         *static_cast<volatile int*>(&ring.abort()->aborted) != 0) {
       return false;
     }
-    const std::uint32_t bit = 1u << state.stage;
-    if (loads.stall) {  // tests only: this stage's phase never completes
-      loads.stall = false;
-      loads.skipped |= bit;
-    } else {
+    if constexpr (kStallHook) {
+      const std::uint32_t bit = 1u << state.stage;
+      if (loads.stall) {  // this stage's phase never completes
+        loads.stall = false;
+        loads.skipped |= bit;
+        state.advance();
+        continue;
+      }
       loads.skipped &= ~bit;
-      load_k_block<F>(maps, ring, state.stage, tile, kb, p);
     }
+    load_k_block<F>(maps, ring, state.stage, tile, kb, p);
     state.advance();
   }
   return true;
@@ -360,12 +355,12 @@ __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRi
 // an abort they stop waiting, and a CTA must not exit while the copy engine still writes its
 // shared memory and completes transactions on its barriers. Stage s was last armed in the
 // current round if s < state.stage, else in the round before (a fresh barrier passes that wait).
-template <class F>
+template <class F, bool kStallHook>
 __device__ __forceinline__ void drain_loads(const SharedRing<F>& ring,
                                             const PipelineState<F::kStages>& state,
                                             const ProducerLoads& loads, const GemmParams& p) {
   for (int s = 0; s < F::kStages; ++s) {
-    if ((loads.skipped >> s) & 1u) continue;
+    if (kStallHook && ((loads.skipped >> s) & 1u)) continue;
     const std::uint32_t parity = s < state.stage ? state.phase : state.phase ^ 1u;
     (void)wait_barrier(ring, ring.full(s), parity, kBarrierFull, p, false);
   }
@@ -373,8 +368,7 @@ __device__ __forceinline__ void drain_loads(const SharedRing<F>& ring,
 
 // K-grouped forms: rows of the last K block past the group's end may hold anything (padding,
 // the next group); zero them in both operands so they contribute exactly nothing. Every consumer
-// thread that reads the stage takes part (both warpgroups when cooperative, the owner when
-// ping-pong); ends with their named barrier.
+// thread (both warpgroups read the stage) takes part; ends with their named barrier.
 template <class F>
 __device__ __forceinline__ void zero_tail_rows(const SharedRing<F>& ring, int s, int valid_rows,
                                                int reader_thread, int barrier_id) {
@@ -397,79 +391,52 @@ __device__ __forceinline__ void zero_tail_rows(const SharedRing<F>& ring, int s,
   ptx::named_barrier_sync(barrier_id, kThreadsReading);
 }
 
-// Accumulator block `b` (64 rows) of a consumer warpgroup's accumulators.
-template <class F>
-__device__ __forceinline__ float (&acc_block(float (&acc)[F::kAcc], int b))[F::kBlockAcc] {
-  return *reinterpret_cast<float(*)[F::kBlockAcc]>(acc + b * F::kBlockAcc);
-}
-
-// Consumer: the 4 wgmma k16 steps of one K block: cooperative, this warpgroup's 64 rows x 256;
-// ping-pong, both 64-row blocks x 128 (the B descriptor shared by the two).
+// Consumer: the 4 wgmma k16 steps of one K block, this warpgroup's 64 rows x 256.
 template <class F>
 __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedRing<F>& ring, int s,
                                             int consumer_wg) {
-  const std::uint32_t a_base =
-      ptx::smem_addr(ring.a(s)) + (F::kPingPong ? 0 : consumer_wg * (kTileABytes / 2));
+  const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
   const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
   // K-major operands step 16 elements (32 bytes) along a swizzled row; M/N-major operands step 16
-  // rows of 128 bytes. A's 64-row blocks are 8 KiB apart either way (64 rows of 128 bytes, or one
-  // 64-wide M chunk).
+  // rows of 128 bytes. The warpgroups' 64-row halves of A are 8 KiB apart either way (64 rows of
+  // 128 bytes, or one 64-wide M chunk).
   constexpr std::uint32_t kStepA = F::kTransA ? 16 * 128 : 32;
   constexpr std::uint32_t kStepB = F::kTransB ? 16 * 128 : 32;
   constexpr std::uint32_t kLboA = F::kTransA ? kChunkBytes : 16;
   constexpr std::uint32_t kLboB = F::kTransB ? kChunkBytes : 16;
-  constexpr std::uint32_t kBlockA = kTileABytes / 2;
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kTileK / 16; ++kk) {
     const std::uint64_t db = ptx::make_smem_desc_sw128(b_base + kk * kStepB, kLboB, 1024);
-    if constexpr (F::kPingPong) {
-#pragma unroll
-      for (int b = 0; b < F::kBlocks; ++b) {
-        const std::uint64_t da =
-            ptx::make_smem_desc_sw128(a_base + b * kBlockA + kk * kStepA, kLboA, 1024);
-        ptx::wgmma_m64n128k16_bf16<F::kTransA, F::kTransB>(acc_block<F>(acc, b), da, db, 1);
-      }
-    } else {
-      const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * kStepA, kLboA, 1024);
-      ptx::wgmma_m64n256k16_bf16<F::kTransA, F::kTransB>(acc, da, db, 1);
-    }
+    const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * kStepA, kLboA, 1024);
+    ptx::wgmma_m64n256k16_bf16<F::kTransA, F::kTransB>(acc, da, db, 1);
   }
   ptx::wgmma_commit_group();
 }
 
 // Consumer: the whole K loop of one tile into `acc` (already zeroed or seeded). NOTES: one wgmma
 // group stays in flight: block kb is issued before block kb-1 is waited for, and stage kb-1 is
-// released only then, so the tensor cores never wait for the issue. Ping-pong: the loop starts
-// once it is this warpgroup's turn (`turn_parity` on turn(wg)) and passes the turn on once its
-// last wgmma is issued. NOTES: the pass is unconditional: turns strictly alternate along the
-// CTA's tiles, so the other warpgroup waits for it exactly when it has a next tile, and a turn
-// barrier is never a whole phase ahead of its waiter (the waiter's previous tile gates it).
-// A wait that gives up is passed (the data is void once the CTA aborts): every thread of the
-// warpgroup goes through the same wgmma and named barriers whatever its waits returned.
-// `probe` (NoProbe but in a megakernel's trace): landed() once the first K block is in shared
-// memory, multiplied() once the last wgmma is done. `lead` (NoLead unless the epilogue reads rows)
-// runs once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
-// `first` (NoLead unless the consumer holds the previous tile's rows: HeldRows, epilogue.cuh) runs
-// once, after the wgmma of K block 0 is issued (before the loop when there is none), while the
-// tensor cores work. NOTES: K block 0 is then peeled off the loop, so that what `first` reads is
-// dead in the loop's registers.
+// released only then, so the tensor cores never wait for the issue. A wait that gives up is passed
+// (the data is void once the CTA aborts): every thread of the warpgroup goes through the same wgmma
+// and named barriers whatever its waits returned. `probe` (NoProbe but in a megakernel's trace):
+// landed() once the first K block is in shared memory, multiplied() once the last wgmma is done.
+// `lead` (NoLead unless the epilogue reads rows) runs once, after the wgmma of K block max(0,
+// k_blocks - kEpilogueLeadBlocks) is issued. `first` (NoLead unless the consumer holds the previous
+// tile's rows: HeldRows, epilogue.cuh) runs once, after the wgmma of K block 0 is issued (before
+// the loop when there is none), while the tensor cores work. NOTES: K block 0 is then peeled off
+// the loop, so that what `first` reads is dead in the loop's registers.
 template <class F, class Probe, class Lead = NoLead, class First = NoLead>
 __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                          PipelineState<F::kStages>& state, const TileInfo& tile,
                                          const GemmParams& p, int consumer_wg, int lane,
-                                         int reader_thread, std::uint32_t turn_parity,
-                                         const Probe& probe, const Lead& lead = Lead{},
-                                         const First& first = First{}) {
-  if constexpr (F::kPingPong) {
-    (void)wait_barrier(ring, ring.turn(consumer_wg), turn_parity, kBarrierTurn, p);
-  }
+                                         int reader_thread, const Probe& probe,
+                                         const Lead& lead = Lead{}, const First& first = First{}) {
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   int previous_stage = -1;
   constexpr bool kFirst = !std::is_same_v<First, NoLead>;
   if constexpr (kFirst) {
-    static_assert(!F::kPingPong && !F::kKGrouped, "held rows: cooperative M-grouped tiles");
+    static_assert(!F::kKGrouped, "held rows: M-grouped tiles");
     if (tile.k_blocks > 0) {
       (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
       probe.landed();
@@ -486,8 +453,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
     if constexpr (F::kKGrouped) {
       const int valid = tile.row_count - kb * kTileK;
       if (valid < kTileK) {
-        zero_tail_rows(ring, state.stage, valid, reader_thread,
-                       F::kPingPong ? kWarpgroupBarrierId + consumer_wg : kConsumerBarrierId);
+        zero_tail_rows(ring, state.stage, valid, reader_thread, kConsumerBarrierId);
       }
     }
     mma_k_block<F>(acc, ring, state.stage, consumer_wg);
@@ -496,10 +462,6 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
     if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
     previous_stage = state.stage;
     state.advance();
-  }
-  if constexpr (F::kPingPong) {
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(ring.turn(consumer_wg ^ 1));
   }
   ptx::wgmma_wait_group<0>();
   ptx::fence_registers(acc);

@@ -40,8 +40,9 @@
 // between launches: the last CTA to end zeroes them, so graph replays and the next pass start from
 // zero.
 //
-// The trace (benchmarks only: UnfusedLayer::set_forward_trace; off when FusedForwardParams::trace
-// is null): globaltimer stamps (ns) of one launch, in u64 words:
+// The trace (tests and benchmarks only: the hooked kernel of tests/cpp, Layer::set_forward_hooks;
+// off when FusedForwardParams::trace is null): globaltimer stamps (ns) of one launch, in u64
+// words:
 //   [0] the launch's tickets, [1] its grid, [2] its blocks, [3] unused;
 //   CTA c, words 4 + 4 c: [0] its start, [1] its last pulling warp done, [2] its end, [3] unused;
 //   ticket t, words 4 + 4 grid + 8 t (kTraceTicketWords): [0] the Producer was free for it
@@ -51,7 +52,7 @@
 //   its last wgmma was done (thread 128; 0: an empty tile), [6] they ended it (stores
 //   published), [7] the CTA | TaskKind << 16 | block << 32.
 // Tickets past trace_tickets are not traced. What the stamps themselves cost (each reads
-// %globaltimer) is not measured yet (docs/perf/NOTES.md, session 11).
+// %globaltimer) is not measured yet.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,8 +67,8 @@
 namespace mok::cuda {
 
 struct FusedForwardParams {
-  gemm::GemmDescriptor gate_up;  // Form<kGateUp, cooperative>, pre-activations stored
-  gemm::GemmDescriptor down;     // Form<kRowsWT, cooperative>, rows scattered home
+  gemm::GemmDescriptor gate_up;  // Form<kGateUp>, pre-activations stored
+  gemm::GemmDescriptor down;     // Form<kRowsWT>, rows scattered home
   // The shared expert (shared_blocks > 0): dense gate/up (pre-activations stored) over the rank's
   // tokens, and dense down into its output rows.
   gemm::GemmDescriptor gate_up_shared;
@@ -86,16 +87,17 @@ struct FusedForwardParams {
   comm::DeviceErrorRecord* record = nullptr;  // the rank's (local region)
   comm::DeviceErrorRecord* mirror = nullptr;  // its host-mapped mirror, or null
   int rank = 0;
-  int withhold_block = -1;  // tests only: the rows of this block are never pulled
-  std::uint64_t* trace = nullptr;  // benchmarks only: fused_trace_words(grid, trace_tickets)
+  // Test hooks, read only by the hooked kernel (tests/cpp; the library's launcher refuses them).
+  int withhold_block = -1;         // the rows of this block are never pulled (-1: off)
+  std::uint64_t* trace = nullptr;  // fused_trace_words(grid, trace_tickets) words, or null
   int trace_tickets = 0;
 };
 // NOTES: kernel parameters are limited to 4 KiB (without the large-parameter opt-in).
 static_assert(sizeof(FusedForwardParams) <= 4096, "the megakernel's parameters are one parameter");
 
-
 // The launch: a cooperative grid of one CTA per SM of the current device. `clamped`: the clamped
-// SwiGLU epilogue (gate_up.p.swiglu_limit). Throws mok::Error when the launch fails.
+// SwiGLU epilogue (gate_up.p.swiglu_limit). Throws mok::Error when the launch fails, and when the
+// parameters ask for a test hook (withhold_block, trace): the library's kernel has none.
 void launch_fused_forward(const FusedForwardParams& p, bool clamped, cudaStream_t stream);
 
 }  // namespace mok::cuda

@@ -1,181 +1,14 @@
-// sm90_bf16_grouped_gemm: the standalone persistent grouped GEMM, a tile loop around the engine
-// (src/cuda/gemm/engine.cuh); its launchers are in src/cuda/gemm/launch.cu.
-//
-//   Producer  : walks the CTA's tile sequence and, for each tile, engine.produce(tile) (the TMA
-//               loads of its K blocks into the ring).
-//   Consumer0/1 : walk the same sequence and engine.consume(tile) (K loop and epilogue). Ping-pong:
-//               consumer w takes tiles w, w + 2, ... of the sequence and passes over the others.
-//
-// Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order (CTA c: tiles c,
-// c + grid, ...); the K-grouped form takes tickets from the caller's counter pair or in the static
-// heavy-first order, the Producer handing each ticket to the Consumers through the engine's tile
-// queue. Every wait is bounded: a CTA that gives up ends normally and leaves a report in mapped
-// host memory (take_wait_timeout).
-#include <cuda.h>
-#include <cuda_runtime.h>
-
-#include <atomic>
-#include <cstdint>
-#include <string>
-#include <type_traits>
-
-#include "cuda/gemm/config.hpp"
-#include "cuda/gemm/engine.cuh"
-#include "cuda/gemm/launch.hpp"
-#include "cuda/gemm/scheduler.cuh"
-#include "cuda/ptx/fence.cuh"
-#include "mok/error.hpp"
+// The library's instantiations of the standalone grouped GEMM kernel (sm90_bf16_grouped_gemm.cuh):
+// every (form, epilogue) pair the launchers pick (src/cuda/gemm/launch.cu), without test hooks.
+#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
-namespace {
-
-// Zero unless a CTA is writing this device's timeout report (GemmEngine::report_timeout). One copy
-// per device, as every __device__ variable.
-__device__ unsigned g_wait_report_lock;
-
-template <class F, class E>
-__global__ void __launch_bounds__(kThreads, 1)
-    sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  extern __shared__ std::uint8_t smem_raw[];
-  __shared__ SchedulerTables tables;
-  GemmEngine<F, E> engine(smem_raw, d);
-  const int lane = engine.lane();
-  if (threadIdx.x == 0) engine.init();
-  if (threadIdx.x < 32) {
-    TileScheduler<F::kKGrouped>::prepare(d.p.sched, tables, lane);
-    if constexpr (F::kKGrouped) {
-      auto& scratch = *static_cast<SchedulerScratch*>(engine.setup_scratch());
-      TileScheduler<F::kKGrouped>::order_heavy_first(d.p.sched, tables, scratch, lane);
-      TileScheduler<F::kKGrouped>::choose_static_order(d.p.sched, tables, scratch, lane, gridDim.x,
-                                                       static_cast<TileOrder>(d.p.tile_order));
-      ptx::fence_proxy_async_shared();  // the ring's TMA loads overwrite the scratch
-    }
-  }
-  __syncthreads();
-
-  TileScheduler<F::kKGrouped> scheduler{d.p.sched, tables};
-  const int num_tiles = scheduler.num_tiles();
-
-  if (engine.role() == Role::kProducer) {
-    engine.become_producer();
-    if (engine.is_producer_thread()) {
-      if constexpr (F::kKGrouped) {
-        // Static round robin over the heavy-first order when it balances (choose_static_order) or
-        // when the launch has no counter, else the counter. Either way the Consumers get the tiles
-        // through the queue.
-        const bool fixed = tables.static_order != 0 || d.p.tickets == nullptr;
-        const TicketCounter tickets{d.p.tickets};
-        for (int next = blockIdx.x;; next += gridDim.x) {
-          // NOTES: the ticket is drawn once a slot is free and the previous tile's loads are
-          // issued, about kStages K blocks before this CTA can start it: late enough that a CTA
-          // busy with a long tile leaves the next ones to others.
-          if (!engine.reserve_ticket_slot()) break;
-          const int drawn = fixed ? next : tickets.take();
-          const int ticket = drawn < num_tiles ? drawn : kNoTile;
-          if (!engine.publish_ticket(ticket)) break;
-          if (ticket == kNoTile) break;
-          if (!engine.produce(scheduler.tile_of_ticket(ticket))) break;
-        }
-        if (!fixed) tickets.retire();
-      } else {
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-          if (!engine.produce(scheduler.tile(tile))) break;
-        }
-      }
-      engine.finish_producing();
-    }
-  } else {
-    engine.become_consumer();
-    const unsigned wg = static_cast<unsigned>(engine.consumer());
-    if constexpr (F::kKGrouped) {
-      for (unsigned i = 0;; ++i) {
-        const int ticket = engine.take_ticket();
-        if (ticket == kNoTile) break;
-        const TileInfo tile = scheduler.tile_of_ticket(ticket);
-        if (F::kPingPong && (i & 1u) != wg) {
-          engine.pass_over(tile.k_blocks);  // the other warpgroup's tile
-          continue;
-        }
-        engine.consume(tile);
-      }
-    } else {
-      // NOTES: after an abort the remaining tiles still run (their waits give up at once, their
-      // outputs are void): the static order is the one thing all consumer warps agree on.
-      unsigned i = 0;
-      // An epilogue that holds rows: each tile's, until the next tile's first K block.
-      std::conditional_t<epilogue::HoldsRows<E, F>, HeldRows, NoHeldRows> held;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++i) {
-        if (F::kPingPong && (i & 1u) != wg) {
-          engine.pass_over(d.p.sched.k_blocks);  // the other warpgroup's tile
-          continue;
-        }
-        if constexpr (epilogue::HoldsRows<E, F>) {
-          engine.consume(scheduler.tile(tile), held);
-        } else {
-          engine.consume(scheduler.tile(tile));
-        }
-      }
-      store_held(held, lane);  // the last tile's
-    }
-    engine.finish_consuming();
-  }
-  // Every role has left its loops; a CTA that gave up says which wait first did.
-  __syncwarp();
-  __syncthreads();
-  if (threadIdx.x == 0) engine.report_timeout(&g_wait_report_lock);
-#endif
-}
-
-// NOTES: the dynamic shared-memory limit is an attribute of the kernel in each device's context,
-// so it is set once per device and instantiation (once per process left every device but the
-// first with the default 48 KiB limit, and its launches failing).
-template <class F, class E>
-void configure_kernel(int device) {
-  static std::atomic<bool> configured[kMaxDevices] = {};
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && configured[device].load(std::memory_order_acquire)) return;
-  const cudaError_t e = cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F, E>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kSharedBytes));
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw Error("grouped GEMM kernel attribute on device " + to_text(device),
-                to_text(kSharedBytes) + " bytes of dynamic shared memory accepted",
-                cudaGetErrorString(e));
-  }
-  if (cached) configured[device].store(true, std::memory_order_release);
-}
-
-// One CTA per SM of the current device (a persistent grid).
-template <class F, class E>
-void launch(const GemmDescriptor& d, cudaStream_t stream) {
-  configure_kernel<F, E>(current_device());
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  config.gridDim = dim3(persistent_grid_size());
-  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F, E>, d);
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
-  }
-}
-
-}  // namespace
 
 template <FormKind kKind, class E>
-void launch_grouped_gemm(const GemmDescriptor& d, bool ping_pong, cudaStream_t stream) {
-  if (ping_pong) {
-    launch<Form<kKind, true>, E>(d, stream);
-  } else {
-    launch<Form<kKind, false>, E>(d, stream);
-  }
+void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream) {
+  launch_grouped_gemm_kernel<Form<kKind>, E>(d, stream);
 }
 
-// The instantiations: every (form, epilogue) pair the launchers pick (launch.cu), each under both
-// consumer schedules.
 using epilogue::GradOut;
 using epilogue::RowsBf16;
 using epilogue::RowsFp32;
@@ -184,59 +17,59 @@ using epilogue::SwigluForward;
 using epilogue::WeightGrad;
 using Stream = cudaStream_t;
 template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false>>(const GemmDescriptor&,
-                                                                           bool, Stream);
+                                                                           Stream);
 template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true>>(const GemmDescriptor&,
-                                                                          bool, Stream);
+                                                                          Stream);
 // Clamped SwiGLU (swiglu_limit): the same epilogues with kClamped (run on the H200 at 7db507e).
 template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, false>>(const GemmDescriptor&,
-                                                                             bool, Stream);
+                                                                             Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, true>>(const GemmDescriptor&,
-                                                                            bool, Stream);
+                                                                            Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<true, false>>(const GemmDescriptor&,
-                                                                            bool, Stream);
+                                                                            Stream);
 template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<true, true>>(const GemmDescriptor&,
-                                                                           bool, Stream);
+                                                                           Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, RowsBf16<false, false>>(const GemmDescriptor&,
-                                                                            bool, Stream);
+                                                                            Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, RowsBf16<false, true>>(const GemmDescriptor&,
-                                                                           bool, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, RowsFp32>(const GemmDescriptor&, bool, Stream);
+                                                                           Stream);
+template void launch_grouped_gemm<FormKind::kRowsW, RowsFp32>(const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, false>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, false, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true>>(
-    const GemmDescriptor&, bool, Stream);
-// The routed backward where I <= H: bf16(w h) for the down weight gradient as well (session 20).
+    const GemmDescriptor&, Stream);
+// The routed backward where I <= H: bf16(w h) for the down weight gradient as well (b1528ab).
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, false, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true, true>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::bf16>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::fp32>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::bf16>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::fp32>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, bool, Stream);
+    const GemmDescriptor&, Stream);
 
 }  // namespace mok::gemm

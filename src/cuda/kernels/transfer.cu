@@ -18,18 +18,6 @@ __device__ __forceinline__ void each_row(const Params& p, Row row) {
   for (std::int64_t i = warp; i < rows; i += warps) row(p, i, lane, vectors);
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) pull_rows_kernel(PullParams p) {
-  each_row(p, [](const PullParams& q, std::int64_t i, int lane, std::int64_t vectors) {
-    transfer::pull_row(q, i, lane, vectors);
-  });
-}
-
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) push_rows_kernel(PushParams p) {
-  each_row(p, [](const PushParams& q, std::int64_t i, int lane, std::int64_t vectors) {
-    transfer::push_row(q, i, lane, vectors);
-  });
-}
-
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRowsParams p) {
   each_row(p, [](const ScaleRowsParams& q, std::int64_t i, int lane, std::int64_t vectors) {
     transfer::scale_row(q, i, lane, vectors);
@@ -108,12 +96,6 @@ int grid_for(std::int64_t ring_rows) {
 
 }  // namespace
 
-cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream) {
-  if (p.pass.ring_rows <= 0) return cudaSuccess;
-  pull_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
 cudaError_t launch_pull_tokens(const PullParams& p, const std::int32_t* row_of_slot,
                                cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
@@ -130,12 +112,6 @@ cudaError_t launch_pull_tokens(const PullParams& p, const std::int32_t* row_of_s
 cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream) {
   if (p.pass.ring_rows <= 0) return cudaSuccess;
   scale_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_push_rows(const PushParams& p, cudaStream_t stream) {
-  if (p.pass.ring_rows <= 0) return cudaSuccess;
-  push_rows_kernel<<<grid_for(p.pass.ring_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

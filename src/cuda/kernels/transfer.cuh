@@ -44,8 +44,8 @@ __device__ inline uint4 scale_vector(const uint4& in, float w) {
                     scale_pair(in.w, w));
 }
 
-// dst[v] = src[v] for the vectors v = lane, lane + 32, ... below `vectors`, with kBatch loads of the
-// lane in flight before their stores (a puller of a persistent kernel has few warps per SM: the
+// dst[v] = src[v] for the vectors v = lane, lane + 32, ... below `vectors`, with kBatch loads of
+// the lane in flight before their stores (a puller of a persistent kernel has few warps per SM: the
 // loads in flight per warp are what its bandwidth is made of; the standalone kernels keep 1).
 template <int kBatch>
 __device__ inline void copy_vectors(uint4* dst, const uint4* src, int lane, std::int64_t vectors) {
@@ -99,20 +99,9 @@ __device__ inline void pull_row(const PullParams& p, std::int64_t i, int lane,
   for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = scale_vector(from[v], w);
 }
 
-// Ring row i into its slot of the home rank's buffer (PushParams); padding rows go nowhere.
-__device__ inline void push_row(const PushParams& p, std::int64_t i, int lane,
-                                  std::int64_t vectors) {
-  const std::int32_t src = p.pass.table[p.pass.row_offset + i];
-  if (src < 0) return;
-  const RowSource s = decode(src, p.geo);
-  const uint4* from = reinterpret_cast<const uint4*>(p.ring) + i * vectors;
-  uint4* dst = reinterpret_cast<uint4*>(p.dst_peers[s.rank]) + s.slot * vectors;
-  for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = from[v];
-}
-
 // Ring row i scaled in place by its row weight (ScaleRowsParams); padding stays zero.
 __device__ inline void scale_row(const ScaleRowsParams& p, std::int64_t i, int lane,
-                                  std::int64_t vectors) {
+                                 std::int64_t vectors) {
   if (p.pass.table[p.pass.row_offset + i] < 0) return;
   const float w = p.row_weights[i];
   uint4* row = reinterpret_cast<uint4*>(p.ring) + i * vectors;

@@ -53,31 +53,21 @@ struct ScaleRowsParams {
   void* ring = nullptr;                // [ring_rows, H] bf16
 };
 cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream);
-// The dispatch in row order: one warp per ring row (pull_row, transfer.cuh), the order the forward
-// megakernel pulls in. The layer's launches dispatch in token order (launch_pull_tokens); this
-// launcher is the tests' reference for both, and the only one of the scaled form.
-cudaError_t launch_pull_rows(const PullParams& p, cudaStream_t stream);
+
+// The dispatch in row order is pull_row's (transfer.cuh, one warp per ring row), the order the
+// forward megakernel pulls in; tests/cpp/support/transfers.hpp launches it on its own as the
+// tests' reference for both orders.
 
 // The dispatch in token order, the layer's launches' (x forward, d_out backward): the bits of
-// launch_pull_rows without scale (ring[i] = the source row of every kept row i of the pass, zeros
+// the row-order pull without scale (ring[i] = the source row of every kept row i of the pass, zeros
 // in its padding rows), where each source token
 // is read once and copied to every ring row of the pass that holds one of its slots, so a token
 // routed to several of this rank's experts costs one read, where the row order reads it once per
 // row. `row_of_slot`: the schedule's inverse of the same table
 // (WorkspacePlan::row_of_slot: slot -> row, or -1). Weights (`pull.scale_peers` or
 // `pull.scale_own`) only with `pull.row_weights`: the rows unscaled and each row's weight beside
-// it, as launch_pull_rows does (the scaled copy is launch_pull_rows's only: cudaErrorInvalidValue).
+// it, as the row-order pull does (the scaled copy is the row order's only: cudaErrorInvalidValue).
 cudaError_t launch_pull_tokens(const PullParams& pull, const std::int32_t* row_of_slot,
                                cudaStream_t stream);
-
-// Combine (forward) and backward combine: dst[src_rank][t*k+j] = ring[i] for every kept row.
-// `dst_peers`: W pointers to [T*k, H] bf16 slot buffers. Padding rows are not sent.
-struct PushParams {
-  PassRows pass;
-  RowGeometry geo;
-  const void* ring = nullptr;  // [ring_rows, H] bf16
-  void* const* dst_peers = nullptr;
-};
-cudaError_t launch_push_rows(const PushParams& p, cudaStream_t stream);
 
 }  // namespace mok::cuda

@@ -1,16 +1,18 @@
 // The team barrier exercised on its own: many rounds, random delays, and a payload check that
-// shows whether release/acquire ordered the data with the flags. Used by the tests; also the
-// quickest way to see that a set of external peer pointers forms a working team.
+// shows whether release/acquire ordered the data with the flags.
+#include "support/team_selftest.hpp"
+
 #include <algorithm>
 #include <vector>
 
 #include "cuda/comm/team.cuh"
-#include "cuda/comm/team.hpp"
 
-namespace mok {
+namespace mok::test {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kProbeBlocks = 64;  // blocks per rank the test can check
+constexpr int kProbeWords = 16;   // payload words a block writes each round
 
 __device__ __forceinline__ std::uint32_t payload(int round, int rank, int block, int word) {
   return (static_cast<std::uint32_t>(round) * 2654435761u) ^
@@ -21,11 +23,13 @@ __device__ __forceinline__ std::uint32_t payload(int round, int rank, int block,
 template <ptx::Scope Scope>
 __global__ void __launch_bounds__(kThreads)
     team_selftest_kernel(const __grid_constant__ comm::TeamArgs args, int rounds,
-                         const std::uint32_t* delays_ns, int missing_rank,
+                         const std::uint32_t* delays_ns, int missing_rank, std::uint32_t* probe,
                          unsigned long long* mismatches) {
   comm::RankTeam<Scope> team(args);
   if (team.rank() == missing_rank) return;  // the deliberately absent rank
-  const plan::Buffer& probe = args.plan.team_probe;
+  // probe[rank][parity][block][word]: every rank's payload, in one allocation all ranks see (one
+  // process, one device).
+  auto payload_of = [&](int rank) { return probe + rank * 2 * kProbeBlocks * kProbeWords; };
   const int blocks = static_cast<int>(gridDim.x);
   for (int round = 1; round <= rounds; ++round) {
     if (threadIdx.x == 0) {
@@ -40,20 +44,20 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // payload[parity][block][word]: a peer can be at most one round ahead, so parity suffices.
     const int parity = round & 1;
-    std::uint32_t* mine = team.template symmetric<std::uint32_t>(team.rank(), probe) +
-                          (parity * plan::kProbeBlocks + blockIdx.x) * plan::kProbeWords;
-    if (threadIdx.x < plan::kProbeWords)
+    std::uint32_t* mine =
+        payload_of(team.rank()) + (parity * kProbeBlocks + blockIdx.x) * kProbeWords;
+    if (threadIdx.x < kProbeWords)
       mine[threadIdx.x] = payload(round, team.rank(), blockIdx.x, threadIdx.x);
     if (!team.team_barrier()) return;
     unsigned long long bad = 0;
-    const int words = args.world_size * blocks * static_cast<int>(plan::kProbeWords);
+    const int words = args.world_size * blocks * kProbeWords;
     for (int i = threadIdx.x; i < words; i += kThreads) {
-      const int peer = i / (blocks * static_cast<int>(plan::kProbeWords));
-      const int block = (i / static_cast<int>(plan::kProbeWords)) % blocks;
-      const int word = i % static_cast<int>(plan::kProbeWords);
+      const int peer = i / (blocks * kProbeWords);
+      const int block = (i / kProbeWords) % blocks;
+      const int word = i % kProbeWords;
       if (peer == missing_rank) continue;
-      const std::uint32_t* theirs = team.template symmetric<std::uint32_t>(peer, probe) +
-                                    (parity * plan::kProbeBlocks + block) * plan::kProbeWords;
+      const volatile std::uint32_t* theirs =
+          payload_of(peer) + (parity * kProbeBlocks + block) * kProbeWords;
       bad += theirs[word] != payload(round, peer, block, word);
     }
     if (bad) atomicAdd(mismatches, bad);
@@ -68,8 +72,8 @@ std::int64_t team_selftest(Team& team, int rounds, int blocks_per_rank, std::uin
   Team::Impl& t = team.impl();
   t.make_current();
   t.raise_device_errors(nullptr);
-  if (blocks_per_rank < 1 || blocks_per_rank > plan::kProbeBlocks) {
-    throw Error("blocks_per_rank", "in [1, " + to_text(plan::kProbeBlocks) + "]",
+  if (blocks_per_rank < 1 || blocks_per_rank > kProbeBlocks) {
+    throw Error("blocks_per_rank", "in [1, " + to_text(kProbeBlocks) + "]",
                 to_text(blocks_per_rank));
   }
   if (rounds < 1) throw Error("rounds", "at least 1", to_text(rounds));
@@ -85,11 +89,15 @@ std::int64_t team_selftest(Team& team, int rounds, int blocks_per_rank, std::uin
     d = max_delay_ns ? static_cast<std::uint32_t>(z % (std::uint64_t{max_delay_ns} + 1)) : 0u;
   }
   std::uint32_t* d_delays = nullptr;
+  std::uint32_t* d_probe = nullptr;
   unsigned long long* d_bad = nullptr;
+  const std::size_t probe_words = std::size_t(t.world_size) * 2 * kProbeBlocks * kProbeWords;
   cuda_check(cudaMalloc(&d_delays, delays.size() * sizeof(std::uint32_t)), "cudaMalloc");
+  cuda_check(cudaMalloc(&d_probe, probe_words * sizeof(std::uint32_t)), "cudaMalloc");
   cuda_check(cudaMalloc(&d_bad, sizeof(unsigned long long)), "cudaMalloc");
   cudaError_t err = cudaMemcpy(d_delays, delays.data(), delays.size() * sizeof(std::uint32_t),
                                cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemset(d_probe, 0, probe_words * sizeof(std::uint32_t));
   if (err == cudaSuccess) err = cudaMemset(d_bad, 0, sizeof(unsigned long long));
 
   const comm::TeamArgs args = t.team_args();
@@ -102,21 +110,22 @@ std::int64_t team_selftest(Team& team, int rounds, int blocks_per_rank, std::uin
   config.attrs = &attr;
   config.numAttrs = 1;
   if (err == cudaSuccess) {
-    err =
-        t.virtual_ranks
-            ? cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::gpu>, args, rounds,
-                                 static_cast<const std::uint32_t*>(d_delays), missing_rank, d_bad)
-            : cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::sys>, args, rounds,
-                                 static_cast<const std::uint32_t*>(d_delays), missing_rank, d_bad);
+    err = t.virtual_ranks ? cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::gpu>, args,
+                                               rounds, static_cast<const std::uint32_t*>(d_delays),
+                                               missing_rank, d_probe, d_bad)
+                          : cudaLaunchKernelEx(&config, team_selftest_kernel<ptx::Scope::sys>, args,
+                                               rounds, static_cast<const std::uint32_t*>(d_delays),
+                                               missing_rank, d_probe, d_bad);
   }
   if (err == cudaSuccess) err = cudaDeviceSynchronize();
   unsigned long long bad = 0;
   if (err == cudaSuccess) err = cudaMemcpy(&bad, d_bad, sizeof(bad), cudaMemcpyDeviceToHost);
   cudaFree(d_delays);
+  cudaFree(d_probe);
   cudaFree(d_bad);
   cuda_check(err, "team self-test");
   t.raise_device_errors(nullptr);
   return static_cast<std::int64_t>(bad);
 }
 
-}  // namespace mok
+}  // namespace mok::test

@@ -132,8 +132,7 @@ namespace {
 // The context's fields one after another in one buffer, each at a multiple of
 // plan::kBufferAlignment bytes (the workspace plan's rule); returns the views and, in `end`, the
 // bytes they take. With `base` null only `end` means anything.
-ForwardContext carve_context(const ForwardContextLayout& l, std::uint8_t* base,
-                             std::int64_t& end) {
+ForwardContext carve_context(const ForwardContextLayout& l, std::uint8_t* base, std::int64_t& end) {
   const std::int64_t e = static_cast<std::int64_t>(dtype_size(l.dtype));
   end = 0;
   auto take = [&](std::int64_t rows, std::int64_t cols) {
@@ -163,8 +162,8 @@ ForwardContextLayout forward_context_layout(const Problem& p, const Config& c, B
   }
   ForwardContextLayout l;
   l.dtype = activation_dtype;
-  l.device = backend == Backend::cpu ? Device{DeviceKind::cpu, 0}
-                                     : Device{DeviceKind::cuda, device_index};
+  l.device =
+      backend == Backend::cpu ? Device{DeviceKind::cpu, 0} : Device{DeviceKind::cuda, device_index};
   l.hidden_size = p.hidden_size;
   l.intermediate_size = p.intermediate_size;
   l.num_tokens = p.num_tokens;
@@ -208,24 +207,23 @@ namespace {
 
 ContextKey key_of(const Inputs& in, const Weights& w) {
   ContextKey k;
-  k.tensors = {in.x.data,  in.topk_experts.data, in.topk_weights.data,
-               w.gate.data, w.up.data,            w.down.data,
-               w.shared_gate.data, w.shared_up.data, w.shared_down.data};
+  k.tensors = {in.x.data,         in.topk_experts.data, in.topk_weights.data, w.gate.data,
+               w.up.data,         w.down.data,          w.shared_gate.data,   w.shared_up.data,
+               w.shared_down.data};
   k.swiglu_limit = w.swiglu_limit;
   k.recorded = true;
   return k;
 }
 
-constexpr const char* kKeyNames[ContextKey::kTensors] = {
-    "x",
-    "topk_experts",
-    "topk_weights",
-    "routed_gate_weights",
-    "routed_up_weights",
-    "routed_down_weights",
-    "shared_gate_weights",
-    "shared_up_weights",
-    "shared_down_weights"};
+constexpr const char* kKeyNames[ContextKey::kTensors] = {"x",
+                                                         "topk_experts",
+                                                         "topk_weights",
+                                                         "routed_gate_weights",
+                                                         "routed_up_weights",
+                                                         "routed_down_weights",
+                                                         "shared_gate_weights",
+                                                         "shared_up_weights",
+                                                         "shared_down_weights"};
 
 // Backward's inputs against the tensors the context was computed from (entries the recording
 // call did not read are null and not compared).
@@ -303,8 +301,7 @@ void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const Tenso
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
   const bool recompute = out == nullptr;
-  check_inputs(ws.problem, act, dev, in, w,
-               recompute ? InputUse::context_only : InputUse::forward);
+  check_inputs(ws.problem, act, dev, in, w, recompute ? InputUse::context_only : InputUse::forward);
   if (out) {
     check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);
     if (dev.kind == DeviceKind::cuda) check_aligned_16("out", *out);

@@ -23,6 +23,11 @@
 
 namespace mok::cuda {
 
+struct FusedForwardParams;  // kernels/fused_forward.hpp
+// A launcher with kernels/fused_forward.hpp's launch_fused_forward contract: the library's, or
+// the hooked one tests/cpp builds (which honours FusedForwardParams' withhold_block and trace).
+using FusedLauncher = void (*)(const FusedForwardParams& p, bool clamped, cudaStream_t stream);
+
 // One rank's tensors for a call (CUDA views; `out`, `d_out` and `grads` only where the call uses
 // them). `ctx` is the rank's forward context: forward writes it, backward reads it.
 struct RankTensors {
@@ -42,17 +47,16 @@ struct ExternalRank {
   std::uint64_t barrier_timeout_ms = 10000;
 };
 
-class UnfusedLayer {
+class Layer {
  public:
   // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
   // `external.symmetric_bases`, rank p.ep_rank of a team whose other ranks are other processes.
   // Every rank of an external team must construct its layer before any rank calls it (a host
   // barrier between construction and the first call: the team's flags start at zero).
-  UnfusedLayer(const Problem& p, const Config& config, int device,
-               const ExternalRank& external = {});
-  ~UnfusedLayer();
-  UnfusedLayer(const UnfusedLayer&) = delete;
-  UnfusedLayer& operator=(const UnfusedLayer&) = delete;
+  Layer(const Problem& p, const Config& config, int device, const ExternalRank& external = {});
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
 
   // `ranks`: one entry per rank this process runs (all W, or the one external rank).
   // Every rank's forward (`write_output` false: recompute_forward_context, which writes the same
@@ -69,15 +73,23 @@ class UnfusedLayer {
   // both on one layer). Throws mok::Error for the fused path on a team across processes.
   ForwardPath forward_path() const;
   void set_forward_path(ForwardPath path);
-  // Tests only: the forward megakernel never pulls ring rows [128 b, 128 b + 128) of a pass (-1:
-  // off), so the gate/up tiles of those rows wait until `timeout_ms` (0: the team's barrier
-  // timeout) and the call's outputs are void.
-  void set_withheld_block(int b, std::uint64_t timeout_ms = 0);
-  // Benchmarks only: the forward megakernel's launch of the first rank's pass 0 writes its trace
-  // (kernels/fused_forward.hpp: globaltimer stamps per CTA and per ticket) into `words` u64 words
-  // of device memory at `trace` (null: off); tickets past what fits are not traced. Throws when
-  // `words` cannot hold the header and one set of per-CTA words (forward_trace_words(0)).
-  void set_forward_trace(std::uint64_t* trace, std::int64_t words);
+  // Tests and benchmarks only: the forward megakernel's hooks. The library's kernel has none of
+  // their code; a launcher built with them (tests/cpp/test_hooks.hpp) must be given.
+  struct ForwardHooks {
+    // The megakernel never pulls ring rows [128 b, 128 b + 128) of a pass (-1: off), so the
+    // gate/up tiles of those rows wait until the timeout and the call's outputs are void.
+    int withheld_block = -1;
+    std::uint64_t timeout_ms = 0;  // the megakernel's waits (0: the team's barrier timeout)
+    // The launch of the first rank's pass 0 writes its trace (kernels/fused_forward.hpp:
+    // globaltimer stamps per CTA and per ticket) into `trace_words` u64 words of device memory
+    // at `trace` (null: off); tickets past what fits are not traced.
+    std::uint64_t* trace = nullptr;
+    std::int64_t trace_words = 0;
+    FusedLauncher launcher = nullptr;  // null: the library's (no hooks)
+  };
+  // Throws when the trace cannot hold the header and one set of per-CTA words
+  // (forward_trace_words(0)), or a hook is asked for without a launcher.
+  void set_forward_hooks(const ForwardHooks& hooks);
   // Words of a trace with room for `tickets` tickets on this device's grid.
   static std::int64_t forward_trace_words(std::int64_t tickets);
 

@@ -12,29 +12,6 @@
 namespace mok {
 
 // LayerBackend's defaults: only the CPU reference runs host expert parallelism.
-static Error no_host_ep() {
-  return Error("backend", "cpu (host expert parallelism runs on the CPU reference)",
-               "a backend without it");
-}
-void LayerBackend::ep_expert_forward(const Inputs&, const Weights&, const TensorView*,
-                                     const ForwardContext&) {
-  throw no_host_ep();
-}
-void LayerBackend::ep_home_forward(const Inputs&, const Weights&, const TensorView*,
-                                   const TensorView*, const ForwardContext&) {
-  throw no_host_ep();
-}
-void LayerBackend::ep_expert_backward(const Inputs&, const Weights&, const ForwardContext&,
-                                      const TensorView&, const TensorView&, const TensorView&,
-                                      const Grads&, const BackwardOptions&) {
-  throw no_host_ep();
-}
-void LayerBackend::ep_home_backward(const Inputs&, const Weights&, const ForwardContext&,
-                                    const TensorView&, const TensorView&, const TensorView&,
-                                    const Grads&, const BackwardOptions&) {
-  throw no_host_ep();
-}
-
 namespace host_ep {
 namespace {
 
