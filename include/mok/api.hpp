@@ -19,8 +19,11 @@
 //
 // Who owns what (DESIGN.md section 3): the forward context (what backward reads of the forward)
 // is tensors the caller owns; the Workspace holds only scratch, so one workspace serves any number
-// of layers of its shape. Calls on one workspace must not run concurrently (two host threads, or
-// two streams whose work overlaps): they share its scratch.
+// of layers of its shape. Its calls share that scratch: on the CUDA backend a call on a stream
+// other than the previous call's waits on the device for that call's work (an event; no host
+// synchronization), so layers sharing a workspace may run on different streams. Calls being
+// captured into a CUDA graph are ordered by the graph; a replay on one stream beside eager calls
+// on another is the caller's to order. Calls from two host threads at once are not allowed.
 #pragma once
 
 #include <array>
@@ -154,7 +157,8 @@ class Workspace {
   std::size_t bytes() const;  // memory this workspace holds
 
   // CUDA backend: the cudaStream_t later calls enqueue their work on (null: the legacy default
-  // stream). Calls return once the work is enqueued; they never wait for the device.
+  // stream). Calls return once the work is enqueued; they never wait for the device. A call on
+  // another stream than the previous call's first waits (on the device) for that call's work.
   void set_stream(void* stream);
 
   // How many forward, recompute_forward_context and backward calls this workspace has run (for

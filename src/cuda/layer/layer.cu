@@ -292,6 +292,11 @@ struct Layer::Impl {
   ForwardPath path = config.forward_path;
   std::int64_t fused_stage_rows = config.resolved_fused_stage_rows();
   ForwardHooks hooks;  // tests and benchmarks only (set_forward_hooks)
+  // The order of calls on different streams (CallOrder): the event the last eager call recorded
+  // on its stream when its work was enqueued.
+  cudaEvent_t call_done = nullptr;
+  cudaStream_t last_stream = nullptr;
+  bool recorded = false;
   // Where this layer's GEMM launches report a wait that gave up (check_errors takes it): its own,
   // so a stall is reported by the layer that stalled.
   std::unique_ptr<gemm::TimeoutReport> gemm_report;
@@ -338,6 +343,7 @@ struct Layer::Impl {
       if (e != nullptr) cudaEventDestroy(e);
     }
     if (wgrad.forked != nullptr) cudaEventDestroy(wgrad.forked);
+    if (call_done != nullptr) cudaEventDestroy(call_done);
     cudaFree(layer);
   }
 
@@ -546,6 +552,45 @@ struct Layer::Impl {
   }
 };
 
+namespace {
+
+// Calls on one layer share its scratch, so a call on a stream other than the previous call's
+// waits on the device for that call's work (an event it recorded), and records its own when its
+// work is enqueued (also when it throws part-way). No host synchronization. Inside a stream
+// capture the graph orders its own calls; a call being captured neither waits nor records (an
+// event recorded outside a capture cannot be waited on inside one), so a graph replayed on one
+// stream beside eager calls on another is the caller's to order.
+class CallOrder {
+ public:
+  CallOrder(Layer::Impl& m, cudaStream_t s) : m_(m), s_(s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+    captured_ = status != cudaStreamCaptureStatusNone;
+    if (!captured_ && m.recorded && s != m.last_stream) {
+      check(cudaStreamWaitEvent(s, m.call_done, 0), "cudaStreamWaitEvent (the previous call)");
+    }
+  }
+  ~CallOrder() {
+    if (captured_) return;
+    if (cudaEventRecord(m_.call_done, s_) == cudaSuccess) {
+      m_.last_stream = s_;
+      m_.recorded = true;
+    } else {
+      (void)cudaGetLastError();  // the call's own error is the one to report
+      m_.recorded = false;
+    }
+  }
+  CallOrder(const CallOrder&) = delete;
+  CallOrder& operator=(const CallOrder&) = delete;
+
+ private:
+  Layer::Impl& m_;
+  cudaStream_t s_;
+  bool captured_ = false;
+};
+
+}  // namespace
+
 Layer::Layer(const Problem& p, const Config& config, int device, const ExternalRank& external)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
@@ -605,6 +650,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
     check(cudaEventCreateWithFlags(&m.wgrad.done[i], cudaEventDisableTiming), "cudaEventCreate");
   }
   check(cudaEventCreateWithFlags(&m.wgrad.forked, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&m.call_done, cudaEventDisableTiming), "cudaEventCreate");
   // Each array: W pointers at its place in the peers buffer.
   auto peers = [&](plan::Peers which) {
     return base0 + pl.peers.offset + static_cast<int>(which) * W * sizeof(void*);
@@ -685,6 +731,7 @@ std::size_t Layer::bytes() const {
   return static_cast<std::size_t>(impl_->count * impl_->layer_bytes + t.allocation_bytes);
 }
 void Layer::check_errors(cudaStream_t stream) {
+  const CallOrder order(*impl_, stream);
   impl_->team.check_errors(stream);
   const std::string stalled = impl_->gemm_report->take();
   if (!stalled.empty()) throw Error(stalled + " (the launch gave up; its outputs are void)");
@@ -692,6 +739,7 @@ void Layer::check_errors(cudaStream_t stream) {
 
 void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaStream_t s) {
   Impl& m = *impl_;
+  const CallOrder order(m, s);
   const Problem& p = m.problem;
   const std::int64_t T = p.num_tokens, k = p.topk, H = p.hidden_size,
                      S = p.shared_intermediate_size;
@@ -749,6 +797,7 @@ void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaS
 void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& options,
                      cudaStream_t s) {
   Impl& m = *impl_;
+  const CallOrder order(m, s);
   const Problem& p = m.problem;
   const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk,
                      S = p.shared_intermediate_size;

@@ -58,6 +58,8 @@ class Layer {
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
 
+  // Calls on different streams are ordered on the device: each waits for the previous call's work
+  // (an event; not inside a stream capture, where the graph orders them).
   // `ranks`: one entry per rank this process runs (all W, or the one external rank).
   // Every rank's forward (`write_output` false: recompute_forward_context, which writes the same
   // context, the first ring pass's gate/up only, without the down projection or `out`).
