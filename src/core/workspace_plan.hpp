@@ -43,6 +43,7 @@
 //     shared_d_gate/d_up   bf16 [T, S] each    (S > 0 only)
 //     dense_rows           i32  [1]            T, for the shared expert's dense GEMMs
 //     wgrad_tickets        u32  [3, 2]         a ticket counter pair per weight-gradient stream
+//     wait_report_lock     u32  [1]            the lock of the layer's GEMM timeout report
 //     peers                ptr  [6, W]         every rank's staging and slot buffers
 //     fused_counters       u32  [2 ceil(R/128) + ceil(T/128) + 3]  the forward megakernel's
 //                                              ready, done, shared_done, ticket, pull and exit
@@ -113,7 +114,7 @@ struct WorkspacePlan {
   Buffer pass_x, pass_gate, pass_up, pass_hidden, rows_d_out, rows_d_gate, rows_d_up,
       rows_scaled_hidden, row_weights, row_dots, pass_starts, pass_rows, pass_steps, carry_gate,
       carry_up, carry_down, shared_out, shared_d_gate, shared_d_up, dense_rows, wgrad_tickets,
-      peers, fused_counters;
+      wait_report_lock, peers, fused_counters;
   std::int64_t layer_bytes = 0;
   std::int64_t ring_rows = 0;    // R: rows of a pass (and of the forward context's routed rows)
   std::int64_t max_passes = 1;   // P
@@ -234,6 +235,7 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   p.shared_d_up = carve(end, T * S * bf16);
   p.dense_rows = carve(end, i32);
   p.wgrad_tickets = carve(end, kWgradStreams * 2 * u32);
+  p.wait_report_lock = carve(end, u32);
   p.peers = carve(end, static_cast<std::int64_t>(Peers::count) * W * 8);
   p.fused_counters = carve(end, fused_counter_words(R, T) * u32);
   p.layer_bytes = end;
@@ -295,6 +297,7 @@ inline constexpr BufferInfo kBuffers[] = {
     {"shared_d_up", Region::layer, &WorkspacePlan::shared_d_up, "bf16 [T, S]"},
     {"dense_rows", Region::layer, &WorkspacePlan::dense_rows, "i32 [1]"},
     {"wgrad_tickets", Region::layer, &WorkspacePlan::wgrad_tickets, "u32 [3, 2]"},
+    {"wait_report_lock", Region::layer, &WorkspacePlan::wait_report_lock, "u32 [1]"},
     {"peers", Region::layer, &WorkspacePlan::peers, "ptr [6, W]"},
     {"fused_counters", Region::layer, &WorkspacePlan::fused_counters,
      "u32 [2 * ceil(R/128) + ceil(T/128) + 3]"},

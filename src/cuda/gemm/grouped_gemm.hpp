@@ -43,7 +43,9 @@ struct WaitTimeoutReport;  // descriptor.cuh
 // whose launch stalled, never by another's), never shared by callers who read it apart.
 class TimeoutReport {
  public:
-  TimeoutReport();  // throws mok::Error when the memory cannot be had
+  // `lock`: a zeroed word of device memory the report uses (e.g. a buffer of the caller's own
+  // allocation); null: the report allocates one. Throws mok::Error when memory cannot be had.
+  explicit TimeoutReport(unsigned* lock = nullptr);
   ~TimeoutReport();
   TimeoutReport(const TimeoutReport&) = delete;
   TimeoutReport& operator=(const TimeoutReport&) = delete;
@@ -61,6 +63,7 @@ class TimeoutReport {
  private:
   WaitTimeoutReport* report_ = nullptr;  // mapped pinned host memory (host and device pointer)
   unsigned* lock_ = nullptr;             // device memory, zero
+  bool own_lock_ = false;
   int device_ = 0;
 };
 

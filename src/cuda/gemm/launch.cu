@@ -127,20 +127,21 @@ std::string report_text(const volatile WaitTimeoutReport* r, int device) {
 
 // NOTES: portable, so the host memory is mapped in every device's context; with unified
 // addressing (every sm_90 system) the host pointer is the device pointer.
-TimeoutReport::TimeoutReport() : device_(current_device()) {
+TimeoutReport::TimeoutReport(unsigned* lock)
+    : lock_(lock), own_lock_(lock == nullptr), device_(current_device()) {
   void* h = nullptr;
   cudaError_t e =
       cudaHostAlloc(&h, sizeof(WaitTimeoutReport), cudaHostAllocMapped | cudaHostAllocPortable);
   if (e == cudaSuccess) {
     std::memset(h, 0, sizeof(WaitTimeoutReport));
     report_ = static_cast<WaitTimeoutReport*>(h);
-    e = cudaMalloc(&lock_, sizeof(unsigned));
+    if (own_lock_) e = cudaMalloc(&lock_, sizeof(unsigned));
   }
-  if (e == cudaSuccess) e = cudaMemset(lock_, 0, sizeof(unsigned));
+  if (e == cudaSuccess && own_lock_) e = cudaMemset(lock_, 0, sizeof(unsigned));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     cudaFreeHost(report_);
-    cudaFree(lock_);
+    if (own_lock_) cudaFree(lock_);
     throw Error("grouped GEMM timeout report", "mapped host memory and a device word",
                 cudaGetErrorString(e));
   }
@@ -148,7 +149,7 @@ TimeoutReport::TimeoutReport() : device_(current_device()) {
 
 TimeoutReport::~TimeoutReport() {
   cudaFreeHost(report_);
-  cudaFree(lock_);
+  if (own_lock_) cudaFree(lock_);
 }
 
 std::string TimeoutReport::take() {

@@ -216,7 +216,7 @@ __device__ __forceinline__ void pull_rows(const FusedForwardParams& fp) {
     __syncwarp();
     if (lane == 0) ptx::red_release_add<ptx::Scope::gpu>(ready + block, 1u);
   }
-  if (Hooks::kTrace && lane == 0) {
+  if (Hooks::kTrace && fp.trace != nullptr && lane == 0) {
     atomicMax(reinterpret_cast<unsigned long long*>(fp.trace + 4 + 4 * blockIdx.x + 1),
               static_cast<unsigned long long>(ptx::global_timer_ns()));
   }
@@ -352,7 +352,9 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
     gemm::TileScheduler<false>::prepare(rows_only, tables, up.lane());
   }
   __syncthreads();
-  if (Hooks::kTrace && threadIdx.x == 0) fp.trace[4 + 4 * blockIdx.x] = ptx::global_timer_ns();
+  // The hooked kernel traces only when given a trace (FusedForwardParams::trace).
+  const bool tracing = Hooks::kTrace && fp.trace != nullptr;
+  if (tracing && threadIdx.x == 0) fp.trace[4 + 4 * blockIdx.x] = ptx::global_timer_ns();
 
   const std::int64_t rows = transfer::rows_in_pass(fp.pull.pass);
   TicketPlan plan;
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   plan.shared_down = fp.shared_blocks * fp.down_shared.p.sched.n_tiles;
   const int tickets = plan.tickets();
   const TaskTiles tiles{fp, tables, groups};
-  if (Hooks::kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
+  if (tracing && blockIdx.x == 0 && threadIdx.x == 0) {
     fp.trace[0] = static_cast<std::uint64_t>(tickets);
     fp.trace[1] = gridDim.x;
     fp.trace[2] = static_cast<std::uint64_t>(plan.blocks);
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       unsigned handed = 0;  // tickets handed over (records written)
       int ahead = -1;       // a ticket drawn during the previous tile's loads, or -1
       while (ok) {
-        const std::uint64_t free_at = Hooks::kTrace ? ptx::global_timer_ns() : 0;
+        const std::uint64_t free_at = tracing ? ptx::global_timer_ns() : 0;
         up.resume(state);
         if (!up.reserve_ticket_slot()) break;
         const int drawn =
@@ -477,7 +479,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
   __syncwarp();
   __syncthreads();
   if (threadIdx.x == 0) up.report_timeout();
-  if (Hooks::kTrace && threadIdx.x == 0) {
+  if (tracing && threadIdx.x == 0) {
     fp.trace[4 + 4 * blockIdx.x + 2] = ptx::global_timer_ns();
   }
 

@@ -596,7 +596,6 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
   Impl& m = *impl_;
   set_forward_path(config.forward_path);
   check(cudaSetDevice(device), "cudaSetDevice");
-  m.gemm_report = std::make_unique<gemm::TimeoutReport>();
   const plan::WorkspacePlan& pl = m.plan();
   const int W = p.ep_size;
   const std::int64_t T = p.num_tokens;
@@ -676,6 +675,9 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
   check(cudaMemcpy(m.dense_rows, &rows, sizeof rows, cudaMemcpyHostToDevice), "upload");
   check(cudaMemset(m.wgrad.tickets, 0, pl.wgrad_tickets.bytes),
         "cudaMemset of the ticket counters");
+  auto* report_lock = reinterpret_cast<unsigned*>(base0 + pl.wait_report_lock.offset);
+  check(cudaMemset(report_lock, 0, pl.wait_report_lock.bytes), "cudaMemset of the report's lock");
+  m.gemm_report = std::make_unique<gemm::TimeoutReport>(report_lock);
   check(cudaMemcpy(peers(plan::Peers::x), table.data(), table.size() * sizeof(void*),
                    cudaMemcpyHostToDevice),
         "upload of the peer addresses");
