@@ -7,7 +7,7 @@ Also the dense GEMM rate a long run sustains (`bf16_tflops_sustained`): the same
 back for several seconds, timed after the first two. The H200 holds its 700 W power limit by
 lowering the SM clock, and a GEMM at full rate draws more than that, so a loop of 30 products
 (PERF.md's method) measures a rate a training step longer than about a second never sees (NOTES,
-## layer, session 4). The SM clock and power over both timings are recorded beside them."""
+the 2026-12-02 6aff195 entry). The SM clock and power over both timings are recorded beside them."""
 import datetime
 import json
 import os

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """docs/perf/layer_fused.json from one H200 run of `bench_virtual_ranks --dense --solo S`
-(scripts like docs/perf/runs/2026-12-04-s24-engine/run3.sh): its --json files and
+(scripts like docs/perf/runs/2026-12-04-516e55a-engine/run3.sh): its --json files and
 bench/solo_power.py's --json over the same logs.
 
     python3 bench/fused_results.py --commit C --date D --runs RUN_DIR \\

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Merge the per-suite measurement files of docs/perf/ into docs/perf/results.json (PERF.md's
-schema) and render the table in docs/perf/README.md.
+"""Merge the per-suite measurement files of docs/perf/ into docs/perf/results.json (the schema
+docs/perf/method.md describes), render the tables in docs/perf/README.md and draw the layer suite
+against its baselines in docs/perf/layer.png (matplotlib, optional: without it the PNG is left as
+it is and the script says so).
 
 Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small,layer_ep,layer_fused}.json, whichever exist) holds
 {"gpu", "commit", "date", "cases": [...]} (ceilings.json: {"gpu", "commit", "date", "ceilings"}).
@@ -11,8 +13,23 @@ import json
 import pathlib
 import sys
 
+try:  # optional: only the plot needs it
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+
 PERF = pathlib.Path(__file__).resolve().parent.parent / "docs" / "perf"
 PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep", "layer_fused"]
+PLOT = "layer.png"
+# The standard suite (docs/perf/method.md), in the plot's order.
+STANDARD_CASES = ["dsv3-ep8slice", "dsv3-ep1", "qwen3-30b-a3b", "mixtral-8x7b"]
+# The layer suite's implementations as the plot names them; any other impl that is not a mok
+# variant is a peer and is plotted too, under its own name.
+IMPL_LABELS = {"torch": "PyTorch baseline", "mok-unfused": "mok (launches, default)",
+               "mok-fused": "mok (forward megakernel)"}
+MOK_VARIANTS = ("mok-unfused-1pass", "mok-unfused-2pass")  # ring experiments, not plotted
 # layer_fused.json holds both bench_virtual_ranks suites: layer-fused (pairs) and layer-fused-solo.
 
 
@@ -58,7 +75,7 @@ def layer_summary(cases, ceilings):
     return ring + ["## Layer: mok against the PyTorch baseline (same run)", "",
             "Floor: the larger of FLOPs at `bf16_tflops` and bytes at `hbm_tbps`. Sustained: mok's time over",
             "its FLOPs at `bf16_tflops_sustained`, the rate cuBLAS holds in a long run under the H200's",
-            "700 W limit (docs/perf/NOTES.md, ## layer, session 4).", "",
+            "700 W limit (docs/perf/NOTES.md, \"What we know\").", "",
             "| case | routing | pass | impl | mok ms | torch ms | speedup | mok / floor | torch / floor | mok / sustained | commit |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
 
@@ -114,10 +131,93 @@ def fused_solo_summary(cases):
             "Each path's calls back to back (not interleaved), the board at its 700 W limit: a "
             "call's time is its energy over that power, so the time ratio is the energy ratio, "
             "and the per-pair ratio above (one clock for both) is close to the cycle ratio "
-            "instead (docs/perf/NOTES.md, session 17).", "",
+            "instead (docs/perf/method.md).", "",
             "| case | W | routing | unfused ms | fused ms | unfused / fused | MHz (unfused / fused) "
             "| J a call | over dense | commit |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
+
+
+def plot_layer(cases, gpu, path):
+    """The standard suite's layer times (suite "layer"): per case, forward and forward+backward,
+    uniform and skewed routing, mok's paths, the PyTorch baseline and any peer in the file, from
+    one run (the newest commit that measured torch); the roofline floor as a dotted line. Returns
+    a line saying what was drawn, or why not."""
+    if plt is None:
+        return (f"matplotlib is not installed: {path} was NOT redrawn "
+                "(python3 -m pip install matplotlib, then run this script again)")
+    layer = [c for c in cases if c.get("suite") == "layer" and c.get("case") in STANDARD_CASES
+             and isinstance(c.get("median_ms"), (int, float)) and c.get("impl") not in MOK_VARIANTS]
+    torch_runs = sorted({(c["date"], c["commit"]) for c in layer if c["impl"] == "torch"})
+    if not torch_runs:
+        return f"no layer results with the PyTorch baseline: {path} not drawn"
+    date, commit = torch_runs[-1]
+    layer = [c for c in layer if c["commit"] == commit]
+    have = {c["impl"] for c in layer}
+    impls = ["torch"] + [i for i in ("mok-unfused", "mok-fused") if i in have]
+    impls += sorted(have - set(impls))  # peers
+    colors = {"torch": "#8c8c8c", "mok-unfused": "#1f5fa8", "mok-fused": "#7fb0e0"}
+    peer_colors = iter(["#d95f02", "#1b9e77", "#7570b3", "#e7298a"])
+    colors.update({i: next(peer_colors, "#666666") for i in impls if i not in colors})
+    by_key = {(c["case"], c["pass"], c["routing"], c["impl"]): c for c in layer}
+    present = [case for case in STANDARD_CASES if any(k[0] == case for k in by_key)]
+    passes = [("fwd", "forward"), ("fwdbwd", "forward + backward")]
+    routings = ["uniform", "skewed"]
+    fig, axes = plt.subplots(len(passes), len(present), figsize=(3.1 * len(present), 6.4),
+                             squeeze=False)
+    width = 0.8 / len(impls)
+    handles = {}  # the first bar of each impl, for the legend
+    for row, (pss, pass_name) in enumerate(passes):
+        for col, case in enumerate(present):
+            ax = axes[row][col]
+            top = 0.0
+            for j, impl in enumerate(impls):
+                for x, routing in enumerate(routings):
+                    c = by_key.get((case, pss, routing, impl))
+                    if c is None:
+                        continue
+                    pos = x - 0.4 + width * (j + 0.5)
+                    bar = ax.bar(pos, c["median_ms"], width * 0.92, color=colors[impl])
+                    handles.setdefault(IMPL_LABELS.get(impl, impl), bar)
+                    top = max(top, c["median_ms"])
+                    base = by_key.get((case, pss, routing, "torch"))
+                    if impl != "torch" and base is not None:
+                        ax.text(pos, c["median_ms"] * 0.97,
+                                f"{base['median_ms'] / c['median_ms']:.2f}x", ha="center",
+                                va="top", fontsize=7, rotation=90,
+                                color="#0b2545" if impl == "mok-fused" else "white",
+                                fontweight="bold")
+            floor = next((c["floor_ms"] for c in layer if c["case"] == case and c["pass"] == pss
+                          and isinstance(c.get("floor_ms"), (int, float))), None)
+            if floor:
+                handles.setdefault("roofline floor", ax.axhline(
+                    floor, color="black", linestyle=":", linewidth=1))
+            ax.set_xticks(range(len(routings)), routings, fontsize=8)
+            ax.set_ylim(0, top * 1.1)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_title(f"{case}, {pass_name}", fontsize=8.5)
+            if col == 0:
+                ax.set_ylabel("ms per call (lower is better)", fontsize=8)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
+               ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, bf16 (commit {commit}, {date}); "
+                 "labels: speedup over the PyTorch baseline", fontsize=9.5)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return f"{path}: drawn from commit {commit} ({date})"
+
+
+def write_results(merged, path):
+    """results.json with one case per line (the same data as indent=1, a third of the bytes)."""
+    head = {k: v for k, v in merged.items() if k != "cases"}
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    lines.append(' "cases": [')
+    lines += [f"  {json.dumps(c)}," for c in merged["cases"][:-1]]
+    lines += [f"  {json.dumps(c)}" for c in merged["cases"][-1:]]
+    lines += [" ]", "}"]
+    text = "\n".join(lines) + "\n"
+    assert json.loads(text) == merged
+    path.write_text(text)
 
 
 def main() -> int:
@@ -146,13 +246,16 @@ def main() -> int:
             case.setdefault("commit", part["commit"])
             case.setdefault("date", part["date"])
             merged["cases"].append(case)
-    (PERF / "results.json").write_text(json.dumps(merged, indent=1) + "\n")
+    write_results(merged, PERF / "results.json")
+    plotted = plot_layer(merged["cases"], merged["gpu"], PERF / PLOT)
 
     lines = ["# mok measurements", "",
              f"GPU: {merged['gpu']}. Ceilings measured: "
              + ", ".join(f"{k} = {v}" for k, v in merged["ceilings"].items()), "",
              "Generated by `bench/merge_results.py` from the files beside this one; "
-             "every row names the commit and date it was measured at.", ""]
+             "every row names the commit and date it was measured at. How each suite measures: "
+             "[method.md](method.md); what the numbers mean over time: [NOTES.md](NOTES.md).", "",
+             f"![the layer suite against the PyTorch baseline]({PLOT})", ""]
     lines += layer_summary(merged["cases"], merged["ceilings"])
     lines += fused_summary(merged["cases"])
     lines += fused_solo_summary(merged["cases"])
@@ -168,6 +271,7 @@ def main() -> int:
                      f"{fmt('tflops', '.1f')} | {fmt('floor_ms', '.3f')} | {c['commit']} | {c['date']} |")
     (PERF / "README.md").write_text("\n".join(lines) + "\n")
     print(f"{len(merged['cases'])} cases -> {PERF / 'results.json'}")
+    print(plotted, file=sys.stderr if plt is None else sys.stdout)
     return 0
 
 

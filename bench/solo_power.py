@@ -12,7 +12,7 @@ clock's median and mean, the mean power and temperature over the phase, and per 
 cycles (ms x mean MHz / 1000) and the joules (ms x mean W / 1000). At the power limit the board
 holds ~700 W whatever runs, so a path's time is its energy over that power: a path that saves
 cycles but spends them at a higher power gains less time than the cycles say (docs/perf/NOTES.md,
-session 17). nvidia-smi's timestamps are read as UTC (the device machine's zone).
+the 2026-12-04 cec3016 entry). nvidia-smi's timestamps are read as UTC (the device machine's zone).
 """
 import argparse
 import datetime
