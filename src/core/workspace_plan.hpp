@@ -166,7 +166,7 @@ constexpr std::int64_t fused_counter_words(std::int64_t ring_rows, std::int64_t 
 // Which operand of the down weight gradient carries the router weight, dW_down = sum over rows
 // of dy^T h with one factor bf16(w x): h (the down dgrad's epilogue writes bf16(w h) as it
 // computes h anyway, R*I more bytes written) when I <= H, else d_out (its rows scaled in place
-// after that epilogue, R*H read and written again). NOTES, session 20.
+// after that epilogue, R*H read and written again). docs/perf/NOTES.md, b1528ab.
 constexpr bool scaled_hidden_in_backward(const PlanShape& s) {
   return s.intermediate_size <= s.hidden_size;
 }

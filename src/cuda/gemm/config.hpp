@@ -29,7 +29,7 @@ inline constexpr int kStaticSlackPercent = 3;
 inline constexpr int kTileFixedCost = 2;
 // An epilogue that reads row buffers (the SwiGLU backward's g and u) has them fetched into L2 this
 // many K blocks before the end of the tile's K loop (at its first K block if it has fewer), so
-// that more of its loads wait for L2 rather than HBM. NOTES (session 21, H200): leads of 1 to 4
+// that more of its loads wait for L2 rather than HBM. NOTES (H200, 1a1eca3): leads of 1 to 4
 // took about 2.5% off qwen3-30b-a3b's down dgrad (1-5% by cell), 6 about 1.6%, 12 nothing;
 // dsv3-ep8slice within the spread either way.
 // Built with -DMOK_EPILOGUE_LEAD_BLOCKS=n to measure another lead.
@@ -47,7 +47,7 @@ inline constexpr int kConsumerRegisters = 232;
 // NOTES: the registers each thread has at entry (__launch_bounds__(kThreads, 1): 65536 / 384,
 // rounded down to a multiple of 8). setmaxnreg moves registers within the CTA's own pool of
 // kThreads x kEntryRegisters: a Consumer increase beyond what the Producer's decrease freed
-// never succeeds, and the launch hangs (H200, session 10).
+// never succeeds, and the launch hangs (H200, 31273c4).
 inline constexpr int kEntryRegisters = 168;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
                   kThreads * kEntryRegisters,

@@ -62,8 +62,8 @@ struct NoGroups {
 // The routed blocks' groups from the groups' first rows (ascending, as the schedule lays them
 // out): block q is in the last group whose first row is at or before row 128 q (group 0 when
 // none is), as its GEMM tile is (fused_forward.cu, block_tile). `of_block`, when given, holds
-// search(q) for the blocks q < tabled (the megakernel fills it once per launch: NOTES, session
-// 13), so that decoding a ticket needs no search.
+// search(q) for the blocks q < tabled (the megakernel fills it once per launch: NOTES,
+// f09c8ab), so that decoding a ticket needs no search.
 struct BlockGroups {
   const int* start;  // [groups] first rows
   int groups;
@@ -103,7 +103,7 @@ struct BlockGroups {
 // and a few N columns of one expert's weights in L2. NOTES: N outer over a whole 32-block
 // minibatch kept 58 MB of A rows live on dsv3 shapes (more than the 50 MB L2) and made dsv3-ep1
 // (one block per expert) 20% slower than the launches; panels of 16 blocks across experts left it
-// 14% slower (session 11). A panel's tiles are a contiguous range of o (every block has n_tiles),
+// 14% slower (bf77fd1). A panel's tiles are a contiguous range of o (every block has n_tiles),
 // so the panel of o is the panel of block first + o / n_tiles.
 template <class Groups>
 MOK_HOST_DEVICE Task tile_task(TaskKind kind, int first, int blocks, int n_tiles, int o,
@@ -140,7 +140,7 @@ MOK_HOST_DEVICE Task decode(const TicketPlan& p, int shared_blocks, int ticket,
                      NoGroups{});
   }
   // The shared expert's down tiles block by block (N inner): they wait for no routed tile, so
-  // they fill the routed down tiles' tail (NOTES, session 12).
+  // they fill the routed down tiles' tail (docs/perf/NOTES.md, fa0a730).
   if (lo == p.last_stage()) {
     const int n_tiles = p.shared_down / shared_blocks;
     return {TaskKind::shared_down, o / n_tiles, o % n_tiles};

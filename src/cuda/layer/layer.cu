@@ -540,7 +540,7 @@ struct Layer::Impl {
         f, t.w.swiglu_limit.has_value(), s);
   }
 
-  // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`. NOTES (session 17):
+  // Dispatch of x and gate/up + SwiGLU for pass `pass` of rank r into `set`. NOTES (cec3016):
   // the dispatch in token order reads each source token once (the row order read it once per
   // row: 8 times on qwen3-30b-a3b, mostly from DRAM).
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,

@@ -67,7 +67,7 @@ __device__ __forceinline__ void red_release_add(std::uint32_t* p, std::uint32_t 
 // there): one atom instruction whose result the thread waits for only where it uses it. NOTES:
 // atomicAdd, atom.add in inline PTX, and atom.inc wrapping at 2^32 - 1 (which ptxas reads as an
 // add) all become a warp-aggregated sequence whose shuffle waits for the result at once, a round
-// trip of ~1-2 us under load (session 13's trace); an atom.inc that wraps elsewhere stays one
+// trip of ~1-2 us under load (the megakernel's trace at f09c8ab); an atom.inc that wraps elsewhere stays one
 // instruction.
 __device__ __forceinline__ std::uint32_t atom_inc_relaxed_gpu(std::uint32_t* p) {
   std::uint32_t old;
