@@ -4,17 +4,23 @@ ends: torchrun runs it in W processes (gloo, CPU tensors),
     torchrun --standalone --nproc-per-node 4 tests/python/ep_exit_worker.py [--api A] [--steps N]
 
 Each rank runs forward + backward of a tiny layer through mok.functional (a cached workspace of
-the group: get_workspace) and through mok.nn.MoE(..., group=) (--api picks one or both), checks
-that the gradients are finite, all-reduces a loss, then returns from main(): the script ends with
-dist.destroy_process_group() and sys.exit(0), as a user's does, not with os._exit. Its exit status
-is the test: issue 41 saw one rank in about 16 runs abort at interpreter exit (SIGABRT,
-"terminate called without an active exception") after the work was done, because gloo's worker
-threads outlived destroy_process_group (mok's cached workspaces held the group). scripts/ep-exit-loop
-runs it many times; tests/python/test_ep_exit.py a few.
+the group: get_workspace) and mok.nn.MoE(..., group=) (--api picks one or both), all-reduces
+whether its results are finite, calls dist.destroy_process_group() and ends with sys.exit, as a
+user's script does (an interpreter exit, not os._exit). Its exit status is the test.
+
+Issue 41 saw one rank in about 16 such runs abort at exit (SIGABRT, "terminate called without an
+active exception"): gloo's worker threads outlived destroy_process_group() because the group was
+still referenced (by mok's cached workspaces, and by torch.distributed.nn.functional's defaults,
+imported after init_process_group by mok's first call), and one of them, releasing the last
+collective's tensors, took the GIL while the interpreter finalized. Each rank therefore also
+checks that no gloo worker thread is left after destroy_process_group(), which fails every run
+while the group is held, not only the rare run that aborts. scripts/ep-exit-loop runs it many
+times; tests/python/test_ep_exit.py a few.
 """
 
 import argparse
 import datetime
+import os
 import sys
 
 import torch
@@ -61,13 +67,9 @@ def module_step(group, W, r):
                                if p.grad is not None) + x.grad.float().square().sum()
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--api", choices=("functional", "module", "both"), default="both")
-    parser.add_argument("--steps", type=int, default=1)
-    args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    torch.set_num_threads(1)  # W processes on a machine of few cores
+def train(args):
+    """The steps on every rank, then the last collective: whether every rank's results are
+    finite (an all_reduce of a tensor Python owns, as a loss's or a metric's is)."""
     group, W, r = dist.group.WORLD, dist.get_world_size(), dist.get_rank()
     gen = torch.Generator().manual_seed(1000 + r)
     total = torch.zeros((), dtype=torch.float32)
@@ -78,11 +80,47 @@ def main():
             total += module_step(group, W, r)
     ok = torch.tensor([float(torch.isfinite(total))])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return ok.item() == 1.0
+
+
+def gloo_threads():
+    """How many of gloo's worker threads (pt_gloo_runloop) this process runs; None where the
+    threads' names cannot be read (no /proc)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    names = []
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names.count("pt_gloo_runloop")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api", choices=("functional", "module", "both"), default="both")
+    parser.add_argument("--steps", type=int, default=1)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)  # W processes on a machine of few cores
+    r = dist.get_rank()
+    ok = train(args)
     dist.destroy_process_group()
-    if ok.item() != 1.0:
-        print(f"[rank {r}] ep exit: non-finite results on some rank", flush=True)
+    # The group's last reference gone, its worker threads are joined: none may be left to run
+    # into interpreter exit (the race is rare; this check fails every run while one is left).
+    left = gloo_threads()
+    if not ok:
+        print(f"[rank {r}] ep exit: FAILED non-finite results on some rank", flush=True)
         return 1
-    print(f"[rank {r}] ep exit: done", flush=True)
+    if left:
+        print(f"[rank {r}] ep exit: FAILED {left} gloo worker threads outlived "
+              "destroy_process_group() (something still holds the group)", flush=True)
+        return 1
+    print(f"[rank {r}] ep exit: passed", flush=True)
     return 0
 
 
