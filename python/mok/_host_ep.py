@@ -30,12 +30,12 @@ import torch
 from mok import _C, _checks, ops
 
 # NOTES (issue 41): torch.distributed.nn.functional's functions take `group=group.WORLD` as default
-# arguments, evaluated when it is imported, and torch imports it with torch._dynamo, which the first
-# call of any custom op imports: mok's first call, after the script's init_process_group. Those
-# defaults then held the default group past destroy_process_group(), and with it gloo's worker
-# threads into interpreter exit, where one releasing the last collective's tensors takes the GIL
-# during finalization and the process aborts (std::terminate). Imported here, at `import mok`,
-# before init_process_group, the defaults are None.
+# arguments, evaluated at its import; torch._dynamo imports it (through torch.distributed.fsdp),
+# and the first call of any custom op imports torch._dynamo: mok's first call, after the script's
+# init_process_group. Those defaults then held the default group past destroy_process_group(),
+# and with it gloo's worker threads into interpreter exit, where one releasing the last
+# collective's tensors takes the GIL during finalization and the process aborts (std::terminate).
+# Imported here, at `import mok`, before init_process_group, the defaults are None.
 if torch.distributed.is_available() and not torch.distributed.is_initialized():
     import torch.distributed.nn.functional  # noqa: F401
 
