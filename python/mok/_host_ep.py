@@ -29,6 +29,16 @@ import torch
 
 from mok import _C, _checks, ops
 
+# NOTES (issue 41): torch.distributed.nn.functional's functions take `group=group.WORLD` as default
+# arguments, evaluated at its import; torch._dynamo imports it (through torch.distributed.fsdp),
+# and the first call of any custom op imports torch._dynamo: mok's first call, after the script's
+# init_process_group. Those defaults then held the default group past destroy_process_group(),
+# and with it gloo's worker threads into interpreter exit, where one releasing the last
+# collective's tensors takes the GIL during finalization and the process aborts (std::terminate).
+# Imported here, at `import mok`, before init_process_group, the defaults are None.
+if torch.distributed.is_available() and not torch.distributed.is_initialized():
+    import torch.distributed.nn.functional  # noqa: F401
+
 
 class TimeoutError(RuntimeError, builtins.TimeoutError):  # noqa: A001 (mok.TimeoutError)
     """A bounded wait of mok gave up: a rank of the EP group did not arrive in time."""
@@ -58,10 +68,10 @@ class _Exchange:
     into mok's error naming the call and what it waited for."""
 
     def __init__(self, ws, call):
-        if ws.group is None:  # an unpickled workspace of an EP group: its group is gone
+        if ws.group is None:  # unpickled, or its group destroyed (workspaces hold it weakly)
             _checks.fail("workspace", "a workspace with its process group (get_workspace or "
-                         "create_workspace in this process)",
-                         f"a workspace of {ws.ep_size} ranks without a group (unpickled?)")
+                         "create_workspace in this process)", f"a workspace of {ws.ep_size} "
+                         "ranks without a group (unpickled, or the group destroyed?)")
         self.group, self.rank, self.size, self.call = ws.group, ws.ep_rank, ws.ep_size, call
 
     def _where(self):

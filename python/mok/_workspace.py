@@ -73,7 +73,11 @@ class Workspace:
     def __init__(self, config, *, group=None, ep_rank=0, ep_size=1, device=None,
                  num_local_tokens=None, hidden_size=None, topk=None):
         self.config = config  # the config of `handle`; calls may pass another (handle_for)
-        self.group = group
+        # NOTES (issue 41): held weakly. torch.distributed keeps every group mok accepts until
+        # destroy_process_group(); a strong reference from mok's cached workspaces (get_workspace,
+        # mok.nn.MoE's) kept a destroyed gloo group's worker threads running into interpreter
+        # exit, where one releasing its last collective's tensors aborts the process.
+        self._group = None if group is None else weakref.ref(group)
         self.ep_rank = ep_rank
         self.ep_size = ep_size
         self.device = device
@@ -91,6 +95,11 @@ class Workspace:
     # expert's padding to that, MoKSchedule says how much). MoK sizes it from
     # config.schedule_capacity_multiplier; mok's table cannot overflow, so the multiplier sizes
     # nothing.
+    @property
+    def group(self):
+        """The process group (None: one device, or the group is gone: destroyed, unpickled)."""
+        return None if self._group is None else self._group()
+
     @property
     def group_name(self):
         """The group's name ("" for group=None: one device)."""

@@ -66,14 +66,28 @@ class Checks:
 
     def finish(self, label):
         """Prints every failure, or "[rank R] LABEL: passed (N checks)", and ends the process
-        (exit status 1 on a failure). NOTES: os._exit, no destroy_process_group: after a timeout
-        or a dead peer the group cannot shut down cleanly."""
+        (exit status 1 on a failure): see end_process."""
         for f in self.failures:
             print(f"[rank {self.rank}] FAILED {f}", flush=True)
-        if self.failures:
-            os._exit(1)
-        print(f"[rank {self.rank}] {label}: passed ({self.count} checks)", flush=True)
-        os._exit(0)
+        if not self.failures:
+            print(f"[rank {self.rank}] {label}: passed ({self.count} checks)", flush=True)
+        end_process(1 if self.failures else 0)
+
+
+def end_process(code):
+    """destroy_process_group(), then os._exit(code) with stdout and stderr flushed. NOTES (issue
+    41): no interpreter finalization, so that no thread of a library (gloo's worker threads
+    releasing a collective's tensors) can take the GIL while it runs and abort the process after
+    the checks passed."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 (a group that does not shut down fails the run too)
+        traceback.print_exc()
+        code = code or 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def single(config, T, H, k):
