@@ -584,13 +584,16 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // another rank's work that waits, in stream order, for a barrier that needs the first rank. The
 // waits then time out with "rank r did not arrive" while that rank's calls had returned in under
 // 1 ms (3b3e41b on the H200, per-rank launch times): 1 queue, every attempt stalled; 8 queues, a
-// W 4 case stalled on all 4 of its attempts. So this binary asks for 32 queues (below, before
-// CUDA starts), and every case runs kRepetitions times on fresh regions and layers with no retry:
-// any stall fails the test, with each rank's launch time, so a stall is never taken for the
-// driver's doing without evidence. One process per GPU, a real job's layout, gives each rank its
-// own device and queues.
+// W 4 case stalled on all 4 of its attempts. And CUDA's lazy loading (the default since CUDA
+// 12.2) loads a kernel at its first launch, which can wait for kernels already running: a rank's
+// first launch of a kernel can wait for another rank's barrier that waits for it. So this binary
+// asks for 32 queues and eager loading (below, before CUDA starts), and every case runs
+// kRepetitions times on fresh regions and layers with no retry: any stall fails the test, with
+// each rank's launch time and report. One process per GPU, a real job's layout, gives each rank
+// its own device and queues.
 [[maybe_unused]] const bool kMoreHardwareQueues = [] {
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);  // the user's setting wins
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   return true;
 }();
 
