@@ -43,7 +43,9 @@ _FIELDS = ("num_tokens (x.shape[0])", "hidden_size (x.shape[1])",
            "num_local_experts (routed_gate_weights.shape[0])", "topk (topk_experts.shape[1])",
            "shared_intermediate_size (shared_gate_weights.shape[0])", "activation dtype (x.dtype)",
            "config.fwd_num_comm_sms", "config.bwd_num_comm_sms", "config.minibatch_size",
-           "config.macrobatch_size", "config.schedule_capacity_multiplier")
+           "config.macrobatch_size", "config.schedule_capacity_multiplier",
+           "config.forward_path", "config.fused_stage_rows")
+_FORWARD_PATHS = ("launches", "fused")  # config.forward_path in the header: its index
 _ERROR_TYPES = (ValueError, TypeError, RuntimeError)
 _MESSAGE_BYTES = 1024
 
@@ -137,6 +139,8 @@ def _field_text(i, value):
     name = _FIELDS[i]
     if name.startswith("activation dtype"):
         return _checks.dtype_name(_DTYPES[value]) if 0 < value < len(_DTYPES) else "unknown"
+    if name == "config.forward_path":
+        return repr(_FORWARD_PATHS[value]) if 0 <= value < len(_FORWARD_PATHS) else "unknown"
     if name == "config.schedule_capacity_multiplier":
         return str(torch.tensor([value], dtype=torch.int64).view(torch.float64).item())
     return str(value)
@@ -152,7 +156,8 @@ def _header(call, shape, config, error):
                   _DTYPES.index(shape.activation_dtype) if shape.activation_dtype else 0]
     multiplier = torch.tensor([float(config.schedule_capacity_multiplier)], dtype=torch.float64)
     fields += [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size,
-               config.macrobatch_size, int(multiplier.view(torch.int64).item())]
+               config.macrobatch_size, int(multiplier.view(torch.int64).item()),
+               _FORWARD_PATHS.index(config.forward_path), config.fused_stage_rows]
     text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
     kind = 0 if error is None else 1 + next(i for i, t in enumerate(_ERROR_TYPES)
                                             if isinstance(error, t))

@@ -248,7 +248,8 @@ def _native_args(shape, c, ep_size, ep_rank):
                 ep_rank=ep_rank, fwd_num_comm_sms=c.fwd_num_comm_sms,
                 bwd_num_comm_sms=c.bwd_num_comm_sms, minibatch_size=c.minibatch_size,
                 macrobatch_size=c.macrobatch_size,
-                schedule_capacity_multiplier=float(c.schedule_capacity_multiplier))
+                schedule_capacity_multiplier=float(c.schedule_capacity_multiplier),
+                forward_path=c.forward_path, fused_stage_rows=c.fused_stage_rows)
 
 
 def _rebuild(config, ep_rank, ep_size, device, num_local_tokens, hidden_size, topk, group=None):
