@@ -20,8 +20,10 @@ import threading
 import weakref
 
 import torch
+import torch.distributed as dist
 
-from mok import _C, _checks
+from mok import _checks, _native
+from mok._config import MoKConfig
 
 _MAX_CORES = 8  # C++ workspaces kept per Python workspace (distinct layer shapes and configs)
 _handles = itertools.count(1)
@@ -41,6 +43,16 @@ class _Core:
         self.lock = threading.Lock()
         self.captured = False
         self.symmetric = None  # CUDA team across processes: (region, bases, handle)
+
+    def run(self, fn, device, *args, **kwargs):
+        """fn(native workspace, *args, **kwargs): an extension entry point, for CUDA on the
+        device's current PyTorch stream (no waiting)."""
+        with self.lock:
+            if device.type != "cuda":
+                return fn(self.native, *args, **kwargs)
+            with torch.cuda.device(device):
+                self.native.set_stream(torch.cuda.current_stream(device).cuda_stream)
+                return fn(self.native, *args, **kwargs)
 
 
 def _capturing(device):
@@ -165,7 +177,7 @@ class Workspace:
         # NOTES: meta tensors (shape inference) take the layout of the backend a real call would
         # run on where no device says which: CUDA when it is available.
         backend = shape.device.type if shape.device.type in ("cpu", "cuda") else "auto"
-        return _C.context_rows(**_native_args(shape, config, self.ep_size, self.ep_rank),
+        return _native.lib.context_rows(**_native_args(shape, config, self.ep_size, self.ep_rank),
                                backend=backend,
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
@@ -187,14 +199,14 @@ class Workspace:
             if d.type == "cuda" and self.ep_size > 1:
                 symmetric = _symmetric_region(self, shape, config, capturing)
                 extra = dict(symmetric_bases=symmetric[1], barrier_timeout_ms=barrier_timeout_ms)
-            native = _C.Workspace(
+            native = _native.lib.Workspace(
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
                 activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
                 device_index=d.index if d.index is not None else 0, **extra)
             if symmetric is not None:
                 # Every rank's team exists (its flags zeroed) before any rank's first signal.
-                _group_barrier(self.group, d)
+                group_barrier(self.group, d)
             core = self._cores[key] = _Core(native)
             core.symmetric = symmetric  # keeps the symmetric memory mapped while the core lives
             core.captured = capturing
@@ -216,14 +228,13 @@ def _symmetric_region(ws, shape, config, capturing):
     memory on the workspace's group: (tensor, every rank's base address, handle). A collective:
     every rank of the group creates its C++ workspace for this shape and config in the same call.
     NOTES: no NVLink multicast is asked for or used (only the peers' unicast addresses)."""
-    import torch.distributed as dist
-    from torch.distributed import _symmetric_memory as symm_mem
+    from torch.distributed import _symmetric_memory as symm_mem  # a PyTorch with CUDA EP only
 
     if capturing:
         _checks.fail("the first call of a CUDA expert-parallel layer of this shape",
                      "outside CUDA graph capture (it allocates and exchanges the symmetric "
                      "memory: run one step before capturing)", "a call during capture")
-    nbytes = _C.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
+    nbytes = _native.lib.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
     region = symm_mem.empty(nbytes, dtype=torch.uint8, device=shape.device)
     group_name = ws.group.group_name if ws.group is not None else dist.group.WORLD.group_name
     handle = symm_mem.rendezvous(region, group_name)
@@ -234,10 +245,45 @@ def _symmetric_region(ws, shape, config, capturing):
     return region, bases, handle
 
 
-def _group_barrier(group, device):
-    import torch.distributed as dist
-
+def group_barrier(group, device):
     dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def group_key(group):
+    """What workspaces of a group are cached by: its name (None for one device)."""
+    if group is None:
+        return None
+    name = getattr(group, "group_name", None)
+    return name if name is not None else id(group)
+
+
+def group_rank_size(group):
+    """(rank, size) of this process in `group`; (0, 1) for None (one device)."""
+    if group is None:
+        return 0, 1
+    if not (dist.is_available() and dist.is_initialized()):
+        _checks.fail("group", "None (one device) or a process group of an initialized "
+                     "torch.distributed", "a group while torch.distributed is not initialized")
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
+
+
+def check_group(group, device, rank):
+    """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
+    group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
+    moving the rows (src/cuda/layer/unfused_layer.cu)."""
+    if rank < 0:
+        _checks.fail("group", "a group this process is a member of", "a group without it")
+    if device.type == "cuda":
+        try:
+            from torch.distributed import _symmetric_memory  # noqa: F401
+        except ImportError as e:
+            _checks.fail("group", "a group on a PyTorch with torch.distributed._symmetric_memory "
+                         "(expert parallelism across processes on CUDA)", str(e))
+        return
+    backend = str(dist.get_backend(group))
+    if "gloo" not in backend:
+        _checks.fail("group", "a group with the gloo backend (expert parallelism across "
+                     "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
 def _native_args(shape, c, ep_size, ep_rank):
@@ -269,8 +315,6 @@ def automatic():
     global _automatic
     with _shared_lock:
         if _automatic is None:
-            from mok.functional import MoKConfig
-
             _automatic = Workspace(MoKConfig())
         return _automatic
 
@@ -278,8 +322,6 @@ def automatic():
 def for_config(config):
     """The shared workspace of one device for `config` (any shape): mok.nn.MoE modules of one
     config share it, and with it every C++ workspace of their shape."""
-    from mok.functional import MoKConfig
-
     if config is None or config == MoKConfig():
         return automatic()
     with _shared_lock:
@@ -295,10 +337,8 @@ _by_group: "dict[tuple, Workspace]" = {}
 def for_group(config, group, ep_rank, ep_size):
     """The shared workspace of an EP group for `config` (any shape): mok.nn.MoE modules with that
     group and config share it."""
-    from mok.functional import MoKConfig, _group_key
-
     config = MoKConfig() if config is None else config
-    key = (_group_key(group), config)
+    key = (group_key(group), config)
     with _shared_lock:
         ws = _by_group.get(key)
         if ws is None:

@@ -37,73 +37,13 @@ import math
 import threading
 
 import torch
+import torch.distributed as dist
 
-from mok import _C, _checks, _host_ep, _schedule_terms, _workspace, ops
+from mok import _checks, _host_ep, _layer_ops, _native, _schedule_terms, _workspace
+from mok._config import FORWARD_PATHS, MoKConfig  # noqa: F401  (mok.functional's names)
 
 Workspace = _workspace.Workspace
 MoKWorkspace = Workspace
-
-
-FORWARD_PATHS = ("launches", "fused")  # MoKConfig.forward_path's values
-
-
-@dataclasses.dataclass(frozen=True)
-class MoKConfig:
-    """MoK's tuning knobs, and mok's own (forward_path, fused_stage_rows). None of them changes
-    the result.
-
-    The defaults are MoK's but one: `macrobatch_size` 0 (automatic) sizes the ring for 131072
-    routed rows plus each local expert's padding to the 128-row GEMM tile, so a rank that receives
-    up to 131072 rows runs in one pass whatever the routing. Any other value is the ring's rows,
-    as in MoK (a multiple of `minibatch_size`)."""
-
-    fwd_num_comm_sms: int = 40
-    bwd_num_comm_sms: int = 28
-    minibatch_size: int = 4096
-    macrobatch_size: int = 0
-    schedule_capacity_multiplier: float = 0.5
-    # MoK's chunk of its multicast all-gather of the routing. Accepted and checked as MoK checks
-    # it (a positive multiple of 16 bytes), and unused: mok exchanges the ids inside its schedule
-    # build (CUDA) or over the group's all-gather (CPU), which need no chunking knob.
-    all_gather_top_experts_chunk_bytes: int = 2048
-    # mok's own knobs, keyword-only (MoK has no such fields). Like MoK's, they choose how the work
-    # runs and never change a result (both paths give the same bits).
-    # forward_path: how the CUDA backend runs a forward ring pass: "launches" (a sequence of
-    # launches: pull, gate/up with SwiGLU, down with the combine in its epilogue; the default) or
-    # "fused" (one forward megakernel launch per pass; refused on a CUDA team across processes
-    # until a multi-GPU run has tested it). The CPU backend computes the same function either way.
-    forward_path: str = dataclasses.field(default="launches", kw_only=True)
-    # fused_stage_rows: the rows of one stage of the forward megakernel (only the fused path reads
-    # it): 0 (automatic: the larger of minibatch_size and 16384), else a positive multiple of 128.
-    fused_stage_rows: int = dataclasses.field(default=0, kw_only=True)
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in (int, "int"):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-                expected = "an int"
-            elif field.type in (str, "str"):
-                ok = isinstance(value, str)
-                expected = "a str"
-            else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                expected = "a number"
-            if not ok:
-                _checks.fail(f"config.{field.name}", expected, type(value).__name__, TypeError)
-        if self.forward_path not in FORWARD_PATHS:
-            _checks.fail("config.forward_path", " or ".join(repr(p) for p in FORWARD_PATHS),
-                         repr(self.forward_path))
-        if not math.isfinite(self.schedule_capacity_multiplier):
-            _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
-                         self.schedule_capacity_multiplier)
-        chunk = self.all_gather_top_experts_chunk_bytes
-        if chunk <= 0 or chunk % 16:
-            _checks.fail("config.all_gather_top_experts_chunk_bytes",
-                         "a positive multiple of 16 (MoK's rule; mok does not use it)", chunk)
-        _C.validate_config(self.fwd_num_comm_sms, self.bwd_num_comm_sms, self.minibatch_size,
-                           self.macrobatch_size, float(self.schedule_capacity_multiplier),
-                           forward_path=self.forward_path, fused_stage_rows=self.fused_stage_rows)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -149,8 +89,6 @@ class MoKSchedule:
             return self._ids_all
         ids = self.topk_experts
         if self._group is not None or self._ep_size > 1:
-            import torch.distributed as dist
-
             gathered = ids.new_empty((self._ep_size * ids.shape[0], ids.shape[1]))
             dist.all_gather_into_tensor(gathered, ids.contiguous(), group=self._group)
             ids = gathered
@@ -173,7 +111,7 @@ class MoKSchedule:
         """int32 [num_local_experts]: routed rows per local expert (from every rank's tokens),
         without padding."""
         if self._counts is None:
-            object.__setattr__(self, "_counts", ops.build_schedule(
+            object.__setattr__(self, "_counts", _layer_ops.build_schedule(
                 self._all_ids(), self.num_experts, self.num_local_experts,
                 self.first_local_expert))
         return self._counts
@@ -240,17 +178,6 @@ _cache: "dict[tuple, Workspace]" = {}
 _cache_lock = threading.Lock()
 
 
-def _group_rank_size(group):
-    if group is None:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        _checks.fail("group", "None (one device) or a process group of an initialized "
-                     "torch.distributed", "a group while torch.distributed is not initialized")
-    return dist.get_rank(group=group), dist.get_world_size(group=group)
-
-
 def _normalize_device(device):
     if device is None:
         _checks.fail("device", "a torch.device", "None")
@@ -271,33 +198,12 @@ def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
                         ("topk", topk)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _checks.fail(name, "a positive int", repr(value))
-    rank, size = _group_rank_size(group)
+    rank, size = _workspace.group_rank_size(group)
     if size != 1:
-        _check_host_ep_group(group, device, rank, size)
+        _workspace.check_group(group, device, rank)
     if device.type == "cuda":
-        _C.require_backend("cuda")  # mok's own error while the CUDA backend is not available
+        _native.lib.require_backend("cuda")  # mok's error while the CUDA backend cannot run
     return device, rank, size
-
-
-def _check_host_ep_group(group, device, rank, size):
-    """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
-    group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
-    moving the rows (mok/_workspace.py, src/cuda/layer/unfused_layer.cu)."""
-    import torch.distributed as dist
-
-    if rank < 0:
-        _checks.fail("group", "a group this process is a member of", "a group without it")
-    if device.type == "cuda":
-        try:
-            from torch.distributed import _symmetric_memory  # noqa: F401
-        except ImportError as e:
-            _checks.fail("group", "a group on a PyTorch with torch.distributed._symmetric_memory "
-                         "(expert parallelism across processes on CUDA)", str(e))
-        return
-    backend = str(dist.get_backend(group))
-    if "gloo" not in backend:
-        _checks.fail("group", "a group with the gloo backend (expert parallelism across "
-                     "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
 def validate_workspace_args(config, group, *, device, num_local_tokens, hidden_size, topk):
@@ -322,7 +228,7 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
     (calls pass their own; the C++ scratch is kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
-    key = (_group_key(group), device, num_local_tokens, hidden_size, topk,
+    key = (_workspace.group_key(group), device, num_local_tokens, hidden_size, topk,
            _capacity_factor(config, size))
     with _cache_lock:
         ws = _cache.get(key)
@@ -339,13 +245,6 @@ def _capacity_factor(config, ep_size):
     return max(2, math.ceil(ep_size * config.schedule_capacity_multiplier))
 
 
-def _group_key(group):
-    if group is None:
-        return None
-    name = getattr(group, "group_name", None)
-    return name if name is not None else id(group)
-
-
 def clear_workspace_cache():
     """Drops the cached workspaces, as MoK does: first a barrier on the group of each one that has
     a group of several ranks (every rank must call this, with the same cached workspaces created
@@ -356,7 +255,7 @@ def clear_workspace_cache():
         _cache.clear()
     for ws in cached:
         if ws.ep_size > 1:
-            _workspace._group_barrier(ws.group, ws.device)
+            _workspace.group_barrier(ws.group, ws.device)
         if ws.device is not None and ws.device.type == "cuda":
             torch.cuda.synchronize(ws.device)
 
@@ -462,7 +361,7 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     if workspace.ep_size > 1 and ids.device.type == "cuda":
         # The device exchanges the ids inside each call; the table in MoK's terms needs every
         # rank's ids, so reading it is a collective (MoKSchedule's fields).
-        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
+        _checks.check_schedule_inputs(ids, num_experts, num_local_experts, first)
         return MoKSchedule(ids, num_experts, num_local_experts, first, workspace.handle,
                            _group=workspace.group, _ep_size=workspace.ep_size, **given)
     if workspace.ep_size > 1:  # every rank checks every rank's ids; rows from all ranks
@@ -474,7 +373,7 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     if ids.device.type == "cpu":
         schedule.rows_per_expert  # validates every id now (the CPU backend's contract)
     else:
-        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
+        _checks.check_schedule_inputs(ids, num_experts, num_local_experts, first)
     return schedule
 
 
@@ -488,8 +387,9 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
-    out, *context = ops.call(ops.forward, x, schedule.topk_experts, router_weights, *weights,
-                             handle, _checks.check_swiglu_limit(swiglu_limit))
+    out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
+                                    router_weights, *weights, handle,
+                                    _checks.check_swiglu_limit(swiglu_limit))
     return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -502,9 +402,9 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
              shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
-    context = ops.call(ops.recompute_forward_context, x, schedule.topk_experts,
-                       routed_gate_weights, routed_up_weights, shared_gate_weights,
-                       shared_up_weights, handle, _checks.check_swiglu_limit(swiglu_limit))
+    context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
+                              routed_gate_weights, routed_up_weights, shared_gate_weights,
+                              shared_up_weights, handle, _checks.check_swiglu_limit(swiglu_limit))
     return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
 
 
@@ -528,8 +428,8 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     context = forward_context._ops_args()
     has_shared = shared_gate_weights is not None
     if main_grads is None:
-        d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.call(
-            ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
+        d_x, d_w, dg, du, dd, dsg, dsu, dsd = _layer_ops.call(
+            _layer_ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
             *context, handle, _checks.check_swiglu_limit(swiglu_limit))
         if not has_shared:
             dsg = dsu = dsd = None
@@ -538,7 +438,8 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
         _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
                      "routed up, shared down, routed down)", repr(type(main_grads).__name__))
     msg, mrg, msu, mru, msd, mrd = main_grads
-    d_x, d_w = ops.backward_main_grad(grad_output, x, schedule.topk_experts, router_weights,
-                                      *weights, mrg, mru, mrd, msg, msu, msd, *context, handle,
-                                      _checks.check_swiglu_limit(swiglu_limit))
+    d_x, d_w = _layer_ops.backward_main_grad(grad_output, x, schedule.topk_experts,
+                                             router_weights, *weights, mrg, mru, mrd, msg, msu,
+                                             msd, *context, handle,
+                                             _checks.check_swiglu_limit(swiglu_limit))
     return d_x, d_w, mrg, mru, mrd, msg, msu, msd

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from mok import _checks, _workspace, ops, reference
+from mok import _checks, _layer_ops, _workspace, reference
 
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
@@ -34,11 +34,11 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     (mok::backward).
     """
     handle = 0 if workspace is None else workspace.handle
-    # ops.call: the op itself wherever autograd records it or something traces it.
-    out, *_context = ops.call(ops.forward, x, topk_experts, topk_weights, routed_gate_weights,
-                              routed_up_weights, routed_down_weights, shared_gate_weights,
-                              shared_up_weights, shared_down_weights, handle,
-                              _checks.check_swiglu_limit(swiglu_limit))
+    # call: the op itself wherever autograd records it or something traces it.
+    out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,
+                                     routed_gate_weights, routed_up_weights, routed_down_weights,
+                                     shared_gate_weights, shared_up_weights, shared_down_weights,
+                                     handle, _checks.check_swiglu_limit(swiglu_limit))
     return out
 
 
@@ -47,12 +47,10 @@ def _ep_rank_size(group, device, num_experts, backend):
     a workspace's group."""
     if group is None:
         return 0, 1
-    from mok import functional
-
-    rank, size = functional._group_rank_size(group)
+    rank, size = _workspace.group_rank_size(group)
     if size == 1:
         return 0, 1
-    functional._check_host_ep_group(group, torch.device(device or "cpu"), rank, size)
+    _workspace.check_group(group, torch.device(device or "cpu"), rank)
     if backend != "mok":
         _checks.fail("backend", "'mok' with a group of several ranks (the torch baseline runs "
                      "one process)", repr(backend))

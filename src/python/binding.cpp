@@ -1,7 +1,7 @@
 // mok._C: the torch-free C++ API as seen from Python (nanobind).
 //
 // Tensors cross this boundary as plain tuples describing a view, built in Python from a tensor's
-// metadata (mok/_checks.py, `view_of`):
+// metadata (mok/_native.py, `view_of`):
 //
 //   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int)
 //

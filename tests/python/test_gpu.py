@@ -334,13 +334,14 @@ def test_cuda_misaligned_routing_survives(gen):
     """topk_experts / topk_weights views 8 and 4 bytes past an allocation: mok either names the
     argument or computes the right result; it never corrupts the CUDA context. In a fresh
     process, so that a sticky CUDA error cannot take the rest of the suite with it."""
+    seed = int(torch.randint(1 << 62, (1,), generator=gen))  # the test's data, drawn there
     result = _python_with_this_mok(f"""
         import sys
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         import torch, mok
         from conftest import make_layer
         from test_gpu import misaligned_copy, run_moe_cuda, assert_bitwise
-        data = make_layer(torch.Generator().manual_seed(5), 40, 128, 64, 4, 2, 64)
+        data = make_layer(torch.Generator().manual_seed({seed}), 40, 128, 64, 4, 2, 64)
         good = run_moe_cuda(data)
         cuda = data.to("cuda")
         for name, index in (("topk_experts", 1), ("topk_weights", 2)):
@@ -370,13 +371,14 @@ def test_cuda_misaligned_routing_survives(gen):
 def test_cuda_after_torch_initialized_cuda(gen):
     """A fresh process where torch loads its CUDA runtime and creates the context first, then
     mok._C (with its own, static, runtime) runs a layer: the right result, no crash."""
-    result = _python_with_this_mok("""
+    seed = int(torch.randint(1 << 62, (1,), generator=gen))  # the test's data, drawn there
+    result = _python_with_this_mok(f"""
         import torch
         torch.cuda.init()
         torch.zeros(1, device="cuda")
         import mok
         T, H, I, E, k = 64, 128, 64, 4, 2
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed({seed})
         x = torch.randn(T, H, generator=g).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
         w = torch.full((T, k), 0.5)
@@ -386,7 +388,7 @@ def test_cuda_after_torch_initialized_cuda(gen):
         cpu = mok.moe(x, ids, w, *ws)
         gpu = mok.moe(x.cuda(), ids.cuda(), w.cuda(), *[t.cuda() for t in ws]).cpu()
         err = ((gpu.double() - cpu.double()).norm() / cpu.double().norm()).item()
-        print(f"ERR {err}")
+        print(f"ERR {{err}}")
         """)
     assert result.returncode == 0, result.stdout + result.stderr
     err = float(re.search(r"ERR (\S+)", result.stdout).group(1))

@@ -1,4 +1,5 @@
-"""MoK's ops layer (Mixture-of-Kittens' `mok/ops.py`) as torch.library custom ops on mok's pieces.
+"""MoK's ops layer (Mixture-of-Kittens' `mok/ops.py`) as torch.library custom ops on mok's pieces:
+mok's compatibility layer for MoK ("Kittens") code that calls `mok.ops.<name>`.
 
 Same names and schemas as MoK's bf16 ops (`torch.ops.mok.<name>`, `mok.ops.<name>`), each with a
 fake implementation; where mok's work splits differently, the op composes mok's own layer:
@@ -47,7 +48,8 @@ What differs from MoK, and why:
 
 import torch
 
-from mok import _checks, _schedule_terms, _workspace
+from mok import _checks, _layer_ops, _layer_tensors, _native, _schedule_terms, _workspace
+from mok import _fake  # noqa: F401  (the layer ops' fake implementations, which ours run on)
 
 _EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
 
@@ -88,13 +90,11 @@ def _slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slot
 
 def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit):
     """The layer with no routed slot: out = S(x) (mok's layer; the routed weights give shapes)."""
-    from mok import ops
-
     T = x.shape[0]
     ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
     w = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device)
-    return ids, w, ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0,
-                               swiglu_limit=swiglu_limit)
+    return ids, w, _layer_ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up,
+                                      shared_down, 0, swiglu_limit=swiglu_limit)
 
 
 def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
@@ -111,8 +111,6 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
          w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
          schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
          swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size):
-    from mok import ops
-
     _one_rank("x_buffer_ptrs", x_buffer_ptrs)
     _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
@@ -129,7 +127,7 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
     x_slots = x_buffer.repeat_interleave(topk, dim=0)
     ones = torch.ones((T * topk, 1), dtype=_checks.router_dtype(x_buffer.dtype),
                       device=x_buffer.device)
-    y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = ops.forward(
+    y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = _layer_ops.forward(
         x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0,
         swiglu_limit=limit)
     _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
@@ -176,8 +174,6 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
          hidden_shared, hidden_routed, x, x_ptrs, schedule_peer_rank, schedule_peer_token_idx,
          num_tokens, tokens_per_expert, topk, swiglu_limit, num_comm_sms, macrobatch_size,
          minibatch_size, *, fake):
-    from mok import ops
-
     for name, ptrs in (("d_y_buffer_ptrs", d_y_buffer_ptrs),
                        ("d_x_routed_buffer_ptrs", d_x_routed_buffer_ptrs),
                        ("router_weight_buffer_ptrs", router_weight_buffer_ptrs),
@@ -203,7 +199,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     x_slots = x.repeat_interleave(topk, dim=0)
     d_y_slots = d_y_buffer.repeat_interleave(topk, dim=0)
     w_slots = router_weight_buffer.reshape(slots, 1)
-    d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = ops.backward(
+    d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = _layer_ops.backward(
         d_y_slots, x_slots, ids, w_slots, w_routed_gate, w_routed_up, w_routed_down, None, None,
         None, x_routed, gate_routed, up_routed, hidden_routed, None, None, None, 0,
         swiglu_limit=limit)
@@ -214,8 +210,8 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     ws, config = _workspace.resolve(0)
     shape = _checks.LayerShape(T, H, w_routed_gate.shape[1], w_routed_gate.shape[0], 1,
                                w_shared_gate.shape[0], x.dtype, dev)
-    unread = [x.new_empty(s) for s in ops.context_shapes(ws, config, shape)[:4]]
-    d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = ops.backward(
+    unread = [x.new_empty(s) for s in _layer_tensors.context_shapes(ws, config, shape)[:4]]
+    d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = _layer_ops.backward(
         d_y_buffer, x, ids_none, w_none, w_routed_gate, w_routed_up, w_routed_down,
         w_shared_gate, w_shared_up, w_shared_down, *unread, gate_shared, up_shared,
         hidden_shared, 0, swiglu_limit=limit)
@@ -441,12 +437,10 @@ def schedule(topk_all: torch.Tensor, num_local_experts: int, schedule_capacity: 
     padding, and max(schedule_capacity, the worst case) rows: mok/_schedule_terms.py). On CPU
     every id is checked (in [-1, num_local_experts * ep_size)); on CUDA ids outside this rank's
     experts are not scheduled here, and the layer checks every id on the device."""
-    from mok import _C
-
     W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
     if topk_all.device.type == "cpu":
         ids = topk_all.reshape(W * T, k).to(torch.int64).contiguous()  # alive during the call
-        _C.check_expert_ids_all_ranks(_checks.view_of(ids), num_local_experts * W, W)
+        _native.lib.check_expert_ids_all_ranks(_native.view_of(ids), num_local_experts * W, W)
     return _schedule_terms.terms(topk_all, num_local_experts, rank, rows)[:4]
 
 
