@@ -29,17 +29,21 @@ silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK
 The forward context is MoK's MoKForwardContext: tensors the caller owns (autograd saves them), so
 one workspace serves any number of layers of its shape, and backward never recomputes the forward
 behind the caller's back. recompute_forward_context (activation checkpointing) returns the same
-context bit for bit.
+context bit for bit. A context forward or recompute_forward_context returns records what it was
+computed from (its `origin`: the tensors' identity and version, the swiglu_limit, the schedule);
+backward refuses a context that does not belong to its own arguments, naming the argument.
 """
 
 import dataclasses
 import math
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
 
-from mok import _checks, _host_ep, _layer_ops, _native, _schedule_terms, _workspace
+from mok import (_checks, _host_ep, _layer_ops, _layer_tensors, _native, _schedule_terms,
+                 _workspace)
 from mok._config import FORWARD_PATHS, MoKConfig  # noqa: F401  (mok.functional's names)
 
 Workspace = _workspace.Workspace
@@ -142,6 +146,29 @@ class MoKSchedule:
         return self._top_experts
 
 
+def _stamp(t):
+    """What a context records of a tensor: its data pointer and version (which tensor, and
+    whether it changed in place since), then its metadata. Host metadata only (no
+    synchronization; fine during CUDA graph capture). None for an absent tensor."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    return (t.data_ptr(), t._version, t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContextOrigin:
+    """What a forward context was computed from (MoKForwardContext.origin): the call that made
+    it, its schedule (a weak reference), its swiglu_limit, a stamp of each tensor argument it
+    read ((name, stamp) pairs, in backward's argument names) and of each context tensor it
+    returned. backward refuses a context whose origin does not match its own arguments."""
+
+    call: str  # "forward" or "recompute_forward_context"
+    schedule: weakref.ref
+    swiglu_limit: "float | None"
+    inputs: tuple
+    fields: tuple
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoKForwardContext:
     """What backward reads of the forward, in tensors the caller owns (MoK's fields).
@@ -150,7 +177,13 @@ class MoKForwardContext:
     first ring pass in the schedule's order on CUDA (R = R_x = the rows of one pass); on the CPU
     backend one row per slot t*k + j (R = T*k) and no x rows. gate_shared, up_shared,
     hidden_shared [T, S]: the shared expert's (None without one). Rows the forward did not fill
-    (padding, slots of other ranks' experts) hold unspecified values and are never read."""
+    (padding, slots of other ranks' experts) hold unspecified values and are never read.
+
+    `origin` (mok's, keyword-only): what forward or recompute_forward_context computed the
+    context from (ContextOrigin); backward refuses the context for other arguments, a changed
+    tensor, another schedule or swiglu_limit, or a field holding another tensor than the one
+    returned (dataclasses.replace keeps the origin). A context built by hand, e.g. from tensors
+    an activation-offloading hook gave back, has origin None: its pairing is the caller's."""
 
     x_routed: torch.Tensor
     gate_shared: "torch.Tensor | None"
@@ -159,15 +192,16 @@ class MoKForwardContext:
     up_routed: torch.Tensor
     hidden_shared: "torch.Tensor | None"
     hidden_routed: torch.Tensor
+    origin: "ContextOrigin | None" = dataclasses.field(default=None, repr=False, kw_only=True)
 
     @classmethod
-    def _from_ops(cls, tensors, has_shared):
+    def _from_ops(cls, tensors, has_shared, origin=None):
         x_routed, gate_routed, up_routed, hidden_routed, gate_s, up_s, hidden_s = tensors
         if not has_shared:
             gate_s = up_s = hidden_s = None
         return cls(x_routed=x_routed, gate_shared=gate_s, gate_routed=gate_routed,
                    up_shared=up_s, up_routed=up_routed, hidden_shared=hidden_s,
-                   hidden_routed=hidden_routed)
+                   hidden_routed=hidden_routed, origin=origin)
 
     def _ops_args(self):
         return (self.x_routed, self.gate_routed, self.up_routed, self.hidden_routed,
@@ -377,20 +411,77 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     return schedule
 
 
+def _origin(call, schedule, swiglu_limit, inputs, context):
+    """The ContextOrigin of a context `call` returned; None while torch.compile traces (fake
+    tensors have no data pointer), so that such a context is not checked."""
+    if torch.compiler.is_compiling():
+        return None
+    return ContextOrigin(call, weakref.ref(schedule), swiglu_limit,
+                         tuple((name, _stamp(t)) for name, t in inputs.items()),
+                         tuple((name, _stamp(t)) for name, t in zip(_layer_tensors.CONTEXT_NAMES, context)))
+
+
+def _check_origin(forward_context, schedule, swiglu_limit, inputs):
+    """backward's arguments against what its context was computed from (ContextOrigin). An
+    argument whose metadata (dtype, shape, strides, device) differs from the recorded one, or that
+    is absent on one side, is left to the op's checks, which name the exact defect. NOTES: skipped
+    while torch.compile traces (a fake tensor has no data pointer, and reading one would break
+    fullgraph); a context made while tracing records nothing either."""
+    origin = forward_context.origin
+    if origin is None or torch.compiler.is_compiling():
+        return
+    if origin.swiglu_limit != swiglu_limit:
+        _checks.fail("swiglu_limit", f"{origin.swiglu_limit} (the swiglu_limit of the "
+                     f"{origin.call} that made the forward context)", swiglu_limit)
+    if origin.schedule() is not schedule:
+        _checks.fail("schedule", f"the schedule of the {origin.call} that made the forward "
+                     "context", "another schedule")
+    for name, recorded in origin.inputs:
+        _check_stamp(name, recorded, inputs[name],
+                     f"the {name} of the {origin.call} that made the forward context")
+    context = forward_context._ops_args()
+    returned = {stamp[0]: name for name, stamp in origin.fields if stamp is not None}
+    for (name, recorded), t in zip(origin.fields, context):
+        now = _stamp(t)
+        other = returned.get(now[0]) if now is not None else None
+        what = (f"{other}'s tensor" if other not in (None, name) else None)
+        _check_stamp(f"forward_context.{name}", recorded, t,
+                     f"the tensor {origin.call} returned as {name}", another=what)
+
+
+def _check_stamp(name, recorded, t, expected, another=None):
+    now = _stamp(t)
+    if recorded is None or now is None or recorded[2:] != now[2:]:
+        return
+    if now[0] != recorded[0]:
+        _checks.fail(name, expected, another or
+                     f"another tensor (data at {now[0]:#x}, not {recorded[0]:#x})")
+    if now[1] != recorded[1]:
+        _checks.fail(name, f"{expected}, unchanged since", f"the same tensor changed in place "
+                     f"since (version {recorded[1]} then, {now[1]} now)")
+
+
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             shared_up_weights, shared_down_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, swiglu_limit=None):
     """out = shared(x) + sum_j router_weights[:, j] * expert_{topk_experts[:, j]}(x).
 
-    Returns (out, forward_context): a MoKForwardContext of tensors the caller owns."""
+    Returns (out, forward_context): a MoKForwardContext of tensors the caller owns, which records
+    what it was computed from (its origin)."""
     handle = _common(config, workspace, schedule, swiglu_limit)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
     out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
-                                    router_weights, *weights, handle,
-                                    _checks.check_swiglu_limit(swiglu_limit))
-    return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+                                    router_weights, *weights, handle, limit)
+    origin = _origin("forward", schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "routed_down_weights": routed_down_weights, "shared_gate_weights": shared_gate_weights,
+        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights},
+        context)
+    return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None, origin)
 
 
 def recompute_forward_context(config, workspace, schedule, x, shared_gate_weights,
@@ -402,10 +493,16 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
              shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
     context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
                               routed_gate_weights, routed_up_weights, shared_gate_weights,
-                              shared_up_weights, handle, _checks.check_swiglu_limit(swiglu_limit))
-    return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+                              shared_up_weights, handle, limit)
+    origin = _origin("recompute_forward_context", schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "shared_gate_weights": shared_gate_weights, "shared_up_weights": shared_up_weights},
+        context)
+    return MoKForwardContext._from_ops(context, shared_gate_weights is not None, origin)
 
 
 def backward(config, workspace, schedule, forward_context, grad_output, x, router_weights,
@@ -417,7 +514,9 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
          d_w_shared_gate, d_w_shared_up, d_w_shared_down)
 
     from `forward_context` (what forward or recompute_forward_context returned for these inputs
-    and weights). The shared ones are None without a shared expert. `main_grads` (MoK's order:
+    and weights, unchanged since, with this schedule and swiglu_limit: its origin says, and a
+    mismatch raises mok's error naming the argument). The shared ones are None without a shared
+    expert. `main_grads` (MoK's order:
     shared gate, routed gate, shared up, routed up, shared down, routed down; fp32, shared ones
     None when absent) are accumulated into in place and returned in the weight-gradient places."""
     handle = _common(config, workspace, schedule, swiglu_limit)
@@ -425,12 +524,18 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
+    _check_origin(forward_context, schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "routed_down_weights": routed_down_weights, "shared_gate_weights": shared_gate_weights,
+        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights})
     context = forward_context._ops_args()
     has_shared = shared_gate_weights is not None
     if main_grads is None:
         d_x, d_w, dg, du, dd, dsg, dsu, dsd = _layer_ops.call(
             _layer_ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
-            *context, handle, _checks.check_swiglu_limit(swiglu_limit))
+            *context, handle, limit)
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd
@@ -440,6 +545,5 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     msg, mrg, msu, mru, msd, mrd = main_grads
     d_x, d_w = _layer_ops.backward_main_grad(grad_output, x, schedule.topk_experts,
                                              router_weights, *weights, mrg, mru, mrd, msg, msu,
-                                             msd, *context, handle,
-                                             _checks.check_swiglu_limit(swiglu_limit))
+                                             msd, *context, handle, limit)
     return d_x, d_w, mrg, mru, mrd, msg, msu, msd

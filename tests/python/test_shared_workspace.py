@@ -7,10 +7,8 @@ and every gradient has the bits of running that layer alone. Backward reads the 
 given and never recomputes the forward (call_counts: no recompute); recompute_forward_context
 (activation checkpointing) gives a context from which backward computes the same bits.
 
-Not tested, by design: a backward given another layer's context of the right shape is the
-caller's business. Nothing ties a context to its forward on the Python side (autograd pairs them;
-torch.compile may rematerialize inputs, so data pointers prove nothing); mok then computes the
-gradients that context implies, without an error.
+A backward given another layer's context is refused by mok.functional (the context records what
+it was computed from: test_bad_inputs.py); autograd pairs them for mok.moe and mok.nn.MoE.
 
 Every test runs on the CPU backend and, where there is a GPU, on the CUDA backend.
 """

@@ -1,0 +1,219 @@
+"""Bad calls as an adversarial user makes them (issue 41): each case raises mok's error naming the
+argument, the expected and the actual value (or, where documented, computes a defined result
+without reading or writing out of bounds), and the next good call still gives the good call's
+bits. CPU tensors here; the CUDA forms of the cases that differ on the GPU are in test_gpu.py.
+"""
+
+import dataclasses
+import re
+
+import pytest
+import torch
+from conftest import make_layer
+
+import mok
+from mok import functional
+
+T, H, I, E, K, S = 6, 64, 64, 4, 2, 64
+
+
+def raises(error, message):
+    return pytest.raises(error, match=re.escape(message))
+
+
+class Layer:
+    """One layer through mok.functional, and its good results (forward and backward) to compare
+    every later good call with."""
+
+    def __init__(self, data, swiglu_limit=None):
+        self.data, self.limit = data, swiglu_limit
+        self.config = functional.MoKConfig()
+        self.ws = functional.create_workspace(self.config, None, device=data.x.device,
+                                              num_local_tokens=T, hidden_size=H, topk=K)
+        self.schedule = self.build_schedule(data.topk_experts)
+        self.want = self.step()
+
+    def build_schedule(self, ids):
+        return functional.build_schedule(self.ws, self.config, ids, num_local_experts=E)
+
+    def args(self, **replace):
+        """forward's arguments (MoK's order), some replaced by name."""
+        g, u, d, sg, su, sd = self.data.weights
+        args = dict(x=self.data.x, router_weights=self.data.topk_weights, shared_gate_weights=sg,
+                    shared_up_weights=su, shared_down_weights=sd, routed_gate_weights=g,
+                    routed_up_weights=u, routed_down_weights=d)
+        args.update(replace)
+        return args
+
+    def forward(self, schedule=None, swiglu_limit="layer", **replace):
+        return functional.forward(self.config, self.ws, schedule or self.schedule,
+                                  **self.args(**replace), swiglu_limit=self._limit(swiglu_limit))
+
+    def recompute(self, schedule=None, swiglu_limit="layer", **replace):
+        args = self.args(**replace)
+        for unused in ("router_weights", "shared_down_weights", "routed_down_weights"):
+            del args[unused]
+        return functional.recompute_forward_context(self.config, self.ws,
+                                                    schedule or self.schedule, **args,
+                                                    swiglu_limit=self._limit(swiglu_limit))
+
+    def backward(self, ctx, schedule=None, swiglu_limit="layer", **replace):
+        return functional.backward(self.config, self.ws, schedule or self.schedule, ctx,
+                                   self.data.d_out, **self.args(**replace),
+                                   swiglu_limit=self._limit(swiglu_limit))
+
+    def _limit(self, value):
+        return self.limit if value == "layer" else value
+
+    def step(self):
+        out, ctx = self.forward()
+        return out, self.backward(ctx)
+
+    def assert_good(self):
+        """A good forward and backward now: the first good call's bits."""
+        out, grads = self.step()
+        assert torch.equal(out, self.want[0]), "out"
+        for i, (a, b) in enumerate(zip(grads, self.want[1])):
+            assert (a is None and b is None) or torch.equal(a, b), f"gradient {i}"
+
+
+@pytest.fixture
+def layer(gen):
+    return Layer(make_layer(gen, T, H, I, E, K, S))
+
+
+def _copy(t):
+    return t.detach().clone()
+
+
+# --- mok.functional.backward and the forward context it is given ----------------------------
+
+def test_backward_without_the_forwards_swiglu_limit(gen):
+    """MoK's API passes the limit on every call: forgetting it in backward is the easiest
+    mistake. The context remembers it."""
+    layer = Layer(make_layer(gen, T, H, I, E, K, S), swiglu_limit=0.3)
+    _, ctx = layer.forward()
+    with raises(ValueError, "mok: invalid swiglu_limit: expected 0.3 (the swiglu_limit of the "
+                            "forward that made the forward context), got None"):
+        layer.backward(ctx, swiglu_limit=None)
+    with raises(ValueError, "mok: invalid swiglu_limit: expected 0.3 (the swiglu_limit of the "
+                            "forward that made the forward context), got 0.5"):
+        layer.backward(ctx, swiglu_limit=0.5)
+    layer.assert_good()
+
+
+@pytest.mark.parametrize("argument", ["x", "router_weights", "routed_gate_weights",
+                                      "routed_down_weights", "shared_up_weights"])
+def test_context_of_other_tensors(layer, argument):
+    """A context computed from other tensors (equal values, other memory: the forward of another
+    layer or another step) is refused, naming the argument."""
+    _, ctx = layer.forward()
+    other = _copy(layer.args()[argument])
+    with raises(ValueError, f"mok: invalid {argument}: expected the {argument} of the forward "
+                            "that made the forward context, got another tensor"):
+        layer.backward(ctx, **{argument: other})
+    _, other_ctx = layer.forward(**{argument: other})
+    with raises(ValueError, f"mok: invalid {argument}: expected the {argument} of the forward"):
+        layer.backward(other_ctx)
+    layer.assert_good()
+
+
+def test_context_of_recompute_on_another_x(layer):
+    ctx = layer.recompute(x=_copy(layer.data.x))
+    with raises(ValueError, "mok: invalid x: expected the x of the recompute_forward_context "
+                            "that made the forward context, got another tensor"):
+        layer.backward(ctx)
+    # recompute_forward_context reads neither router weights nor down weights, so its context
+    # does not tie them: backward reads its own (here equal values in other memory).
+    ctx = layer.recompute()
+    grads = layer.backward(ctx, router_weights=_copy(layer.data.topk_weights),
+                           routed_down_weights=_copy(layer.data.weights[2]))
+    for a, b in zip(grads, layer.want[1]):
+        assert torch.equal(a, b)
+    layer.assert_good()
+
+
+def test_schedule_for_other_ids(layer):
+    _, ctx = layer.forward()
+    other_ids = torch.roll(layer.data.topk_experts, 1, dims=0)
+    with raises(ValueError, "mok: invalid schedule: expected the schedule of the forward that "
+                            "made the forward context, got another schedule"):
+        layer.backward(ctx, schedule=layer.build_schedule(other_ids))
+    layer.assert_good()
+
+
+def test_ids_edited_in_place_between_forward_and_backward(layer):
+    """The schedule holds the caller's int64 ids (it aliases them): an in-place edit after the
+    forward would make backward route the gradients elsewhere."""
+    ids = layer.data.topk_experts.clone()
+    schedule = layer.build_schedule(ids)
+    assert schedule.topk_experts is ids
+    _, ctx = layer.forward(schedule=schedule)
+    saved = ids.clone()
+    ids[0, 0] = (int(ids[0, 0]) + 1) % E
+    with raises(ValueError, "mok: invalid schedule.topk_experts: expected the "
+                            "schedule.topk_experts of the forward that made the forward context, "
+                            "unchanged since, got the same tensor changed in place since "
+                            "(version 0 then, 1 now)"):
+        layer.backward(ctx, schedule=schedule)
+    ids.copy_(saved)  # the values restored: still changed since the forward (the version says)
+    with raises(ValueError, "mok: invalid schedule.topk_experts"):
+        layer.backward(ctx, schedule=schedule)
+    layer.assert_good()
+
+
+def test_weights_changed_in_place_between_forward_and_backward(layer):
+    """An optimizer step between forward and backward, say: backward would differentiate other
+    weights than the forward's."""
+    g = _copy(layer.data.weights[0])
+    _, ctx = layer.forward(routed_gate_weights=g)
+    g.mul_(1.5)
+    with raises(ValueError, "mok: invalid routed_gate_weights: expected the routed_gate_weights "
+                            "of the forward that made the forward context, unchanged since"):
+        layer.backward(ctx, routed_gate_weights=g)
+    layer.assert_good()
+
+
+def test_context_fields_swapped(layer):
+    _, ctx = layer.forward()
+    swapped = dataclasses.replace(ctx, gate_routed=ctx.up_routed, up_routed=ctx.gate_routed)
+    with raises(ValueError, "mok: invalid forward_context.gate_routed: expected the tensor "
+                            "forward returned as gate_routed, got up_routed's tensor"):
+        layer.backward(swapped)
+    _, other = layer.forward()
+    mixed = dataclasses.replace(ctx, hidden_shared=other.hidden_shared)
+    with raises(ValueError, "mok: invalid forward_context.hidden_shared: expected the tensor "
+                            "forward returned as hidden_shared, got another tensor"):
+        layer.backward(mixed)
+    ctx.hidden_routed.add_(1)  # the context changed in place
+    with raises(ValueError, "mok: invalid forward_context.hidden_routed: expected the tensor "
+                            "forward returned as hidden_routed, unchanged since"):
+        layer.backward(ctx)
+    layer.assert_good()
+
+
+def test_context_rebuilt_by_hand_is_the_callers(layer):
+    """A context built with MoKForwardContext(...) (e.g. from tensors an offloading hook gave
+    back) carries no origin: backward computes from it without a check, as documented."""
+    _, ctx = layer.forward()
+    fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "origin"}
+    rebuilt = functional.MoKForwardContext(**{n: t.clone() for n, t in fields.items()})
+    assert rebuilt.origin is None and ctx.origin is not None
+    grads = layer.backward(rebuilt)
+    for a, b in zip(grads, layer.want[1]):
+        assert torch.equal(a, b)
+
+
+def test_moe_and_the_module_need_no_origin(gen):
+    """mok.moe and mok.nn.MoE: autograd keeps the context with its inputs (and refuses a saved
+    tensor changed in place, as for any op)."""
+    data = make_layer(gen, T, H, I, E, K, S)
+    x, w, *weights = data.requiring_grad()
+    out = mok.moe(x, data.topk_experts, w, *weights)
+    with torch.no_grad():
+        weights[0].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(data.d_out)
+    x, w, *weights = data.requiring_grad()
+    mok.moe(x, data.topk_experts, w, *weights).backward(data.d_out)
+    assert torch.isfinite(x.grad).all()
