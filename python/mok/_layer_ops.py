@@ -43,7 +43,8 @@ def _body(op_def):
 def untraced(args):
     """True where running an op's body directly is what its dispatch would do: eager (no
     torch.compile, no dispatch or function mode, no functorch transform), plain CPU or CUDA tensors
-    (torch.Tensor or Parameter: no fake, meta or subclass tensors), and nothing for autograd to
+    (torch.Tensor or Parameter: no fake, meta or subclass tensors, none with torch's negation or
+    conjugation bit, which the dispatcher resolves into a copy first), and nothing for autograd to
     record (grad mode off, or no input that requires grad)."""
     if torch.compiler.is_compiling() or _DISPATCH_STACK is None or _DISPATCH_STACK() > 0 \
             or _FUNCTORCH_ACTIVE is None or _FUNCTORCH_ACTIVE():
@@ -53,7 +54,8 @@ def untraced(args):
         return False
     grad = torch.is_grad_enabled()
     return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type in ("cpu", "cuda")
-               and not (grad and t.requires_grad) for t in tensors)
+               and not (grad and t.requires_grad) and not t.is_neg() and not t.is_conj()
+               for t in tensors)
 
 
 def call(op, *args):

@@ -19,12 +19,17 @@ def dtype_name(dtype):
 
 def view_of(t):
     """The view tuple the extension takes (src/python/binding.cpp), or None for an absent tensor:
-    (data_ptr, dtype, shape, strides, device type, device index)."""
+    (data_ptr, dtype, shape, strides, device type, device index, math bit). The math bit is
+    "negated" or "conjugated" for a tensor with torch's negation or conjugation bit set (a lazy
+    view whose memory holds the values before that operation), else "": the extension refuses
+    such a view, naming the argument, rather than read its memory as the tensor's values. (mok's
+    custom ops never see one: PyTorch's dispatcher resolves the bit of an op's inputs first.)"""
     if t is None:
         return None
     d = t.device
+    bit = "negated" if t.is_neg() else "conjugated" if t.is_conj() else ""
     return (t.data_ptr(), dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()), d.type,
-            d.index if d.index is not None else 0)
+            d.index if d.index is not None else 0, bit)
 
 
 def views(*tensors):

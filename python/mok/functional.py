@@ -389,6 +389,8 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     ids = top_experts
     if ids.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
         ids = ids.to(torch.int64)
+    # A negated view's memory is not its values: the schedule keeps the values (a copy).
+    ids = ids.resolve_neg()
     num_experts = num_local_experts * workspace.ep_size
     first = num_local_experts * workspace.ep_rank
     given = {"_top_experts": top_experts} if top_experts.dtype == torch.int32 else {}
@@ -543,6 +545,12 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
         _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
                      "routed up, shared down, routed down)", repr(type(main_grads).__name__))
     msg, mrg, msu, mru, msd, mrd = main_grads
+    for name, g in zip(("main_shared_gate", "main_routed_gate", "main_shared_up",
+                        "main_routed_up", "main_shared_down", "main_routed_down"), main_grads):
+        if isinstance(g, torch.Tensor) and (g.is_neg() or g.is_conj()):  # written in place
+            _checks.fail(name, "a tensor whose memory holds its values (backward adds into it: "
+                         "a view with torch's negation or conjugation bit cannot take that)",
+                         "a negated view" if g.is_neg() else "a conjugated view")
     d_x, d_w = _layer_ops.backward_main_grad(grad_output, x, schedule.topk_experts,
                                              router_weights, *weights, mrg, mru, mrd, msg, msu,
                                              msd, *context, handle, limit)

@@ -3,9 +3,12 @@
 // Tensors cross this boundary as plain tuples describing a view, built in Python from a tensor's
 // metadata (mok/_native.py, `view_of`):
 //
-//   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int)
+//   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int,
+//    math_bit: str)
 //
-// or None for an absent tensor (no shared expert). So the extension never includes torch headers
+// or None for an absent tensor (no shared expert). math_bit is "" for a tensor whose memory holds
+// its values, "negated" / "conjugated" for one with torch's negation or conjugation bit (its
+// memory holds the values before that operation): such a view is refused, naming the argument. So the extension never includes torch headers
 // and one build works with any torch version. The binding does no layer maths: it builds
 // mok::TensorView values and calls mok::forward / backward / recompute_forward_context.
 //
@@ -74,7 +77,15 @@ TensorView view_of(nb::handle h, const char* name) {
   if (h.is_none()) return v;
   const std::string arg = name;
   auto t = nb::cast<nb::tuple>(h);
-  if (t.size() != 6) throw Error(arg, "a 6-field view tuple", to_text(t.size()) + " fields");
+  if (t.size() != 7) throw Error(arg, "a 7-field view tuple", to_text(t.size()) + " fields");
+  const auto math_bit = nb::cast<std::string>(t[6]);
+  if (!math_bit.empty()) {
+    throw Error(arg,
+                "a tensor whose memory holds its values (mok reads the memory: resolve torch's "
+                "negation or conjugation bit first, " +
+                    arg + ".resolve_neg() / .resolve_conj())",
+                "a " + math_bit + " view");
+  }
   auto shape = nb::cast<nb::tuple>(t[2]);
   auto strides = nb::cast<nb::tuple>(t[3]);
   if (shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {

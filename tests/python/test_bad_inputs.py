@@ -217,3 +217,85 @@ def test_moe_and_the_module_need_no_origin(gen):
     x, w, *weights = data.requiring_grad()
     mok.moe(x, data.topk_experts, w, *weights).backward(data.d_out)
     assert torch.isfinite(x.grad).all()
+
+
+# --- tensors with torch's negation bit ---------------------------------------------------------
+
+def _neg(t):
+    """A lazy negated view whose values are t's: its memory holds -t (torch._neg_view of -t)."""
+    return torch._neg_view((-t).detach().clone())
+
+
+def test_negated_views_through_functional(layer):
+    """forward and backward read a negated view's values, not its memory (the dispatcher
+    resolves the bit); build_schedule keeps the ids' values."""
+    data = layer.data
+    for name in ("x", "router_weights", "routed_up_weights", "shared_gate_weights"):
+        out, ctx = layer.forward(**{name: _neg(layer.args()[name])})
+        assert torch.equal(out, layer.want[0]), name
+    x = _neg(data.x)
+    out, ctx = layer.forward(x=x)
+    grads = layer.backward(ctx, x=x)
+    for a, b in zip(grads, layer.want[1]):
+        assert torch.equal(a, b)
+    schedule = layer.build_schedule(_neg(data.topk_experts))
+    assert not schedule.topk_experts.is_neg()
+    assert torch.equal(schedule.topk_experts, data.topk_experts)
+    out, _ = layer.forward(schedule=schedule)
+    assert torch.equal(out, layer.want[0])
+    layer.assert_good()
+
+
+def test_negated_main_grads_are_refused(layer):
+    """main_grads are added into in place: a negated view cannot take the sum."""
+    _, ctx = layer.forward()
+    g, u, d, sg, su, sd = layer.data.weights
+    main = [torch.zeros(w.shape) for w in (sg, g, su, u, sd, d)]
+    main[1] = torch._neg_view(main[1])
+    with raises(ValueError, "mok: invalid main_routed_gate: expected a tensor whose memory holds "
+                            "its values (backward adds into it"):
+        functional.backward(layer.config, layer.ws, layer.schedule, ctx, layer.data.d_out,
+                            **layer.args(), main_grads=tuple(main))
+    layer.assert_good()
+
+
+def test_a_negated_view_never_becomes_a_pointer():
+    """Where a tensor becomes a pointer for mok's C++ core (mok._native.view_of, the one place),
+    a negated view is refused by name rather than read as raw memory."""
+    from mok import _native
+
+    ids = torch.tensor([[1, -1], [2, 0]])
+    with raises(ValueError, "mok: invalid topk_experts: expected a tensor whose memory holds its "
+                            "values (mok reads the memory: resolve torch's negation or "
+                            "conjugation bit first, topk_experts.resolve_neg() / "
+                            ".resolve_conj()), got a negated view"):
+        _native.lib.check_expert_ids(_native.view_of(torch._neg_view(ids)), E)
+    _native.lib.check_expert_ids(_native.view_of(ids), E)
+
+
+@pytest.mark.parametrize("which", ["x", "routed_gate_weights", "shared_up_weights",
+                                   "topk_weights"])
+def test_negated_view_through_moe_with_autograd(gen, which):
+    """mok.moe on a negated view of a leaf: the output and every gradient are those of the plain
+    tensor holding the same values (the leaf's gradient is the negation of the plain one's)."""
+    data = make_layer(gen, T, H, I, E, K, S)
+    names = ("x", "topk_weights", "routed_gate_weights", "routed_up_weights",
+             "routed_down_weights", "shared_gate_weights", "shared_up_weights",
+             "shared_down_weights")
+    values = dict(zip(names, (data.x, data.topk_weights, *data.weights)))
+
+    def run(negate):
+        leaves = {n: (-v if negate and n == which else v).detach().clone().requires_grad_(True)
+                  for n, v in values.items()}
+        args = {n: torch._neg_view(t) if negate and n == which else t for n, t in leaves.items()}
+        out = mok.moe(args["x"], data.topk_experts, args["topk_weights"],
+                      *[args[n] for n in names[2:]])
+        out.backward(data.d_out)
+        return out, {n: t.grad for n, t in leaves.items()}
+
+    plain_out, plain = run(False)
+    out, grads = run(True)
+    assert torch.equal(out, plain_out)
+    for n in names:
+        want = -plain[n] if n == which else plain[n]
+        assert torch.equal(grads[n], want), n
