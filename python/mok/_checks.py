@@ -8,6 +8,7 @@ repeats its own checks behind these (and owns the data-dependent one, expert ids
 """
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,35 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float64)
 
 def fail(argument, expected, actual, error=ValueError):
     raise error(f"mok: invalid {argument}: expected {expected}, got {actual}")
+
+
+INT64_MAX = 2**63 - 1  # the C++ core's sizes are int64
+
+
+def check_int(name, value, *, minimum, maximum=INT64_MAX):
+    """An int (or an integer type with __index__, not a bool) in [minimum, maximum]; returns it
+    as an int. A bool is refused: True is not a size."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(name, "an int", f"{type(value).__name__} {value!r}", TypeError)
+    value = int(value)
+    if value < minimum:
+        fail(name, "a positive int" if minimum == 1 else f"an int >= {minimum}", value)
+    if value > maximum:
+        fail(name, f"an int in [{minimum}, {maximum}]", value)
+    return value
+
+
+def check_real(name, value, *, minimum=0.0, inclusive=False):
+    """A finite real number (int or float, not a bool) above `minimum` (or at least it, with
+    `inclusive`); returns it as a float."""
+    relation = f">= {minimum}" if inclusive else f"> {minimum}"
+    expected = f"a finite number {relation}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(name, expected, f"{type(value).__name__} {value!r}", TypeError)
+    real = float(value)
+    if not (math.isfinite(real) and (real >= minimum if inclusive else real > minimum)):
+        fail(name, expected, repr(value))
+    return real
 
 
 def check_swiglu_limit(value):

@@ -299,3 +299,67 @@ def test_negated_view_through_moe_with_autograd(gen, which):
     for n in names:
         want = -plain[n] if n == which else plain[n]
         assert torch.equal(grads[n], want), n
+
+
+# --- mok.nn.MoE's constructor ------------------------------------------------------------------
+
+MOE_SHAPE = dict(hidden_size=64, intermediate_size=64, num_experts=4, topk=2)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(shared_intermediate_size=-64), ValueError,
+     "invalid shared_intermediate_size: expected an int >= 0, got -64"),
+    (dict(shared_intermediate_size="64"), TypeError,
+     "invalid shared_intermediate_size: expected an int, got str '64'"),
+    (dict(shared_intermediate_size=32), ValueError,
+     "invalid shared_intermediate_size: expected 0 or a multiple of 64 for bfloat16, got 32"),
+    (dict(hidden_size=True), TypeError, "invalid hidden_size: expected an int, got bool True"),
+    (dict(intermediate_size=64.0), TypeError,
+     "invalid intermediate_size: expected an int, got float 64.0"),
+    (dict(intermediate_size=96), ValueError,
+     "invalid intermediate_size: expected a multiple of 64 for bfloat16, got 96"),
+    (dict(num_experts=0), ValueError, "invalid num_experts: expected a positive int, got 0"),
+    (dict(num_experts=2**70), ValueError,
+     f"invalid num_experts: expected an int in [1, {2**63 - 1}], got {2**70}"),
+    (dict(topk=False), TypeError, "invalid topk: expected an int, got bool False"),
+    (dict(topk=5), ValueError, "invalid topk: expected in [1, num_experts = 4], got 5"),
+    (dict(route_scale=float("nan")), ValueError,
+     "invalid route_scale: expected a finite number > 0.0, got nan"),
+    (dict(route_scale=float("inf")), ValueError,
+     "invalid route_scale: expected a finite number > 0.0, got inf"),
+    (dict(route_scale=0), ValueError, "invalid route_scale: expected a finite number > 0.0, got 0"),
+    (dict(route_scale=True), TypeError,
+     "invalid route_scale: expected a finite number > 0.0, got bool True"),
+    (dict(route_scale="2.5"), TypeError,
+     "invalid route_scale: expected a finite number > 0.0, got str '2.5'"),
+    (dict(bias_update_rate=-1e-3), ValueError,
+     "invalid bias_update_rate: expected a finite number >= 0.0, got -0.001"),
+    (dict(router="relu"), ValueError, "invalid router: expected 'softmax' or 'sigmoid', got 'relu'"),
+    (dict(router=["softmax"]), ValueError,
+     "invalid router: expected 'softmax' or 'sigmoid', got ['softmax']"),
+    (dict(backend=None), ValueError, "invalid backend: expected 'mok' or 'torch', got None"),
+    (dict(config={"minibatch_size": 128}), TypeError,
+     "invalid config: expected None (the default MoKConfig) or a MoKConfig, got dict"),
+    (dict(group=0), TypeError,
+     "invalid group: expected None (one process) or a torch.distributed ProcessGroup, got int"),
+    (dict(device="gpu0"), ValueError,
+     "invalid device: expected None or a torch.device (or its name), got 'gpu0'"),
+    (dict(dtype=torch.float32), TypeError,
+     "invalid dtype: expected torch.bfloat16 (or torch.float64 on the cpu backend), got "
+     "torch.float32"),
+    (dict(dtype="bfloat16"), TypeError,
+     "invalid dtype: expected torch.bfloat16 (or torch.float64 on the cpu backend), got "
+     "bfloat16"),
+    (dict(swiglu_limit=float("nan")), ValueError,
+     "invalid swiglu_limit: expected None or a finite positive number, got nan"),
+])
+def test_moe_module_arguments(gen, change, error, message):
+    """Every constructor argument is checked before anything is built: mok's error naming it.
+    Then a good module of the same shape works."""
+    with raises(error, "mok: " + message):
+        mok.nn.MoE(**{**MOE_SHAPE, **change})
+    layer = mok.nn.MoE(**MOE_SHAPE, shared_intermediate_size=64)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    out, _ = layer(x)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
