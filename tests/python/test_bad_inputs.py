@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import make_layer
+from conftest import make_layer, requires_cuda
 
 import mok
 from mok import functional
@@ -363,3 +363,131 @@ def test_moe_module_arguments(gen, change, error, message):
     out, _ = layer(x)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+
+
+# --- a schedule edited by hand before MoK's ops layer -----------------------------------------
+
+class KittensLayer:
+    """MoK's ops layer at one rank, as MoK code calls it: a schedule (mok.ops.schedule), the
+    fused forward, its combine_buffer."""
+
+    def __init__(self, data):
+        self.data = data
+        T, k = data.topk_experts.shape
+        self.T, self.k = T, k
+        self.schedule = self.schedule_of(data.topk_experts)
+
+    def schedule_of(self, ids):
+        all_ids = ids.to(torch.int32).reshape(1, self.T, self.k).contiguous()
+        return tuple(t.clone() for t in mok.ops.schedule(all_ids, E, self.T * self.k, 0))
+
+    def forward(self, schedule=None):
+        """(combine_buffer, the op's outputs)."""
+        g, u, d, sg, su, sd = self.data.weights
+        x = self.data.x
+        combine = torch.full((self.T * self.k, H), float("nan"), dtype=x.dtype, device=x.device)
+        outs = mok.ops.dispatch_mlp_swiglu_combine_fwd_bf16(
+            x, [1], combine, [1], sg, g, su, u, sd, d, *(schedule or self.schedule), self.k,
+            None, 40, 131072, 4096)
+        return combine, outs
+
+
+def _corrupt(schedule, kind, slots):
+    """(a hand-edited copy of the schedule, the routing it describes as slot -> expert changes
+    {slot: expert or -1} (None: not described simply), the CPU error's argument and message)."""
+    peer_rank, idx, num_tokens, tokens_per_expert = (t.clone() for t in schedule)
+    rows = peer_rank.shape[0]
+    used = (peer_rank >= 0).nonzero()[:, 0]
+    r0, r1 = int(used[0]), int(used[-1])
+    s0, s1 = int(idx[r0]), int(idx[r1])
+    ends = torch.cumsum(tokens_per_expert.long(), 0)
+    e0, e1 = (int(torch.searchsorted(ends, torch.tensor(r), right=True)) for r in (r0, r1))
+    n = int(num_tokens[0])
+    if kind == "slot past the end":
+        idx[r0] = slots + 5
+        change, message = {s0: -1}, (f"schedule_peer_token_idx[{r0}]: expected a slot t * topk "
+                                     f"+ j in [0, {slots}), got {slots + 5}")
+    elif kind == "negative slot":
+        idx[r0] = -3
+        change, message = {s0: -1}, (f"schedule_peer_token_idx[{r0}]: expected a slot t * topk "
+                                     f"+ j in [0, {slots}), got -3")
+    elif kind == "another rank":
+        peer_rank[r0] = 3
+        change, message = {s0: -1}, (f"schedule_peer_rank[{r0}]: expected -1 (padding) or 0 (this "
+                                     "rank: mok runs MoK's ops on one rank), got 3")
+    elif kind == "a slot twice":
+        idx[r1] = s0
+        change = {s0: max(e0, e1), s1: -1}
+        message = (f"schedule_peer_token_idx[{r1}]: expected a slot no other row names, got slot "
+                   f"{s0}, which row {r0} names too")
+    elif kind == "num_tokens past the rows":
+        num_tokens[0] = rows + 1
+        change, message = None, f"num_tokens[0]: expected in [0, {rows}] (the schedule's rows), " \
+                                f"got {rows + 1}"
+    elif kind == "negative segment":
+        tokens_per_expert[0] = -128
+        change, message = None, "tokens_per_expert[0]: expected a row count >= 0, got -128"
+    elif kind == "segments past num_tokens":
+        tokens_per_expert[-1] += 128
+        change, message = None, (f"tokens_per_expert: expected segments summing to num_tokens = "
+                                 f"{n}, got segments summing to {n + 128}")
+    return (peer_rank, idx, num_tokens, tokens_per_expert), change, message
+
+
+CORRUPTIONS = ["slot past the end", "negative slot", "another rank", "a slot twice",
+               "num_tokens past the rows", "negative segment", "segments past num_tokens"]
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_hand_edited_schedule_is_checked_on_the_cpu(gen, kind):
+    """On CPU tensors every value of the schedule is checked before anything runs."""
+    layer = KittensLayer(make_layer(gen, T, H, I, E, K, S, unused_fraction=0.0))
+    want, _ = layer.forward()
+    bad, _, message = _corrupt(layer.schedule, kind, T * K)
+    with raises(ValueError, "mok: invalid " + message):
+        layer.forward(bad)
+    got, _ = layer.forward()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_hand_edited_schedule_never_indexes_out_of_bounds(gen, kind):
+    """What the ops layer trusts on CUDA (mok/_kittens_compat.py's docstring), checked on the
+    function that reads the schedule: every slot and expert it hands on is in bounds, and where
+    the edit describes a routing, it is that routing."""
+    from mok import _kittens_compat
+
+    layer = KittensLayer(make_layer(gen, T, H, I, E, K, S, unused_fraction=0.0))
+    slots = T * K
+    bad, change, _ = _corrupt(layer.schedule, kind, slots)
+    ids, slot, used = _kittens_compat._slot_experts(*bad, slots)
+    assert ((slot >= 0) & (slot <= slots)).all() and ((ids >= -1) & (ids < E)).all()
+    assert (slot[~used] == slots).all()
+    if change is not None:
+        want = layer.data.topk_experts.reshape(-1, 1).clone()
+        for s, e in change.items():
+            want[s] = e
+        assert torch.equal(ids, want)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_cuda_hand_edited_schedule_stays_in_bounds(gen, kind):
+    """On CUDA the schedule's values are trusted (no host read): an edited schedule computes the
+    layer of the routing it describes, bit for bit, with every slot of combine_buffer written and
+    no device error (an out-of-bounds index would be a device-side assert); the next good call
+    gives the good bits."""
+    layer = KittensLayer(make_layer(gen, T, H, I, E, K, S, unused_fraction=0.0).to("cuda"))
+    want, _ = layer.forward()
+    bad, change, _ = _corrupt(layer.schedule, kind, T * K)
+    got, outs = layer.forward(bad)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got).all(), "a slot of combine_buffer left unwritten"
+    if change is not None:
+        ids = layer.data.topk_experts.reshape(-1).clone()
+        for s, e in change.items():
+            ids[s] = e
+        described, _ = layer.forward(layer.schedule_of(ids.reshape(T, K)))
+        assert torch.equal(got, described)
+    again, _ = layer.forward()
+    assert torch.equal(again, want)
