@@ -181,7 +181,7 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
     # Sizes, alignment (bf16: H, I, S multiples of 64) and topk <= num_experts: mok's own rules.
     _native.lib.validate_problem(
         num_tokens=_static(T, 1), hidden_size=_static(H, 64), intermediate_size=_static(I, 64),
-        num_experts=_static(E, 1 << 20) * ep_size, topk=_static(k, 1),
+        num_experts=_static(E, _static(k, 1)) * ep_size, topk=_static(k, 1),
         shared_intermediate_size=_static(S, 64 if given else 0), ep_size=ep_size, ep_rank=0,
         activation_dtype=dtype_name(act))
     return LayerShape(T, H, I, E, k, S, act, device)
@@ -227,9 +227,14 @@ def check_schedule_args(topk_experts, num_experts, num_local_experts, first_loca
         fail("topk_experts.shape", "[num_local_tokens, topk]", shape_text(topk_experts.shape))
     check_tensor("topk_experts", topk_experts, torch.int64, tuple(topk_experts.shape),
                  topk_experts.device)
-    if num_experts < 1:
-        fail("num_experts", "a positive integer", num_experts)
-    if num_local_experts < 1 or num_experts % num_local_experts != 0:
+    # Bounded before anything is sized from them (mok's bound on the experts, include/mok/
+    # problem.hpp: kMaxExperts).
+    num_experts = check_int("num_experts", num_experts, minimum=1,
+                            maximum=_native.lib.max_experts)
+    num_local_experts = check_int("num_local_experts", num_local_experts, minimum=1,
+                                  maximum=num_experts)
+    first_local_expert = check_int("first_local_expert", first_local_expert, minimum=0)
+    if num_experts % num_local_experts != 0:
         fail("num_local_experts", f"a positive divisor of num_experts = {num_experts}",
              num_local_experts)
     if first_local_expert < 0 or first_local_expert + num_local_experts > num_experts:

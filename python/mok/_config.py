@@ -6,6 +6,10 @@ import math
 from mok import _checks, _native
 
 FORWARD_PATHS = ("launches", "fused")  # MoKConfig.forward_path's values
+# The largest value of each int knob's C++ type (include/mok/config.hpp): int, else int64.
+_CXX_INT_BOUNDS = {"fwd_num_comm_sms": 2**31 - 1, "bwd_num_comm_sms": 2**31 - 1,
+                   "minibatch_size": 2**63 - 1, "macrobatch_size": 2**63 - 1,
+                   "fused_stage_rows": 2**63 - 1, "all_gather_top_experts_chunk_bytes": 2**63 - 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,17 +56,26 @@ class MoKConfig:
                 expected = "a number"
             if not ok:
                 _checks.fail(f"config.{field.name}", expected, type(value).__name__, TypeError)
+            bound = _CXX_INT_BOUNDS.get(field.name)
+            if bound is not None and not -bound - 1 <= value <= bound:
+                kind = "int" if bound < 2**32 else "int64"
+                _checks.fail(f"config.{field.name}", f"an int in [{-bound - 1}, {bound}] (the C++ "
+                             f"Config's {kind})", value)
+        try:
+            multiplier = float(self.schedule_capacity_multiplier)
+        except OverflowError:
+            multiplier = math.inf
+        if not math.isfinite(multiplier):
+            _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
+                         self.schedule_capacity_multiplier)
         if self.forward_path not in FORWARD_PATHS:
             _checks.fail("config.forward_path", " or ".join(repr(p) for p in FORWARD_PATHS),
                          repr(self.forward_path))
-        if not math.isfinite(self.schedule_capacity_multiplier):
-            _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
-                         self.schedule_capacity_multiplier)
         chunk = self.all_gather_top_experts_chunk_bytes
         if chunk <= 0 or chunk % 16:
             _checks.fail("config.all_gather_top_experts_chunk_bytes",
                          "a positive multiple of 16 (MoK's rule; mok does not use it)", chunk)
         _native.lib.validate_config(
             self.fwd_num_comm_sms, self.bwd_num_comm_sms, self.minibatch_size,
-            self.macrobatch_size, float(self.schedule_capacity_multiplier),
+            self.macrobatch_size, multiplier,
             forward_path=self.forward_path, fused_stage_rows=self.fused_stage_rows)

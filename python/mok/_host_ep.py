@@ -211,6 +211,7 @@ def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=Non
     ex = _Exchange(ws, "forward")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
                                     ep_size=ws.ep_size)
         ws.check_shape(shape)
@@ -241,6 +242,7 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
     ex = _Exchange(ws, "recompute_forward_context")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, None, *weights, with_topk_weights=False,
                                     with_down=False, ep_size=ws.ep_size)
         ws.check_shape(shape)
@@ -267,6 +269,7 @@ def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context,
     ex = _Exchange(ws, "backward" if main is None else "backward_main_grad")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
                                     ep_size=ws.ep_size)
         ws.check_shape(shape)

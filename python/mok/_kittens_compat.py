@@ -497,15 +497,15 @@ def _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank):
     W, T, k = topk_all.shape
     _checks.check_tensor("topk_all", topk_all, (torch.int32, torch.int64), (W, T, k),
                          topk_all.device)
-    if num_local_experts < 1:
-        _checks.fail("num_local_experts", "a positive int", num_local_experts)
-    if schedule_capacity < T * k:
-        _checks.fail("schedule_capacity", f"at least num_local_tokens * topk = {T * k} (MoK's "
-                     "rule; mok's table is at least the worst case anyway)", schedule_capacity)
-    if not 0 <= rank < W:
-        _checks.fail("rank", f"in [0, {W})", rank)
-    rows = max(schedule_capacity,
-               _schedule_terms.capacity_rows(W, T, k, num_local_experts))
+    # Bounded before the table is sized from them: mok's bounds (Problem::validate).
+    num_local_experts = _checks.check_int("num_local_experts", num_local_experts, minimum=1,
+                                          maximum=_native.lib.max_experts // max(W, 1))
+    schedule_capacity = _checks.check_int("schedule_capacity", schedule_capacity, minimum=T * k,
+                                          maximum=_native.lib.max_size)
+    rank = _checks.check_int("rank", rank, minimum=0, maximum=W - 1)
+    if not any(isinstance(v, torch.SymInt) for v in (W, T, k)):  # symbolic: checked at run time
+        _native.lib.schedule_capacity_rows(T, k, num_local_experts * W, W)  # the table's bounds
+    rows = max(schedule_capacity, _schedule_terms.capacity_rows(W, T, k, num_local_experts))
     return W, T, k, rows
 
 

@@ -98,6 +98,9 @@ def schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatc
     expert_counts [E_local], expert_src_counts [E_local, W], segment_starts [E_local + 1],
     ring_plan [8]."""
     outs = _layer_tensors.schedule_outputs(topk_experts, num_experts)
+    _checks.check_int("ep_rank", ep_rank, minimum=0, maximum=len(topk_experts) - 1)
+    _checks.check_int("minibatch_size", minibatch_size, minimum=1)
+    _checks.check_int("macrobatch_size", macrobatch_size, minimum=0)
     if topk_experts[0].device.type != "cpu":
         _checks.fail("topk_experts.device", "cpu (the host twin; on the GPU the layer builds its "
                      "schedule on the device)", _checks.device_name(topk_experts[0].device))

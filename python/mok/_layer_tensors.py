@@ -18,6 +18,7 @@ def check_layer_call(handle, x, topk_experts, topk_weights, weights, *, with_top
                      with_down=True):
     """A layer op's workspace handle and tensors: (LayerShape, workspace, config)."""
     ws, config = _workspace.resolve(handle)
+    ws.check_x(x)
     shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
                                 with_topk_weights=with_topk_weights, with_down=with_down,
                                 ep_size=ws.ep_size)
@@ -109,9 +110,11 @@ def schedule_outputs(topk_experts, num_experts):
                              first.device)
     W = len(topk_experts)
     T, k = first.shape
-    if num_experts < 1 or num_experts % W != 0:
+    num_experts = _checks.check_int("num_experts", num_experts, minimum=1)
+    if num_experts % W != 0:
         _checks.fail("num_experts", f"a positive multiple of the rank count {W}", num_experts)
     E_local = num_experts // W
+    # The C++ core bounds the sizes (Problem::validate) before this sizes any output from them.
     rows = _native.lib.schedule_capacity_rows(T, k, num_experts, W)
     shapes = ((rows,), (E_local,), (E_local, W), (E_local + 1,), (8,))
     return tuple(_native.new_output(s, torch.int32, first.device) for s in shapes)

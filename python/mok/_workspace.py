@@ -159,6 +159,22 @@ class Workspace:
             counts = [self._dropped_counts] + [c.native.call_counts for c in self._cores.values()]
         return tuple(sum(c[i] for c in counts) for i in range(3))
 
+    def check_x(self, x):
+        """x against this workspace's device and (T, H), before anything else of a call is
+        checked: an x that does not fit the workspace is named as x, not as the first tensor
+        that disagrees with it. Metadata only."""
+        if not isinstance(x, torch.Tensor):
+            return  # the call's own checks name it
+        if self.device is not None and x.device != self.device:
+            _checks.fail("x.device", f"{_checks.device_name(self.device)} (the workspace's device)",
+                         _checks.device_name(x.device))
+        if x.dim() != 2:
+            return
+        for i, field, want in ((0, "num_local_tokens", self.num_local_tokens),
+                               (1, "hidden_size", self.hidden_size)):
+            if want is not None and x.shape[i] != want:
+                _checks.fail(f"x.shape[{i}]", f"{want} (the workspace's {field})", x.shape[i])
+
     def check_shape(self, shape):
         """The call's tensors against the shapes this workspace was created for."""
         if self.device is not None and shape.device != self.device:

@@ -230,8 +230,7 @@ def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
     device = _normalize_device(device)
     for name, value in (("num_local_tokens", num_local_tokens), ("hidden_size", hidden_size),
                         ("topk", topk)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            _checks.fail(name, "a positive int", repr(value))
+        _checks.check_int(name, value, minimum=1, maximum=_native.lib.max_size)
     rank, size = _workspace.group_rank_size(group)
     if size != 1:
         _workspace.check_group(group, device, rank)
@@ -300,7 +299,7 @@ def validate_inputs(config, workspace, schedule, x, router_weights=None, grad_ou
     [num_local_tokens, topk] float32 (float64 with float64 x), contiguous, on the workspace's
     device; a schedule built with this workspace. Raises mok's errors (a dtype: TypeError,
     anything else: ValueError; MoK raises ValueError for both); returns None."""
-    _common(config, workspace, None, None)
+    _common(config, workspace, _NO_SCHEDULE, None)
     _require("schedule", schedule, MoKSchedule)
     if schedule.workspace_handle != workspace.handle:
         _checks.fail("schedule", "a schedule built with this workspace",
@@ -328,17 +327,23 @@ def _require(name, value, kind):
         _checks.fail(name, f"a {kind.__name__}", type(value).__name__, TypeError)
 
 
-def _common(config, workspace, schedule, swiglu_limit):
-    """Checks the call's config, workspace and schedule; returns the op handle (the workspace
-    with this config)."""
+_NO_SCHEDULE = object()  # build_schedule's calls of _common: no schedule yet
+
+
+def _common(config, workspace, schedule, swiglu_limit, x=None):
+    """Checks the call's config, workspace, schedule (build_schedule passes _NO_SCHEDULE) and x
+    against the workspace; returns the op handle (the workspace with this config)."""
     _require("config", config, MoKConfig)
     _require("workspace", workspace, Workspace)
-    if schedule is not None:
+    if schedule is not _NO_SCHEDULE:
         _require("schedule", schedule, MoKSchedule)
         if schedule.workspace_handle != workspace.handle:
             _checks.fail("schedule", "a schedule built with this workspace",
                          "one from another workspace")
     _checks.check_swiglu_limit(swiglu_limit)
+    if x is not None:
+        _checks.require_tensor("x", x)
+        workspace.check_x(x)
     return workspace.handle_for(config)
 
 
@@ -372,10 +377,12 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
         top_experts = topk_experts
     if top_experts is None:
         _checks.fail("top_experts", "a torch.Tensor", "None", TypeError)
-    _common(config, workspace, None, None)
+    _common(config, workspace, _NO_SCHEDULE, None)
     _checks.require_tensor("top_experts", top_experts)
-    if not isinstance(num_local_experts, int) or num_local_experts < 1:
-        _checks.fail("num_local_experts", "a positive int", repr(num_local_experts))
+    # Bounded before anything is sized from it: mok's bound on the experts of all ranks.
+    num_local_experts = _checks.check_int(
+        "num_local_experts", num_local_experts, minimum=1,
+        maximum=_native.lib.max_experts // workspace.ep_size)
     if top_experts.dim() == 2:
         if workspace.device is not None and top_experts.device != workspace.device:
             _checks.fail("top_experts.device",
@@ -470,7 +477,7 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
 
     Returns (out, forward_context): a MoKForwardContext of tensors the caller owns, which records
     what it was computed from (its origin)."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
@@ -491,7 +498,7 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
                               swiglu_limit=None):
     """The forward context again, bit for bit (activation checkpointing): gate/up only, no down
     projection and no router weights, as MoK's signature says."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
              shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
@@ -521,7 +528,7 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     expert. `main_grads` (MoK's order:
     shared gate, routed gate, shared up, routed up, shared down, routed down; fp32, shared ones
     None when absent) are accumulated into in place and returned in the weight-gradient places."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     _require("forward_context", forward_context, MoKForwardContext)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)

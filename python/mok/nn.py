@@ -35,6 +35,9 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     torch.compile(fullgraph=True): it is one custom op (mok::forward) whose gradient is another
     (mok::backward).
     """
+    if workspace is not None and not isinstance(workspace, _workspace.Workspace):
+        _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
+                     type(workspace).__name__, TypeError)
     handle = 0 if workspace is None else workspace.handle
     # call: the op itself wherever autograd records it or something traces it.
     out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,

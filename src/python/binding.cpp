@@ -215,6 +215,9 @@ NB_MODULE(_C, m) {
   using namespace mok;
   m.doc() = "mok's torch-free C++ API (internal: use mok.functional, mok.ops, mok.nn)";
   m.attr("__version__") = kVersion;
+  // Problem::validate's bounds (include/mok/problem.hpp), for Python's own checks.
+  m.attr("max_size") = kMaxSize;
+  m.attr("max_experts") = kMaxExperts;
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -277,7 +280,9 @@ NB_MODULE(_C, m) {
   m.def(
       "schedule_capacity_rows",
       [](std::int64_t T, std::int64_t k, std::int64_t E, int ep_size) {
-        return schedule_capacity_rows(problem_of(T, 1, 1, E, k, 0, ep_size, 0));
+        const Problem p = problem_of(T, 1, 1, E, k, 0, ep_size, 0);
+        p.validate(DType::f64);  // bounded sizes: the rows below cannot overflow
+        return schedule_capacity_rows(p);
       },
       nb::arg("num_tokens"), nb::arg("topk"), nb::arg("num_experts"), nb::arg("ep_size"));
   // Bytes of one rank's symmetric region (every rank of a team across processes allocates this

@@ -491,3 +491,116 @@ def test_cuda_hand_edited_schedule_stays_in_bounds(gen, kind):
         assert torch.equal(got, described)
     again, _ = layer.forward()
     assert torch.equal(again, want)
+
+
+# --- errors that name the right thing ----------------------------------------------------------
+
+@pytest.mark.parametrize("call", ["forward", "recompute", "backward", "moe"])
+@pytest.mark.parametrize("bad_x,message", [
+    (lambda x: torch.cat([x, x[:1]]), f"x.shape[0]: expected {T} (the workspace's "
+                                      f"num_local_tokens), got {T + 1}"),
+    (lambda x: torch.cat([x, x], dim=1), f"x.shape[1]: expected {H} (the workspace's "
+                                         f"hidden_size), got {2 * H}"),
+    (lambda x: x.to("meta"), "x.device: expected cpu (the workspace's device), got meta"),
+])
+def test_x_is_checked_against_the_workspace_first(layer, call, bad_x, message):
+    """An x that does not fit the workspace is named as x (not as topk_experts or the weights,
+    which disagree with it first in a layer's own checks)."""
+    x = bad_x(layer.data.x)
+    with raises(ValueError, "mok: invalid " + message):
+        if call == "forward":
+            layer.forward(x=x)
+        elif call == "recompute":
+            layer.recompute(x=x)
+        elif call == "backward":
+            layer.backward(layer.forward()[1], x=x)
+        else:
+            g, u, d, sg, su, sd = layer.data.weights
+            mok.moe(x, layer.data.topk_experts, layer.data.topk_weights, g, u, d, sg, su, sd,
+                    workspace=layer.ws)
+    layer.assert_good()
+
+
+def test_missing_or_wrong_objects_are_named(layer):
+    g, u, d, sg, su, sd = layer.data.weights
+    config, ws, data = layer.config, layer.ws, layer.data
+    with raises(TypeError, "mok: invalid schedule: expected a MoKSchedule, got NoneType"):
+        functional.forward(config, ws, None, **layer.args())
+    _, ctx = layer.forward()
+    with raises(TypeError, "mok: invalid schedule: expected a MoKSchedule, got NoneType"):
+        functional.backward(config, ws, None, ctx, data.d_out, **layer.args())
+    with raises(TypeError, "mok: invalid schedule: expected a MoKSchedule, got NoneType"):
+        functional.recompute_forward_context(config, ws, None, data.x, sg, su, g, u)
+    with raises(TypeError, "mok: invalid workspace: expected a Workspace, got int"):
+        functional.forward(config, 42, layer.schedule, **layer.args())
+    with raises(TypeError, "mok: invalid workspace: expected None (the automatic workspace) or a "
+                           "mok.functional workspace, got int"):
+        mok.moe(data.x, data.topk_experts, data.topk_weights, g, u, d, sg, su, sd, workspace=42)
+    with raises(TypeError, "mok: invalid config: expected a MoKConfig, got dict"):
+        functional.forward({}, ws, layer.schedule, **layer.args())
+    layer.assert_good()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("fwd_num_comm_sms", 2**40, "expected an int in [-2147483648, 2147483647] (the C++ Config's "
+                                f"int), got {2**40}"),
+    ("bwd_num_comm_sms", -2**31 - 1, "expected an int in [-2147483648, 2147483647] (the C++ "
+                                     f"Config's int), got {-2**31 - 1}"),
+    ("minibatch_size", 2**70, f"expected an int in [-{2**63}, {2**63 - 1}] (the C++ Config's "
+                              f"int64), got {2**70}"),
+    ("macrobatch_size", 2**64, f"expected an int in [-{2**63}, {2**63 - 1}] (the C++ Config's "
+                               f"int64), got {2**64}"),
+    ("fused_stage_rows", 2**63, f"expected an int in [-{2**63}, {2**63 - 1}] (the C++ Config's "
+                                f"int64), got {2**63}"),
+    ("schedule_capacity_multiplier", 10**400, "expected a finite positive number, got 1000"),
+])
+def test_config_values_beyond_the_cxx_types(layer, field, value, message):
+    """MoKConfig's ints beyond their C++ type: mok's error naming the field (not nanobind's
+    signature dump)."""
+    with raises(ValueError, f"mok: invalid config.{field}: {message}"):
+        functional.MoKConfig(**{field: value})
+    layer.assert_good()
+
+
+@pytest.mark.parametrize("value,error,message", [
+    (2**40, ValueError, f"expected an int in [1, 1048576], got {2**40}"),
+    (2**26, ValueError, f"expected an int in [1, 1048576], got {2**26}"),
+    (True, TypeError, "expected an int, got bool True"),
+    (4.0, TypeError, "expected an int, got float 4.0"),
+    (0, ValueError, "expected a positive int, got 0"),
+])
+def test_build_schedule_bounds_num_local_experts(layer, value, error, message):
+    """Bounded before anything is allocated from it (2**26 experts would first allocate about a
+    gigabyte): mok's bound of 2^20 experts in all (include/mok/problem.hpp)."""
+    with raises(error, f"mok: invalid num_local_experts: {message}"):
+        functional.build_schedule(layer.ws, layer.config, layer.data.topk_experts,
+                                  num_local_experts=value)
+    if type(value) is int:  # the op's schema takes an int (torch turns a bool into one)
+        with raises(error, f"mok: invalid num_local_experts: {message}"):
+            mok.ops.schedule(layer.data.topk_experts.int().reshape(1, T, K), value, T * K, 0)
+    layer.assert_good()
+
+
+def test_schedule_sizes_are_bounded_before_allocating(layer):
+    ids = layer.data.topk_experts
+    with raises(ValueError, "mok: invalid num_experts: expected at most 1048576 (mok's bound: "
+                            "each expert pads the schedule to a 128-row tile), got "
+                            f"{2**62}"):
+        mok.ops.schedule_table([ids], 2**62, 0, 4096, 0)
+    with raises(ValueError, f"mok: invalid num_experts: expected an int in [1, 1048576], got "
+                            f"{2**40}"):
+        mok.ops.build_schedule(ids, 2**40, 2**40, 0)
+    with raises(ValueError, "mok: invalid ep_rank: expected an int in [0, 0], got 3"):
+        mok.ops.schedule_table([ids], E, 3, 4096, 0)
+    table = mok.ops.schedule_table([ids], E, 0, 4096, 0)[0]
+    assert table.shape[0] == T * K + E * 127
+    layer.assert_good()
+
+
+def test_moe_module_bounds_its_sizes():
+    with raises(ValueError, "mok: invalid num_experts: expected at most 1048576"):
+        mok.nn.MoE(64, 64, 2**26, 2)
+    with raises(ValueError, "mok: invalid num_local_experts * max(hidden_size, "
+                            "intermediate_size): expected at most 2147483647"):
+        mok.nn.MoE(64, 2**26, 64, 2, device="meta")
+    mok.nn.MoE(64, 64, 4, 2)
