@@ -95,6 +95,7 @@ class Workspace:
         self._cores = collections.OrderedDict()
         self._cores_lock = threading.Lock()
         self._dropped_counts = (0, 0, 0)  # call_counts of the C++ workspaces the LRU dropped
+        self._retired = []  # C++ workspaces the LRU dropped, not yet freed (core())
         self._handles = {}
         self.handle = self.handle_for(config)
 
@@ -198,9 +199,14 @@ class Workspace:
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
     def core(self, shape, config):
-        """The C++ workspace for `shape` and `config`, created on first use. The least recently
-        used beyond _MAX_CORES are dropped, except those a CUDA graph captured (kept for good:
-        a graph's replays use them)."""
+        """The C++ workspace for `shape` and `config`, created on its first call, which must run
+        outside CUDA graph capture: creating it allocates and zeroes device memory with
+        synchronous CUDA calls, so a first call during capture raises mok's error asking for one
+        eager call (a warm-up) first. Beyond _MAX_CORES the least recently used are retired,
+        except those a CUDA graph captured (kept for good: a graph's replays use them). A retired
+        one is freed (cudaFree synchronizes the device) only at the next creation of a C++
+        workspace, a call that makes synchronous CUDA calls anyway and never runs during capture,
+        and only once no call is running on it."""
         key = _layout_key(shape, config)
         capturing = _capturing(shape.device)
         with self._cores_lock:
@@ -209,11 +215,18 @@ class Workspace:
                 self._cores.move_to_end(key)
                 core.captured = core.captured or capturing
                 return core
+            if capturing:
+                _checks.fail(
+                    "the first call of a layer of this shape and config",
+                    "a call outside CUDA graph capture (it creates the layer's C++ workspace, "
+                    "allocating and zeroing device memory synchronously): run one step eagerly, "
+                    "a warm-up, before capturing", "a first call during capture")
+            self._free_retired()
             d = shape.device
             symmetric = None
             extra = {}
             if d.type == "cuda" and self.ep_size > 1:
-                symmetric = _symmetric_region(self, shape, config, capturing)
+                symmetric = _symmetric_region(self, shape, config)
                 extra = dict(symmetric_bases=symmetric[1], barrier_timeout_ms=barrier_timeout_ms)
             native = _native.lib.Workspace(
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
@@ -225,13 +238,17 @@ class Workspace:
                 group_barrier(self.group, d)
             core = self._cores[key] = _Core(native)
             core.symmetric = symmetric  # keeps the symmetric memory mapped while the core lives
-            core.captured = capturing
             droppable = [k for k, c in self._cores.items() if not c.captured and k != key]
             for k in droppable[:max(0, len(self._cores) - _MAX_CORES)]:  # oldest first
                 dropped = self._cores.pop(k)
                 self._dropped_counts = tuple(
                     a + b for a, b in zip(self._dropped_counts, dropped.native.call_counts))
+                self._retired.append(dropped)
             return core
+
+    def _free_retired(self):
+        """Frees the retired C++ workspaces no call is running on (their last reference)."""
+        self._retired = [c for c in self._retired if c.lock.locked()]
 
 
 # Every device-side wait of a CUDA team across processes for a peer gives up after this long; the
@@ -239,17 +256,13 @@ class Workspace:
 barrier_timeout_ms = int(os.environ.get("MOK_BARRIER_TIMEOUT_MS", "10000"))
 
 
-def _symmetric_region(ws, shape, config, capturing):
+def _symmetric_region(ws, shape, config):
     """This rank's symmetric region for a CUDA team across processes, from PyTorch symmetric
     memory on the workspace's group: (tensor, every rank's base address, handle). A collective:
     every rank of the group creates its C++ workspace for this shape and config in the same call.
     NOTES: no NVLink multicast is asked for or used (only the peers' unicast addresses)."""
     from torch.distributed import _symmetric_memory as symm_mem  # a PyTorch with CUDA EP only
 
-    if capturing:
-        _checks.fail("the first call of a CUDA expert-parallel layer of this shape",
-                     "outside CUDA graph capture (it allocates and exchanges the symmetric "
-                     "memory: run one step before capturing)", "a call during capture")
     nbytes = _native.lib.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
     region = symm_mem.empty(nbytes, dtype=torch.uint8, device=shape.device)
     group_name = ws.group.group_name if ws.group is not None else dist.group.WORLD.group_name

@@ -208,6 +208,83 @@ def test_cuda_graph_keeps_its_workspace_past_the_lru(gen):
     assert torch.equal(out, want), "a replay after the LRU turned over differs"
 
 
+@requires_cuda
+def test_cuda_first_call_inside_graph_capture_asks_for_a_warm_up(gen):
+    """A layer shape's first call inside torch.cuda.graph would create its C++ workspace with
+    synchronous CUDA calls: mok's error says to warm up first, the process and its CUDA context
+    survive, and after one eager call the same step captures and replays to eager's bits."""
+    from mok import functional
+    T, H, I, E, k, S = 64, 128, 64, 8, 2, 64
+    dev = torch.device("cuda")
+    data = make_layer(gen, T, H, I, E, k, S).to(dev)
+    ws = functional.create_workspace(functional.MoKConfig(), None, device=dev,
+                                     num_local_tokens=T, hidden_size=H, topk=k)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=re.escape("run one step eagerly, a warm-up, before "
+                                                   "capturing, got a first call during capture")):
+        with torch.cuda.graph(graph), torch.no_grad():
+            mok.moe(*data.args(), workspace=ws)
+    torch.cuda.synchronize()
+    assert not ws._cores, "a C++ workspace was created during capture"
+    with torch.no_grad():
+        want = mok.moe(*data.args(), workspace=ws)  # the warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = mok.moe(*data.args(), workspace=ws)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@requires_cuda
+def test_cuda_lru_frees_no_memory_during_capture(gen):
+    """The LRU retires the C++ workspaces it drops instead of freeing them (cudaFree synchronizes
+    the device, which is illegal during capture): calls captured after an eviction free nothing,
+    the capture succeeds and its replays give eager's bits; the retired ones are freed at the
+    next creation of a C++ workspace, outside capture."""
+    import gc
+    import weakref
+
+    from mok import _workspace, functional
+    T, H, k, S = 64, 128, 2, 64
+    dev = torch.device("cuda")
+    ws = functional.create_workspace(functional.MoKConfig(), None, device=dev,
+                                     num_local_tokens=T, hidden_size=H, topk=k)
+
+    def inputs(I, E):
+        d = make_layer(gen, T, H, I, E, k, S)
+        return [d.x.to(dev), d.topk_experts.to(dev), d.topk_weights.to(dev),
+                *[t.to(dev) for t in d.weights]]
+
+    first = inputs(64, 8)
+    with torch.no_grad():
+        want_first = mok.moe(*first, workspace=ws)  # warm-up; evicted below
+        others = [inputs(128 + 64 * i, 8) for i in range(_workspace._MAX_CORES + 1)]
+        wants = [mok.moe(*o, workspace=ws) for o in others]
+    torch.cuda.synchronize()
+    assert ws._retired, "the LRU dropped nothing"
+    retired = [weakref.ref(c) for c in ws._retired]
+    free_before = torch.cuda.mem_get_info()[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():  # shapes whose workspaces exist
+        outs = [mok.moe(*o, workspace=ws) for o in others[-2:]]
+    gc.collect()
+    assert all(r() is not None for r in retired), "a retired workspace was freed during capture"
+    assert torch.cuda.mem_get_info()[0] <= free_before
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for o, w in zip(outs, wants[-2:]):
+        assert torch.equal(o, w), "a replay differs from eager"
+    with torch.no_grad():  # the evicted shape again: a creation, outside capture
+        again = mok.moe(*first, workspace=ws)
+    gc.collect()
+    assert all(r() is None for r in retired), "the retired workspaces outlived the next creation"
+    assert torch.equal(again, want_first)
+
+
 # --- bad inputs -------------------------------------------------------------------------------
 
 def misaligned(shape, dtype, offset_elements=1):
