@@ -35,8 +35,10 @@ _shared_lock = threading.Lock()
 
 
 class _Core:
-    """One C++ workspace. `lock` serializes the calls that use its scratch. `captured`: a call ran
-    while a CUDA graph was being captured, so the graph holds its memory and the LRU must keep it."""
+    """One C++ workspace. `lock` serializes the host side of the calls that use it (their
+    enqueue; the CPU backend's whole call); it orders nothing on the device: calls on several
+    CUDA streams are ordered there by the C++ workspace itself. `captured`: a call ran while a
+    CUDA graph was being captured, so the graph holds its memory and the LRU must keep it."""
 
     def __init__(self, native):
         self.native = native
@@ -78,8 +80,10 @@ class Workspace:
     """mok's workspace (MoK's MoKWorkspace): group and the fixed shapes it serves, and scratch.
 
     Create it with mok.functional.get_workspace / create_workspace. Fields left None (the automatic
-    workspace and mok.nn.MoE's) follow the tensors of each call. Calls on one workspace must not
-    overlap on the device (two streams): they share its scratch.
+    workspace and mok.nn.MoE's) follow the tensors of each call. Layers that share a workspace
+    may call it from several threads and on several CUDA streams: each C++ workspace orders the
+    calls on its scratch on the device (a call on another stream waits for the one before it,
+    without a host synchronization), so they never race on it.
     """
 
     def __init__(self, config, *, group=None, ep_rank=0, ep_size=1, device=None,

@@ -285,6 +285,48 @@ def test_cuda_lru_frees_no_memory_during_capture(gen):
     assert torch.equal(again, want_first)
 
 
+@requires_cuda
+def test_cuda_layers_sharing_a_workspace_on_two_streams(gen):
+    """Two mok.nn.MoE layers of one shape and config share one C++ workspace (its scratch). Run on
+    two CUDA streams at once, forward and backward, iteration after iteration, their outputs and
+    every gradient are bitwise those of running both on one stream: the workspace orders its
+    calls on the device, so the two streams never race on its scratch."""
+    dev = torch.device("cuda")
+    T, H, I, E, k, S = 4096, 512, 256, 16, 4, 256
+    iterations = 24
+    layers = [mok.nn.MoE(H, I, E, k, shared_intermediate_size=S, device=dev) for _ in range(2)]
+    assert layers[0]._workspace is layers[1]._workspace
+    xs = [[torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev) for _ in layers]
+          for _ in range(iterations)]
+    d_outs = [[torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev) for _ in layers]
+              for _ in range(iterations)]
+
+    def step(layer, x, d_out):
+        layer.zero_grad(set_to_none=True)
+        x = x.detach().requires_grad_(True)
+        out, _ = layer(x)
+        out.backward(d_out)
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    one_stream = [[step(layer, xs[i][j], d_outs[i][j]) for j, layer in enumerate(layers)]
+                  for i in range(iterations)]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())  # the inputs are ready
+    two_streams = [[None, None] for _ in range(iterations)]
+    for i in range(iterations):  # enqueued alternately: the two streams' calls overlap
+        for j, layer in enumerate(layers):
+            with torch.cuda.stream(streams[j]):
+                two_streams[i][j] = step(layer, xs[i][j], d_outs[i][j])
+    torch.cuda.synchronize()
+    names = ["out", "d_x"] + [n for n, _ in layers[0].named_parameters()]
+    for i in range(iterations):
+        for j in range(2):
+            for name, a, b in zip(names, two_streams[i][j], one_stream[i][j]):
+                assert torch.equal(a, b), f"iteration {i}, layer {j}: {name} differs on two streams"
+
+
 # --- bad inputs -------------------------------------------------------------------------------
 
 def misaligned(shape, dtype, offset_elements=1):
