@@ -220,6 +220,33 @@ def test_cuda_workspace_without_cuda_backend():
                                  hidden_size=H, topk=K)
 
 
+def test_cuda_without_backend_raises_mok_error():
+    """Where the CUDA backend cannot run (every CPU-only build, so every CPU run of this suite),
+    each entry point a call on CUDA tensors reaches raises mok's own error: the C++ workspace of a
+    CUDA layer (created at its first call), require_backend (build_schedule's check of CUDA ids)
+    and get_workspace / create_workspace for a CUDA device. The same calls with CUDA tensors, the
+    backend stood in for: test_gpu.py::test_cuda_without_backend_raises_mok_error."""
+    if mok.backend_available("cuda"):
+        pytest.skip("the CUDA backend is available here: nothing to refuse")
+    from mok import _native
+
+    message = "mok: the CUDA backend is not available ("
+    with raises(RuntimeError, message):
+        _native.lib.Workspace(
+            num_tokens=T, hidden_size=H, intermediate_size=I, num_experts=E, topk=K,
+            shared_intermediate_size=S, ep_size=1, ep_rank=0, fwd_num_comm_sms=40,
+            bwd_num_comm_sms=28, minibatch_size=4096, macrobatch_size=0,
+            schedule_capacity_multiplier=0.5, backend="cuda", activation_dtype="bfloat16",
+            num_threads=1, device_index=0)
+    with raises(RuntimeError, message):
+        _native.lib.require_backend("cuda")
+    for make in (functional.get_workspace, functional.create_workspace):
+        with raises(RuntimeError, message):
+            make(functional.MoKConfig(), None, device="cuda", num_local_tokens=T, hidden_size=H,
+                 topk=K)
+    _native.lib.require_backend("cpu")  # and the CPU backend is there
+
+
 def test_error_while_compiling(data):
     """The fake implementations check too: torch.compile reports the bad call while tracing."""
     torch._dynamo.reset()

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import (CUDA_READY, GRAD_TOLERANCE, HAVE_GPU, NO_GPU_REASON, OUT_TOLERANCE,
+from conftest import (GRAD_TOLERANCE, HAVE_GPU, NO_GPU_REASON, OUT_TOLERANCE,
                       LayerData, make_layer, requires_cuda)
 from test_extension import _python_with_this_mok
 from test_layer import GRAD_NAMES, check_against_reference
@@ -514,12 +514,50 @@ def test_cuda_after_torch_initialized_cuda(gen):
     assert err <= 2 * OUT_TOLERANCE, result.stdout
 
 
-def test_cuda_without_backend_raises_mok_error(gen):
-    if CUDA_READY:
-        pytest.skip("mok's CUDA backend is available here: nothing to refuse")
+class _NoCudaBackend:
+    """mok's extension as a build without the CUDA backend shows it: creating a CUDA workspace or
+    asking for the CUDA backend raises its error; everything else is the real extension's."""
+
+    MESSAGE = ("mok: the CUDA backend is not available (this build has no CUDA support); use the "
+               "cpu backend (Backend::cpu, --backend cpu)")
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def require_backend(self, backend):
+        if backend == "cuda":
+            raise RuntimeError(self.MESSAGE)
+        return self._lib.require_backend(backend)
+
+    def Workspace(self, *args, backend, **kwargs):  # noqa: N802 (the extension's class)
+        if backend == "cuda":
+            raise RuntimeError(self.MESSAGE)
+        return self._lib.Workspace(*args, backend=backend, **kwargs)
+
+
+@requires_cuda
+def test_cuda_without_backend_raises_mok_error(gen, monkeypatch):
+    """CUDA tensors where mok's CUDA backend cannot run: every layer call reaches the backend only
+    through the extension's workspace creation and require_backend, so a build without the CUDA
+    backend (its extension stood in for here; the real one's refusal runs in the CPU suite,
+    test_errors.py::test_cuda_without_backend_raises_mok_error) gives mok's error, never a
+    fallback or a crash, and the next call with the backend works."""
+    import mok._native
+
     data = make_layer(gen, 33, 64, 64, 4, 2, 64)
     args = [t.cuda() if t is not None else None for t in data.args()]
+    ws = mok.functional.create_workspace(mok.functional.MoKConfig(), None, device="cuda",
+                                         num_local_tokens=33, hidden_size=64, topk=2)
+    monkeypatch.setattr(mok._native, "lib", _NoCudaBackend(mok._native.lib))
     with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
-        mok.moe(*args)
+        mok.moe(*args, workspace=ws)
     with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
         torch.ops.mok.build_schedule(args[1], 4, 4, 0)
+    with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
+        mok.functional.get_workspace(mok.functional.MoKConfig(), None, device="cuda",
+                                     num_local_tokens=33, hidden_size=64, topk=2)
+    monkeypatch.undo()
+    assert torch.equal(mok.moe(*args, workspace=ws).cpu(), mok.moe(*args).cpu())
