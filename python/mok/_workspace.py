@@ -267,7 +267,8 @@ def _symmetric_region(ws, shape, config):
     NOTES: no NVLink multicast is asked for or used (only the peers' unicast addresses)."""
     from torch.distributed import _symmetric_memory as symm_mem  # a PyTorch with CUDA EP only
 
-    nbytes = _native.lib.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
+    nbytes = _native.lib.symmetric_workspace_bytes(
+        **_native_args(shape, config, ws.ep_size, ws.ep_rank))
     region = symm_mem.empty(nbytes, dtype=torch.uint8, device=shape.device)
     group_name = ws.group.group_name if ws.group is not None else dist.group.WORLD.group_name
     handle = symm_mem.rendezvous(region, group_name)

@@ -427,7 +427,8 @@ def _origin(call, schedule, swiglu_limit, inputs, context):
         return None
     return ContextOrigin(call, weakref.ref(schedule), swiglu_limit,
                          tuple((name, _stamp(t)) for name, t in inputs.items()),
-                         tuple((name, _stamp(t)) for name, t in zip(_layer_tensors.CONTEXT_NAMES, context)))
+                         tuple((name, _stamp(t))
+                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, context)))
 
 
 def _check_origin(forward_context, schedule, swiglu_limit, inputs):

@@ -19,8 +19,7 @@ static void require_positive(const char* name, std::int64_t v) {
   if (v <= 0) throw Error(name, "a positive integer", to_text(v));
 }
 
-static void require_at_most(const char* name, std::int64_t v, std::int64_t bound,
-                            const char* why) {
+static void require_at_most(const char* name, std::int64_t v, std::int64_t bound, const char* why) {
   if (v > bound) throw Error(name, "at most " + to_text(bound) + " (" + why + ")", to_text(v));
 }
 

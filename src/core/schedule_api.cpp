@@ -51,7 +51,8 @@ void validate_schedule_problem(const Problem& p, const Config& c) {
   const std::int64_t ring =
       schedule::macrobatch_rows(schedule_shape_of(p), c.macrobatch_size, c.minibatch_size);
   if (ring > kInt32Max) {
-    throw Error("config.macrobatch_size", "a ring of at most 2^31 - 1 rows", to_text(ring) + " rows");
+    throw Error("config.macrobatch_size", "a ring of at most 2^31 - 1 rows",
+                to_text(ring) + " rows");
   }
 }
 

@@ -6,11 +6,12 @@
 //   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int,
 //    math_bit: str)
 //
-// or None for an absent tensor (no shared expert). math_bit is "" for a tensor whose memory holds
-// its values, "negated" / "conjugated" for one with torch's negation or conjugation bit (its
-// memory holds the values before that operation): such a view is refused, naming the argument. So the extension never includes torch headers
-// and one build works with any torch version. The binding does no layer maths: it builds
-// mok::TensorView values and calls mok::forward / backward / recompute_forward_context.
+// or None for an absent tensor (no shared expert). So the extension never includes torch headers
+// and one build works with any torch version. math_bit is "" for a tensor whose memory holds its
+// values, "negated" / "conjugated" for one with torch's negation or conjugation bit (its memory
+// holds the values before that operation): such a view is refused, naming the argument. The
+// binding does no layer maths: it builds mok::TensorView values and calls mok::forward / backward
+// / recompute_forward_context.
 //
 // Errors: mok::Error becomes TypeError when the rejected argument is a dtype, ValueError for any
 // other argument (shape, strides, device, value), and RuntimeError when it names no argument (a

@@ -62,8 +62,7 @@ TEST(Validation, SizeBoundsAndProducts) {
          p.num_tokens = (std::int64_t{1} << 31) - (std::int64_t{1} << 20), p.topk = 1;
          p.num_experts = std::int64_t{1} << 20, p.intermediate_size = p.hidden_size = 64;
        }},
-      {"invalid num_local_experts * max(hidden_size, intermediate_size)",
-       "32-bit coordinates",
+      {"invalid num_local_experts * max(hidden_size, intermediate_size)", "32-bit coordinates",
        [](Problem& p) { p.num_experts = 1024, p.intermediate_size = std::int64_t{1} << 22; }},
       {"invalid num_local_experts * intermediate_size * hidden_size", "fit an int64",
        [](Problem& p) {
