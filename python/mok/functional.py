@@ -147,12 +147,19 @@ class MoKSchedule:
 
 
 def _stamp(t):
-    """What a context records of a tensor: its data pointer and version (which tensor, and
-    whether it changed in place since), then its metadata. Host metadata only (no
-    synchronization; fine during CUDA graph capture). None for an absent tensor."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    return (t.data_ptr(), t._version, t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
+    """What a context records of a tensor: a weak reference to it, its data pointer and its
+    version (which tensor, and whether it changed in place since). Host metadata only (no
+    synchronization; fine during CUDA graph capture; a few microseconds a call). None for an
+    absent tensor."""
+    return (weakref.ref(t), t.data_ptr(), t._version) if isinstance(t, torch.Tensor) else None
+
+
+def _metadata(t):
+    return t.dtype, t.shape, t.stride(), t.device
+
+
+def _no_origin():
+    return None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -167,6 +174,10 @@ class ContextOrigin:
     swiglu_limit: "float | None"
     inputs: tuple
     fields: tuple
+
+    def __reduce__(self):
+        # A pickled context comes back with other memory: nothing recorded holds for it.
+        return _no_origin, ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -195,13 +206,13 @@ class MoKForwardContext:
     origin: "ContextOrigin | None" = dataclasses.field(default=None, repr=False, kw_only=True)
 
     @classmethod
-    def _from_ops(cls, tensors, has_shared, origin=None):
+    def _from_ops(cls, tensors, has_shared):
         x_routed, gate_routed, up_routed, hidden_routed, gate_s, up_s, hidden_s = tensors
         if not has_shared:
             gate_s = up_s = hidden_s = None
         return cls(x_routed=x_routed, gate_shared=gate_s, gate_routed=gate_routed,
                    up_shared=up_s, up_routed=up_routed, hidden_shared=hidden_s,
-                   hidden_routed=hidden_routed, origin=origin)
+                   hidden_routed=hidden_routed)
 
     def _ops_args(self):
         return (self.x_routed, self.gate_routed, self.up_routed, self.hidden_routed,
@@ -420,15 +431,15 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     return schedule
 
 
-def _origin(call, schedule, swiglu_limit, inputs, context):
-    """The ContextOrigin of a context `call` returned; None while torch.compile traces (fake
-    tensors have no data pointer), so that such a context is not checked."""
+def _origin(call, schedule, swiglu_limit, inputs, ctx):
+    """The ContextOrigin of the context `ctx` that `call` returned; None while torch.compile
+    traces (fake tensors have no data pointer), so that such a context is not checked."""
     if torch.compiler.is_compiling():
         return None
     return ContextOrigin(call, weakref.ref(schedule), swiglu_limit,
                          tuple((name, _stamp(t)) for name, t in inputs.items()),
                          tuple((name, _stamp(t))
-                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, context)))
+                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, ctx._ops_args())))
 
 
 def _check_origin(forward_context, schedule, swiglu_limit, inputs):
@@ -450,25 +461,31 @@ def _check_origin(forward_context, schedule, swiglu_limit, inputs):
         _check_stamp(name, recorded, inputs[name],
                      f"the {name} of the {origin.call} that made the forward context")
     context = forward_context._ops_args()
-    returned = {stamp[0]: name for name, stamp in origin.fields if stamp is not None}
+    returned = {stamp[1]: name for name, stamp in origin.fields if stamp is not None}
     for (name, recorded), t in zip(origin.fields, context):
-        now = _stamp(t)
-        other = returned.get(now[0]) if now is not None else None
-        what = (f"{other}'s tensor" if other not in (None, name) else None)
+        other = returned.get(t.data_ptr()) if isinstance(t, torch.Tensor) else None
+        what = f"{other}'s tensor" if other not in (None, name) else None
         _check_stamp(f"forward_context.{name}", recorded, t,
                      f"the tensor {origin.call} returned as {name}", another=what)
 
 
 def _check_stamp(name, recorded, t, expected, another=None):
-    now = _stamp(t)
-    if recorded is None or now is None or recorded[2:] != now[2:]:
+    """`t` against a recorded stamp: the same memory, unchanged since. A tensor of other memory
+    whose metadata differs from the recorded one's (while that one lives) is left to the op's
+    checks, which name the exact defect (a shape, a dtype, ...)."""
+    if recorded is None or not isinstance(t, torch.Tensor):
         return
-    if now[0] != recorded[0]:
+    ref, pointer, version = recorded
+    now = t.data_ptr()
+    if now != pointer:
+        original = ref()
+        if original is not None and _metadata(original) != _metadata(t):
+            return
         _checks.fail(name, expected, another or
-                     f"another tensor (data at {now[0]:#x}, not {recorded[0]:#x})")
-    if now[1] != recorded[1]:
+                     f"another tensor (data at {now:#x}, not {pointer:#x})")
+    if t._version != version:
         _checks.fail(name, f"{expected}, unchanged since", f"the same tensor changed in place "
-                     f"since (version {recorded[1]} then, {now[1]} now)")
+                     f"since (version {version} then, {t._version} now)")
 
 
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
@@ -485,13 +502,13 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     limit = _checks.check_swiglu_limit(swiglu_limit)
     out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
                                     router_weights, *weights, handle, limit)
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
     origin = _origin("forward", schedule, limit, {
         "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
         "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
         "routed_down_weights": routed_down_weights, "shared_gate_weights": shared_gate_weights,
-        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights},
-        context)
-    return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None, origin)
+        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights}, ctx)
+    return out, dataclasses.replace(ctx, origin=origin)
 
 
 def recompute_forward_context(config, workspace, schedule, x, shared_gate_weights,
@@ -507,12 +524,12 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
                               routed_gate_weights, routed_up_weights, shared_gate_weights,
                               shared_up_weights, handle, limit)
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
     origin = _origin("recompute_forward_context", schedule, limit, {
         "x": x, "schedule.topk_experts": schedule.topk_experts,
         "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
-        "shared_gate_weights": shared_gate_weights, "shared_up_weights": shared_up_weights},
-        context)
-    return MoKForwardContext._from_ops(context, shared_gate_weights is not None, origin)
+        "shared_gate_weights": shared_gate_weights, "shared_up_weights": shared_up_weights}, ctx)
+    return dataclasses.replace(ctx, origin=origin)
 
 
 def backward(config, workspace, schedule, forward_context, grad_output, x, router_weights,

@@ -5,6 +5,7 @@ bits. CPU tensors here; the CUDA forms of the cases that differ on the GPU are i
 """
 
 import dataclasses
+import pickle
 import re
 
 import pytest
@@ -201,6 +202,10 @@ def test_context_rebuilt_by_hand_is_the_callers(layer):
     assert rebuilt.origin is None and ctx.origin is not None
     grads = layer.backward(rebuilt)
     for a, b in zip(grads, layer.want[1]):
+        assert torch.equal(a, b)
+    unpickled = pickle.loads(pickle.dumps(ctx))  # other memory: its origin is not kept
+    assert unpickled.origin is None
+    for a, b in zip(layer.backward(unpickled), layer.want[1]):
         assert torch.equal(a, b)
 
 
