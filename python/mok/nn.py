@@ -38,6 +38,18 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     if workspace is not None and not isinstance(workspace, _workspace.Workspace):
         _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
                      type(workspace).__name__, TypeError)
+    # Types first, so that a wrong one is mok's error naming it wherever the call goes (the
+    # dispatcher's own schema error names no argument of ours).
+    for name, t in (("x", x), ("topk_experts", topk_experts), ("topk_weights", topk_weights),
+                    ("routed_gate_weights", routed_gate_weights),
+                    ("routed_up_weights", routed_up_weights),
+                    ("routed_down_weights", routed_down_weights)):
+        _checks.require_tensor(name, t)
+    for name, t in (("shared_gate_weights", shared_gate_weights),
+                    ("shared_up_weights", shared_up_weights),
+                    ("shared_down_weights", shared_down_weights)):
+        if t is not None:
+            _checks.require_tensor(name, t)
     handle = 0 if workspace is None else workspace.handle
     # call: the op itself wherever autograd records it or something traces it.
     out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,

@@ -544,6 +544,11 @@ def test_missing_or_wrong_objects_are_named(layer):
         mok.moe(data.x, data.topk_experts, data.topk_weights, g, u, d, sg, su, sd, workspace=42)
     with raises(TypeError, "mok: invalid config: expected a MoKConfig, got dict"):
         functional.forward({}, ws, layer.schedule, **layer.args())
+    x = data.x.clone().requires_grad_(True)  # through the dispatcher (autograd records it)
+    with raises(TypeError, "mok: invalid topk_weights: expected a torch.Tensor, got list"):
+        mok.moe(x, data.topk_experts, data.topk_weights.tolist(), g, u, d, sg, su, sd)
+    with raises(TypeError, "mok: invalid shared_up_weights: expected a torch.Tensor, got str"):
+        mok.moe(x, data.topk_experts, data.topk_weights, g, u, d, sg, "su", sd)
     layer.assert_good()
 
 
