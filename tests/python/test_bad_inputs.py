@@ -406,7 +406,7 @@ def _corrupt(schedule, kind, slots):
     used = (peer_rank >= 0).nonzero()[:, 0]
     r0, r1 = int(used[0]), int(used[-1])
     s0, s1 = int(idx[r0]), int(idx[r1])
-    ends = torch.cumsum(tokens_per_expert.long(), 0)
+    ends = torch.cumsum(tokens_per_expert.cpu().long(), 0)
     e0, e1 = (int(torch.searchsorted(ends, torch.tensor(r), right=True)) for r in (r0, r1))
     n = int(num_tokens[0])
     if kind == "slot past the end":
