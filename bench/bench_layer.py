@@ -24,7 +24,6 @@ also carry its config (ring sizes and passes). Ends with each mok implementation
 torch's, case by case.
 """
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import gc
@@ -213,31 +212,16 @@ def mok_config_record(config, sets):
             "ring_passes": ring_passes}
 
 
-@contextlib.contextmanager
-def forward_path(path):
-    """MOK_FORWARD = path for the calls inside. NOTES: the C++ layer reads MOK_FORWARD when it is
-    made, and mok.functional makes it at the workspace's first forward or backward call, not at
-    get_workspace; until session 11 MokImpl set it around get_workspace only, so its "fused" rows
-    ran the launches (docs/perf/NOTES.md, session 11)."""
-    was = os.environ.get("MOK_FORWARD")
-    os.environ["MOK_FORWARD"] = path
-    try:
-        yield
-    finally:
-        if was is None:
-            del os.environ["MOK_FORWARD"]
-        else:
-            os.environ["MOK_FORWARD"] = was
-
-
 class MokImpl:
     """mok's functional API (MoK's argument order): build_schedule, forward, backward, with the
-    config of `variant` (mok_config); `path` is MOK_FORWARD for its workspaces (unfused: the
-    launches; fused: the forward megakernel), `minibatch` its minibatch_size (None: the
-    variant's), the megakernel's stage of pulls and tiles."""
+    config of `variant` (mok_config) and `path` as its forward_path ("launches" or "fused": the
+    forward megakernel), `minibatch` its minibatch_size (None: the variant's), the megakernel's
+    stage of pulls and tiles. NOTES: the path is a MoKConfig field, so every call (and the C++
+    workspace the first one makes) runs it; when it was an environment variable the C++ layer
+    read at its creation, "fused" rows once timed the launches (docs/perf/NOTES.md, 2026-12-03)."""
     name = "mok"
 
-    def __init__(self, variant="default", path="unfused", minibatch=None):
+    def __init__(self, variant="default", path="launches", minibatch=None):
         self.variant = variant
         self.path = path
         self.minibatch = minibatch
@@ -248,11 +232,10 @@ class MokImpl:
         k = inp["ids"].shape[1]
         E = inp["w_gate"].shape[0]
         self.mf = mf
-        self.config = mok_config(self.variant, T, k, E)
+        self.config = dataclasses.replace(mok_config(self.variant, T, k, E),
+                                          forward_path=self.path)
         if self.minibatch is not None:
             self.config = dataclasses.replace(self.config, minibatch_size=self.minibatch)
-        # NOTES: release_memory clears the workspace cache between implementations, so each gets
-        # its own layer, made under its MOK_FORWARD at its first call (forward_path).
         self.ws = mf.get_workspace(self.config, None, device=inp["x"].device,
                                    num_local_tokens=T, hidden_size=H, topk=k)
         self.inp = inp
@@ -263,19 +246,17 @@ class MokImpl:
     def forward(self):
         mf, inp = self.mf, self.inp
         sg, su, sd = self.shared
-        with forward_path(self.path):
-            self.schedule = mf.build_schedule(self.ws, self.config, inp["ids"],
-                                              num_local_experts=self.E)
-            out, self.ctx = mf.forward(self.config, self.ws, self.schedule, inp["x"], inp["w"], sg,
-                                       su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
+        self.schedule = mf.build_schedule(self.ws, self.config, inp["ids"],
+                                          num_local_experts=self.E)
+        out, self.ctx = mf.forward(self.config, self.ws, self.schedule, inp["x"], inp["w"], sg,
+                                   su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
         return out
 
     def backward(self, out):
         mf, inp = self.mf, self.inp
         sg, su, sd = self.shared
-        with forward_path(self.path):
-            mf.backward(self.config, self.ws, self.schedule, self.ctx, inp["d_out"], inp["x"],
-                        inp["w"], sg, su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
+        mf.backward(self.config, self.ws, self.schedule, self.ctx, inp["d_out"], inp["x"],
+                    inp["w"], sg, su, sd, inp["w_gate"], inp["w_up"], inp["w_down"])
 
 
 # --impls name: (factory, the name in the results). Names in the results (PERF.md's schema): mok's
@@ -353,19 +334,20 @@ def measure(case, routing_name, impl_name, sets, args):
     del out
     if not err < 4 * 2 ** -8:  # NaN fails too
         return f"WRONG output (rel err {err})"
-    if isinstance(impl, MokImpl) and impl.path != "unfused":
-        # The megakernel's whole output and forward context are the unfused path's, bit for bit,
+    if isinstance(impl, MokImpl) and impl.path != "launches":
+        # The megakernel's whole output and forward context are the launches', bit for bit,
         # before it is timed.
         fused = forward_bits(impl)
         release_memory()
-        ref_impl = MokImpl(impl.variant, "unfused", impl.minibatch)
+        ref_impl = MokImpl(impl.variant, "launches", impl.minibatch)
         ref_impl.setup(sets[0])
         differ = [name for name, t in forward_bits(ref_impl).items()
                   if not torch.equal(t, fused[name])]
         del ref_impl, fused
         release_memory()
         if differ:
-            return f"WRONG: the fused forward's {', '.join(differ)} differ bitwise from the unfused one"
+            return (f"WRONG: the fused forward's {', '.join(differ)} differ bitwise from the "
+                    "launches'")
         impl = factory()
         impl.setup(sets[0])
     rot = [factory() for _ in sets]

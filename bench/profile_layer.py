@@ -103,7 +103,7 @@ def main():
             for kname, count, us in ks[:25]:
                 print(f"   {us / 1e3:8.3f} ms  x{count:<3d} {kname}")
             impl = None
-            bl.release_memory()  # the next implementation gets its own workspace (MOK_FORWARD)
+            bl.release_memory()  # the next implementation starts from no workspace
         pathlib.Path(args.out, "profile_layer.json").write_text(json.dumps(report, indent=1))
     return 0
 

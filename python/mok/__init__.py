@@ -9,11 +9,28 @@
 CPU tensors run mok's CPU reference backend (bf16, or float64 as an exact mode); CUDA tensors run
 the CUDA backend. With a gloo torch.distributed group and CPU tensors, the CPU backend runs expert
 parallelism across processes (mok.TimeoutError: a rank of the group did not arrive in time).
+
+The package's modules, bottom up: each imports only modules listed above it, at its top, and
+uses no other module's private names (tests/python/test_imports.py checks both).
+
+    _C, reference, _schedule_terms   the extension (src/python/binding.cpp); plain-torch modules
+    _native          the one handle on the extension; tensors as its views; output allocation
+    _checks          argument checks (mok's error messages)
+    _config          MoKConfig
+    _grouped_gemm    the grouped GEMM forms as custom ops
+    _workspace       workspaces: handles, the C++ workspaces of each layer shape, groups
+    _layer_tensors   a layer call's context, outputs and gradient buffers
+    _host_ep         expert parallelism across processes on the CPU backend
+    _layer_ops       the layer's custom ops and their autograd
+    _fake            their fake implementations
+    functional, nn   MoK's functional API; mok.moe and mok.nn.MoE
+    _kittens_compat  MoK's ops layer (mok.ops.schedule, dispatch_mlp_swiglu_combine_*, ...)
+    ops              the public ops
 """
 
-from mok import _C
+from mok import _native
 
-__version__ = _C.__version__
+__version__ = _native.lib.__version__
 
 from mok import functional, nn, ops, reference  # noqa: E402
 from mok._host_ep import TimeoutError  # noqa: E402,A001
@@ -22,7 +39,7 @@ from mok.nn import MoE, MoEStats, moe  # noqa: E402
 
 def backend_available(backend: str) -> bool:
     """Whether this build and machine can run `backend` ("cpu" or "cuda")."""
-    return _C.backend_available(backend)
+    return _native.lib.backend_available(backend)
 
 
 __all__ = ["MoE", "MoEStats", "TimeoutError", "backend_available", "functional", "moe", "nn",

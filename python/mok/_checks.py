@@ -8,11 +8,13 @@ repeats its own checks behind these (and owns the data-dependent one, expert ids
 """
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
-from mok import _C
+from mok import _native
+from mok._native import dtype_name  # the extension's dtype names are also the messages'
 
 # Activation dtypes: bf16 (every backend) and float64 (the CPU backend's exact mode).
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float64)
@@ -20,6 +22,35 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float64)
 
 def fail(argument, expected, actual, error=ValueError):
     raise error(f"mok: invalid {argument}: expected {expected}, got {actual}")
+
+
+INT64_MAX = 2**63 - 1  # the C++ core's sizes are int64
+
+
+def check_int(name, value, *, minimum, maximum=INT64_MAX):
+    """An int (or an integer type with __index__, not a bool) in [minimum, maximum]; returns it
+    as an int. A bool is refused: True is not a size."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(name, "an int", f"{type(value).__name__} {value!r}", TypeError)
+    value = int(value)
+    if value < minimum:
+        fail(name, "a positive int" if minimum == 1 else f"an int >= {minimum}", value)
+    if value > maximum:
+        fail(name, f"an int in [{minimum}, {maximum}]", value)
+    return value
+
+
+def check_real(name, value, *, minimum=0.0, inclusive=False):
+    """A finite real number (int or float, not a bool) above `minimum` (or at least it, with
+    `inclusive`); returns it as a float."""
+    relation = f">= {minimum}" if inclusive else f"> {minimum}"
+    expected = f"a finite number {relation}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(name, expected, f"{type(value).__name__} {value!r}", TypeError)
+    real = float(value)
+    if not (math.isfinite(real) and (real >= minimum if inclusive else real > minimum)):
+        fail(name, expected, repr(value))
+    return real
 
 
 def check_swiglu_limit(value):
@@ -33,10 +64,6 @@ def check_swiglu_limit(value):
     if not (math.isfinite(limit) and limit > 0):
         fail("swiglu_limit", "None or a finite positive number", repr(value))
     return limit
-
-
-def dtype_name(dtype):
-    return str(dtype).removeprefix("torch.")
 
 
 def device_name(device):
@@ -152,9 +179,9 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
             check_tensor("shared_down_weights", shared_down, act, (H, S), device)
 
     # Sizes, alignment (bf16: H, I, S multiples of 64) and topk <= num_experts: mok's own rules.
-    _C.validate_problem(
+    _native.lib.validate_problem(
         num_tokens=_static(T, 1), hidden_size=_static(H, 64), intermediate_size=_static(I, 64),
-        num_experts=_static(E, 1 << 20) * ep_size, topk=_static(k, 1),
+        num_experts=_static(E, _static(k, 1)) * ep_size, topk=_static(k, 1),
         shared_intermediate_size=_static(S, 64 if given else 0), ep_size=ep_size, ep_rank=0,
         activation_dtype=dtype_name(act))
     return LayerShape(T, H, I, E, k, S, act, device)
@@ -193,10 +220,37 @@ def check_aligned(name, t):
              f"address {address:#x} ({address % 16} bytes past a 16-byte boundary)")
 
 
-def view_of(t):
-    """The view tuple mok._C takes (src/python/binding.cpp), or None for an absent tensor."""
-    if t is None:
-        return None
-    d = t.device
-    return (t.data_ptr(), dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()), d.type,
-            d.index if d.index is not None else 0)
+def check_schedule_args(topk_experts, num_experts, num_local_experts, first_local_expert):
+    """build_schedule's arguments, metadata only (the fake implementation runs it too)."""
+    require_tensor("topk_experts", topk_experts)
+    if topk_experts.dim() != 2:
+        fail("topk_experts.shape", "[num_local_tokens, topk]", shape_text(topk_experts.shape))
+    check_tensor("topk_experts", topk_experts, torch.int64, tuple(topk_experts.shape),
+                 topk_experts.device)
+    # Bounded before anything is sized from them (mok's bound on the experts, include/mok/
+    # problem.hpp: kMaxExperts).
+    num_experts = check_int("num_experts", num_experts, minimum=1,
+                            maximum=_native.lib.max_experts)
+    num_local_experts = check_int("num_local_experts", num_local_experts, minimum=1,
+                                  maximum=num_experts)
+    first_local_expert = check_int("first_local_expert", first_local_expert, minimum=0)
+    if num_experts % num_local_experts != 0:
+        fail("num_local_experts", f"a positive divisor of num_experts = {num_experts}",
+             num_local_experts)
+    if first_local_expert < 0 or first_local_expert + num_local_experts > num_experts:
+        fail("first_local_expert", f"in [0, {num_experts - num_local_experts}]",
+             first_local_expert)
+    if topk_experts.shape[1] > num_experts:
+        fail("topk_experts.shape[1]", f"at most num_experts = {num_experts}",
+             topk_experts.shape[1])
+
+
+def check_schedule_inputs(topk_experts, num_experts, num_local_experts, first_local_expert):
+    """The checks of build_schedule that need no device data: shapes, dtype, expert ranges; on
+    the CPU every id too. Ids on the GPU are checked by the layer on the device (no host
+    synchronization), raised at the latest by the next call."""
+    check_schedule_args(topk_experts, num_experts, num_local_experts, first_local_expert)
+    if topk_experts.device.type == "cpu":
+        _native.lib.check_expert_ids(_native.view_of(topk_experts), num_experts)
+    else:
+        _native.lib.require_backend("cuda")  # mok's error where the CUDA backend cannot run

@@ -6,18 +6,9 @@ call while tracing, with the same message. Expert ids are data and are checked a
 
 import torch
 
-from mok import _checks, _workspace
-from mok.ops import _checks_schedule, _schedule_outputs, check_context, context_shapes
-
-
-def _layer(handle, x, topk_experts, topk_weights, weights, *, with_topk_weights=True,
-           with_down=True):
-    ws, config = _workspace.resolve(handle)
-    shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
-                                with_topk_weights=with_topk_weights, with_down=with_down,
-                                ep_size=ws.ep_size)
-    ws.check_shape(shape)
-    return shape, ws, config
+from mok import _checks, _layer_ops  # noqa: F401  (_layer_ops defines the ops registered here)
+from mok._layer_tensors import (check_context, check_layer_call, context_shapes,
+                                schedule_outputs)
 
 
 def _context(ws, config, shape, like):
@@ -26,14 +17,13 @@ def _context(ws, config, shape, like):
 
 @torch.library.register_fake("mok::build_schedule")
 def _build_schedule(topk_experts, num_experts, num_local_experts, first_local_expert):
-    _checks.require_tensor("topk_experts", topk_experts)
-    _checks_schedule(topk_experts, num_experts, num_local_experts, first_local_expert)
+    _checks.check_schedule_args(topk_experts, num_experts, num_local_experts, first_local_expert)
     return topk_experts.new_empty((num_local_experts,), dtype=torch.int32)
 
 
 @torch.library.register_fake("mok::schedule_table")
 def _schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatch_size):
-    return _schedule_outputs(topk_experts, num_experts)
+    return schedule_outputs(topk_experts, num_experts)
 
 
 @torch.library.register_fake("mok::forward")
@@ -41,7 +31,7 @@ def _forward(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_
              workspace, swiglu_limit=None):
     _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     return (x.new_empty((shape.num_tokens, shape.hidden_size)), *_context(ws, config, shape, x))
 
 
@@ -50,8 +40,8 @@ def _recompute_forward_context(x, topk_experts, gate, up, shared_gate, shared_up
                                swiglu_limit=None):
     _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, None, shared_gate, shared_up, None)
-    shape, ws, config = _layer(workspace, x, topk_experts, None, weights, with_topk_weights=False,
-                               with_down=False)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
+                                         with_topk_weights=False, with_down=False)
     return _context(ws, config, shape, x)
 
 
@@ -61,7 +51,7 @@ def _backward(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
               up_shared, hidden_shared, workspace, swiglu_limit=None):
     _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     check_context((x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                    hidden_shared), context_shapes(ws, config, shape), shape)
@@ -80,7 +70,7 @@ def _backward_main_grad(d_out, x, topk_experts, topk_weights, gate, up, down, sh
                         swiglu_limit=None):
     _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
-    shape, ws, config = _layer(workspace, x, topk_experts, topk_weights, weights)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     _checks.check_main_grads(shape, (main_gate, main_up, main_down, main_shared_gate,
                                      main_shared_up, main_shared_down))

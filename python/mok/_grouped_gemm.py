@@ -23,12 +23,7 @@ Output rows outside every group are not written (they hold whatever the allocati
 
 import torch
 
-from mok import _C, _checks
-
-
-def _new(shape, dtype, device):
-    from mok import ops  # the poison switch lives there (tests)
-    return ops._new(shape, dtype, device)
+from mok import _checks, _native
 
 
 def _require_cuda(name, t):
@@ -45,27 +40,21 @@ def _dims(name, t, ndim):
     return tuple(t.shape)
 
 
-def _launch(fn, device, *args):
-    with torch.cuda.device(device):
-        fn(*args, torch.cuda.current_stream(device).cuda_stream)
-
-
-def _views(*tensors):
-    return [_checks.view_of(t) for t in tensors]
-
-
 @torch.library.custom_op("mok::grouped_gate_up", mutates_args=(),
-                         schema="(Tensor x, Tensor w_gate, Tensor w_up, Tensor starts, Tensor rows, "
-                                "bool with_preactivations) -> (Tensor, Tensor, Tensor)")
+                         schema="(Tensor x, Tensor w_gate, Tensor w_up, Tensor starts, "
+                                "Tensor rows, bool with_preactivations) -> "
+                                "(Tensor, Tensor, Tensor)")
 def grouped_gate_up(x, w_gate, w_up, starts, rows, with_preactivations):
     _require_cuda("x", x)
     R, _ = _dims("x", x, 2)
     _, I, _ = _dims("w_gate", w_gate, 3)
-    hidden = _new((R, I), x.dtype, x.device)
+    hidden = _native.new_output((R, I), x.dtype, x.device)
     shape = (R, I) if with_preactivations else (0,)
-    gate, up = _new(shape, x.dtype, x.device), _new(shape, x.dtype, x.device)
+    gate = _native.new_output(shape, x.dtype, x.device)
+    up = _native.new_output(shape, x.dtype, x.device)
     pre = (gate, up) if with_preactivations else (None, None)
-    _launch(_C.grouped_gate_up, x.device, *_views(x, w_gate, w_up, starts, rows, hidden, *pre))
+    _native.launch(_native.lib.grouped_gate_up, x.device,
+                   *_native.views(x, w_gate, w_up, starts, rows, hidden, *pre))
     return hidden, gate, up
 
 
@@ -84,8 +73,9 @@ def grouped_rows_times_weight_t(a, w, starts, rows, row_scale):
     _require_cuda("a", a)
     R, _ = _dims("a", a, 2)
     _, N, _ = _dims("w", w, 3)
-    out = _new((R, N), a.dtype, a.device)
-    _launch(_C.grouped_rows_times_weight_t, a.device, *_views(a, w, starts, rows, row_scale, out))
+    out = _native.new_output((R, N), a.dtype, a.device)
+    _native.launch(_native.lib.grouped_rows_times_weight_t, a.device,
+                   *_native.views(a, w, starts, rows, row_scale, out))
     return out
 
 
@@ -102,8 +92,9 @@ def grouped_rows_times_weight(a, w, starts, rows):
     _require_cuda("a", a)
     R, _ = _dims("a", a, 2)
     _, _, N = _dims("w", w, 3)
-    out = _new((R, N), a.dtype, a.device)
-    _launch(_C.grouped_rows_times_weight, a.device, *_views(a, w, starts, rows, out))
+    out = _native.new_output((R, N), a.dtype, a.device)
+    _native.launch(_native.lib.grouped_rows_times_weight, a.device,
+                   *_native.views(a, w, starts, rows, out))
     return out
 
 
@@ -122,11 +113,12 @@ def grouped_weight_grad(a, b, starts, rows, out_fp32):
     _, M = _dims("a", a, 2)
     _, N = _dims("b", b, 2)
     (G,) = _dims("rows", rows, 1)
-    out = _new((G, M, N), torch.float32 if out_fp32 else a.dtype, a.device)
+    out = _native.new_output((G, M, N), torch.float32 if out_fp32 else a.dtype, a.device)
     # The launch's own ticket counter pair (WeightGradArgs::tickets): zeroed on the stream, fixed
     # size, no host sync, so concurrent calls and CUDA graph replays never share one.
     tickets = torch.zeros(2, dtype=torch.int32, device=a.device)
-    _launch(_C.grouped_weight_grad, a.device, *_views(a, b, starts, rows, out, tickets), False)
+    _native.launch(_native.lib.grouped_weight_grad, a.device,
+                   *_native.views(a, b, starts, rows, out, tickets), False)
     return out
 
 

@@ -26,8 +26,11 @@ connections are closed (gloo): make a new group.
 import builtins
 
 import torch
+import torch.distributed as dist
 
-from mok import _C, _checks, ops
+from mok import _checks, _layer_tensors, _native
+from mok._native import lib, view_of, views
+from mok._config import FORWARD_PATHS
 
 # NOTES (issue 41): torch.distributed.nn.functional's functions take `group=group.WORLD` as default
 # arguments, evaluated at its import; torch._dynamo imports it (through torch.distributed.fsdp),
@@ -53,7 +56,8 @@ _FIELDS = ("num_tokens (x.shape[0])", "hidden_size (x.shape[1])",
            "num_local_experts (routed_gate_weights.shape[0])", "topk (topk_experts.shape[1])",
            "shared_intermediate_size (shared_gate_weights.shape[0])", "activation dtype (x.dtype)",
            "config.fwd_num_comm_sms", "config.bwd_num_comm_sms", "config.minibatch_size",
-           "config.macrobatch_size", "config.schedule_capacity_multiplier")
+           "config.macrobatch_size", "config.schedule_capacity_multiplier",
+           "config.forward_path", "config.fused_stage_rows")
 _ERROR_TYPES = (ValueError, TypeError, RuntimeError)
 _MESSAGE_BYTES = 1024
 
@@ -92,19 +96,16 @@ class _Exchange:
 
     def all_gather(self, t, what):
         """Every rank's `t` (the same shape on each), concatenated in rank order."""
-        import torch.distributed as dist
-
         t = t.contiguous()
-        out = ops._new((self.size * t.shape[0], *t.shape[1:]), t.dtype, t.device)
+        out = _native.new_output((self.size * t.shape[0], *t.shape[1:]), t.dtype, t.device)
         self._run(what, lambda: dist.all_gather(list(out.chunk(self.size)), t, group=self.group))
         return out
 
     def all_to_all(self, send, send_counts, receive_counts, what):
         """Rows [sum(send_counts), ...] out, rank q getting send_counts[q] of them in rank order;
         rows [sum(receive_counts), ...] in, from each rank in rank order."""
-        import torch.distributed as dist
-
-        received = ops._new((sum(receive_counts), *send.shape[1:]), send.dtype, send.device)
+        received = _native.new_output((sum(receive_counts), *send.shape[1:]), send.dtype,
+                                      send.device)
         self._run(what, lambda: dist.all_to_all_single(
             received, send, output_split_sizes=list(receive_counts),
             input_split_sizes=list(send_counts), group=self.group))
@@ -147,6 +148,8 @@ def _field_text(i, value):
     name = _FIELDS[i]
     if name.startswith("activation dtype"):
         return _checks.dtype_name(_DTYPES[value]) if 0 < value < len(_DTYPES) else "unknown"
+    if name == "config.forward_path":
+        return repr(FORWARD_PATHS[value]) if 0 <= value < len(FORWARD_PATHS) else "unknown"
     if name == "config.schedule_capacity_multiplier":
         return str(torch.tensor([value], dtype=torch.int64).view(torch.float64).item())
     return str(value)
@@ -162,7 +165,8 @@ def _header(call, shape, config, error):
                   _DTYPES.index(shape.activation_dtype) if shape.activation_dtype else 0]
     multiplier = torch.tensor([float(config.schedule_capacity_multiplier)], dtype=torch.float64)
     fields += [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size,
-               config.macrobatch_size, int(multiplier.view(torch.int64).item())]
+               config.macrobatch_size, int(multiplier.view(torch.int64).item()),
+               FORWARD_PATHS.index(config.forward_path), config.fused_stage_rows]
     text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
     kind = 0 if error is None else 1 + next(i for i, t in enumerate(_ERROR_TYPES)
                                             if isinstance(error, t))
@@ -196,10 +200,6 @@ class _Shape:
         self.activation_dtype = None
 
 
-def _views(*tensors):
-    return [_checks.view_of(t) for t in tensors]
-
-
 def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, first):
     """Every rank's ids checked on every rank; returns the rows per local expert over all ranks
     (int32 [num_local_experts]) and every rank's ids ([W * T, k], in rank order)."""
@@ -207,19 +207,21 @@ def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, fir
 
     def check():  # metadata only: the ids are checked once gathered, the same on every rank
         _checks.require_tensor("topk_experts", topk_experts)
-        ops._checks_schedule(topk_experts, num_experts, num_local_experts, first)
+        _checks.check_schedule_args(topk_experts, num_experts, num_local_experts, first)
         return _Shape(topk_experts.shape[0], num_local_experts, topk_experts.shape[1])
 
     ex.agree(config, check)
     ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
-    _C.check_expert_ids_all_ranks(_checks.view_of(ids_all), num_experts, ws.ep_size)
-    return ops.build_schedule(ids_all, num_experts, num_local_experts, first), ids_all
+    lib.check_expert_ids_all_ranks(view_of(ids_all), num_experts, ws.ep_size)
+    return (_layer_tensors.count_rows(ids_all, num_experts, num_local_experts, first),
+            ids_all)
 
 
 def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=None):
     ex = _Exchange(ws, "forward")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
                                     ep_size=ws.ep_size)
         ws.check_shape(shape)
@@ -227,20 +229,22 @@ def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=Non
 
     shape = ex.agree(config, check)
     core = ws.core(shape, config)
-    out = ops._new((shape.num_tokens, shape.hidden_size), shape.activation_dtype, shape.device)
-    context = ops._new_context(ws, config, shape)
-    ctx_views = ops._context_views(context)
+    out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
+                             shape.device)
+    context = _layer_tensors.new_context(ws, config, shape)
+    ctx_views = _layer_tensors.context_views(context)
     with core.lock:
         x_all = ex.all_gather(x, "every rank's x")
         ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
-        send, receive = _C.host_ep_counts(core.native, _checks.view_of(ids_all))
-        combine_send = ops._new((sum(send), shape.hidden_size), shape.activation_dtype, x.device)
-        _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, combine_send),
-                                  *ctx_views, swiglu_limit=swiglu_limit)
+        send, receive = lib.host_ep_counts(core.native, view_of(ids_all))
+        combine_send = _native.new_output((sum(send), shape.hidden_size), shape.activation_dtype,
+                                          x.device)
+        lib.host_ep_expert_forward(core.native, *views(x_all, ids_all, *weights, combine_send),
+                                   *ctx_views, swiglu_limit=swiglu_limit)
         received = ex.all_to_all(combine_send, send, receive, "the combine rows")
-        _C.host_ep_home_forward(core.native, *_views(x, topk_experts, topk_weights, *weights,
+        lib.host_ep_home_forward(core.native, *views(x, topk_experts, topk_weights, *weights,
                                                      received, out), *ctx_views,
-                                swiglu_limit=swiglu_limit)
+                                 swiglu_limit=swiglu_limit)
     return (out, *context)
 
 
@@ -248,6 +252,7 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
     ex = _Exchange(ws, "recompute_forward_context")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, None, *weights, with_topk_weights=False,
                                     with_down=False, ep_size=ws.ep_size)
         ws.check_shape(shape)
@@ -255,15 +260,15 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
 
     shape = ex.agree(config, check)
     core = ws.core(shape, config)
-    context = ops._new_context(ws, config, shape)
-    ctx_views = ops._context_views(context)
+    context = _layer_tensors.new_context(ws, config, shape)
+    ctx_views = _layer_tensors.context_views(context)
     with core.lock:
         x_all = ex.all_gather(x, "every rank's x")
         ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
-        _C.host_ep_expert_forward(core.native, *_views(x_all, ids_all, *weights, None),
-                                  *ctx_views, swiglu_limit=swiglu_limit)
-        _C.host_ep_home_forward(core.native, *_views(x, topk_experts, None, *weights, None, None),
-                                *ctx_views, swiglu_limit=swiglu_limit)
+        lib.host_ep_expert_forward(core.native, *views(x_all, ids_all, *weights, None),
+                                   *ctx_views, swiglu_limit=swiglu_limit)
+        lib.host_ep_home_forward(core.native, *views(x, topk_experts, None, *weights, None, None),
+                                 *ctx_views, swiglu_limit=swiglu_limit)
     return context
 
 
@@ -274,40 +279,42 @@ def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context,
     ex = _Exchange(ws, "backward" if main is None else "backward_main_grad")
 
     def check():
+        ws.check_x(x)
         shape = _checks.check_layer(x, topk_experts, topk_weights, *weights,
                                     ep_size=ws.ep_size)
         ws.check_shape(shape)
         _checks.check_d_out(d_out, shape)
         if main is not None:
             _checks.check_main_grads(shape, main)
-        ops.check_context(context, ops.context_shapes(ws, config, shape), shape)
+        _layer_tensors.check_context(context, _layer_tensors.context_shapes(ws, config, shape),
+                                     shape)
         return shape
 
     shape = ex.agree(config, check)
     core = ws.core(shape, config)
     act, H = shape.activation_dtype, shape.hidden_size
     if main is None:
-        d_x, d_w, routed, shared = ops._grad_buffers(shape, act)
+        d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, act)
         grads = (d_x, d_w, *routed, *shared)
     else:
-        d_x, d_w = ops._grad_buffers(shape, None)
+        d_x, d_w = _layer_tensors.grad_buffers(shape, None)
         grads = (d_x, d_w, *main)
-    ctx_views = ops._context_views(context)
+    ctx_views = _layer_tensors.context_views(context)
     with core.lock:
         x_all = ex.all_gather(x, "every rank's x")
         ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
         w_all = ex.all_gather(topk_weights, "every rank's topk_weights")
         d_out_all = ex.all_gather(d_out, "every rank's d_out")
-        send, receive = _C.host_ep_counts(core.native, _checks.view_of(ids_all))
-        dx_send = ops._new((sum(send), H), act, x.device)
-        dw_send = ops._new((sum(send),), _checks.router_dtype(act), x.device)
+        send, receive = lib.host_ep_counts(core.native, view_of(ids_all))
+        dx_send = _native.new_output((sum(send), H), act, x.device)
+        dw_send = _native.new_output((sum(send),), _checks.router_dtype(act), x.device)
         accumulate = main is not None
-        _C.host_ep_expert_backward(core.native, *_views(x_all, ids_all, w_all, *weights),
-                                   *ctx_views, *_views(d_out_all, dx_send, dw_send, *grads),
-                                   accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
+        lib.host_ep_expert_backward(core.native, *views(x_all, ids_all, w_all, *weights),
+                                    *ctx_views, *views(d_out_all, dx_send, dw_send, *grads),
+                                    accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
         dx_received = ex.all_to_all(dx_send, send, receive, "the dx rows")
         dw_received = ex.all_to_all(dw_send, send, receive, "the router-weight gradients")
-        _C.host_ep_home_backward(core.native, *_views(x, topk_experts, topk_weights, *weights),
-                                 *ctx_views, *_views(d_out, dx_received, dw_received, *grads),
-                                 accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
+        lib.host_ep_home_backward(core.native, *views(x, topk_experts, topk_weights, *weights),
+                                  *ctx_views, *views(d_out, dx_received, dw_received, *grads),
+                                  accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
     return grads

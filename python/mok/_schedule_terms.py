@@ -1,9 +1,9 @@
 """mok's schedule table in MoK's terms: peer_rank, peer_token_idx, num_tokens, tokens_per_expert.
 
-MoK's schedule (`mok.functional.MoKSchedule`, the `mok::schedule` op) describes, for each row a rank
-computes, the rank the row came from (`peer_rank`) and its slot there (`peer_token_idx` = t * k + j),
-expert-major, each expert's segment padded at its end (`tokens_per_expert` = padded segment
-lengths, `num_tokens` = their sum). mok's table (include/mok/schedule.hpp, src/core/
+MoK's schedule (`mok.functional.MoKSchedule`, the `mok::schedule` op) describes, for each row a
+rank computes, the rank the row came from (`peer_rank`) and its slot there (`peer_token_idx` =
+t * k + j), expert-major, each expert's segment padded at its end (`tokens_per_expert` = padded
+segment lengths, `num_tokens` = their sum). mok's table (include/mok/schedule.hpp, src/core/
 schedule_layout.hpp) holds the same rows; where it differs from MoK:
 
   order    within an expert: source rank, then t, then j (MoK interleaves the source ranks: the

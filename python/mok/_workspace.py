@@ -20,8 +20,10 @@ import threading
 import weakref
 
 import torch
+import torch.distributed as dist
 
-from mok import _C, _checks
+from mok import _checks, _native
+from mok._config import MoKConfig
 
 _MAX_CORES = 8  # C++ workspaces kept per Python workspace (distinct layer shapes and configs)
 _handles = itertools.count(1)
@@ -33,14 +35,26 @@ _shared_lock = threading.Lock()
 
 
 class _Core:
-    """One C++ workspace. `lock` serializes the calls that use its scratch. `captured`: a call ran
-    while a CUDA graph was being captured, so the graph holds its memory and the LRU must keep it."""
+    """One C++ workspace. `lock` serializes the host side of the calls that use it (their
+    enqueue; the CPU backend's whole call); it orders nothing on the device: calls on several
+    CUDA streams are ordered there by the C++ workspace itself. `captured`: a call ran while a
+    CUDA graph was being captured, so the graph holds its memory and the LRU must keep it."""
 
     def __init__(self, native):
         self.native = native
         self.lock = threading.Lock()
         self.captured = False
         self.symmetric = None  # CUDA team across processes: (region, bases, handle)
+
+    def run(self, fn, device, *args, **kwargs):
+        """fn(native workspace, *args, **kwargs): an extension entry point, for CUDA on the
+        device's current PyTorch stream (no waiting)."""
+        with self.lock:
+            if device.type != "cuda":
+                return fn(self.native, *args, **kwargs)
+            with torch.cuda.device(device):
+                self.native.set_stream(torch.cuda.current_stream(device).cuda_stream)
+                return fn(self.native, *args, **kwargs)
 
 
 def _capturing(device):
@@ -66,8 +80,10 @@ class Workspace:
     """mok's workspace (MoK's MoKWorkspace): group and the fixed shapes it serves, and scratch.
 
     Create it with mok.functional.get_workspace / create_workspace. Fields left None (the automatic
-    workspace and mok.nn.MoE's) follow the tensors of each call. Calls on one workspace must not
-    overlap on the device (two streams): they share its scratch.
+    workspace and mok.nn.MoE's) follow the tensors of each call. Layers that share a workspace
+    may call it from several threads and on several CUDA streams: each C++ workspace orders the
+    calls on its scratch on the device (a call on another stream waits for the one before it,
+    without a host synchronization), so they never race on it.
     """
 
     def __init__(self, config, *, group=None, ep_rank=0, ep_size=1, device=None,
@@ -87,6 +103,7 @@ class Workspace:
         self._cores = collections.OrderedDict()
         self._cores_lock = threading.Lock()
         self._dropped_counts = (0, 0, 0)  # call_counts of the C++ workspaces the LRU dropped
+        self._retired = []  # C++ workspaces the LRU dropped, not yet freed (core())
         self._handles = {}
         self.handle = self.handle_for(config)
 
@@ -156,6 +173,22 @@ class Workspace:
             counts = [self._dropped_counts] + [c.native.call_counts for c in self._cores.values()]
         return tuple(sum(c[i] for c in counts) for i in range(3))
 
+    def check_x(self, x):
+        """x against this workspace's device and (T, H), before anything else of a call is
+        checked: an x that does not fit the workspace is named as x, not as the first tensor
+        that disagrees with it. Metadata only."""
+        if not isinstance(x, torch.Tensor):
+            return  # the call's own checks name it
+        if self.device is not None and x.device != self.device:
+            _checks.fail("x.device", f"{_checks.device_name(self.device)} (the workspace's device)",
+                         _checks.device_name(x.device))
+        if x.dim() != 2:
+            return
+        for i, field, want in ((0, "num_local_tokens", self.num_local_tokens),
+                               (1, "hidden_size", self.hidden_size)):
+            if want is not None and x.shape[i] != want:
+                _checks.fail(f"x.shape[{i}]", f"{want} (the workspace's {field})", x.shape[i])
+
     def check_shape(self, shape):
         """The call's tensors against the shapes this workspace was created for."""
         if self.device is not None and shape.device != self.device:
@@ -174,14 +207,19 @@ class Workspace:
         # NOTES: meta tensors (shape inference) take the layout of the backend a real call would
         # run on where no device says which: CUDA when it is available.
         backend = shape.device.type if shape.device.type in ("cpu", "cuda") else "auto"
-        return _C.context_rows(**_native_args(shape, config, self.ep_size, self.ep_rank),
+        return _native.lib.context_rows(**_native_args(shape, config, self.ep_size, self.ep_rank),
                                backend=backend,
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
     def core(self, shape, config):
-        """The C++ workspace for `shape` and `config`, created on first use. The least recently
-        used beyond _MAX_CORES are dropped, except those a CUDA graph captured (kept for good:
-        a graph's replays use them)."""
+        """The C++ workspace for `shape` and `config`, created on its first call, which must run
+        outside CUDA graph capture: creating it allocates and zeroes device memory with
+        synchronous CUDA calls, so a first call during capture raises mok's error asking for one
+        eager call (a warm-up) first. Beyond _MAX_CORES the least recently used are retired,
+        except those a CUDA graph captured (kept for good: a graph's replays use them). A retired
+        one is freed (cudaFree synchronizes the device) only at the next creation of a C++
+        workspace, a call that makes synchronous CUDA calls anyway and never runs during capture,
+        and only once no call is running on it."""
         key = _layout_key(shape, config)
         capturing = _capturing(shape.device)
         with self._cores_lock:
@@ -190,29 +228,40 @@ class Workspace:
                 self._cores.move_to_end(key)
                 core.captured = core.captured or capturing
                 return core
+            if capturing:
+                _checks.fail(
+                    "the first call of a layer of this shape and config",
+                    "a call outside CUDA graph capture (it creates the layer's C++ workspace, "
+                    "allocating and zeroing device memory synchronously): run one step eagerly, "
+                    "a warm-up, before capturing", "a first call during capture")
+            self._free_retired()
             d = shape.device
             symmetric = None
             extra = {}
             if d.type == "cuda" and self.ep_size > 1:
-                symmetric = _symmetric_region(self, shape, config, capturing)
+                symmetric = _symmetric_region(self, shape, config)
                 extra = dict(symmetric_bases=symmetric[1], barrier_timeout_ms=barrier_timeout_ms)
-            native = _C.Workspace(
+            native = _native.lib.Workspace(
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
                 activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
                 device_index=d.index if d.index is not None else 0, **extra)
             if symmetric is not None:
                 # Every rank's team exists (its flags zeroed) before any rank's first signal.
-                _group_barrier(self.group, d)
+                group_barrier(self.group, d)
             core = self._cores[key] = _Core(native)
             core.symmetric = symmetric  # keeps the symmetric memory mapped while the core lives
-            core.captured = capturing
             droppable = [k for k, c in self._cores.items() if not c.captured and k != key]
             for k in droppable[:max(0, len(self._cores) - _MAX_CORES)]:  # oldest first
                 dropped = self._cores.pop(k)
                 self._dropped_counts = tuple(
                     a + b for a, b in zip(self._dropped_counts, dropped.native.call_counts))
+                self._retired.append(dropped)
             return core
+
+    def _free_retired(self):
+        """Frees the retired C++ workspaces no call is running on (their last reference)."""
+        self._retired = [c for c in self._retired if c.lock.locked()]
 
 
 # Every device-side wait of a CUDA team across processes for a peer gives up after this long; the
@@ -220,19 +269,15 @@ class Workspace:
 barrier_timeout_ms = int(os.environ.get("MOK_BARRIER_TIMEOUT_MS", "10000"))
 
 
-def _symmetric_region(ws, shape, config, capturing):
+def _symmetric_region(ws, shape, config):
     """This rank's symmetric region for a CUDA team across processes, from PyTorch symmetric
     memory on the workspace's group: (tensor, every rank's base address, handle). A collective:
     every rank of the group creates its C++ workspace for this shape and config in the same call.
     NOTES: no NVLink multicast is asked for or used (only the peers' unicast addresses)."""
-    import torch.distributed as dist
-    from torch.distributed import _symmetric_memory as symm_mem
+    from torch.distributed import _symmetric_memory as symm_mem  # a PyTorch with CUDA EP only
 
-    if capturing:
-        _checks.fail("the first call of a CUDA expert-parallel layer of this shape",
-                     "outside CUDA graph capture (it allocates and exchanges the symmetric "
-                     "memory: run one step before capturing)", "a call during capture")
-    nbytes = _C.symmetric_workspace_bytes(**_native_args(shape, config, ws.ep_size, ws.ep_rank))
+    nbytes = _native.lib.symmetric_workspace_bytes(
+        **_native_args(shape, config, ws.ep_size, ws.ep_rank))
     region = symm_mem.empty(nbytes, dtype=torch.uint8, device=shape.device)
     group_name = ws.group.group_name if ws.group is not None else dist.group.WORLD.group_name
     handle = symm_mem.rendezvous(region, group_name)
@@ -243,10 +288,45 @@ def _symmetric_region(ws, shape, config, capturing):
     return region, bases, handle
 
 
-def _group_barrier(group, device):
-    import torch.distributed as dist
-
+def group_barrier(group, device):
     dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def group_key(group):
+    """What workspaces of a group are cached by: its name (None for one device)."""
+    if group is None:
+        return None
+    name = getattr(group, "group_name", None)
+    return name if name is not None else id(group)
+
+
+def group_rank_size(group):
+    """(rank, size) of this process in `group`; (0, 1) for None (one device)."""
+    if group is None:
+        return 0, 1
+    if not (dist.is_available() and dist.is_initialized()):
+        _checks.fail("group", "None (one device) or a process group of an initialized "
+                     "torch.distributed", "a group while torch.distributed is not initialized")
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
+
+
+def check_group(group, device, rank):
+    """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
+    group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
+    moving the rows (src/cuda/layer/unfused_layer.cu)."""
+    if rank < 0:
+        _checks.fail("group", "a group this process is a member of", "a group without it")
+    if device.type == "cuda":
+        try:
+            from torch.distributed import _symmetric_memory  # noqa: F401
+        except ImportError as e:
+            _checks.fail("group", "a group on a PyTorch with torch.distributed._symmetric_memory "
+                         "(expert parallelism across processes on CUDA)", str(e))
+        return
+    backend = str(dist.get_backend(group))
+    if "gloo" not in backend:
+        _checks.fail("group", "a group with the gloo backend (expert parallelism across "
+                     "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
 def _native_args(shape, c, ep_size, ep_rank):
@@ -257,7 +337,8 @@ def _native_args(shape, c, ep_size, ep_rank):
                 ep_rank=ep_rank, fwd_num_comm_sms=c.fwd_num_comm_sms,
                 bwd_num_comm_sms=c.bwd_num_comm_sms, minibatch_size=c.minibatch_size,
                 macrobatch_size=c.macrobatch_size,
-                schedule_capacity_multiplier=float(c.schedule_capacity_multiplier))
+                schedule_capacity_multiplier=float(c.schedule_capacity_multiplier),
+                forward_path=c.forward_path, fused_stage_rows=c.fused_stage_rows)
 
 
 def _rebuild(config, ep_rank, ep_size, device, num_local_tokens, hidden_size, topk, group=None):
@@ -277,8 +358,6 @@ def automatic():
     global _automatic
     with _shared_lock:
         if _automatic is None:
-            from mok.functional import MoKConfig
-
             _automatic = Workspace(MoKConfig())
         return _automatic
 
@@ -286,8 +365,6 @@ def automatic():
 def for_config(config):
     """The shared workspace of one device for `config` (any shape): mok.nn.MoE modules of one
     config share it, and with it every C++ workspace of their shape."""
-    from mok.functional import MoKConfig
-
     if config is None or config == MoKConfig():
         return automatic()
     with _shared_lock:
@@ -303,10 +380,8 @@ _by_group: "dict[tuple, Workspace]" = {}
 def for_group(config, group, ep_rank, ep_size):
     """The shared workspace of an EP group for `config` (any shape): mok.nn.MoE modules with that
     group and config share it."""
-    from mok.functional import MoKConfig, _group_key
-
     config = MoKConfig() if config is None else config
-    key = (_group_key(group), config)
+    key = (group_key(group), config)
     with _shared_lock:
         ws = _by_group.get(key)
         if ws is None:

@@ -29,60 +29,25 @@ silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK
 The forward context is MoK's MoKForwardContext: tensors the caller owns (autograd saves them), so
 one workspace serves any number of layers of its shape, and backward never recomputes the forward
 behind the caller's back. recompute_forward_context (activation checkpointing) returns the same
-context bit for bit.
+context bit for bit. A context forward or recompute_forward_context returns records what it was
+computed from (its `origin`: the tensors' identity and version, the swiglu_limit, the schedule);
+backward refuses a context that does not belong to its own arguments, naming the argument.
 """
 
 import dataclasses
 import math
 import threading
+import weakref
 
 import torch
+import torch.distributed as dist
 
-from mok import _C, _checks, _host_ep, _schedule_terms, _workspace, ops
+from mok import (_checks, _host_ep, _layer_ops, _layer_tensors, _native, _schedule_terms,
+                 _workspace)
+from mok._config import FORWARD_PATHS, MoKConfig  # noqa: F401  (mok.functional's names)
 
 Workspace = _workspace.Workspace
 MoKWorkspace = Workspace
-
-
-@dataclasses.dataclass(frozen=True)
-class MoKConfig:
-    """MoK's tuning knobs. None of them changes the result.
-
-    The defaults are MoK's but one: `macrobatch_size` 0 (automatic) sizes the ring for 131072
-    routed rows plus each local expert's padding to the 128-row GEMM tile, so a rank that receives
-    up to 131072 rows runs in one pass whatever the routing. Any other value is the ring's rows,
-    as in MoK (a multiple of `minibatch_size`)."""
-
-    fwd_num_comm_sms: int = 40
-    bwd_num_comm_sms: int = 28
-    minibatch_size: int = 4096
-    macrobatch_size: int = 0
-    schedule_capacity_multiplier: float = 0.5
-    # MoK's chunk of its multicast all-gather of the routing. Accepted and checked as MoK checks
-    # it (a positive multiple of 16 bytes), and unused: mok exchanges the ids inside its schedule
-    # build (CUDA) or over the group's all-gather (CPU), which need no chunking knob.
-    all_gather_top_experts_chunk_bytes: int = 2048
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in (int, "int"):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-                expected = "an int"
-            else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                expected = "a number"
-            if not ok:
-                _checks.fail(f"config.{field.name}", expected, type(value).__name__, TypeError)
-        if not math.isfinite(self.schedule_capacity_multiplier):
-            _checks.fail("config.schedule_capacity_multiplier", "a finite positive number",
-                         self.schedule_capacity_multiplier)
-        chunk = self.all_gather_top_experts_chunk_bytes
-        if chunk <= 0 or chunk % 16:
-            _checks.fail("config.all_gather_top_experts_chunk_bytes",
-                         "a positive multiple of 16 (MoK's rule; mok does not use it)", chunk)
-        _C.validate_config(self.fwd_num_comm_sms, self.bwd_num_comm_sms, self.minibatch_size,
-                           self.macrobatch_size, float(self.schedule_capacity_multiplier))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -128,8 +93,6 @@ class MoKSchedule:
             return self._ids_all
         ids = self.topk_experts
         if self._group is not None or self._ep_size > 1:
-            import torch.distributed as dist
-
             gathered = ids.new_empty((self._ep_size * ids.shape[0], ids.shape[1]))
             dist.all_gather_into_tensor(gathered, ids.contiguous(), group=self._group)
             ids = gathered
@@ -152,7 +115,7 @@ class MoKSchedule:
         """int32 [num_local_experts]: routed rows per local expert (from every rank's tokens),
         without padding."""
         if self._counts is None:
-            object.__setattr__(self, "_counts", ops.build_schedule(
+            object.__setattr__(self, "_counts", _layer_ops.build_schedule(
                 self._all_ids(), self.num_experts, self.num_local_experts,
                 self.first_local_expert))
         return self._counts
@@ -183,6 +146,40 @@ class MoKSchedule:
         return self._top_experts
 
 
+def _stamp(t):
+    """What a context records of a tensor: a weak reference to it, its data pointer and its
+    version (which tensor, and whether it changed in place since). Host metadata only (no
+    synchronization; fine during CUDA graph capture; a few microseconds a call). None for an
+    absent tensor."""
+    return (weakref.ref(t), t.data_ptr(), t._version) if isinstance(t, torch.Tensor) else None
+
+
+def _metadata(t):
+    return t.dtype, t.shape, t.stride(), t.device
+
+
+def _no_origin():
+    return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ContextOrigin:
+    """What a forward context was computed from (MoKForwardContext.origin): the call that made
+    it, its schedule (a weak reference), its swiglu_limit, a stamp of each tensor argument it
+    read ((name, stamp) pairs, in backward's argument names) and of each context tensor it
+    returned. backward refuses a context whose origin does not match its own arguments."""
+
+    call: str  # "forward" or "recompute_forward_context"
+    schedule: weakref.ref
+    swiglu_limit: "float | None"
+    inputs: tuple
+    fields: tuple
+
+    def __reduce__(self):
+        # A pickled context comes back with other memory: nothing recorded holds for it.
+        return _no_origin, ()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoKForwardContext:
     """What backward reads of the forward, in tensors the caller owns (MoK's fields).
@@ -191,7 +188,13 @@ class MoKForwardContext:
     first ring pass in the schedule's order on CUDA (R = R_x = the rows of one pass); on the CPU
     backend one row per slot t*k + j (R = T*k) and no x rows. gate_shared, up_shared,
     hidden_shared [T, S]: the shared expert's (None without one). Rows the forward did not fill
-    (padding, slots of other ranks' experts) hold unspecified values and are never read."""
+    (padding, slots of other ranks' experts) hold unspecified values and are never read.
+
+    `origin` (mok's, keyword-only): what forward or recompute_forward_context computed the
+    context from (ContextOrigin); backward refuses the context for other arguments, a changed
+    tensor, another schedule or swiglu_limit, or a field holding another tensor than the one
+    returned (dataclasses.replace keeps the origin). A context built by hand, e.g. from tensors
+    an activation-offloading hook gave back, has origin None: its pairing is the caller's."""
 
     x_routed: torch.Tensor
     gate_shared: "torch.Tensor | None"
@@ -200,6 +203,7 @@ class MoKForwardContext:
     up_routed: torch.Tensor
     hidden_shared: "torch.Tensor | None"
     hidden_routed: torch.Tensor
+    origin: "ContextOrigin | None" = dataclasses.field(default=None, repr=False, kw_only=True)
 
     @classmethod
     def _from_ops(cls, tensors, has_shared):
@@ -217,17 +221,6 @@ class MoKForwardContext:
 
 _cache: "dict[tuple, Workspace]" = {}
 _cache_lock = threading.Lock()
-
-
-def _group_rank_size(group):
-    if group is None:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        _checks.fail("group", "None (one device) or a process group of an initialized "
-                     "torch.distributed", "a group while torch.distributed is not initialized")
-    return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
 def _normalize_device(device):
@@ -248,35 +241,13 @@ def _workspace_args(config, group, device, num_local_tokens, hidden_size, topk):
     device = _normalize_device(device)
     for name, value in (("num_local_tokens", num_local_tokens), ("hidden_size", hidden_size),
                         ("topk", topk)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            _checks.fail(name, "a positive int", repr(value))
-    rank, size = _group_rank_size(group)
+        _checks.check_int(name, value, minimum=1, maximum=_native.lib.max_size)
+    rank, size = _workspace.group_rank_size(group)
     if size != 1:
-        _check_host_ep_group(group, device, rank, size)
+        _workspace.check_group(group, device, rank)
     if device.type == "cuda":
-        _C.require_backend("cuda")  # mok's own error while the CUDA backend is not available
+        _native.lib.require_backend("cuda")  # mok's error while the CUDA backend cannot run
     return device, rank, size
-
-
-def _check_host_ep_group(group, device, rank, size):
-    """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
-    group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
-    moving the rows (mok/_workspace.py, src/cuda/layer/unfused_layer.cu)."""
-    import torch.distributed as dist
-
-    if rank < 0:
-        _checks.fail("group", "a group this process is a member of", "a group without it")
-    if device.type == "cuda":
-        try:
-            from torch.distributed import _symmetric_memory  # noqa: F401
-        except ImportError as e:
-            _checks.fail("group", "a group on a PyTorch with torch.distributed._symmetric_memory "
-                         "(expert parallelism across processes on CUDA)", str(e))
-        return
-    backend = str(dist.get_backend(group))
-    if "gloo" not in backend:
-        _checks.fail("group", "a group with the gloo backend (expert parallelism across "
-                     "processes on CPU tensors moves them with gloo)", f"backend {backend!r}")
 
 
 def validate_workspace_args(config, group, *, device, num_local_tokens, hidden_size, topk):
@@ -301,7 +272,7 @@ def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk)
     (calls pass their own; the C++ scratch is kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
-    key = (_group_key(group), device, num_local_tokens, hidden_size, topk,
+    key = (_workspace.group_key(group), device, num_local_tokens, hidden_size, topk,
            _capacity_factor(config, size))
     with _cache_lock:
         ws = _cache.get(key)
@@ -318,13 +289,6 @@ def _capacity_factor(config, ep_size):
     return max(2, math.ceil(ep_size * config.schedule_capacity_multiplier))
 
 
-def _group_key(group):
-    if group is None:
-        return None
-    name = getattr(group, "group_name", None)
-    return name if name is not None else id(group)
-
-
 def clear_workspace_cache():
     """Drops the cached workspaces, as MoK does: first a barrier on the group of each one that has
     a group of several ranks (every rank must call this, with the same cached workspaces created
@@ -335,7 +299,7 @@ def clear_workspace_cache():
         _cache.clear()
     for ws in cached:
         if ws.ep_size > 1:
-            _workspace._group_barrier(ws.group, ws.device)
+            _workspace.group_barrier(ws.group, ws.device)
         if ws.device is not None and ws.device.type == "cuda":
             torch.cuda.synchronize(ws.device)
 
@@ -346,7 +310,7 @@ def validate_inputs(config, workspace, schedule, x, router_weights=None, grad_ou
     [num_local_tokens, topk] float32 (float64 with float64 x), contiguous, on the workspace's
     device; a schedule built with this workspace. Raises mok's errors (a dtype: TypeError,
     anything else: ValueError; MoK raises ValueError for both); returns None."""
-    _common(config, workspace, None, None)
+    _common(config, workspace, _NO_SCHEDULE, None)
     _require("schedule", schedule, MoKSchedule)
     if schedule.workspace_handle != workspace.handle:
         _checks.fail("schedule", "a schedule built with this workspace",
@@ -374,17 +338,23 @@ def _require(name, value, kind):
         _checks.fail(name, f"a {kind.__name__}", type(value).__name__, TypeError)
 
 
-def _common(config, workspace, schedule, swiglu_limit):
-    """Checks the call's config, workspace and schedule; returns the op handle (the workspace
-    with this config)."""
+_NO_SCHEDULE = object()  # build_schedule's calls of _common: no schedule yet
+
+
+def _common(config, workspace, schedule, swiglu_limit, x=None):
+    """Checks the call's config, workspace, schedule (build_schedule passes _NO_SCHEDULE) and x
+    against the workspace; returns the op handle (the workspace with this config)."""
     _require("config", config, MoKConfig)
     _require("workspace", workspace, Workspace)
-    if schedule is not None:
+    if schedule is not _NO_SCHEDULE:
         _require("schedule", schedule, MoKSchedule)
         if schedule.workspace_handle != workspace.handle:
             _checks.fail("schedule", "a schedule built with this workspace",
                          "one from another workspace")
     _checks.check_swiglu_limit(swiglu_limit)
+    if x is not None:
+        _checks.require_tensor("x", x)
+        workspace.check_x(x)
     return workspace.handle_for(config)
 
 
@@ -418,10 +388,12 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
         top_experts = topk_experts
     if top_experts is None:
         _checks.fail("top_experts", "a torch.Tensor", "None", TypeError)
-    _common(config, workspace, None, None)
+    _common(config, workspace, _NO_SCHEDULE, None)
     _checks.require_tensor("top_experts", top_experts)
-    if not isinstance(num_local_experts, int) or num_local_experts < 1:
-        _checks.fail("num_local_experts", "a positive int", repr(num_local_experts))
+    # Bounded before anything is sized from it: mok's bound on the experts of all ranks.
+    num_local_experts = _checks.check_int(
+        "num_local_experts", num_local_experts, minimum=1,
+        maximum=_native.lib.max_experts // workspace.ep_size)
     if top_experts.dim() == 2:
         if workspace.device is not None and top_experts.device != workspace.device:
             _checks.fail("top_experts.device",
@@ -435,13 +407,15 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     ids = top_experts
     if ids.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
         ids = ids.to(torch.int64)
+    # A negated view's memory is not its values: the schedule keeps the values (a copy).
+    ids = ids.resolve_neg()
     num_experts = num_local_experts * workspace.ep_size
     first = num_local_experts * workspace.ep_rank
     given = {"_top_experts": top_experts} if top_experts.dtype == torch.int32 else {}
     if workspace.ep_size > 1 and ids.device.type == "cuda":
         # The device exchanges the ids inside each call; the table in MoK's terms needs every
         # rank's ids, so reading it is a collective (MoKSchedule's fields).
-        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
+        _checks.check_schedule_inputs(ids, num_experts, num_local_experts, first)
         return MoKSchedule(ids, num_experts, num_local_experts, first, workspace.handle,
                            _group=workspace.group, _ep_size=workspace.ep_size, **given)
     if workspace.ep_size > 1:  # every rank checks every rank's ids; rows from all ranks
@@ -453,8 +427,65 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     if ids.device.type == "cpu":
         schedule.rows_per_expert  # validates every id now (the CPU backend's contract)
     else:
-        ops.check_schedule_inputs(ids, num_experts, num_local_experts, first)
+        _checks.check_schedule_inputs(ids, num_experts, num_local_experts, first)
     return schedule
+
+
+def _origin(call, schedule, swiglu_limit, inputs, ctx):
+    """The ContextOrigin of the context `ctx` that `call` returned; None while torch.compile
+    traces (fake tensors have no data pointer), so that such a context is not checked."""
+    if torch.compiler.is_compiling():
+        return None
+    return ContextOrigin(call, weakref.ref(schedule), swiglu_limit,
+                         tuple((name, _stamp(t)) for name, t in inputs.items()),
+                         tuple((name, _stamp(t))
+                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, ctx._ops_args())))
+
+
+def _check_origin(forward_context, schedule, swiglu_limit, inputs):
+    """backward's arguments against what its context was computed from (ContextOrigin). An
+    argument whose metadata (dtype, shape, strides, device) differs from the recorded one, or that
+    is absent on one side, is left to the op's checks, which name the exact defect. NOTES: skipped
+    while torch.compile traces (a fake tensor has no data pointer, and reading one would break
+    fullgraph); a context made while tracing records nothing either."""
+    origin = forward_context.origin
+    if origin is None or torch.compiler.is_compiling():
+        return
+    if origin.swiglu_limit != swiglu_limit:
+        _checks.fail("swiglu_limit", f"{origin.swiglu_limit} (the swiglu_limit of the "
+                     f"{origin.call} that made the forward context)", swiglu_limit)
+    if origin.schedule() is not schedule:
+        _checks.fail("schedule", f"the schedule of the {origin.call} that made the forward "
+                     "context", "another schedule")
+    for name, recorded in origin.inputs:
+        _check_stamp(name, recorded, inputs[name],
+                     f"the {name} of the {origin.call} that made the forward context")
+    context = forward_context._ops_args()
+    returned = {stamp[1]: name for name, stamp in origin.fields if stamp is not None}
+    for (name, recorded), t in zip(origin.fields, context):
+        other = returned.get(t.data_ptr()) if isinstance(t, torch.Tensor) else None
+        what = f"{other}'s tensor" if other not in (None, name) else None
+        _check_stamp(f"forward_context.{name}", recorded, t,
+                     f"the tensor {origin.call} returned as {name}", another=what)
+
+
+def _check_stamp(name, recorded, t, expected, another=None):
+    """`t` against a recorded stamp: the same memory, unchanged since. A tensor of other memory
+    whose metadata differs from the recorded one's (while that one lives) is left to the op's
+    checks, which name the exact defect (a shape, a dtype, ...)."""
+    if recorded is None or not isinstance(t, torch.Tensor):
+        return
+    ref, pointer, version = recorded
+    now = t.data_ptr()
+    if now != pointer:
+        original = ref()
+        if original is not None and _metadata(original) != _metadata(t):
+            return
+        _checks.fail(name, expected, another or
+                     f"another tensor (data at {now:#x}, not {pointer:#x})")
+    if t._version != version:
+        _checks.fail(name, f"{expected}, unchanged since", f"the same tensor changed in place "
+                     f"since (version {version} then, {t._version} now)")
 
 
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
@@ -462,14 +493,22 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             routed_down_weights, swiglu_limit=None):
     """out = shared(x) + sum_j router_weights[:, j] * expert_{topk_experts[:, j]}(x).
 
-    Returns (out, forward_context): a MoKForwardContext of tensors the caller owns."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    Returns (out, forward_context): a MoKForwardContext of tensors the caller owns, which records
+    what it was computed from (its origin)."""
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
-    out, *context = ops.call(ops.forward, x, schedule.topk_experts, router_weights, *weights,
-                             handle, _checks.check_swiglu_limit(swiglu_limit))
-    return out, MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
+    out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
+                                    router_weights, *weights, handle, limit)
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    origin = _origin("forward", schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "routed_down_weights": routed_down_weights, "shared_gate_weights": shared_gate_weights,
+        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights}, ctx)
+    return out, dataclasses.replace(ctx, origin=origin)
 
 
 def recompute_forward_context(config, workspace, schedule, x, shared_gate_weights,
@@ -477,14 +516,20 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
                               swiglu_limit=None):
     """The forward context again, bit for bit (activation checkpointing): gate/up only, no down
     projection and no router weights, as MoK's signature says."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
              shared_up_weights, None)
     _check_experts(schedule, routed_gate_weights)
-    context = ops.call(ops.recompute_forward_context, x, schedule.topk_experts,
-                       routed_gate_weights, routed_up_weights, shared_gate_weights,
-                       shared_up_weights, handle, _checks.check_swiglu_limit(swiglu_limit))
-    return MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
+    context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
+                              routed_gate_weights, routed_up_weights, shared_gate_weights,
+                              shared_up_weights, handle, limit)
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    origin = _origin("recompute_forward_context", schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "shared_gate_weights": shared_gate_weights, "shared_up_weights": shared_up_weights}, ctx)
+    return dataclasses.replace(ctx, origin=origin)
 
 
 def backward(config, workspace, schedule, forward_context, grad_output, x, router_weights,
@@ -496,20 +541,28 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
          d_w_shared_gate, d_w_shared_up, d_w_shared_down)
 
     from `forward_context` (what forward or recompute_forward_context returned for these inputs
-    and weights). The shared ones are None without a shared expert. `main_grads` (MoK's order:
+    and weights, unchanged since, with this schedule and swiglu_limit: its origin says, and a
+    mismatch raises mok's error naming the argument). The shared ones are None without a shared
+    expert. `main_grads` (MoK's order:
     shared gate, routed gate, shared up, routed up, shared down, routed down; fp32, shared ones
     None when absent) are accumulated into in place and returned in the weight-gradient places."""
-    handle = _common(config, workspace, schedule, swiglu_limit)
+    handle = _common(config, workspace, schedule, swiglu_limit, x)
     _require("forward_context", forward_context, MoKForwardContext)
     weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
                        shared_gate_weights, shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
+    limit = _checks.check_swiglu_limit(swiglu_limit)
+    _check_origin(forward_context, schedule, limit, {
+        "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
+        "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
+        "routed_down_weights": routed_down_weights, "shared_gate_weights": shared_gate_weights,
+        "shared_up_weights": shared_up_weights, "shared_down_weights": shared_down_weights})
     context = forward_context._ops_args()
     has_shared = shared_gate_weights is not None
     if main_grads is None:
-        d_x, d_w, dg, du, dd, dsg, dsu, dsd = ops.call(
-            ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
-            *context, handle, _checks.check_swiglu_limit(swiglu_limit))
+        d_x, d_w, dg, du, dd, dsg, dsu, dsd = _layer_ops.call(
+            _layer_ops.backward, grad_output, x, schedule.topk_experts, router_weights, *weights,
+            *context, handle, limit)
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd
@@ -517,7 +570,13 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
         _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
                      "routed up, shared down, routed down)", repr(type(main_grads).__name__))
     msg, mrg, msu, mru, msd, mrd = main_grads
-    d_x, d_w = ops.backward_main_grad(grad_output, x, schedule.topk_experts, router_weights,
-                                      *weights, mrg, mru, mrd, msg, msu, msd, *context, handle,
-                                      _checks.check_swiglu_limit(swiglu_limit))
+    for name, g in zip(("main_shared_gate", "main_routed_gate", "main_shared_up",
+                        "main_routed_up", "main_shared_down", "main_routed_down"), main_grads):
+        if isinstance(g, torch.Tensor) and (g.is_neg() or g.is_conj()):  # written in place
+            _checks.fail(name, "a tensor whose memory holds its values (backward adds into it: "
+                         "a view with torch's negation or conjugation bit cannot take that)",
+                         "a negated view" if g.is_neg() else "a conjugated view")
+    d_x, d_w = _layer_ops.backward_main_grad(grad_output, x, schedule.topk_experts,
+                                             router_weights, *weights, mrg, mru, mrd, msg, msu,
+                                             msd, *context, handle, limit)
     return d_x, d_w, mrg, mru, mrd, msg, msu, msd

@@ -12,9 +12,11 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from mok import _checks, _workspace, ops, reference
+from mok import _checks, _layer_ops, _native, _workspace, reference
+from mok._config import MoKConfig
 
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
@@ -33,12 +35,27 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     torch.compile(fullgraph=True): it is one custom op (mok::forward) whose gradient is another
     (mok::backward).
     """
+    if workspace is not None and not isinstance(workspace, _workspace.Workspace):
+        _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
+                     type(workspace).__name__, TypeError)
+    # Types first, so that a wrong one is mok's error naming it wherever the call goes (the
+    # dispatcher's own schema error names no argument of ours).
+    for name, t in (("x", x), ("topk_experts", topk_experts), ("topk_weights", topk_weights),
+                    ("routed_gate_weights", routed_gate_weights),
+                    ("routed_up_weights", routed_up_weights),
+                    ("routed_down_weights", routed_down_weights)):
+        _checks.require_tensor(name, t)
+    for name, t in (("shared_gate_weights", shared_gate_weights),
+                    ("shared_up_weights", shared_up_weights),
+                    ("shared_down_weights", shared_down_weights)):
+        if t is not None:
+            _checks.require_tensor(name, t)
     handle = 0 if workspace is None else workspace.handle
-    # ops.call: the op itself wherever autograd records it or something traces it.
-    out, *_context = ops.call(ops.forward, x, topk_experts, topk_weights, routed_gate_weights,
-                              routed_up_weights, routed_down_weights, shared_gate_weights,
-                              shared_up_weights, shared_down_weights, handle,
-                              _checks.check_swiglu_limit(swiglu_limit))
+    # call: the op itself wherever autograd records it or something traces it.
+    out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,
+                                     routed_gate_weights, routed_up_weights, routed_down_weights,
+                                     shared_gate_weights, shared_up_weights, shared_down_weights,
+                                     handle, _checks.check_swiglu_limit(swiglu_limit))
     return out
 
 
@@ -47,12 +64,10 @@ def _ep_rank_size(group, device, num_experts, backend):
     a workspace's group."""
     if group is None:
         return 0, 1
-    from mok import functional
-
-    rank, size = functional._group_rank_size(group)
+    rank, size = _workspace.group_rank_size(group)
     if size == 1:
         return 0, 1
-    functional._check_host_ep_group(group, torch.device(device or "cpu"), rank, size)
+    _workspace.check_group(group, torch.device(device or "cpu"), rank)
     if backend != "mok":
         _checks.fail("backend", "'mok' with a group of several ranks (the torch baseline runs "
                      "one process)", repr(backend))
@@ -103,26 +118,52 @@ class MoE(torch.nn.Module):
                  bias_update_rate=1e-3, config=None, backend="mok", group=None, device=None,
                  dtype=torch.bfloat16, swiglu_limit=None):
         super().__init__()
-        if router not in _ROUTERS:
+        # Every argument checked here, before anything is built: a bad one raises mok's error
+        # naming it (a wrong type: TypeError), never a layer that silently computes something
+        # else (a negative shared size dropping the shared expert, a NaN scale).
+        hidden_size = _checks.check_int("hidden_size", hidden_size, minimum=1)
+        intermediate_size = _checks.check_int("intermediate_size", intermediate_size, minimum=1)
+        num_experts = _checks.check_int("num_experts", num_experts, minimum=1)
+        topk = _checks.check_int("topk", topk, minimum=1)
+        shared_intermediate_size = _checks.check_int("shared_intermediate_size",
+                                                     shared_intermediate_size, minimum=0)
+        if topk > num_experts:
+            _checks.fail("topk", f"in [1, num_experts = {num_experts}]", topk)
+        if not isinstance(router, str) or router not in _ROUTERS:
             _checks.fail("router", " or ".join(repr(r) for r in _ROUTERS), repr(router))
-        if backend not in _BACKENDS:
+        route_scale = _checks.check_real("route_scale", route_scale)
+        bias_update_rate = _checks.check_real("bias_update_rate", bias_update_rate,
+                                              inclusive=True)
+        if config is not None and not isinstance(config, MoKConfig):
+            _checks.fail("config", "None (the default MoKConfig) or a MoKConfig",
+                         type(config).__name__, TypeError)
+        if not isinstance(backend, str) or backend not in _BACKENDS:
             _checks.fail("backend", " or ".join(repr(b) for b in _BACKENDS), repr(backend))
-        if dtype not in _checks.ACTIVATION_DTYPES:
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            _checks.fail("group", "None (one process) or a torch.distributed ProcessGroup",
+                         type(group).__name__, TypeError)
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as e:
+                _checks.fail("device", "None or a torch.device (or its name)", repr(device),
+                             TypeError if isinstance(e, TypeError) else ValueError)
+        if not isinstance(dtype, torch.dtype) or dtype not in _checks.ACTIVATION_DTYPES:
             _checks.fail("dtype", "torch.bfloat16 (or torch.float64 on the cpu backend)",
                          str(dtype), TypeError)
-        for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
-                            ("num_experts", num_experts), ("topk", topk)):
-            if not isinstance(value, int) or value < 1:
-                _checks.fail(name, "a positive int", repr(value))
-        if not 1 <= topk <= num_experts:
-            _checks.fail("topk", f"in [1, num_experts = {num_experts}]", topk)
+        self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
+        ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
+        if backend == "mok":  # mok's own rules on the sizes (bf16: multiples of 64), now
+            _native.lib.validate_problem(
+                num_tokens=1, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_experts=num_experts, topk=topk,
+                shared_intermediate_size=shared_intermediate_size, ep_size=ep_size,
+                ep_rank=ep_rank, activation_dtype=_checks.dtype_name(dtype))
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.topk = num_experts, topk
         self.shared_intermediate_size = shared_intermediate_size
         self.router, self.route_scale, self.bias_update_rate = router, route_scale, bias_update_rate
         self.backend = backend
-        self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
-        ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
         self.ep_rank, self.ep_size = ep_rank, ep_size  # the group: self.group (the workspace's)
         router_dtype = _checks.router_dtype(dtype)
         E, I, H, S = num_experts, intermediate_size, hidden_size, shared_intermediate_size

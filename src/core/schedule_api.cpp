@@ -46,17 +46,13 @@ void validate_schedule_problem(const Problem& p, const Config& c) {
   if (p.ep_size > schedule::kMaxRanks) {
     throw Error("ep_size", "at most " + std::to_string(schedule::kMaxRanks), to_text(p.ep_size));
   }
+  // Problem::validate bounds the table's rows (int32 row ids); the ring is the config's.
   constexpr std::int64_t kInt32Max = std::numeric_limits<std::int32_t>::max();
-  const std::int64_t rows = schedule::max_schedule_rows(schedule_shape_of(p));
-  if (p.num_tokens > kInt32Max / p.topk || rows > kInt32Max) {
-    throw Error("ep_size * num_tokens * topk",
-                "a schedule of at most 2^31 - 1 rows (int32 row ids), padding included",
-                to_text(rows) + " rows");
-  }
   const std::int64_t ring =
       schedule::macrobatch_rows(schedule_shape_of(p), c.macrobatch_size, c.minibatch_size);
   if (ring > kInt32Max) {
-    throw Error("config.macrobatch_size", "a ring of at most 2^31 - 1 rows", to_text(ring) + " rows");
+    throw Error("config.macrobatch_size", "a ring of at most 2^31 - 1 rows",
+                to_text(ring) + " rows");
   }
 }
 

@@ -1,13 +1,17 @@
 // mok._C: the torch-free C++ API as seen from Python (nanobind).
 //
 // Tensors cross this boundary as plain tuples describing a view, built in Python from a tensor's
-// metadata (mok/_checks.py, `view_of`):
+// metadata (mok/_native.py, `view_of`):
 //
-//   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int)
+//   (data_ptr: int, dtype: str, shape: tuple[int], strides: tuple[int], device: str, index: int,
+//    math_bit: str)
 //
 // or None for an absent tensor (no shared expert). So the extension never includes torch headers
-// and one build works with any torch version. The binding does no layer maths: it builds
-// mok::TensorView values and calls mok::forward / backward / recompute_forward_context.
+// and one build works with any torch version. math_bit is "" for a tensor whose memory holds its
+// values, "negated" / "conjugated" for one with torch's negation or conjugation bit (its memory
+// holds the values before that operation): such a view is refused, naming the argument. The
+// binding does no layer maths: it builds mok::TensorView values and calls mok::forward / backward
+// / recompute_forward_context.
 //
 // Errors: mok::Error becomes TypeError when the rejected argument is a dtype, ValueError for any
 // other argument (shape, strides, device, value), and RuntimeError when it names no argument (a
@@ -74,7 +78,15 @@ TensorView view_of(nb::handle h, const char* name) {
   if (h.is_none()) return v;
   const std::string arg = name;
   auto t = nb::cast<nb::tuple>(h);
-  if (t.size() != 6) throw Error(arg, "a 6-field view tuple", to_text(t.size()) + " fields");
+  if (t.size() != 7) throw Error(arg, "a 7-field view tuple", to_text(t.size()) + " fields");
+  const auto math_bit = nb::cast<std::string>(t[6]);
+  if (!math_bit.empty()) {
+    throw Error(arg,
+                "a tensor whose memory holds its values (mok reads the memory: resolve torch's "
+                "negation or conjugation bit first, " +
+                    arg + ".resolve_neg() / .resolve_conj())",
+                "a " + math_bit + " view");
+  }
   auto shape = nb::cast<nb::tuple>(t[2]);
   auto strides = nb::cast<nb::tuple>(t[3]);
   if (shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {
@@ -204,6 +216,9 @@ NB_MODULE(_C, m) {
   using namespace mok;
   m.doc() = "mok's torch-free C++ API (internal: use mok.functional, mok.ops, mok.nn)";
   m.attr("__version__") = kVersion;
+  // Problem::validate's bounds (include/mok/problem.hpp), for Python's own checks.
+  m.attr("max_size") = kMaxSize;
+  m.attr("max_experts") = kMaxExperts;
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -266,7 +281,9 @@ NB_MODULE(_C, m) {
   m.def(
       "schedule_capacity_rows",
       [](std::int64_t T, std::int64_t k, std::int64_t E, int ep_size) {
-        return schedule_capacity_rows(problem_of(T, 1, 1, E, k, 0, ep_size, 0));
+        const Problem p = problem_of(T, 1, 1, E, k, 0, ep_size, 0);
+        p.validate(DType::f64);  // bounded sizes: the rows below cannot overflow
+        return schedule_capacity_rows(p);
       },
       nb::arg("num_tokens"), nb::arg("topk"), nb::arg("num_experts"), nb::arg("ep_size"));
   // Bytes of one rank's symmetric region (every rank of a team across processes allocates this

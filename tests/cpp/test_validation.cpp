@@ -1,6 +1,8 @@
 // Bad input: every check raises mok::Error naming the argument and the bad value.
 #include <functional>
+#include <tuple>
 #include "layer_helpers.hpp"
+#include "mok/schedule.hpp"
 
 namespace mok::test {
 namespace {
@@ -36,6 +38,56 @@ TEST(Validation, ProblemSizes) {
     mutate(p);
     expect_error([&] { p.validate(DType::bf16); }, {std::string("invalid ") + name});
   }
+}
+
+TEST(Validation, SizeBoundsAndProducts) {
+  // Each size and each product the code computes in a fixed width, past its bound: the error
+  // names the size (or the product) and the bound, and no product overflows on the way.
+  const std::int64_t big = kMaxSize + 1;
+  const std::tuple<const char*, const char*, std::function<void(Problem&)>> cases[] = {
+      {"invalid num_tokens", "at most 2147483647", [&](Problem& p) { p.num_tokens = big; }},
+      {"invalid hidden_size", "at most 2147483647", [&](Problem& p) { p.hidden_size = big; }},
+      {"invalid intermediate_size", "at most 2147483647",
+       [&](Problem& p) { p.intermediate_size = std::int64_t{1} << 62; }},
+      {"invalid topk", "at most 2147483647", [&](Problem& p) { p.topk = big; }},
+      {"invalid num_experts", "at most 1048576",
+       [](Problem& p) { p.num_experts = std::int64_t{1} << 26; }},
+      {"invalid num_experts", "at most 1048576",
+       [](Problem& p) { p.num_experts = std::int64_t{1} << 62; }},
+      {"invalid ep_size * num_tokens * topk (with each local expert's padding)",
+       "the schedule table's row ids are 32-bit",
+       [](Problem& p) { p.num_tokens = std::int64_t{1} << 30, p.topk = 2; }},
+      {"invalid ep_size * num_tokens * topk (with each local expert's padding)", "got 2279604224",
+       [](Problem& p) {  // 2^31 - 2^20 rows and 2^20 experts' padding: too many together only
+         p.num_tokens = (std::int64_t{1} << 31) - (std::int64_t{1} << 20), p.topk = 1;
+         p.num_experts = std::int64_t{1} << 20, p.intermediate_size = p.hidden_size = 64;
+       }},
+      {"invalid num_local_experts * max(hidden_size, intermediate_size)", "32-bit coordinates",
+       [](Problem& p) { p.num_experts = 1024, p.intermediate_size = std::int64_t{1} << 22; }},
+      {"invalid num_local_experts * intermediate_size * hidden_size", "fit an int64",
+       [](Problem& p) {
+         p.num_experts = 1, p.topk = 1, p.intermediate_size = std::int64_t{1} << 30;
+         p.hidden_size = std::int64_t{1} << 30;
+       }},
+  };
+  for (const auto& [argument, bound, mutate] : cases) {
+    Problem p = small();
+    mutate(p);
+    expect_error([&] { p.validate(DType::f64); }, {argument, bound});
+  }
+  Problem p = small();
+  p.num_experts = kMaxExperts;  // the bounds themselves are fine
+  p.num_tokens = 1 << 20;
+  EXPECT_NO_THROW(p.validate(DType::bf16));
+}
+
+TEST(Validation, ScheduleSizesAreBoundedBeforeAnyAllocation) {
+  // schedule_capacity_rows / symmetric_workspace_bytes validate first: a huge expert count is
+  // named, never turned into a negative or wrapped size.
+  Problem p = small();
+  p.num_experts = std::int64_t{1} << 62;
+  expect_error([&] { symmetric_workspace_bytes(p, Config{}); },
+               {"invalid num_experts", "at most 1048576"});
 }
 
 TEST(Validation, TopkLargerThanExperts) {

@@ -1,6 +1,8 @@
-"""Shared fixtures: a fresh random seed each run (printed; MOK_TEST_SEED=N replays it), poisoned
-outputs, and random layer data drawn the way mok's C++ tests draw it (well scaled: unit-variance
-activations, weights uniform in +-1/sqrt(fan_in), router weights positive and summing to 1).
+"""Shared fixtures: a fresh random seed each run (printed at the start and the end of the run and
+in every failed test's report; MOK_TEST_SEED=N replays it, for the tests' generators and torch's
+global ones), poisoned outputs, and random layer data drawn the way mok's C++ tests draw it (well
+scaled: unit-variance activations, weights uniform in +-1/sqrt(fan_in), router weights positive
+and summing to 1).
 
 GPU tests skip visibly without a GPU, always with a reason that says so (NO_GPU_REASON or
 NO_CUDA_BACKEND_REASON): scripts/gpu-suite fails a GPU run on any such skip."""
@@ -14,9 +16,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from poison import poisoned_outputs
 
 import mok
-import mok.ops
 
 SEED = int(os.environ.get("MOK_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
@@ -61,16 +63,38 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(autouse=True)
 def poison_outputs():
-    mok.ops.poison_outputs = True
-    yield
-    mok.ops.poison_outputs = False
+    """Every output mok allocates comes filled with NaN (integers with -1): poison.py."""
+    with poisoned_outputs():
+        yield
+
+
+def seed_of(nodeid):
+    """A test's own seed: the run's (SEED) and the test's id."""
+    return SEED ^ zlib.crc32(nodeid.encode())
+
+
+@pytest.fixture(autouse=True)
+def seeded_global_generators(request):
+    """torch's global generators (CPU and CUDA) seeded from the test's seed, so that what a test
+    draws from them (mok.nn.MoE's initialization, torch.randn without a generator) is replayed
+    by MOK_TEST_SEED as well."""
+    torch.manual_seed(seed_of(request.node.nodeid))
 
 
 @pytest.fixture
 def gen(request):
     """A generator seeded from the run's seed and the test's id."""
-    g = torch.Generator().manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
-    return g
+    return torch.Generator().manual_seed(seed_of(request.node.nodeid))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report says the seed that replays it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("mok seed", f"MOK_TEST_SEED={SEED} replays this test (its own "
+                                f"seed: {seed_of(item.nodeid)})"))
 
 
 @dataclass

@@ -185,38 +185,38 @@ def test_workspace_handles_follow_objects():
 
 
 def test_direct_calls_only_where_no_one_could_tell(gen):
-    """mok.ops.call runs an op's body without PyTorch's dispatcher only for plain CPU or CUDA
+    """mok's call() runs an op's body without PyTorch's dispatcher only for plain CPU or CUDA
     tensors that autograd would not record, outside every tracing mode."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from mok import ops
+    from mok import _layer_ops as ops
 
     x = torch.randn(4, 8, generator=gen)
     w = torch.nn.Parameter(torch.randn(4, 8, generator=gen))
-    assert ops._untraced((x, 3, None))
+    assert ops.untraced((x, 3, None))
     with torch.no_grad():
-        assert ops._untraced((x, w))
-    assert not ops._untraced((x, w))  # grad mode and a Parameter: autograd records the op
-    assert ops._untraced((x, w.detach()))
-    assert not ops._untraced((x.to("meta"),))
+        assert ops.untraced((x, w))
+    assert not ops.untraced((x, w))  # grad mode and a Parameter: autograd records the op
+    assert ops.untraced((x, w.detach()))
+    assert not ops.untraced((x.to("meta"),))
 
     class Sub(torch.Tensor):
         pass
 
-    assert not ops._untraced((x.as_subclass(Sub),))
+    assert not ops.untraced((x.as_subclass(Sub),))
     with FakeTensorMode():
-        assert not ops._untraced((torch.empty(4, 8),))
+        assert not ops.untraced((torch.empty(4, 8),))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_direct_and_dispatched_calls_give_the_same_bits(gen, device):
     """functional's calls take the op's body directly (no grad here); the dispatcher's path gives
     the same bits, forward and backward, and autograd still records mok.moe where it must."""
-    from mok import ops
+    from mok import _layer_ops as ops
 
     T, H, I, E, k = 24, 64, 64, 6, 3
     data = make_layer(gen, T, H, I, E, k, 64).to(device)
-    assert ops._untraced(_layer_args(data))
+    assert ops.untraced(_layer_args(data))
     config = functional.MoKConfig()
     workspace = functional.get_workspace(config, None, device=data.x.device, num_local_tokens=T,
                                          hidden_size=H, topk=k)

@@ -2,7 +2,6 @@
 mok (no layer runs here; mok.functional's entry points are replaced by recorders), and the tools
 that read the benchmarks' output (traces, power samples, A/B results)."""
 import json
-import os
 import pathlib
 import sys
 
@@ -13,18 +12,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import bench_layer as bl  # noqa: E402
 
 
-@pytest.mark.parametrize("path", ["unfused", "fused"])
-def test_mok_impl_makes_every_call_under_its_forward_path(monkeypatch, path):
-    # The C++ layer reads MOK_FORWARD when mok.functional makes it, at the workspace's first
-    # forward or backward call, so every call must see the implementation's path (until session
-    # 11 only get_workspace did, and bench_layer's "fused" rows ran the launches).
+@pytest.mark.parametrize("path", ["launches", "fused"])
+def test_mok_impl_makes_every_call_with_its_forward_path(monkeypatch, path):
+    # The forward path is a MoKConfig field: every call MokImpl makes (and so the C++ workspace
+    # the first one creates) must carry the implementation's. When it was an environment variable
+    # the C++ layer read at its creation, bench_layer's "fused" rows once timed the launches.
     import mok.functional as mf
 
     seen = []
 
     def record(name, result=None):
         def call(*args, **kwargs):
-            seen.append((name, os.environ.get("MOK_FORWARD")))
+            config = next(a for a in (*args, *kwargs.values()) if isinstance(a, mf.MoKConfig))
+            seen.append((name, config))
             return result
         return call
 
@@ -32,20 +32,19 @@ def test_mok_impl_makes_every_call_under_its_forward_path(monkeypatch, path):
     monkeypatch.setattr(mf, "build_schedule", record("build_schedule", "schedule"))
     monkeypatch.setattr(mf, "forward", record("forward", ("out", "ctx")))
     monkeypatch.setattr(mf, "backward", record("backward"))
-    monkeypatch.setenv("MOK_FORWARD", "something else")
     T, H, I, E, k = 4, 8, 16, 3, 2
     inp = {"x": torch.zeros(T, H), "ids": torch.zeros(T, k, dtype=torch.int64),
            "w": torch.zeros(T, k), "w_gate": torch.zeros(E, I, H), "w_up": torch.zeros(E, I, H),
            "w_down": torch.zeros(E, H, I), "shared": None, "d_out": torch.zeros(T, H)}
-    impl = bl.MokImpl(path=path)
+    impl = bl.MokImpl(path=path, minibatch=1024)
     impl.setup(inp)
     assert impl.forward() == "out"
     impl.backward("out")
     calls = [name for name, _ in seen]
     assert calls == ["get_workspace", "build_schedule", "forward", "backward"]
-    for name, value in seen[1:]:
-        assert value == path, f"{name} ran under MOK_FORWARD={value!r}"
-    assert os.environ["MOK_FORWARD"] == "something else", "the caller's MOK_FORWARD is restored"
+    for name, config in seen:
+        assert config.forward_path == path, f"{name} ran with forward_path={config.forward_path!r}"
+        assert config.minibatch_size == 1024, f"{name} lost the implementation's minibatch_size"
 
 
 def _trace_words(ctas, tiles, tickets=None):

@@ -170,6 +170,35 @@ def test_config_values():
         functional.MoKConfig().minibatch_size = 1
 
 
+def test_config_forward_path_and_stage_rows(data):
+    """mok's own knobs: forward_path "launches" or "fused", fused_stage_rows 0 or a positive
+    multiple of 128, both keyword-only; each bad value names its field, and a good config works
+    afterwards."""
+    with raises(ValueError, "mok: invalid config.forward_path: expected 'launches' or 'fused', "
+                            "got 'megakernel'"):
+        functional.MoKConfig(forward_path="megakernel")
+    with raises(TypeError, "mok: invalid config.forward_path: expected a str, got int"):
+        functional.MoKConfig(forward_path=1)
+    for bad in (100, -128):
+        with raises(ValueError, "mok: invalid config.fused_stage_rows: expected 0 (automatic) or a "
+                                f"positive multiple of 128 rows, got {bad}"):
+            functional.MoKConfig(fused_stage_rows=bad)
+    for bad in ("128", True, 128.0):
+        with raises(TypeError, "mok: invalid config.fused_stage_rows: expected an int, got "
+                               f"{type(bad).__name__}"):
+            functional.MoKConfig(fused_stage_rows=bad)
+    with pytest.raises(TypeError):  # mok's additions follow MoK's six fields, keyword-only
+        functional.MoKConfig(40, 28, 4096, 0, 0.5, 2048, "fused")
+    config = functional.MoKConfig(forward_path="fused", fused_stage_rows=256)
+    ws = functional.create_workspace(config, None, device="cpu", num_local_tokens=T,
+                                     hidden_size=H, topk=K)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    out, _ = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, g, u,
+                                d)
+    assert torch.equal(out, call(data))
+
+
 def test_unsupported_mok_features(data):
     config = functional.MoKConfig()
     ws = functional.get_workspace(config, None, device="cpu", num_local_tokens=T, hidden_size=H,
@@ -189,6 +218,33 @@ def test_cuda_workspace_without_cuda_backend():
     with raises(RuntimeError, "mok: the CUDA backend is not available ("):
         functional.get_workspace(functional.MoKConfig(), None, device="cuda", num_local_tokens=T,
                                  hidden_size=H, topk=K)
+
+
+def test_cuda_without_backend_raises_mok_error():
+    """Where the CUDA backend cannot run (every CPU-only build, so every CPU run of this suite),
+    each entry point a call on CUDA tensors reaches raises mok's own error: the C++ workspace of a
+    CUDA layer (created at its first call), require_backend (build_schedule's check of CUDA ids)
+    and get_workspace / create_workspace for a CUDA device. The same calls with CUDA tensors, the
+    backend stood in for: test_gpu.py::test_cuda_without_backend_raises_mok_error."""
+    if mok.backend_available("cuda"):
+        pytest.skip("the CUDA backend is available here: nothing to refuse")
+    from mok import _native
+
+    message = "mok: the CUDA backend is not available ("
+    with raises(RuntimeError, message):
+        _native.lib.Workspace(
+            num_tokens=T, hidden_size=H, intermediate_size=I, num_experts=E, topk=K,
+            shared_intermediate_size=S, ep_size=1, ep_rank=0, fwd_num_comm_sms=40,
+            bwd_num_comm_sms=28, minibatch_size=4096, macrobatch_size=0,
+            schedule_capacity_multiplier=0.5, backend="cuda", activation_dtype="bfloat16",
+            num_threads=1, device_index=0)
+    with raises(RuntimeError, message):
+        _native.lib.require_backend("cuda")
+    for make in (functional.get_workspace, functional.create_workspace):
+        with raises(RuntimeError, message):
+            make(functional.MoKConfig(), None, device="cuda", num_local_tokens=T, hidden_size=H,
+                 topk=K)
+    _native.lib.require_backend("cpu")  # and the CPU backend is there
 
 
 def test_error_while_compiling(data):

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import (CUDA_READY, GRAD_TOLERANCE, HAVE_GPU, NO_GPU_REASON, OUT_TOLERANCE,
+from conftest import (GRAD_TOLERANCE, HAVE_GPU, NO_GPU_REASON, OUT_TOLERANCE,
                       LayerData, make_layer, requires_cuda)
 from test_extension import _python_with_this_mok
 from test_layer import GRAD_NAMES, check_against_reference
@@ -208,6 +208,125 @@ def test_cuda_graph_keeps_its_workspace_past_the_lru(gen):
     assert torch.equal(out, want), "a replay after the LRU turned over differs"
 
 
+@requires_cuda
+def test_cuda_first_call_inside_graph_capture_asks_for_a_warm_up(gen):
+    """A layer shape's first call inside torch.cuda.graph would create its C++ workspace with
+    synchronous CUDA calls: mok's error says to warm up first, the process and its CUDA context
+    survive, and after one eager call the same step captures and replays to eager's bits."""
+    from mok import functional
+    T, H, I, E, k, S = 64, 128, 64, 8, 2, 64
+    dev = torch.device("cuda")
+    data = make_layer(gen, T, H, I, E, k, S).to(dev)
+    ws = functional.create_workspace(functional.MoKConfig(), None, device=dev,
+                                     num_local_tokens=T, hidden_size=H, topk=k)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=re.escape("run one step eagerly, a warm-up, before "
+                                                   "capturing, got a first call during capture")):
+        with torch.cuda.graph(graph), torch.no_grad():
+            mok.moe(*data.args(), workspace=ws)
+    torch.cuda.synchronize()
+    assert not ws._cores, "a C++ workspace was created during capture"
+    with torch.no_grad():
+        want = mok.moe(*data.args(), workspace=ws)  # the warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        out = mok.moe(*data.args(), workspace=ws)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@requires_cuda
+def test_cuda_lru_frees_no_memory_during_capture(gen):
+    """The LRU retires the C++ workspaces it drops instead of freeing them (cudaFree synchronizes
+    the device, which is illegal during capture): calls captured after an eviction free nothing,
+    the capture succeeds and its replays give eager's bits; the retired ones are freed at the
+    next creation of a C++ workspace, outside capture."""
+    import gc
+    import weakref
+
+    from mok import _workspace, functional
+    T, H, k, S = 64, 128, 2, 64
+    dev = torch.device("cuda")
+    ws = functional.create_workspace(functional.MoKConfig(), None, device=dev,
+                                     num_local_tokens=T, hidden_size=H, topk=k)
+
+    def inputs(I, E):
+        d = make_layer(gen, T, H, I, E, k, S)
+        return [d.x.to(dev), d.topk_experts.to(dev), d.topk_weights.to(dev),
+                *[t.to(dev) for t in d.weights]]
+
+    first = inputs(64, 8)
+    with torch.no_grad():
+        want_first = mok.moe(*first, workspace=ws)  # warm-up; evicted below
+        others = [inputs(128 + 64 * i, 8) for i in range(_workspace._MAX_CORES + 1)]
+        wants = [mok.moe(*o, workspace=ws) for o in others]
+    torch.cuda.synchronize()
+    assert ws._retired, "the LRU dropped nothing"
+    retired = [weakref.ref(c) for c in ws._retired]
+    free_before = torch.cuda.mem_get_info()[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():  # shapes whose workspaces exist
+        outs = [mok.moe(*o, workspace=ws) for o in others[-2:]]
+    gc.collect()
+    assert all(r() is not None for r in retired), "a retired workspace was freed during capture"
+    assert torch.cuda.mem_get_info()[0] <= free_before
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for o, w in zip(outs, wants[-2:]):
+        assert torch.equal(o, w), "a replay differs from eager"
+    with torch.no_grad():  # the evicted shape again: a creation, outside capture
+        again = mok.moe(*first, workspace=ws)
+    gc.collect()
+    assert all(r() is None for r in retired), "the retired workspaces outlived the next creation"
+    assert torch.equal(again, want_first)
+
+
+@requires_cuda
+def test_cuda_layers_sharing_a_workspace_on_two_streams(gen):
+    """Two mok.nn.MoE layers of one shape and config share one C++ workspace (its scratch). Run on
+    two CUDA streams at once, forward and backward, iteration after iteration, their outputs and
+    every gradient are bitwise those of running both on one stream: the workspace orders its
+    calls on the device, so the two streams never race on its scratch."""
+    dev = torch.device("cuda")
+    T, H, I, E, k, S = 4096, 512, 256, 16, 4, 256
+    iterations = 24
+    layers = [mok.nn.MoE(H, I, E, k, shared_intermediate_size=S, device=dev) for _ in range(2)]
+    assert layers[0]._workspace is layers[1]._workspace
+    xs = [[torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev) for _ in layers]
+          for _ in range(iterations)]
+    d_outs = [[torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev) for _ in layers]
+              for _ in range(iterations)]
+
+    def step(layer, x, d_out):
+        layer.zero_grad(set_to_none=True)
+        x = x.detach().requires_grad_(True)
+        out, _ = layer(x)
+        out.backward(d_out)
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    one_stream = [[step(layer, xs[i][j], d_outs[i][j]) for j, layer in enumerate(layers)]
+                  for i in range(iterations)]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())  # the inputs are ready
+    two_streams = [[None, None] for _ in range(iterations)]
+    for i in range(iterations):  # enqueued alternately: the two streams' calls overlap
+        for j, layer in enumerate(layers):
+            with torch.cuda.stream(streams[j]):
+                two_streams[i][j] = step(layer, xs[i][j], d_outs[i][j])
+    torch.cuda.synchronize()
+    names = ["out", "d_x"] + [n for n, _ in layers[0].named_parameters()]
+    for i in range(iterations):
+        for j in range(2):
+            for name, a, b in zip(names, two_streams[i][j], one_stream[i][j]):
+                assert torch.equal(a, b), f"iteration {i}, layer {j}: {name} differs on two streams"
+
+
 # --- bad inputs -------------------------------------------------------------------------------
 
 def misaligned(shape, dtype, offset_elements=1):
@@ -334,13 +453,14 @@ def test_cuda_misaligned_routing_survives(gen):
     """topk_experts / topk_weights views 8 and 4 bytes past an allocation: mok either names the
     argument or computes the right result; it never corrupts the CUDA context. In a fresh
     process, so that a sticky CUDA error cannot take the rest of the suite with it."""
+    seed = int(torch.randint(1 << 62, (1,), generator=gen))  # the test's data, drawn there
     result = _python_with_this_mok(f"""
         import sys
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         import torch, mok
         from conftest import make_layer
         from test_gpu import misaligned_copy, run_moe_cuda, assert_bitwise
-        data = make_layer(torch.Generator().manual_seed(5), 40, 128, 64, 4, 2, 64)
+        data = make_layer(torch.Generator().manual_seed({seed}), 40, 128, 64, 4, 2, 64)
         good = run_moe_cuda(data)
         cuda = data.to("cuda")
         for name, index in (("topk_experts", 1), ("topk_weights", 2)):
@@ -370,13 +490,14 @@ def test_cuda_misaligned_routing_survives(gen):
 def test_cuda_after_torch_initialized_cuda(gen):
     """A fresh process where torch loads its CUDA runtime and creates the context first, then
     mok._C (with its own, static, runtime) runs a layer: the right result, no crash."""
-    result = _python_with_this_mok("""
+    seed = int(torch.randint(1 << 62, (1,), generator=gen))  # the test's data, drawn there
+    result = _python_with_this_mok(f"""
         import torch
         torch.cuda.init()
         torch.zeros(1, device="cuda")
         import mok
         T, H, I, E, k = 64, 128, 64, 4, 2
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed({seed})
         x = torch.randn(T, H, generator=g).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
         w = torch.full((T, k), 0.5)
@@ -386,19 +507,57 @@ def test_cuda_after_torch_initialized_cuda(gen):
         cpu = mok.moe(x, ids, w, *ws)
         gpu = mok.moe(x.cuda(), ids.cuda(), w.cuda(), *[t.cuda() for t in ws]).cpu()
         err = ((gpu.double() - cpu.double()).norm() / cpu.double().norm()).item()
-        print(f"ERR {err}")
+        print(f"ERR {{err}}")
         """)
     assert result.returncode == 0, result.stdout + result.stderr
     err = float(re.search(r"ERR (\S+)", result.stdout).group(1))
     assert err <= 2 * OUT_TOLERANCE, result.stdout
 
 
-def test_cuda_without_backend_raises_mok_error(gen):
-    if CUDA_READY:
-        pytest.skip("mok's CUDA backend is available here: nothing to refuse")
+class _NoCudaBackend:
+    """mok's extension as a build without the CUDA backend shows it: creating a CUDA workspace or
+    asking for the CUDA backend raises its error; everything else is the real extension's."""
+
+    MESSAGE = ("mok: the CUDA backend is not available (this build has no CUDA support); use the "
+               "cpu backend (Backend::cpu, --backend cpu)")
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def require_backend(self, backend):
+        if backend == "cuda":
+            raise RuntimeError(self.MESSAGE)
+        return self._lib.require_backend(backend)
+
+    def Workspace(self, *args, backend, **kwargs):  # noqa: N802 (the extension's class)
+        if backend == "cuda":
+            raise RuntimeError(self.MESSAGE)
+        return self._lib.Workspace(*args, backend=backend, **kwargs)
+
+
+@requires_cuda
+def test_cuda_without_backend_raises_mok_error(gen, monkeypatch):
+    """CUDA tensors where mok's CUDA backend cannot run: every layer call reaches the backend only
+    through the extension's workspace creation and require_backend, so a build without the CUDA
+    backend (its extension stood in for here; the real one's refusal runs in the CPU suite,
+    test_errors.py::test_cuda_without_backend_raises_mok_error) gives mok's error, never a
+    fallback or a crash, and the next call with the backend works."""
+    import mok._native
+
     data = make_layer(gen, 33, 64, 64, 4, 2, 64)
     args = [t.cuda() if t is not None else None for t in data.args()]
+    ws = mok.functional.create_workspace(mok.functional.MoKConfig(), None, device="cuda",
+                                         num_local_tokens=33, hidden_size=64, topk=2)
+    monkeypatch.setattr(mok._native, "lib", _NoCudaBackend(mok._native.lib))
     with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
-        mok.moe(*args)
+        mok.moe(*args, workspace=ws)
     with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
         torch.ops.mok.build_schedule(args[1], 4, 4, 0)
+    with pytest.raises(RuntimeError, match=re.escape("mok: the CUDA backend is not available")):
+        mok.functional.get_workspace(mok.functional.MoKConfig(), None, device="cuda",
+                                     num_local_tokens=33, hidden_size=64, topk=2)
+    monkeypatch.undo()
+    assert torch.equal(mok.moe(*args, workspace=ws).cpu(), mok.moe(*args).cpu())

@@ -62,13 +62,6 @@ def rel_err(got, want):
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
-@pytest.fixture
-def poisoned():
-    ops.poison_outputs = True
-    yield
-    ops.poison_outputs = False
-
-
 def layouts():
     # (counts, padding): empty groups, sizes not a multiple of the tile, one group holding most
     # rows; padded to 128 rows as the layer does, and packed as torch._grouped_mm's offsets.
@@ -77,7 +70,7 @@ def layouts():
 
 @needs_gpu
 @pytest.mark.parametrize("counts,pad", layouts())
-def test_forms_match_fp32(counts, pad, poisoned, gen):
+def test_forms_match_fp32(counts, pad, gen):
     dev = torch.device("cuda")
     starts, rows, host_starts = groups(counts, dev, pad)
     R = host_starts[-1]

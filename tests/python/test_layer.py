@@ -4,7 +4,8 @@ import random
 
 import pytest
 import torch
-from conftest import (F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, make_layer, rel_error)
+from conftest import (DEVICES, F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, make_layer,
+                      rel_error)
 from moe_reference import forward_and_grads, slot_outputs
 
 import mok
@@ -105,6 +106,45 @@ def test_functional_matches_moe_bitwise(gen):
     assert torch.equal(out, f_out)
     for name, a, b in zip(GRAD_NAMES, grads, f_grads):
         assert torch.equal(a, b), name
+
+
+def _functional_step(data, config):
+    """mok.functional's forward and backward of `data` with `config`: (out, context, grads)."""
+    T, H = data.x.shape
+    E, k = data.weights[0].shape[0], data.topk_experts.shape[1]
+    ws = functional.create_workspace(config, None, device=data.x.device, num_local_tokens=T,
+                                     hidden_size=H, topk=k)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    g, u, d, sg, su, sd = data.weights
+    out, ctx = functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd,
+                                  g, u, d)
+    grads = functional.backward(config, ws, schedule, ctx, data.d_out, data.x,
+                                data.topk_weights, sg, su, sd, g, u, d)
+    return out, ctx, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ring", [(4096, 0), (128, 256)], ids=["one-pass", "several-passes"])
+def test_forward_paths_give_the_same_bits(gen, device, ring):
+    """MoKConfig.forward_path "fused" (the forward megakernel on CUDA) and "launches" (the
+    default), with the megakernel's stage automatic or one tile: the same output, forward
+    context and gradients, bit for bit. A 128-row minibatch and a 256-row ring make the CUDA
+    layer run several ring passes."""
+    minibatch, macrobatch = ring
+    data = make_layer(gen, 300, 128, 64, 6, 3, 64).to(device)
+    base = functional.MoKConfig(minibatch_size=minibatch, macrobatch_size=macrobatch)
+    want_out, want_ctx, want_grads = _functional_step(data, base)
+    check_against_reference(data, want_out, want_grads, OUT_TOLERANCE, GRAD_TOLERANCE)
+    for stage in (0, 128):
+        config = functional.MoKConfig(minibatch_size=minibatch, macrobatch_size=macrobatch,
+                                      forward_path="fused", fused_stage_rows=stage)
+        out, ctx, grads = _functional_step(data, config)
+        what = f"fused, stage {stage}"
+        assert torch.equal(out, want_out), f"{what}: out"
+        for field in ("gate_shared", "up_shared", "hidden_shared"):
+            assert torch.equal(getattr(ctx, field), getattr(want_ctx, field)), f"{what}: {field}"
+        for name, a, b in zip(GRAD_NAMES, grads, want_grads):
+            assert torch.equal(a, b), f"{what}: {name}"
 
 
 def test_readme_example_round_trip(gen):

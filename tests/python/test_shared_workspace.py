@@ -7,10 +7,8 @@ and every gradient has the bits of running that layer alone. Backward reads the 
 given and never recomputes the forward (call_counts: no recompute); recompute_forward_context
 (activation checkpointing) gives a context from which backward computes the same bits.
 
-Not tested, by design: a backward given another layer's context of the right shape is the
-caller's business. Nothing ties a context to its forward on the Python side (autograd pairs them;
-torch.compile may rematerialize inputs, so data pointers prove nothing); mok then computes the
-gradients that context implies, without an error.
+A backward given another layer's context is refused by mok.functional (the context records what
+it was computed from: test_bad_inputs.py); autograd pairs them for mok.moe and mok.nn.MoE.
 
 Every test runs on the CPU backend and, where there is a GPU, on the CUDA backend.
 """
@@ -272,8 +270,11 @@ def test_captured_workspaces_are_never_dropped(gen, monkeypatch):
     ws = _workspace_for("cpu", cached=False)
 
     def run(I, E, captured):
-        monkeypatch.setattr(_workspace, "_capturing", lambda device: captured)
         layer = Layer(ws, DEFAULT, make_layer(gen, T, H, I, E, K, 0))
+        if captured:  # a first call is refused during capture: one eager call first
+            monkeypatch.setattr(_workspace, "_capturing", lambda device: False)
+            layer.forward()
+        monkeypatch.setattr(_workspace, "_capturing", lambda device: captured)
         _, ctx = layer.forward()
         layer.backward(ctx)
         return next(reversed(ws._cores))  # the key of the core this layer used
@@ -289,3 +290,61 @@ def test_captured_workspaces_are_never_dropped(gen, monkeypatch):
     # Using a kept workspace again, outside a capture, does not unpin it.
     again = run(64, K, captured=False)
     assert again == first and ws._cores[first].captured
+
+
+def _run_layer(ws, gen, I, E, data=None):
+    layer = Layer(ws, DEFAULT, data or make_layer(gen, T, H, I, E, K, 0))
+    out, ctx = layer.forward()
+    return out, layer.backward(ctx)
+
+
+def test_first_call_during_capture_asks_for_a_warm_up(gen, monkeypatch):
+    """Creating a layer shape's C++ workspace makes synchronous CUDA calls: its first call during
+    CUDA graph capture raises mok's error saying to warm up first (simulated capture here; the
+    real one: test_gpu.py::test_cuda_first_call_inside_graph_capture_asks_for_a_warm_up). An
+    eager call then works, and a call of the warmed-up shape during capture too."""
+    ws = _workspace_for("cpu", cached=False)
+    data = make_layer(gen, T, H, 64, K, K, 0)
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    with pytest.raises(ValueError, match="mok: invalid the first call of a layer of this shape "
+                       "and config: expected a call outside CUDA graph capture .* run one step "
+                       "eagerly, a warm-up, before capturing, got a first call during capture"):
+        _run_layer(ws, gen, 64, K, data)
+    assert not ws._cores
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: False)
+    want = _run_layer(ws, gen, 64, K, data)
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)
+    got = _run_layer(ws, gen, 64, K, data)
+    assert torch.equal(got[0], want[0])
+    assert all(c.captured for c in ws._cores.values())
+
+
+def test_lru_frees_only_at_the_next_creation(gen, monkeypatch):
+    """A C++ workspace the LRU drops is retired, not freed: freeing synchronizes the device
+    (illegal during capture). It is freed at the next creation of a C++ workspace (a call that
+    makes synchronous CUDA calls anyway, never during capture), not by the calls in between."""
+    import gc
+    import weakref
+
+    ws = _workspace_for("cpu", cached=False)
+    for i in range(_workspace._MAX_CORES):
+        _run_layer(ws, gen, 64 * (i + 1), K)
+    first = weakref.ref(next(iter(ws._cores.values())))
+    _run_layer(ws, gen, 64 * (_workspace._MAX_CORES + 1), K)  # drops the first: retired
+    gc.collect()
+    assert first() is not None and first() in ws._retired and len(ws._cores) == _MAX_CORES()
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: True)  # calls during capture
+    for _ in range(3):  # of an existing shape: nothing freed
+        _run_layer(ws, gen, 64 * 3, K)
+    gc.collect()
+    assert first() is not None
+    monkeypatch.setattr(_workspace, "_capturing", lambda device: False)
+    _run_layer(ws, gen, 64 * (_workspace._MAX_CORES + 2), K)  # a creation: frees the retired
+    gc.collect()
+    assert first() is None
+    assert len(ws._retired) == 1  # the one this creation dropped (a captured one is kept)
+
+
+def _MAX_CORES():
+    return _workspace._MAX_CORES
+

@@ -1,4 +1,5 @@
-"""MoK's ops layer (Mixture-of-Kittens' `mok/ops.py`) as torch.library custom ops on mok's pieces.
+"""MoK's ops layer (Mixture-of-Kittens' `mok/ops.py`) as torch.library custom ops on mok's pieces:
+mok's compatibility layer for MoK ("Kittens") code that calls `mok.ops.<name>`.
 
 Same names and schemas as MoK's bf16 ops (`torch.ops.mok.<name>`, `mok.ops.<name>`), each with a
 fake implementation; where mok's work splits differently, the op composes mok's own layer:
@@ -43,11 +44,33 @@ What differs from MoK, and why:
     inf and NaN, which MoK lets through.
   - MXFP8 (`mxfp8_quantize`, `dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming
     Hopper's FP8 mode, not yet supported.
+
+What the dispatch ops trust of a schedule (the four tensors MoK code may build or edit itself:
+schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert). The rows that count
+are those before num_tokens; each lies in the segment of one local expert, the segments being
+tokens_per_expert's lengths in order. A row is used when its peer_rank is 0 (this rank; -1 marks
+padding) and its peer_token_idx names a slot t * topk + j in [0, T * topk); the peer_token_idx of
+padding rows and every row from num_tokens on are never read (MoK leaves them unspecified).
+  - Shapes and dtypes (int32: peer_rank, peer_token_idx [rows], num_tokens [1], tokens_per_expert
+    [num_local_experts]) are checked on every device.
+  - On CPU tensors the values are checked before anything runs, and a schedule that breaks a rule
+    raises mok's error naming the entry: num_tokens in [0, rows], tokens_per_expert >= 0 and
+    summing to num_tokens, peer_rank -1 or 0, a used row's peer_token_idx in [0, T * topk) and
+    named by no other used row.
+  - On CUDA tensors the values stay on the device (reading them would synchronize) and are
+    trusted, behind guards that keep every access in bounds whatever they hold: a row whose
+    peer_rank is not 0, whose peer_token_idx is outside [0, T * topk) or that lies past the last
+    segment computes nothing (its y_routed / d_x_routed row is 0), negative segment lengths count
+    as 0, and a slot that several rows name is computed once, for the largest of their experts.
+    A slot no used row names gets zeros in combine_buffer and d_x_routed_buffer. So a schedule
+    edited by hand computes the layer of the routing it describes: never an out-of-bounds access,
+    a hang, or an error at a later call.
 """
 
 import torch
 
-from mok import _checks, _schedule_terms, _workspace
+from mok import _checks, _layer_ops, _layer_tensors, _native, _schedule_terms, _workspace
+from mok import _fake  # noqa: F401  (the layer ops' fake implementations, which ours run on)
 
 _EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
 
@@ -73,63 +96,118 @@ def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
 
 def _slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots):
     """int64 [slots, 1]: each slot's local expert (-1: not routed here), read off the schedule:
-    a row's expert is the segment it lies in. Fixed-size device operations, no host sync."""
+    a row's expert is the segment it lies in; with each row's slot (`slots` for a row that
+    computes nothing) and whether it is used. Fixed-size device operations, no host sync; every
+    index stays in bounds whatever the schedule holds (the module docstring says what a row
+    needs to be used)."""
     rows = peer_rank.shape[0]
-    segment_end = torch.cumsum(tokens_per_expert.to(torch.int64), 0)
-    row = torch.arange(rows, device=peer_rank.device)
+    device = peer_rank.device
+    segment_end = torch.cumsum(tokens_per_expert.to(torch.int64).clamp(min=0), 0)
+    row = torch.arange(rows, device=device)
     expert = torch.searchsorted(segment_end, row, right=True)
-    used = (peer_rank >= 0) & (row < num_tokens.to(torch.int64)) & \
-        (expert < tokens_per_expert.shape[0])
-    slot = torch.where(used, peer_token_idx.to(torch.int64), torch.full_like(row, slots))
-    ids = torch.full((slots + 1,), -1, dtype=torch.int64, device=peer_rank.device)
-    ids.scatter_(0, slot, torch.where(used, expert, torch.full_like(expert, -1)))
+    idx = peer_token_idx.to(torch.int64)
+    used = (peer_rank == 0) & (row < num_tokens.to(torch.int64)) & \
+        (expert < tokens_per_expert.shape[0]) & (idx >= 0) & (idx < slots)
+    slot = torch.where(used, idx, torch.full_like(row, slots))
+    ids = torch.full((slots + 1,), -1, dtype=torch.int64, device=device)
+    # amax: a slot several rows name gets the largest of their experts, the same whatever order
+    # the device scatters in.
+    ids.scatter_reduce_(0, slot, torch.where(used, expert, torch.full_like(expert, -1)),
+                        reduce="amax")
     return ids[:slots].reshape(slots, 1), slot, used
+
+
+def _check_schedule_values(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots):
+    """A schedule on the CPU, value by value (reading it costs no synchronization there): the
+    rules the module docstring gives, each broken one named by its entry."""
+    rows = peer_rank.shape[0]
+    n = int(num_tokens[0])
+    if not 0 <= n <= rows:
+        _checks.fail("num_tokens[0]", f"in [0, {rows}] (the schedule's rows)", n)
+    negative = (tokens_per_expert < 0).nonzero()
+    if len(negative):
+        e = int(negative[0, 0])
+        _checks.fail(f"tokens_per_expert[{e}]", "a row count >= 0", int(tokens_per_expert[e]))
+    total = int(tokens_per_expert.sum())
+    if total != n:
+        _checks.fail("tokens_per_expert", f"segments summing to num_tokens = {n}",
+                     f"segments summing to {total}")
+    rank = peer_rank[:n]
+    other = ((rank != 0) & (rank != -1)).nonzero()
+    if len(other):
+        r = int(other[0, 0])
+        _checks.fail(f"schedule_peer_rank[{r}]", "-1 (padding) or 0 (this rank: mok runs MoK's "
+                     "ops on one rank)", int(rank[r]))
+    used = rank == 0
+    idx = peer_token_idx[:n]
+    outside = (used & ((idx < 0) | (idx >= slots))).nonzero()
+    if len(outside):
+        r = int(outside[0, 0])
+        _checks.fail(f"schedule_peer_token_idx[{r}]", f"a slot t * topk + j in [0, {slots})",
+                     int(idx[r]))
+    used_rows = used.nonzero()[:, 0]
+    named, order = torch.sort(idx[used_rows], stable=True)
+    twice = (named[1:] == named[:-1]).nonzero()
+    if len(twice):
+        i = int(twice[0, 0])
+        first, again = int(used_rows[order[i]]), int(used_rows[order[i + 1]])
+        _checks.fail(f"schedule_peer_token_idx[{again}]", "a slot no other row names",
+                     f"slot {int(named[i])}, which row {first} names too")
 
 
 def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit):
     """The layer with no routed slot: out = S(x) (mok's layer; the routed weights give shapes)."""
-    from mok import ops
-
     T = x.shape[0]
     ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
     w = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device)
-    return ids, w, ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0,
-                               swiglu_limit=swiglu_limit)
+    return ids, w, _layer_ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up,
+                                      shared_down, 0, swiglu_limit=swiglu_limit)
 
 
 def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
-                    device):
+                    device, slots, fake):
+    """The schedule's tensors; on the CPU (real tensors) their values too."""
+    _checks.require_tensor("schedule_peer_rank", peer_rank)
     rows = peer_rank.shape[0] if peer_rank.dim() == 1 else -1
     _checks.check_tensor("schedule_peer_rank", peer_rank, torch.int32, (rows,), device)
     _checks.check_tensor("schedule_peer_token_idx", peer_token_idx, torch.int32, (rows,), device)
     _checks.check_tensor("num_tokens", num_tokens, torch.int32, (1,), device)
     _checks.check_tensor("tokens_per_expert", tokens_per_expert, torch.int32,
                          (num_local_experts,), device)
+    if not fake and device.type == "cpu":
+        _check_schedule_values(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots)
+
+
+def _rows_of(name, t):
+    """(T, H) of a [T, H] tensor argument."""
+    _checks.require_tensor(name, t)
+    if t.dim() != 2:
+        _checks.fail(f"{name}.shape", "[num_local_tokens, hidden_size]",
+                     _checks.shape_text(t.shape))
+    return t.shape
 
 
 def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate,
          w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
          schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
-         swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size):
-    from mok import ops
-
+         swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size, *, fake):
     _one_rank("x_buffer_ptrs", x_buffer_ptrs)
     _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
-    _checks.require_tensor("x_buffer", x_buffer)
-    T, H = x_buffer.shape
+    topk = _checks.check_int("topk", topk, minimum=1)
+    T, H = _rows_of("x_buffer", x_buffer)
     _checks.check_tensor("combine_buffer", combine_buffer, x_buffer.dtype, (T * topk, H),
                          x_buffer.device)
     _checks.require_tensor("w_routed_gate", w_routed_gate)
     _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    w_routed_gate.shape[0], x_buffer.device)
+                    w_routed_gate.shape[0], x_buffer.device, T * topk, fake)
     ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
                                     tokens_per_expert, T * topk)
     x_slots = x_buffer.repeat_interleave(topk, dim=0)
     ones = torch.ones((T * topk, 1), dtype=_checks.router_dtype(x_buffer.dtype),
                       device=x_buffer.device)
-    y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = ops.forward(
+    y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = _layer_ops.forward(
         x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0,
         swiglu_limit=limit)
     _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
@@ -160,13 +238,13 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     return _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate,
                w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
                schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
-               swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size)
+               swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size, fake=False)
 
 
 @dispatch_mlp_swiglu_combine_fwd_bf16.register_fake
 def _fwd_fake(*args):
     # The same composition on fake tensors: mok's layer ops have fake implementations.
-    return _fwd(*args)
+    return _fwd(*args, fake=True)
 
 
 def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
@@ -176,8 +254,6 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
          hidden_shared, hidden_routed, x, x_ptrs, schedule_peer_rank, schedule_peer_token_idx,
          num_tokens, tokens_per_expert, topk, swiglu_limit, num_comm_sms, macrobatch_size,
          minibatch_size, *, fake):
-    from mok import ops
-
     for name, ptrs in (("d_y_buffer_ptrs", d_y_buffer_ptrs),
                        ("d_x_routed_buffer_ptrs", d_x_routed_buffer_ptrs),
                        ("router_weight_buffer_ptrs", router_weight_buffer_ptrs),
@@ -186,8 +262,8 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
         _one_rank(name, ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
     _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
-    _checks.require_tensor("x", x)
-    T, H = x.shape
+    topk = _checks.check_int("topk", topk, minimum=1)
+    T, H = _rows_of("x", x)
     slots = T * topk
     dev = x.device
     _checks.check_tensor("d_x_routed_buffer", d_x_routed_buffer, x.dtype, (slots, H), dev)
@@ -197,13 +273,13 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
                          _checks.router_dtype(x.dtype), (T, topk), dev)
     _checks.require_tensor("w_routed_gate", w_routed_gate)
     _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    w_routed_gate.shape[0], dev)
+                    w_routed_gate.shape[0], dev, slots, fake)
     ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
                                     tokens_per_expert, slots)
     x_slots = x.repeat_interleave(topk, dim=0)
     d_y_slots = d_y_buffer.repeat_interleave(topk, dim=0)
     w_slots = router_weight_buffer.reshape(slots, 1)
-    d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = ops.backward(
+    d_x_slots, d_w_slots, d_gate, d_up, d_down, *_ = _layer_ops.backward(
         d_y_slots, x_slots, ids, w_slots, w_routed_gate, w_routed_up, w_routed_down, None, None,
         None, x_routed, gate_routed, up_routed, hidden_routed, None, None, None, 0,
         swiglu_limit=limit)
@@ -214,8 +290,8 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     ws, config = _workspace.resolve(0)
     shape = _checks.LayerShape(T, H, w_routed_gate.shape[1], w_routed_gate.shape[0], 1,
                                w_shared_gate.shape[0], x.dtype, dev)
-    unread = [x.new_empty(s) for s in ops.context_shapes(ws, config, shape)[:4]]
-    d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = ops.backward(
+    unread = [x.new_empty(s) for s in _layer_tensors.context_shapes(ws, config, shape)[:4]]
+    d_x_shared, _, _, _, _, d_shared_gate, d_shared_up, d_shared_down = _layer_ops.backward(
         d_y_buffer, x, ids_none, w_none, w_routed_gate, w_routed_up, w_routed_down,
         w_shared_gate, w_shared_up, w_shared_down, *unread, gate_shared, up_shared,
         hidden_shared, 0, swiglu_limit=limit)
@@ -421,15 +497,15 @@ def _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank):
     W, T, k = topk_all.shape
     _checks.check_tensor("topk_all", topk_all, (torch.int32, torch.int64), (W, T, k),
                          topk_all.device)
-    if num_local_experts < 1:
-        _checks.fail("num_local_experts", "a positive int", num_local_experts)
-    if schedule_capacity < T * k:
-        _checks.fail("schedule_capacity", f"at least num_local_tokens * topk = {T * k} (MoK's "
-                     "rule; mok's table is at least the worst case anyway)", schedule_capacity)
-    if not 0 <= rank < W:
-        _checks.fail("rank", f"in [0, {W})", rank)
-    rows = max(schedule_capacity,
-               _schedule_terms.capacity_rows(W, T, k, num_local_experts))
+    # Bounded before the table is sized from them: mok's bounds (Problem::validate).
+    num_local_experts = _checks.check_int("num_local_experts", num_local_experts, minimum=1,
+                                          maximum=_native.lib.max_experts // max(W, 1))
+    schedule_capacity = _checks.check_int("schedule_capacity", schedule_capacity, minimum=T * k,
+                                          maximum=_native.lib.max_size)
+    rank = _checks.check_int("rank", rank, minimum=0, maximum=W - 1)
+    if not any(isinstance(v, torch.SymInt) for v in (W, T, k)):  # symbolic: checked at run time
+        _native.lib.schedule_capacity_rows(T, k, num_local_experts * W, W)  # the table's bounds
+    rows = max(schedule_capacity, _schedule_terms.capacity_rows(W, T, k, num_local_experts))
     return W, T, k, rows
 
 
@@ -441,12 +517,10 @@ def schedule(topk_all: torch.Tensor, num_local_experts: int, schedule_capacity: 
     padding, and max(schedule_capacity, the worst case) rows: mok/_schedule_terms.py). On CPU
     every id is checked (in [-1, num_local_experts * ep_size)); on CUDA ids outside this rank's
     experts are not scheduled here, and the layer checks every id on the device."""
-    from mok import _C
-
     W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
     if topk_all.device.type == "cpu":
         ids = topk_all.reshape(W * T, k).to(torch.int64).contiguous()  # alive during the call
-        _C.check_expert_ids_all_ranks(_checks.view_of(ids), num_local_experts * W, W)
+        _native.lib.check_expert_ids_all_ranks(_native.view_of(ids), num_local_experts * W, W)
     return _schedule_terms.terms(topk_all, num_local_experts, rank, rows)[:4]
 
 
