@@ -33,7 +33,7 @@ def host_ms(fn, reps=10):
 
 def short_name(key):
     """A kernel's name without namespaces, argument lists or template noise, so the GEMM forms
-    (FormKind 0-4, ping-pong or not) stay distinguishable."""
+    (FormKind 0-4 and their epilogues) stay distinguishable."""
     key = re.sub(r"\(anonymous namespace\)::|mok::[a-z_]+::|void |\(mok::gemm::FormKind\)", "", key)
     key = re.sub(r"\((CUtensorMap_st|KernelParams|[A-Za-z_:]+Params)[^)]*\)$", "", key)
     return key[:120]

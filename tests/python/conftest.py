@@ -170,7 +170,7 @@ def rel_error(got, ref, scale=None):
 
 
 def torchrun(worker, nproc, args, timeout, what, env=None):
-    """Runs `worker` under torchrun in `nproc` processes (its own session, so that a hung run is
+    """Runs `worker` under torchrun in `nproc` processes (its own process group, so that a hung run is
     killed with every process it started); its output, or a test failure naming `what` when it
     does not finish in `timeout` s or exits non-zero."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_layer  # noqa: E402
+import poison  # noqa: E402
 from host_ep_worker import Checks, route  # noqa: E402
 
 import mok._workspace  # noqa: E402
@@ -150,7 +151,7 @@ def main():
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
-    mok.ops.poison_outputs = True
+    poison.install()  # every output mok allocates starts as NaN (-1 for integers)
     rank = dist.get_rank()
     chk = Checks(rank)
     try:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_layer  # noqa: E402
+import poison  # noqa: E402
 
 import mok  # noqa: E402
 import mok.ops  # noqa: E402
@@ -399,7 +400,7 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     torch.set_num_threads(1)
-    mok.ops.poison_outputs = True
+    poison.install()  # every output mok allocates starts as NaN (-1 for integers)
     rank = dist.get_rank()
     chk = Checks(rank)
     try:

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_ep_worker import Checks  # noqa: E402
+import poison  # noqa: E402
 from moe_reference import forward_and_grads  # noqa: E402
 from test_mok_compat import ABS_MAX, COSINE, GRAD_NAMES, REL_SUM  # noqa: E402
 
@@ -630,7 +631,7 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     torch.set_num_threads(1)
-    mok.ops.poison_outputs = True
+    poison.install()  # every output mok allocates starts as NaN (-1 for integers)
     chk = Checks(dist.get_rank())
     start = time.monotonic()
     try:
