@@ -12,12 +12,9 @@
 #include "mok/api.hpp"
 #include "synthetic/check.hpp"
 #include "synthetic/synthetic.hpp"
+#include "test_seed.hpp"
 
 namespace mok::test {
-
-// A fresh seed per process run (from the clock), printed so a failure can be replayed with
-// MOK_TEST_SEED=N.
-std::uint64_t test_seed();
 
 inline void run_layer(LayerData& d, int threads = 0, bool backward_too = true) {
   Workspace ws(d.problem, Config{},

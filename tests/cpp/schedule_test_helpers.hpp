@@ -12,10 +12,9 @@
 
 #include "core/schedule_host.hpp"
 #include "core/schedule_layout.hpp"
+#include "test_seed.hpp"
 
 namespace mok::test {
-
-std::uint64_t test_seed();
 
 enum class RoutingKind { uniform, zipf, one_expert, empty_experts, unused_slots, repeated };
 inline constexpr RoutingKind kAllRoutings[] = {
