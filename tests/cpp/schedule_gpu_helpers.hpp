@@ -8,24 +8,16 @@
 #include <vector>
 
 #include "cuda/comm/team.hpp"
-#include "core/backend.hpp"
+#include "gpu_buffer.hpp"
 #include "mok/schedule.hpp"
 #include "schedule_test_helpers.hpp"
 
 namespace mok::test {
 
-#define MOK_CUDA_OK(expr)                                                              \
-  do {                                                                                 \
-    const cudaError_t mok_err_ = (expr);                                               \
-    ASSERT_EQ(mok_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(mok_err_); \
-  } while (0)
-
-// Skips (visibly) without a GPU.
+// Skips (visibly) without a Hopper GPU.
 class GpuTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (mok::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  }
+  void SetUp() override { MOK_REQUIRE_HOPPER(); }
 };
 
 // Device int64 [T, k] id tensors, one per rank, each with a guard zone before and after it that

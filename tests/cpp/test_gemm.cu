@@ -27,25 +27,20 @@
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
-#include "hopper_test.hpp"
+#include "gpu_buffer.hpp"
 #include "mok/error.hpp"
 #include "support/kernel_hooks.hpp"
+#include "test_seed.hpp"
 
 namespace {
 
-using mok::test::Buffer;
-using mok::test::fresh_seed;
+using mok::test::DeviceBuffer;
+using mok::test::next_seed;
 
 using mok::bf16_t;
 using mok::gemm::RowSegments;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
 
 __device__ std::uint32_t hash32(std::uint64_t x) {
   x ^= x >> 33;
@@ -66,14 +61,15 @@ __global__ void fill_random_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_
   }
 }
 
-void fill_random(Buffer<__nv_bfloat16>& b, float scale) {
-  fill_random_kernel<<<1024, 256>>>(b.p, b.n, fresh_seed(), scale);
+void fill_random(DeviceBuffer<__nv_bfloat16>& b, float scale) {
+  fill_random_kernel<<<1024, 256>>>(b.get(), b.size(), next_seed(), scale);
 }
 
 // Rows [r0, r1) of a [rows, cols] matrix set to NaN: padding must never leak into kept values.
-void poison_rows(Buffer<__nv_bfloat16>& b, int cols, int r0, int r1) {
+void poison_rows(DeviceBuffer<__nv_bfloat16>& b, int cols, int r0, int r1) {
   if (r1 > r0)
-    cudaMemset(b.p + static_cast<std::size_t>(r0) * cols, 0xff, std::size_t(r1 - r0) * cols * 2);
+    cudaMemset(b.get() + static_cast<std::size_t>(r0) * cols, 0xff,
+               std::size_t(r1 - r0) * cols * 2);
 }
 
 // out[s, n] = sum_k A[row_s, k] * B_g(n, k), fp32, k increasing. trans_b = 0: W is [G, N, K];
@@ -115,7 +111,7 @@ __global__ void ref_wgrad_kernel(const __nv_bfloat16* a, int lda, const __nv_bfl
 struct Layout {
   std::vector<int> counts, starts;
   int capacity = 0;
-  Buffer<int> d_starts, d_counts;
+  DeviceBuffer<int> d_starts, d_counts;
   explicit Layout(const std::vector<int>& c, int extra_rows = 64)
       : counts(c), starts(c.size() + 1, 0), d_starts(c.size() + 1), d_counts(c.size()) {
     for (std::size_t g = 0; g < c.size(); ++g) {
@@ -127,10 +123,10 @@ struct Layout {
   }
   int groups() const { return static_cast<int>(counts.size()); }
   RowSegments segments() const {
-    return RowSegments{d_starts.p, d_counts.p, groups(), capacity, 0};
+    return RowSegments{d_starts.get(), d_counts.get(), groups(), capacity, 0};
   }
   // Poison every padding row (and the rows past the last segment) of a row buffer.
-  void poison_padding(Buffer<__nv_bfloat16>& b, int cols) const {
+  void poison_padding(DeviceBuffer<__nv_bfloat16>& b, int cols) const {
     for (int g = 0; g < groups(); ++g) poison_rows(b, cols, starts[g] + counts[g], starts[g + 1]);
     poison_rows(b, cols, starts.back(), capacity);
   }
@@ -170,33 +166,34 @@ struct ErrorNorm {
 };
 
 // fp32 reference rows for sampled rows: [samples, n].
-std::vector<float> reference_rows(const Buffer<__nv_bfloat16>& a, long long lda,
-                                  const Buffer<__nv_bfloat16>& w, int trans_b,
+std::vector<float> reference_rows(const DeviceBuffer<__nv_bfloat16>& a, long long lda,
+                                  const DeviceBuffer<__nv_bfloat16>& w, int trans_b,
                                   const std::vector<int>& rows, const std::vector<int>& groups,
                                   int n, int k) {
-  Buffer<int> d_rows(rows.size()), d_groups(groups.size());
+  DeviceBuffer<int> d_rows(rows.size()), d_groups(groups.size());
   d_rows.upload(rows);
   d_groups.upload(groups);
-  Buffer<float> out(rows.size() * static_cast<std::size_t>(n));
+  DeviceBuffer<float> out(rows.size() * static_cast<std::size_t>(n));
   if (!rows.empty()) {
     ref_rows_kernel<<<dim3((n + 127) / 128, rows.size()), 128>>>(
-        a.p, lda, w.p, trans_b, d_rows.p, d_groups.p, static_cast<int>(rows.size()), n, k, out.p);
+        a.get(), lda, w.get(), trans_b, d_rows.get(), d_groups.get(), static_cast<int>(rows.size()),
+        n, k, out.get());
   }
-  return out.host();
+  return out.download();
 }
 
-std::vector<bf16_t> fetch_rows(const Buffer<__nv_bfloat16>& b, long long ld, int cols,
+std::vector<bf16_t> fetch_rows(const DeviceBuffer<__nv_bfloat16>& b, long long ld, int cols,
                                const std::vector<int>& rows) {
   std::vector<bf16_t> h(rows.size() * static_cast<std::size_t>(cols));
   for (std::size_t s = 0; s < rows.size(); ++s) {
-    cudaMemcpy(h.data() + s * cols, b.p + rows[s] * ld, cols * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h.data() + s * cols, b.get() + rows[s] * ld, cols * 2, cudaMemcpyDeviceToHost);
   }
   return h;
 }
 
 // Every padding row of an output is still poison (the engine never writes padding).
-long long written_padding(const Buffer<__nv_bfloat16>& out, int cols, const Layout& l) {
-  const auto h = out.host();
+long long written_padding(const DeviceBuffer<__nv_bfloat16>& out, int cols, const Layout& l) {
+  const auto h = out.download();
   const auto* u = reinterpret_cast<const std::uint16_t*>(h.data());
   long long bad = 0;
   for (int g = 0; g < l.groups(); ++g) {
@@ -207,8 +204,8 @@ long long written_padding(const Buffer<__nv_bfloat16>& out, int cols, const Layo
   return bad;
 }
 
-bool bitwise_equal(const Buffer<__nv_bfloat16>& x, const Buffer<__nv_bfloat16>& y) {
-  const auto a = x.host(), b = y.host();
+bool bitwise_equal(const DeviceBuffer<__nv_bfloat16>& x, const DeviceBuffer<__nv_bfloat16>& y) {
+  const auto a = x.download(), b = y.download();
   return std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
 }
 
@@ -223,10 +220,10 @@ struct GateUpCase {
 };
 
 void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(next_seed());
   Layout l(c.counts);
   const int G = l.groups();
-  Buffer<__nv_bfloat16> x(std::size_t(l.capacity) * c.h), wg(std::size_t(G) * c.i * c.h),
+  DeviceBuffer<__nv_bfloat16> x(std::size_t(l.capacity) * c.h), wg(std::size_t(G) * c.i * c.h),
       wu(std::size_t(G) * c.i * c.h), hid(std::size_t(l.capacity) * c.i),
       gate(std::size_t(l.capacity) * c.i), up(std::size_t(l.capacity) * c.i),
       hid2(std::size_t(l.capacity) * c.i);
@@ -240,19 +237,19 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   mok::gemm::GateUpForwardArgs args;
   args.segments =
       c.dense ? RowSegments{nullptr, nullptr, 1, l.capacity, c.counts[0]} : l.segments();
-  args.x = x.p;
+  args.x = x.get();
   args.ld_x = c.h;
-  args.w_gate = wg.p;
-  args.w_up = wu.p;
-  args.hidden = hid.p;
-  args.gate = with_preact ? gate.p : nullptr;
-  args.up = with_preact ? up.p : nullptr;
+  args.w_gate = wg.get();
+  args.w_up = wu.get();
+  args.hidden = hid.get();
+  args.gate = with_preact ? gate.get() : nullptr;
+  args.up = with_preact ? up.get() : nullptr;
   args.ld_out = c.i;
   args.hidden_size = c.h;
   args.intermediate_size = c.i;
   mok::gemm::gate_up_forward(args);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<int> rows, groups;
   l.sample_rows(c.samples_per_group, rng, rows, groups);
@@ -285,43 +282,43 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   }
   if (check_bitwise) {
     hid2.poison();
-    args.hidden = hid2.p;
+    args.hidden = hid2.get();
     mok::gemm::gate_up_forward(args);
-    CUDA_OK(cudaDeviceSynchronize());
+    MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(hid, hid2)) << "two runs differ";
   }
 }
 
 TEST(GemmGateUp, SmallOddGroupsWithEmptyOnes) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_gate_up({{0, 1, 130, 77, 0, 300, 128}, 256, 192, 40}, false, true);
 }
 
 TEST(GemmGateUp, PreActivationsVariant) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_gate_up({{5, 0, 257, 64, 129}, 320, 320, 40}, true, true);
 }
 
 TEST(GemmGateUp, RandomGroupSizes) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   for (int trial = 0; trial < 3; ++trial) {
     run_gate_up({random_counts(9, 150, rng), 512, 384, 16}, trial == 0, false);
   }
 }
 
 TEST(GemmGateUp, OneGroupHoldsAlmostAllRows) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_gate_up({{4000, 1, 0, 3, 0}, 384, 256, 64}, false, true);
 }
 
 TEST(GemmGateUp, Dsv3Ep8SliceUniform) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_gate_up({std::vector<int>(32, 1024), 7168, 2048, 3}, true, true);
 }
 
 TEST(GemmGateUp, DenseSharedExpert) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_gate_up({{1000}, 512, 256, 200, true}, false, true);
 }
 
@@ -332,8 +329,9 @@ TEST(GemmGateUp, DenseSharedExpert) {
 // plain store `out`, in the slot its table entry names on one of two ranks; rows whose entry is
 // negative (padding, and a random tenth of the real rows) and every other slot stay poisoned.
 template <class Launch>
-void check_scatter(const Layout& l, int n, const Buffer<__nv_bfloat16>& out, Launch&& launch) {
-  std::mt19937_64 rng(fresh_seed());
+void check_scatter(const Layout& l, int n, const DeviceBuffer<__nv_bfloat16>& out,
+                   Launch&& launch) {
+  std::mt19937_64 rng(next_seed());
   const int ranks = 2;
   std::vector<int> real;
   for (int g = 0; g < l.groups(); ++g)
@@ -345,19 +343,19 @@ void check_scatter(const Layout& l, int n, const Buffer<__nv_bfloat16>& out, Lau
   std::vector<int> table(l.capacity, -1);
   for (std::size_t i = 0; i < real.size(); ++i)
     if (rng() % 10 != 0) table[real[i]] = places[i];
-  Buffer<int> d_table(l.capacity);
+  DeviceBuffer<int> d_table(l.capacity);
   d_table.upload(table);
-  Buffer<__nv_bfloat16> dst0(slots * n), dst1(slots * n);
+  DeviceBuffer<__nv_bfloat16> dst0(slots * n), dst1(slots * n);
   dst0.poison();
   dst1.poison();
-  std::vector<void*> peers = {dst0.p, dst1.p};
-  Buffer<void*> d_peers(ranks);
+  std::vector<void*> peers = {dst0.get(), dst1.get()};
+  DeviceBuffer<void*> d_peers(ranks);
   d_peers.upload(peers);
-  launch(mok::gemm::RowScatter{d_table.p, slots, d_peers.p});
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto want = out.host();
-  const std::vector<std::vector<__nv_bfloat16>> got = {dst0.host(), dst1.host()};
+  launch(mok::gemm::RowScatter{d_table.get(), slots, d_peers.get()});
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto want = out.download();
+  const std::vector<std::vector<__nv_bfloat16>> got = {dst0.download(), dst1.download()};
   std::vector<char> landed(static_cast<std::size_t>(ranks * slots), 0);
   long long wrong = 0, stray = 0;
   for (int r = 0; r < l.capacity; ++r) {
@@ -391,12 +389,12 @@ struct RowsCase {
 };
 
 void run_rows(const RowsCase& c, bool check_bitwise) {
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(next_seed());
   Layout l(c.counts);
   const int G = l.groups();
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.k), w(std::size_t(G) * c.n * c.k),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.k), w(std::size_t(G) * c.n * c.k),
       out(std::size_t(l.capacity) * c.n), out2(std::size_t(l.capacity) * c.n);
-  Buffer<float> scale(l.capacity);
+  DeviceBuffer<float> scale(l.capacity);
   fill_random(a, 1.0f);
   fill_random(w, 2.0f / std::sqrt(float(c.k)));
   if (!c.dense) l.poison_padding(a, c.k);
@@ -410,9 +408,9 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
     if (c.trans_b) {
       mok::gemm::RowsTimesWeightArgs args;
       args.segments = seg;
-      args.a = a.p;
+      args.a = a.get();
       args.ld_a = c.k;
-      args.w = w.p;
+      args.w = w.get();
       args.out = dst;
       args.scatter = to;
       args.ld_out = c.n;
@@ -422,21 +420,21 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
     } else {
       mok::gemm::RowsTimesWeightTArgs args;
       args.segments = seg;
-      args.a = a.p;
+      args.a = a.get();
       args.ld_a = c.k;
-      args.w = w.p;
+      args.w = w.get();
       args.out = dst;
       args.scatter = to;
       args.ld_out = c.n;
-      args.row_scale = c.row_scale ? scale.p : nullptr;
+      args.row_scale = c.row_scale ? scale.get() : nullptr;
       args.n = c.n;
       args.k = c.k;
       mok::gemm::rows_times_weight_t(args);
     }
   };
-  launch(out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> rows, groups;
   l.sample_rows(c.samples_per_group, rng, rows, groups);
   const auto ref = reference_rows(a, c.k, w, c.trans_b ? 1 : 0, rows, groups, c.n, c.k);
@@ -459,8 +457,8 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
   }
   if (check_bitwise) {
     out2.poison();
-    launch(out2.p);
-    CUDA_OK(cudaDeviceSynchronize());
+    launch(out2.get());
+    MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
   }
   if (check_bitwise && !c.dense && l.capacity * static_cast<long long>(c.n) < (64ll << 20)) {
@@ -469,26 +467,26 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
 }
 
 TEST(GemmDown, SmallOddGroupsRowScale) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, false, true}, true);
 }
 
 TEST(GemmDown, RandomGroupSizes) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   for (int trial = 0; trial < 3; ++trial)
     run_rows({random_counts(7, 200, rng), 448, 256, 16, false}, false);
 }
 
 TEST(GemmDown, Qwen3SkewedOneGroupHalf) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   std::vector<int> counts(128, 16384 * 8 / 2 / 127);
   counts[0] = 16384 * 8 / 2;
   run_rows({counts, 2048, 768, 2, false, true}, true);
 }
 
 TEST(GemmDown, DenseSharedExpert) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_rows({{999}, 512, 256, 300, false, false, true}, true);
 }
 
@@ -496,35 +494,35 @@ TEST(GemmDown, DenseSharedExpert) {
 // two CTAs, neighbour tiles fall in different N tiles and groups (no shared weight tile), and the
 // last cluster step has a single tile.
 TEST(GemmDown, OddTileCountAcrossGroupsAndPanels) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_rows({{1, 300, 1}, 768, 128, 40, false}, true);
   run_rows({{1, 300, 1}, 768, 128, 40, true}, true);
 }
 
 TEST(GemmDgrad, SmallOddGroups) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_rows({{0, 1, 130, 77, 0, 300}, 320, 192, 40, true}, true);
 }
 
 TEST(GemmDgrad, RandomGroupSizesAndAlmostAllInOne) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   run_rows({random_counts(6, 200, rng), 192, 512, 16, true}, false);
   run_rows({{3000, 0, 2, 1}, 256, 384, 64, true}, true);
 }
 
 TEST(GemmDgrad, Dsv3Ep8SliceUniform) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_rows({std::vector<int>(32, 1024), 2048, 7168, 2, true}, true);
 }
 
 // The gate/up input gradient: dx = bf16(dg W_gate + du W_up) with one fp32 accumulator.
 TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   Layout l({0, 1, 130, 77, 0, 300});
   const int G = l.groups(), n = 320, k = 192;
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), a2(std::size_t(l.capacity) * k),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), a2(std::size_t(l.capacity) * k),
       w(std::size_t(G) * k * n), w2(std::size_t(G) * k * n), out(std::size_t(l.capacity) * n),
       out2(std::size_t(l.capacity) * n);
   fill_random(a, 1.0f);
@@ -536,12 +534,12 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
   auto launch = [&](__nv_bfloat16* dst) {
     mok::gemm::RowsTimesWeightArgs args;
     args.segments = l.segments();
-    args.a = a.p;
+    args.a = a.get();
     args.ld_a = k;
-    args.w = w.p;
-    args.a2 = a2.p;
+    args.w = w.get();
+    args.a2 = a2.get();
     args.ld_a2 = k;
-    args.w2 = w2.p;
+    args.w2 = w2.get();
     args.out = dst;
     args.ld_out = n;
     args.n = n;
@@ -549,9 +547,9 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
     mok::gemm::rows_times_weight(args);
   };
   out.poison();
-  launch(out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> rows, groups;
   l.sample_rows(40, rng, rows, groups);
   const auto ref1 = reference_rows(a, k, w, 1, rows, groups, n, k);
@@ -564,8 +562,8 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
   EXPECT_LE(e.rel(), kU);
   EXPECT_EQ(written_padding(out, n, l), 0) << "padding rows were written";
   out2.poison();
-  launch(out2.p);
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out2.get());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs differ";
 }
 
@@ -607,7 +605,7 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
   Layout l(counts);
   const int G = l.groups();
   const std::size_t cells = std::size_t(l.capacity) * n;
-  Buffer<__nv_bfloat16> dy(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n), g(cells),
+  DeviceBuffer<__nv_bfloat16> dy(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n), g(cells),
       u(cells), dh(cells), dg(cells), du(cells), dg2(cells), du2(cells), want_g(cells),
       want_u(cells);
   fill_random(dy, 1.0f);
@@ -624,22 +622,23 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
   auto launch = [&](__nv_bfloat16* out, __nv_bfloat16* d_gate, __nv_bfloat16* d_up) {
     mok::gemm::RowsTimesWeightArgs args;
     args.segments = seg;
-    args.a = dy.p;
+    args.a = dy.get();
     args.ld_a = k;
-    args.w = w.p;
+    args.w = w.get();
     args.out = out;
-    if (d_gate != nullptr) args.swiglu = {g.p, u.p, d_gate, d_up};
+    if (d_gate != nullptr) args.swiglu = {g.get(), u.get(), d_gate, d_up};
     args.ld_out = n;
     args.n = n;
     args.k = k;
     mok::gemm::rows_times_weight(args);
   };
   for (auto* b : {&dh, &dg, &du, &want_g, &want_u}) b->poison();
-  launch(dh.p, nullptr, nullptr);
-  launch(nullptr, dg.p, du.p);
-  swiglu_backward_fast_kernel<<<1024, 256>>>(dh.p, g.p, u.p, cells, want_g.p, want_u.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(dh.get(), nullptr, nullptr);
+  launch(nullptr, dg.get(), du.get());
+  swiglu_backward_fast_kernel<<<1024, 256>>>(dh.get(), g.get(), u.get(), cells, want_g.get(),
+                                             want_u.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 
   // Rows that hold a value: the groups' rows (dense: the first counts[0]); everything else must
   // still be poison in dg and du.
@@ -650,8 +649,8 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
     for (int e = 0; e < G; ++e)
       for (int r = l.starts[e]; r < l.starts[e] + l.counts[e]; ++r) kept[r] = 1;
   }
-  const auto hg = g.host(), hu = u.host(), hdh = dh.host(), gg = dg.host(), gu = du.host(),
-             wg = want_g.host(), wu = want_u.host();
+  const auto hg = g.download(), hu = u.download(), hdh = dh.download(), gg = dg.download(),
+             gu = du.download(), wg = want_g.download(), wu = want_u.download();
   auto bits = [](const auto& v) {  // host() gives __nv_bfloat16: compare and convert raw bits
     return reinterpret_cast<const std::uint16_t*>(v.data());
   };
@@ -691,18 +690,18 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
   // Run to run: the same bits.
   dg2.poison();
   du2.poison();
-  launch(nullptr, dg2.p, du2.p);
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(nullptr, dg2.get(), du2.get());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(dg, dg2) && bitwise_equal(du, du2)) << "two runs differ";
 }
 
 TEST(GemmDgrad, SwigluBackwardEpilogueSmallOddGroups) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_dgrad_swiglu({0, 1, 130, 77, 0, 300}, 320, 192, false);
 }
 
 TEST(GemmDgrad, SwigluBackwardEpilogueDenseAndOneHeavyGroup) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_dgrad_swiglu({999}, 512, 256, true);
   run_dgrad_swiglu({3000, 0, 2, 1}, 768, 448, false);
 }
@@ -735,17 +734,17 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   const std::size_t cells = std::size_t(l.capacity) * n;
   const int chunks = (n + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
   const std::size_t dot_cells = std::size_t(l.capacity) * chunks;
-  Buffer<__nv_bfloat16> x(std::size_t(l.capacity) * k), w_gate(std::size_t(G) * n * k),
+  DeviceBuffer<__nv_bfloat16> x(std::size_t(l.capacity) * k), w_gate(std::size_t(G) * n * k),
       w_up(std::size_t(G) * n * k), dy(std::size_t(l.capacity) * k), w_down(std::size_t(G) * k * n),
       g(cells), u(cells), hid(cells), dh16(cells), dh_scaled(cells), dg(cells), du(cells),
       want_g(cells), want_u(cells), dg2(cells), du2(cells), wh(cells), wh2(cells);
-  Buffer<float> acc32(cells), scale(l.capacity), dot(dot_cells), dot2(dot_cells);
+  DeviceBuffer<float> acc32(cells), scale(l.capacity), dot(dot_cells), dot2(dot_cells);
   fill_random(x, 1.0f);
   fill_random(w_gate, 4.0f / std::sqrt(float(k)));
   fill_random(w_up, 2.0f / std::sqrt(float(k)));
   fill_random(dy, 1.0f);
   fill_random(w_down, 2.0f / std::sqrt(float(k)));
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(next_seed());
   std::vector<float> hscale(l.capacity);
   for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
   scale.upload(hscale);
@@ -758,32 +757,32 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   for (auto* b : {&g, &u, &hid}) b->poison();
   mok::gemm::GateUpForwardArgs fwd;
   fwd.segments = seg;
-  fwd.x = x.p;
+  fwd.x = x.get();
   fwd.ld_x = k;
-  fwd.w_gate = w_gate.p;
-  fwd.w_up = w_up.p;
-  fwd.hidden = hid.p;
-  fwd.gate = g.p;
-  fwd.up = u.p;
+  fwd.w_gate = w_gate.get();
+  fwd.w_up = w_up.get();
+  fwd.hidden = hid.get();
+  fwd.gate = g.get();
+  fwd.up = u.get();
   fwd.ld_out = n;
   fwd.hidden_size = k;
   fwd.intermediate_size = n;
   fwd.swiglu_limit = limit;
   mok::gemm::gate_up_forward(fwd);
-  CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaGetLastError());
 
   // The dgrad: plain (bf16 and fp32 outputs), or with the SwiGLU epilogue and the options given.
   auto dgrad = [&](void* out, bool fp32, __nv_bfloat16* d_gate, __nv_bfloat16* d_up,
                    const float* row_scale, float* d, __nv_bfloat16* scaled_hidden = nullptr) {
     mok::gemm::RowsTimesWeightArgs args;
     args.segments = seg;
-    args.a = dy.p;
+    args.a = dy.get();
     args.ld_a = k;
-    args.w = w_down.p;
+    args.w = w_down.get();
     args.out = out;
     args.out_fp32 = fp32;
     if (d_gate != nullptr)
-      args.swiglu = {g.p, u.p, d_gate, d_up, row_scale, d, scaled_hidden, limit};
+      args.swiglu = {g.get(), u.get(), d_gate, d_up, row_scale, d, scaled_hidden, limit};
     args.ld_out = n;
     args.n = n;
     args.k = k;
@@ -793,11 +792,11 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   acc32.poison();
   dot.poison();
   wh.poison();
-  dgrad(dh16.p, false, nullptr, nullptr, nullptr, nullptr);
-  dgrad(acc32.p, true, nullptr, nullptr, nullptr, nullptr);
-  dgrad(nullptr, false, dg.p, du.p, scale.p, dot.p, wh.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  dgrad(dh16.get(), false, nullptr, nullptr, nullptr, nullptr);
+  dgrad(acc32.get(), true, nullptr, nullptr, nullptr, nullptr);
+  dgrad(nullptr, false, dg.get(), du.get(), scale.get(), dot.get(), wh.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<char> kept(l.capacity, 0);
   if (dense) {
@@ -806,8 +805,8 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
     for (int e = 0; e < G; ++e)
       for (int r = l.starts[e]; r < l.starts[e] + l.counts[e]; ++r) kept[r] = 1;
   }
-  const std::vector<float> acc = acc32.host();
-  const auto h16 = dh16.host(), hh = hid.host();
+  const std::vector<float> acc = acc32.download();
+  const auto h16 = dh16.download(), hh = hid.download();
   const auto* dh_bits = reinterpret_cast<const std::uint16_t*>(h16.data());
   const auto* h_bits = reinterpret_cast<const std::uint16_t*>(hh.data());
   // The fp32 output is the accumulator the bf16 output rounds; dh scaled as the epilogue must.
@@ -822,18 +821,21 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
     }
   }
   EXPECT_EQ(fp32_vs_bf16, 0) << "the fp32 output is not the accumulator of the bf16 output";
-  CUDA_OK(cudaMemcpy(dh_scaled.p, scaled.data(), cells * 2, cudaMemcpyHostToDevice));
+  MOK_CUDA_OK(cudaMemcpy(dh_scaled.get(), scaled.data(), cells * 2, cudaMemcpyHostToDevice));
   if (limit) {
-    swiglu_backward_clamped_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, *limit,
-                                                       want_g.p, want_u.p);
+    swiglu_backward_clamped_fast_kernel<<<1024, 256>>>(dh_scaled.get(), g.get(), u.get(), cells,
+                                                       *limit, want_g.get(), want_u.get());
     // The unclamped expectation, into dg2, du2 (poisoned again before their own use below).
-    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, dg2.p, du2.p);
+    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.get(), g.get(), u.get(), cells, dg2.get(),
+                                               du2.get());
   } else {
-    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.p, g.p, u.p, cells, want_g.p, want_u.p);
+    swiglu_backward_fast_kernel<<<1024, 256>>>(dh_scaled.get(), g.get(), u.get(), cells,
+                                               want_g.get(), want_u.get());
   }
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto got_g = dg.host(), got_u = du.host(), wg = want_g.host(), wu = want_u.host();
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto got_g = dg.download(), got_u = du.download(), wg = want_g.download(),
+             wu = want_u.download();
   const auto* bg = reinterpret_cast<const std::uint16_t*>(got_g.data());
   const auto* bu = reinterpret_cast<const std::uint16_t*>(got_u.data());
   const auto* bwg = reinterpret_cast<const std::uint16_t*>(wg.data());
@@ -858,7 +860,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   long long clamped = 0, unclamped_differ = 0, kept_values = 0;
   if (limit) {
     const float L = *limit;
-    const auto hg = g.host(), hu = u.host(), pg = dg2.host(), pu = du2.host();
+    const auto hg = g.download(), hu = u.download(), pg = dg2.download(), pu = du2.download();
     const auto* b_g = reinterpret_cast<const std::uint16_t*>(hg.data());
     const auto* b_u = reinterpret_cast<const std::uint16_t*>(hu.data());
     const auto* bpg = reinterpret_cast<const std::uint16_t*>(pg.data());
@@ -877,7 +879,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
     EXPECT_GT(unclamped_differ, 0) << "the unclamped dg, du are the clamped ones";
   }
 
-  const auto got_wh = wh.host();
+  const auto got_wh = wh.download();
   const auto* bwh = reinterpret_cast<const std::uint16_t*>(got_wh.data());
   long long wh_differ = 0, wh_stray = 0;
   for (int r = 0; r < l.capacity; ++r) {
@@ -895,7 +897,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
 
   const double u32 = std::ldexp(1.0, -24);
   const double gamma34 = 34 * u32 / (1 - 34 * u32);
-  const std::vector<float> got_dot = dot.host();
+  const std::vector<float> got_dot = dot.download();
   long long far = 0, dot_stray = 0, checked = 0;
   double worst = 0;  // the largest error as a fraction of its bound
   for (int r = 0; r < l.capacity; ++r) {
@@ -938,7 +940,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
 
   // A second run, and each option alone: the same bits.
   auto same = [](const auto& x, const auto& y) {
-    const auto a = x.host(), b = y.host();
+    const auto a = x.download(), b = y.download();
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
   };
   {
@@ -946,44 +948,45 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
     du2.poison();
     dot2.poison();
     wh2.poison();
-    dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p, wh2.p);
-    CUDA_OK(cudaDeviceSynchronize());
+    dgrad(nullptr, false, dg2.get(), du2.get(), scale.get(), dot2.get(), wh2.get());
+    MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(same(dot, dot2)) << "a second run: dot differs";
     EXPECT_TRUE(same(wh, wh2)) << "a second run: scaled_hidden differs";
     EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "a second run: dg or du differs";
   }
   dg2.poison();
   du2.poison();
-  dgrad(nullptr, false, dg2.p, du2.p, scale.p, nullptr);  // scale only
-  CUDA_OK(cudaDeviceSynchronize());
+  dgrad(nullptr, false, dg2.get(), du2.get(), scale.get(), nullptr);  // scale only
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "row scale without dot: dg or du differs";
   dot2.poison();
   dg2.poison();
   du2.poison();
-  dgrad(nullptr, false, dg2.p, du2.p, scale.p, dot2.p);  // scale and dot, no scaled_hidden
-  CUDA_OK(cudaDeviceSynchronize());
+  dgrad(nullptr, false, dg2.get(), du2.get(), scale.get(),
+        dot2.get());  // scale and dot, no scaled_hidden
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dot, dot2)) << "dot without scaled_hidden differs";
   EXPECT_TRUE(same(dg, dg2) && same(du, du2)) << "scaled_hidden changed dg or du";
   dot2.poison();
   dg2.poison();
   du2.poison();
-  dgrad(nullptr, false, dg2.p, du2.p, nullptr, dot2.p);  // dot only
-  CUDA_OK(cudaDeviceSynchronize());
+  dgrad(nullptr, false, dg2.get(), du2.get(), nullptr, dot2.get());  // dot only
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dot, dot2)) << "dot without row scale differs";
   want_g.poison();
   want_u.poison();
-  dgrad(nullptr, false, want_g.p, want_u.p, nullptr, nullptr);  // neither: dg, du alone
-  CUDA_OK(cudaDeviceSynchronize());
+  dgrad(nullptr, false, want_g.get(), want_u.get(), nullptr, nullptr);  // neither: dg, du alone
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same(dg2, want_g) && same(du2, want_u)) << "dot changed dg or du";
 }
 
 TEST(GemmDgrad, SwigluBackwardRowScaleAndDotSmallOddAndEmptyGroups) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false);  // a last chunk of 64 columns
 }
 
 TEST(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_dgrad_dot({999}, 512, 256, true);
   run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false);
 }
@@ -995,27 +998,27 @@ TEST(GemmDgrad, SwigluBackwardRowScaleAndDotDenseAndOneHeavyGroup) {
 // on nearly every row. L = 3 clamps g above 2.25 sd (~1.2%, some 28000 of the 3000-row group's
 // 2.3M) and u almost never (4.5 sd): a sparse clamp, mostly of the gate alone.
 TEST(GemmDgrad, SwigluBackwardRowScaleAndDotClamped) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_dgrad_dot({0, 1, 130, 77, 0, 300}, 320, 192, false, 0.5f);
   run_dgrad_dot({3000, 0, 2, 1}, 768, 448, false, 3.0f);
 }
 
 TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({100});
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
       x(std::size_t(l.capacity) * 64);
-  Buffer<float> f(l.capacity);
+  DeviceBuffer<float> f(l.capacity);
   mok::gemm::RowsTimesWeightArgs args;
   args.segments = l.segments();
-  args.a = a.p;
+  args.a = a.get();
   args.ld_a = 64;
-  args.w = w.p;
-  args.out = x.p;
+  args.w = w.get();
+  args.out = x.get();
   args.ld_out = 64;
   args.n = 64;
   args.k = 64;
-  args.swiglu.row_scale = f.p;
+  args.swiglu.row_scale = f.get();
   try {
     mok::gemm::rows_times_weight(args);
     ADD_FAILURE() << "a row scale without the SwiGLU epilogue was accepted";
@@ -1023,14 +1026,14 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
     EXPECT_EQ(e.argument(), "swiglu.row_scale") << e.what();
   }
   args.swiglu.row_scale = nullptr;
-  args.swiglu.dot = f.p;
+  args.swiglu.dot = f.get();
   try {
     mok::gemm::rows_times_weight(args);
     ADD_FAILURE() << "a dot output without the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "swiglu.dot") << e.what();
   }
-  args.swiglu = {x.p, x.p, x.p, x.p, nullptr, nullptr};
+  args.swiglu = {x.get(), x.get(), x.get(), x.get(), nullptr, nullptr};
   args.out_fp32 = true;
   try {
     mok::gemm::rows_times_weight(args);
@@ -1039,8 +1042,9 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
     EXPECT_EQ(e.argument(), "out_fp32") << e.what();
   }
   args.out_fp32 = false;
-  for (float* dot : {static_cast<float*>(nullptr), f.p}) {  // scaled_hidden needs both options
-    args.swiglu = {x.p, x.p, x.p, x.p, dot == nullptr ? f.p : nullptr, dot, x.p};
+  for (float* dot : {static_cast<float*>(nullptr), f.get()}) {  // scaled_hidden needs both options
+    args.swiglu = {x.get(), x.get(), x.get(), x.get(), dot == nullptr ? f.get() : nullptr,
+                   dot,     x.get()};
     try {
       mok::gemm::rows_times_weight(args);
       ADD_FAILURE() << "scaled_hidden without " << (dot == nullptr ? "dot" : "row_scale")
@@ -1052,24 +1056,24 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
 }
 
 TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({100});
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
       x(std::size_t(l.capacity) * 64);
-  Buffer<int> slots(l.capacity);
-  Buffer<void*> peers(1);
+  DeviceBuffer<int> slots(l.capacity);
+  DeviceBuffer<void*> peers(1);
   mok::gemm::RowsTimesWeightArgs args;
   args.segments = l.segments();
-  args.a = a.p;
+  args.a = a.get();
   args.ld_a = 64;
-  args.w = w.p;
+  args.w = w.get();
   args.ld_out = 64;
   args.n = 64;
   args.k = 64;
-  args.swiglu = {x.p, x.p, x.p, nullptr};
+  args.swiglu = {x.get(), x.get(), x.get(), nullptr};
   EXPECT_THROW(mok::gemm::rows_times_weight(args), mok::Error);
-  args.swiglu.d_up = x.p;
-  args.scatter = {slots.p, 1, peers.p};
+  args.swiglu.d_up = x.get();
+  args.scatter = {slots.get(), 1, peers.get()};
   try {
     mok::gemm::rows_times_weight(args);
     ADD_FAILURE() << "a row scatter with the SwiGLU epilogue was accepted";
@@ -1089,27 +1093,27 @@ struct WgradCase {
 };
 
 void run_wgrad(const WgradCase& c, bool check_bitwise) {
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(next_seed());
   Layout l(c.counts);
   const int G = l.groups();
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.m), b(std::size_t(l.capacity) * c.n);
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * c.m), b(std::size_t(l.capacity) * c.n);
   const std::size_t out_elems = std::size_t(G) * c.m * c.n;
-  Buffer<float> out32(c.fp32 ? out_elems : 0), out32b(c.fp32 ? out_elems : 0);
-  Buffer<__nv_bfloat16> out16(c.fp32 ? 0 : out_elems), out16b(c.fp32 ? 0 : out_elems);
+  DeviceBuffer<float> out32(c.fp32 ? out_elems : 0), out32b(c.fp32 ? out_elems : 0);
+  DeviceBuffer<__nv_bfloat16> out16(c.fp32 ? 0 : out_elems), out16b(c.fp32 ? 0 : out_elems);
   fill_random(a, 1.0f);
   fill_random(b, 1.0f);
   l.poison_padding(a, c.m);  // NaN in padding: must contribute exactly nothing
   l.poison_padding(b, c.n);
-  Buffer<unsigned> tickets(2);  // one counter pair, reused by the launches (one stream)
-  CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
+  DeviceBuffer<unsigned> tickets(2);  // one counter pair, reused by the launches (one stream)
+  MOK_CUDA_OK(cudaMemset(tickets.get(), 0, 2 * sizeof(unsigned)));
   auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic) {
     mok::gemm::WeightGradArgs args;
     args.segments = l.segments();
     args.order = order;
-    args.tickets = tickets.p;
-    args.a = a.p;
+    args.tickets = tickets.get();
+    args.a = a.get();
     args.ld_a = c.m;
-    args.b = b.p;
+    args.b = b.get();
     args.ld_b = c.n;
     args.out = dst;
     args.ld_out = c.n;
@@ -1119,9 +1123,9 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
     mok::gemm::weight_grad(args);
   };
   c.fp32 ? out32.poison() : out16.poison();
-  launch(c.fp32 ? static_cast<void*>(out32.p) : out16.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(c.fp32 ? static_cast<void*>(out32.get()) : out16.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 
   // Sampled output rows m of each group (all groups, empty ones included).
   std::vector<int> groups, ms;
@@ -1131,23 +1135,23 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
       ms.push_back(i == 0 ? 0 : i == 1 ? c.m - 1 : static_cast<int>(rng() % c.m));
     }
   }
-  Buffer<int> d_groups(groups.size()), d_ms(ms.size());
+  DeviceBuffer<int> d_groups(groups.size()), d_ms(ms.size());
   d_groups.upload(groups);
   d_ms.upload(ms);
-  Buffer<float> ref(groups.size() * std::size_t(c.n));
+  DeviceBuffer<float> ref(groups.size() * std::size_t(c.n));
   ref_wgrad_kernel<<<dim3((c.n + 127) / 128, groups.size()), 128>>>(
-      a.p, c.m, b.p, c.n, l.d_starts.p, l.d_counts.p, d_groups.p, d_ms.p,
-      static_cast<int>(groups.size()), c.n, ref.p);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto href = ref.host();
+      a.get(), c.m, b.get(), c.n, l.d_starts.get(), l.d_counts.get(), d_groups.get(), d_ms.get(),
+      static_cast<int>(groups.size()), c.n, ref.get());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto href = ref.download();
   std::vector<float> got(groups.size() * std::size_t(c.n));
   for (std::size_t s = 0; s < groups.size(); ++s) {
     const std::size_t off = (std::size_t(groups[s]) * c.m + ms[s]) * c.n;
     if (c.fp32) {
-      cudaMemcpy(got.data() + s * c.n, out32.p + off, c.n * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got.data() + s * c.n, out32.get() + off, c.n * 4, cudaMemcpyDeviceToHost);
     } else {
       std::vector<bf16_t> t(c.n);
-      cudaMemcpy(t.data(), out16.p + off, c.n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(t.data(), out16.get() + off, c.n * 2, cudaMemcpyDeviceToHost);
       for (int n = 0; n < c.n; ++n) got[s * c.n + n] = bf(t[n]);
     }
   }
@@ -1178,30 +1182,30 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
       const char* name = v == 0 ? "automatic order" : v == 1 ? "fixed order" : "tickets order";
       if (c.fp32) {
         out32b.poison();
-        launch(out32b.p, order);
-        CUDA_OK(cudaDeviceSynchronize());
-        const auto x = out32.host(), y = out32b.host();
+        launch(out32b.get(), order);
+        MOK_CUDA_OK(cudaDeviceSynchronize());
+        const auto x = out32.download(), y = out32b.download();
         EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << name << " differs";
       } else {
         out16b.poison();
-        launch(out16b.p, order);
-        CUDA_OK(cudaDeviceSynchronize());
+        launch(out16b.get(), order);
+        MOK_CUDA_OK(cudaDeviceSynchronize());
         EXPECT_TRUE(bitwise_equal(out16, out16b)) << name << " differs";
       }
     }
   }
-  EXPECT_EQ(tickets.host(), (std::vector<unsigned>{0, 0})) << "the counter pair was not reset";
+  EXPECT_EQ(tickets.download(), (std::vector<unsigned>{0, 0})) << "the counter pair was not reset";
 }
 
 TEST(GemmWgrad, SmallOddGroupsFp32AndBf16) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, true}, true);
   run_wgrad({{0, 1, 130, 77, 0, 300, 64}, 192, 320, 8, false}, true);
 }
 
 TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   run_wgrad({random_counts(5, 300, rng), 256, 384, 8, true}, false);
   run_wgrad({{5000, 0, 3, 1}, 320, 256, 16, false}, true);
 }
@@ -1209,7 +1213,7 @@ TEST(GemmWgrad, RandomGroupSizesAndAlmostAllInOne) {
 // Heavy-first tile order: the heaviest group is the last one, short and empty groups before it,
 // and more tiles than CTAs.
 TEST(GemmWgrad, HeavyGroupLastManyGroups) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   std::vector<int> counts(40, 70);
   counts[3] = 0;
   counts[17] = 1;
@@ -1219,7 +1223,7 @@ TEST(GemmWgrad, HeavyGroupLastManyGroups) {
 }
 
 TEST(GemmWgrad, Dsv3Ep8SliceDown) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgrad({std::vector<int>(32, 1024), 7168, 2048, 2, false}, true);
 }
 
@@ -1227,7 +1231,7 @@ TEST(GemmWgrad, Dsv3Ep8SliceDown) {
 // poisoned (it must contribute nothing).
 struct WgradOperands {
   int m, n;
-  Buffer<__nv_bfloat16> a, b;
+  DeviceBuffer<__nv_bfloat16> a, b;
   WgradOperands(const Layout& l, int m_, int n_)
       : m(m_), n(n_), a(std::size_t(l.capacity) * m_), b(std::size_t(l.capacity) * n_) {
     fill_random(a, 1.0f);
@@ -1239,9 +1243,9 @@ struct WgradOperands {
   // rest are the caller's.
   mok::gemm::WeightGradArgs args(void* out, bool out_fp32) const {
     mok::gemm::WeightGradArgs w;
-    w.a = a.p;
+    w.a = a.get();
     w.ld_a = m;
-    w.b = b.p;
+    w.b = b.get();
     w.ld_b = n;
     w.out = out;
     w.ld_out = n;
@@ -1255,13 +1259,13 @@ struct WgradOperands {
 // A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
 // sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
 TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({300, 0, 700, 129, 64});
   const int G = l.groups(), m = 192, n = 320;
   const int split = 640;  // a multiple of 128: inside group 2's segment [384, 1152)
   const WgradOperands ops(l, m, n);
   const std::size_t elems = std::size_t(G) * m * n;
-  Buffer<float> whole(elems), parts(elems), added(elems);
+  DeviceBuffer<float> whole(elems), parts(elems), added(elems);
   std::vector<int> s1(G + 1), r1(G), s2(G + 1), r2(G);
   for (int g = 0; g <= G; ++g) {
     s1[g] = std::min(l.starts[g], split);
@@ -1270,7 +1274,7 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
     r1[g] = std::max(0, std::min(l.starts[g] + l.counts[g], split) - l.starts[g]);
     r2[g] = std::max(0, l.starts[g] + l.counts[g] - s2[g]);
   }
-  Buffer<int> d_s1(G + 1), d_r1(G), d_s2(G + 1), d_r2(G);
+  DeviceBuffer<int> d_s1(G + 1), d_r1(G), d_s2(G + 1), d_r2(G);
   d_s1.upload(s1);
   d_r1.upload(r1);
   d_s2.upload(s2);
@@ -1284,16 +1288,16 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   };
   whole.poison();
   parts.poison();
-  launch(l.segments(), whole.p, false, false);
-  launch(RowSegments{d_s1.p, d_r1.p, G, l.capacity, 0}, parts.p, false, false);
-  launch(RowSegments{d_s2.p, d_r2.p, G, l.capacity, 0}, parts.p, true, false);
+  launch(l.segments(), whole.get(), false, false);
+  launch(RowSegments{d_s1.get(), d_r1.get(), G, l.capacity, 0}, parts.get(), false, false);
+  launch(RowSegments{d_s2.get(), d_r2.get(), G, l.capacity, 0}, parts.get(), true, false);
   std::vector<float> base(elems);
   for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
   added.upload(base);
-  launch(l.segments(), added.p, false, true);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto w = whole.host(), p = parts.host(), ad = added.host();
+  launch(l.segments(), added.get(), false, true);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto w = whole.download(), p = parts.download(), ad = added.download();
   EXPECT_EQ(std::memcmp(w.data(), p.data(), elems * 4), 0) << "split reduction differs";
   long long wrong = 0;
   for (std::size_t i = 0; i < elems; ++i) wrong += ad[i] != base[i] + w[i];
@@ -1323,7 +1327,7 @@ int host_pass_step(int start, int count, int g, int groups, int pass, int passes
 // and accumulated fp32 outputs; with more pass boundaries than groups the slots are per group.
 // Groups the plan skips are never written (poisoned outputs stay poisoned until their step).
 TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   // Rows per group: a group spanning many passes, empty groups, one in a single pass, odd counts.
   Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
   const int G = l.groups(), m = 192, n = 320;
@@ -1334,33 +1338,33 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
   std::vector<float> base(elems);
   for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
   enum class Out { bf16, fp32, fp32_accumulate };
-  Buffer<unsigned> tickets(2);
-  CUDA_OK(cudaMemset(tickets.p, 0, 2 * sizeof(unsigned)));
+  DeviceBuffer<unsigned> tickets(2);
+  MOK_CUDA_OK(cudaMemset(tickets.get(), 0, 2 * sizeof(unsigned)));
   auto args_for = [&](Out o, void* out) {
     mok::gemm::WeightGradArgs args = ops.args(out, o != Out::bf16);
     args.accumulate = o == Out::fp32_accumulate;
-    args.tickets = tickets.p;
+    args.tickets = tickets.get();
     return args;
   };
   for (Out o : {Out::bf16, Out::fp32, Out::fp32_accumulate}) {
     const std::size_t bytes = elems * (o == Out::bf16 ? 2 : 4);
-    Buffer<unsigned char> whole(bytes), parts(bytes);
-    auto reset = [&](Buffer<unsigned char>& out) {
+    DeviceBuffer<unsigned char> whole(bytes), parts(bytes);
+    auto reset = [&](DeviceBuffer<unsigned char>& out) {
       if (o == Out::fp32_accumulate) {
-        CUDA_OK(cudaMemcpy(out.p, base.data(), bytes, cudaMemcpyHostToDevice));
+        MOK_CUDA_OK(cudaMemcpy(out.get(), base.data(), bytes, cudaMemcpyHostToDevice));
       } else {
-        CUDA_OK(cudaMemset(out.p, 0xff, bytes));  // NaN in bf16 and fp32
+        MOK_CUDA_OK(cudaMemset(out.get(), 0xff, bytes));  // NaN in bf16 and fp32
       }
     };
     reset(whole);
-    mok::gemm::WeightGradArgs one = args_for(o, whole.p);
+    mok::gemm::WeightGradArgs one = args_for(o, whole.get());
     one.segments = l.segments();
     mok::gemm::weight_grad(one);
     for (int pass_rows : {640, 256, 128}) {
       const int passes = (l.starts.back() + pass_rows - 1) / pass_rows;
       const int slots = std::min(passes - 1, G);
-      Buffer<float> carry(std::size_t(std::max(slots, 1)) * m * n);
-      CUDA_OK(cudaMemset(carry.p, 0xff, carry.n * 4));
+      DeviceBuffer<float> carry(std::size_t(std::max(slots, 1)) * m * n);
+      MOK_CUDA_OK(cudaMemset(carry.get(), 0xff, carry.size() * 4));
       reset(parts);
       std::vector<int> steps_seen;
       for (int pass = 0; pass < passes; ++pass) {
@@ -1373,24 +1377,24 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
           steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
           steps_seen.push_back(steps[g] & 0xff);
         }
-        Buffer<int> d_starts(G + 1), d_rows(G), d_steps(G);
+        DeviceBuffer<int> d_starts(G + 1), d_rows(G), d_steps(G);
         d_starts.upload(starts);
         d_rows.upload(rows);
         d_steps.upload(steps);
         // The pass's rows: the row buffers from row r0 on (as the ring holds them).
-        mok::gemm::WeightGradArgs args = args_for(o, parts.p);
-        args.a = a.p + std::size_t(r0) * m;
-        args.b = b.p + std::size_t(r0) * n;
-        args.segments = RowSegments{d_starts.p, d_rows.p, G, l.capacity - r0, 0};
-        args.passes = {d_steps.p, carry.p, slots};
+        mok::gemm::WeightGradArgs args = args_for(o, parts.get());
+        args.a = a.get() + std::size_t(r0) * m;
+        args.b = b.get() + std::size_t(r0) * n;
+        args.segments = RowSegments{d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
+        args.passes = {d_steps.get(), carry.get(), slots};
         mok::gemm::weight_grad(args);
         if (pass > 0) {
           args.continue_reduction = true;
           mok::gemm::weight_grad(args);
         }
-        CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
+        MOK_CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
       }
-      CUDA_OK(cudaGetLastError());
+      MOK_CUDA_OK(cudaGetLastError());
       for (int step : {mok::gemm::kSkip, mok::gemm::kWhole, mok::gemm::kOpen, mok::gemm::kClose}) {
         EXPECT_NE(std::count(steps_seen.begin(), steps_seen.end(), step), 0)
             << "pass rows " << pass_rows << " never has step " << step;
@@ -1400,67 +1404,70 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
         EXPECT_NE(std::count(steps_seen.begin(), steps_seen.end(), mok::gemm::kCarry), 0);
       }
       std::vector<unsigned char> w(bytes), p(bytes);
-      CUDA_OK(cudaMemcpy(w.data(), whole.p, bytes, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy(p.data(), parts.p, bytes, cudaMemcpyDeviceToHost));
+      MOK_CUDA_OK(cudaMemcpy(w.data(), whole.get(), bytes, cudaMemcpyDeviceToHost));
+      MOK_CUDA_OK(cudaMemcpy(p.data(), parts.get(), bytes, cudaMemcpyDeviceToHost));
       EXPECT_EQ(std::memcmp(w.data(), p.data(), bytes), 0)
           << "output " << static_cast<int>(o) << ", pass rows " << pass_rows
           << ": the split reduction differs from the unsplit one";
     }
   }
-  EXPECT_EQ(tickets.host(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
+  EXPECT_EQ(tickets.download(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
 }
 
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of
 // a single launch (each launch has its own ticket counter pair, which its last CTA resets; the
 // automatic order may or may not use it).
 TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({900, 0, 77, 2000, 128, 1, 640});
   const int G = l.groups(), m = 192, n = 320;
   const WgradOperands ops(l, m, n);
   const std::size_t elems = std::size_t(G) * m * n;
   constexpr int kCopies = 6;
-  std::vector<std::unique_ptr<Buffer<__nv_bfloat16>>> outs;
-  for (int i = 0; i <= kCopies; ++i) outs.push_back(std::make_unique<Buffer<__nv_bfloat16>>(elems));
+  std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> outs;
+  for (int i = 0; i <= kCopies; ++i)
+    outs.push_back(std::make_unique<DeviceBuffer<__nv_bfloat16>>(elems));
   cudaStream_t streams[2];
-  for (auto& st : streams) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  Buffer<unsigned> pairs(2 * (kCopies + 1));  // the counter pair of outs[i]: pairs[2i, 2i + 2)
-  CUDA_OK(cudaMemset(pairs.p, 0, pairs.n * sizeof(unsigned)));
+  for (auto& st : streams) MOK_CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DeviceBuffer<unsigned> pairs(2 *
+                               (kCopies + 1));  // the counter pair of outs[i]: pairs[2i, 2i + 2)
+  MOK_CUDA_OK(cudaMemset(pairs.get(), 0, pairs.size() * sizeof(unsigned)));
   auto launch = [&](int i, cudaStream_t stream) {
-    mok::gemm::WeightGradArgs args = ops.args(outs[i]->p, false);
+    mok::gemm::WeightGradArgs args = ops.args(outs[i]->get(), false);
     args.segments = l.segments();
-    args.tickets = pairs.p + 2 * i;
+    args.tickets = pairs.get() + 2 * i;
     args.stream = stream;
     mok::gemm::weight_grad(args);
   };
   for (auto& o : outs) o->poison();
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   launch(0, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   for (int i = 1; i <= 4; ++i) launch(i, streams[i % 2]);
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeGlobal));
+  MOK_CUDA_OK(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeGlobal));
   launch(5, streams[0]);
   launch(6, streams[0]);
-  CUDA_OK(cudaStreamEndCapture(streams[0], &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  MOK_CUDA_OK(cudaStreamEndCapture(streams[0], &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
     outs[5]->poison();
     outs[6]->poison();
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaGraphLaunch(exec, streams[0]));
-    CUDA_OK(cudaStreamSynchronize(streams[0]));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    MOK_CUDA_OK(cudaGraphLaunch(exec, streams[0]));
+    MOK_CUDA_OK(cudaStreamSynchronize(streams[0]));
     for (int i = 1; i <= kCopies; ++i) {
       EXPECT_TRUE(bitwise_equal(*outs[0], *outs[i])) << "copy " << i << ", replay " << replay;
     }
   }
-  const auto h = outs[0]->host();
+  const auto h = outs[0]->download();
   long long nan = 0;
   for (const auto v : h) nan += std::isnan(__bfloat162float(v));
   EXPECT_EQ(nan, 0) << "unwritten output elements";
-  EXPECT_EQ(pairs.host(), std::vector<unsigned>(pairs.n, 0u)) << "a counter pair was not reset";
+  EXPECT_EQ(pairs.download(), std::vector<unsigned>(pairs.size(), 0u))
+      << "a counter pair was not reset";
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   for (auto& st : streams) cudaStreamDestroy(st);
@@ -1476,8 +1483,8 @@ struct TicketProblem {
   Layout layout;
   int m, n;
   bool continued;
-  Buffer<__nv_bfloat16> a, b;
-  Buffer<float> seed;
+  DeviceBuffer<__nv_bfloat16> a, b;
+  DeviceBuffer<float> seed;
   std::size_t out_elems;
   TicketProblem(const std::vector<int>& counts, int m_, int n_, bool continued_)
       : layout(counts),
@@ -1494,7 +1501,7 @@ struct TicketProblem {
     layout.poison_padding(b, n);
     if (continued) {
       std::vector<float> h(out_elems);
-      std::mt19937_64 rng(fresh_seed());
+      std::mt19937_64 rng(next_seed());
       for (auto& v : h) v = float(int(rng() % 2001) - 1000) / 256.0f;
       seed.upload(h);
     }
@@ -1502,7 +1509,7 @@ struct TicketProblem {
   // The output before a launch: the seed (continued) or poison.
   void reset(void* out, cudaStream_t stream) const {
     if (continued) {
-      cudaMemcpyAsync(out, seed.p, out_elems * 4, cudaMemcpyDeviceToDevice, stream);
+      cudaMemcpyAsync(out, seed.get(), out_elems * 4, cudaMemcpyDeviceToDevice, stream);
     } else {
       cudaMemsetAsync(out, 0xff, out_elems * 2, stream);
     }
@@ -1511,9 +1518,9 @@ struct TicketProblem {
     mok::gemm::WeightGradArgs args;
     args.order = mok::gemm::TileOrder::tickets;
     args.segments = layout.segments();
-    args.a = a.p;
+    args.a = a.get();
     args.ld_a = m;
-    args.b = b.p;
+    args.b = b.get();
     args.ld_b = n;
     args.out = out;
     args.ld_out = n;
@@ -1546,73 +1553,73 @@ bool same_bytes(const void* x, const void* y, std::size_t bytes) {
 // from 0 again: tiles computed twice, each time from the output, which a continued reduction
 // reads (so C's bits change). Run alone with --gtest_filter='*GemmTickets*' for that.
 TEST(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   const TicketProblem p(std::vector<int>{16384}, 256, 256, false);
   const TicketProblem c(std::vector<int>(64, 1024), 1024, 1024, true);
   // Pairs: 0, 1 the single launches; 2, 3 the streams; 4, 5 the graph.
-  Buffer<unsigned> pairs(12);
-  CUDA_OK(cudaMemset(pairs.p, 0, pairs.n * sizeof(unsigned)));
-  Buffer<unsigned char> want_p(p.out_bytes()), want_c(c.out_bytes()), got_p(p.out_bytes()),
+  DeviceBuffer<unsigned> pairs(12);
+  MOK_CUDA_OK(cudaMemset(pairs.get(), 0, pairs.size() * sizeof(unsigned)));
+  DeviceBuffer<unsigned char> want_p(p.out_bytes()), want_c(c.out_bytes()), got_p(p.out_bytes()),
       got_c(c.out_bytes()), graph_p(p.out_bytes()), graph_c(c.out_bytes());
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   // The single launches (also the first launch of each instantiation: attributes set before any
   // capture). As many plain as continued launches before every pair below.
-  p.reset(want_p.p, nullptr);
-  p.launch(want_p.p, pairs.p + 0, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  c.reset(want_c.p, nullptr);
-  c.launch(want_c.p, pairs.p + 2, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
+  p.reset(want_p.get(), nullptr);
+  p.launch(want_p.get(), pairs.get() + 0, nullptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  c.reset(want_c.get(), nullptr);
+  c.launch(want_c.get(), pairs.get() + 2, nullptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   {
-    const auto h = want_p.host();
+    const auto h = want_p.download();
     long long unwritten = 0;
     for (std::size_t i = 0; i + 1 < h.size(); i += 2) unwritten += h[i] == 0xff && h[i + 1] == 0xff;
     ASSERT_EQ(unwritten, 0) << "the single plain launch left output elements unwritten";
-    ASSERT_FALSE(same_bytes(want_c.p, c.seed.p, c.out_bytes()))
+    ASSERT_FALSE(same_bytes(want_c.get(), c.seed.get(), c.out_bytes()))
         << "the continued launch wrote nothing";
   }
 
   cudaStream_t s0, s1;
-  CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   for (int round = 0; round < 3; ++round) {
-    p.reset(got_p.p, s0);
-    c.reset(got_c.p, s1);
-    CUDA_OK(cudaDeviceSynchronize());
-    p.launch(got_p.p, pairs.p + 4, s0);
-    c.launch(got_c.p, pairs.p + 6, s1);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bytes(got_p.p, want_p.p, p.out_bytes()))
+    p.reset(got_p.get(), s0);
+    c.reset(got_c.get(), s1);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    p.launch(got_p.get(), pairs.get() + 4, s0);
+    c.launch(got_c.get(), pairs.get() + 6, s1);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bytes(got_p.get(), want_p.get(), p.out_bytes()))
         << "streams, round " << round << ": the plain wgrad differs from its single launch";
-    EXPECT_TRUE(same_bytes(got_c.p, want_c.p, c.out_bytes()))
+    EXPECT_TRUE(same_bytes(got_c.get(), want_c.get(), c.out_bytes()))
         << "streams, round " << round << ": the continued wgrad differs from its single launch";
   }
 
   cudaEvent_t fork, join;
-  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  MOK_CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  MOK_CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
-  CUDA_OK(cudaEventRecord(fork, s0));
-  CUDA_OK(cudaStreamWaitEvent(s1, fork, 0));
-  p.reset(graph_p.p, s0);
-  p.launch(graph_p.p, pairs.p + 8, s0);
-  c.reset(graph_c.p, s1);
-  c.launch(graph_c.p, pairs.p + 10, s1);
-  CUDA_OK(cudaEventRecord(join, s1));
-  CUDA_OK(cudaStreamWaitEvent(s0, join, 0));
-  CUDA_OK(cudaStreamEndCapture(s0, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  MOK_CUDA_OK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal));
+  MOK_CUDA_OK(cudaEventRecord(fork, s0));
+  MOK_CUDA_OK(cudaStreamWaitEvent(s1, fork, 0));
+  p.reset(graph_p.get(), s0);
+  p.launch(graph_p.get(), pairs.get() + 8, s0);
+  c.reset(graph_c.get(), s1);
+  c.launch(graph_c.get(), pairs.get() + 10, s1);
+  MOK_CUDA_OK(cudaEventRecord(join, s1));
+  MOK_CUDA_OK(cudaStreamWaitEvent(s0, join, 0));
+  MOK_CUDA_OK(cudaStreamEndCapture(s0, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
-    CUDA_OK(cudaGraphLaunch(exec, s0));
-    CUDA_OK(cudaStreamSynchronize(s0));
-    EXPECT_TRUE(same_bytes(graph_p.p, want_p.p, p.out_bytes()))
+    MOK_CUDA_OK(cudaGraphLaunch(exec, s0));
+    MOK_CUDA_OK(cudaStreamSynchronize(s0));
+    EXPECT_TRUE(same_bytes(graph_p.get(), want_p.get(), p.out_bytes()))
         << "graph replay " << replay << ": the plain wgrad differs from its single launch";
-    EXPECT_TRUE(same_bytes(graph_c.p, want_c.p, c.out_bytes()))
+    EXPECT_TRUE(same_bytes(graph_c.get(), want_c.get(), c.out_bytes()))
         << "graph replay " << replay << ": the continued wgrad differs from its single launch";
   }
-  EXPECT_EQ(pairs.host(), std::vector<unsigned>(pairs.n, 0u))
+  EXPECT_EQ(pairs.download(), std::vector<unsigned>(pairs.size(), 0u))
       << "a launch's last CTA did not reset its counter pair";
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -1626,41 +1633,41 @@ TEST(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches
 // TileOrder::tickets launch computes nothing (the output stays poisoned), and its last CTA still
 // puts the pair back to zero.
 TEST(GemmTickets, TilesComeFromTheCallersPair) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   const TicketProblem p(std::vector<int>{300, 0, 77}, 192, 320, false);
-  Buffer<unsigned> pair(2);
+  DeviceBuffer<unsigned> pair(2);
   pair.upload({1u << 30, 0u});
-  Buffer<unsigned char> out(p.out_bytes());
-  p.reset(out.p, nullptr);
-  p.launch(out.p, pair.p, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto h = out.host();
+  DeviceBuffer<unsigned char> out(p.out_bytes());
+  p.reset(out.get(), nullptr);
+  p.launch(out.get(), pair.get(), nullptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto h = out.download();
   long long written = 0;
   for (const auto v : h) written += v != 0xff;
   EXPECT_EQ(written, 0) << "tiles were computed though the counter was past the last one";
-  EXPECT_EQ(pair.host(), (std::vector<unsigned>{0, 0})) << "the pair was not reset";
+  EXPECT_EQ(pair.download(), (std::vector<unsigned>{0, 0})) << "the pair was not reset";
   // And from zero, the same pair gives the whole result.
-  p.reset(out.p, nullptr);
-  p.launch(out.p, pair.p, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
+  p.reset(out.get(), nullptr);
+  p.launch(out.get(), pair.get(), nullptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   long long unwritten = 0;
-  const auto g = out.host();
+  const auto g = out.download();
   for (std::size_t i = 0; i + 1 < g.size(); i += 2) unwritten += g[i] == 0xff && g[i + 1] == 0xff;
   EXPECT_EQ(unwritten, 0);
 }
 
 TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({100});
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), out(64 * 64);
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), out(64 * 64);
   mok::gemm::WeightGradArgs args;
   args.segments = l.segments();
   args.order = mok::gemm::TileOrder::tickets;
-  args.a = a.p;
+  args.a = a.get();
   args.ld_a = 64;
-  args.b = a.p;
+  args.b = a.get();
   args.ld_b = 64;
-  args.out = out.p;
+  args.out = out.get();
   args.ld_out = 64;
   args.m = 64;
   args.n = 64;
@@ -1672,7 +1679,7 @@ TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
   }
   args.order = mok::gemm::TileOrder::fixed;  // fine without counters
   EXPECT_NO_THROW(mok::gemm::weight_grad(args));
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1683,27 +1690,27 @@ __global__ void set_counts_kernel(int* counts, const int* values, int n) {
 }
 
 TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   const int n = 256, k = 320;
   // Segments sized for 384 rows each; the counts live on the device and change between replays.
   Layout l(std::vector<int>{384, 384, 384, 384});
   const int G = l.groups();
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * n * k),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * n * k),
       out(std::size_t(l.capacity) * n);
   fill_random(a, 1.0f);
   fill_random(w, 0.1f);
   const std::vector<std::vector<int>> count_sets = {
       {384, 0, 17, 200}, {1, 383, 0, 129}, {0, 0, 0, 0}};
-  Buffer<int> values(G);
+  DeviceBuffer<int> values(G);
   cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   mok::gemm::RowsTimesWeightTArgs args;
   args.segments = l.segments();
-  args.a = a.p;
+  args.a = a.get();
   args.ld_a = k;
-  args.w = w.p;
-  args.out = out.p;
+  args.w = w.get();
+  args.out = out.get();
   args.ld_out = n;
   args.n = n;
   args.k = k;
@@ -1711,21 +1718,22 @@ TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   // One launch before capture, so first-use set-up (kernel attributes, the timeout report's
   // pinned memory) stays out of the captured region.
   values.upload(count_sets[0]);
-  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.p, values.p, G);
+  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.get(), values.get(), G);
   mok::gemm::rows_times_weight_t(args);
-  CUDA_OK(cudaStreamSynchronize(stream));
+  MOK_CUDA_OK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.p, values.p, G);  // sizes set on the device
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.get(), values.get(),
+                                          G);  // sizes set on the device
   mok::gemm::rows_times_weight_t(args);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (const auto& counts : count_sets) {
     values.upload(counts);
     out.poison();
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MOK_CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<int> rows, groups;
     for (int g = 0; g < G; ++g) {
       for (int r = 0; r < counts[g]; r += 7) {
@@ -1740,7 +1748,7 @@ TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
     EXPECT_EQ(e.nan, 0);
     EXPECT_LE(e.rel(), kU);
     // Rows past each group's current count stay poisoned.
-    const auto h = out.host();
+    const auto h = out.download();
     long long written = 0;
     for (int g = 0; g < G; ++g) {
       for (long long r = l.starts[g] + counts[g]; r < l.starts[g + 1]; ++r) {
@@ -1771,11 +1779,11 @@ template <class Launch>
 void expect_stalled_launch_gives_up(mok::gemm::TimeoutReport& report_to,
                                     mok::gemm::TimeoutReport& other, Launch&& launch_stalled) {
   ASSERT_EQ(report_to.take(), "") << "a fresh report is empty";
-  CUDA_OK(cudaDeviceSynchronize());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   const auto t0 = std::chrono::steady_clock::now();
   launch_stalled();
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());  // returns (no hang) and succeeds (no trap)
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());  // returns (no hang) and succeeds (no trap)
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(report_to.peek(), report_to.peek()) << "peek() changed the report";
@@ -1790,11 +1798,11 @@ void expect_stalled_launch_gives_up(mok::gemm::TimeoutReport& report_to,
 }
 
 TEST(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(fresh_seed());
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   Layout l({200, 77, 300});  // 6 M tiles: 6 or 12 tiles, fewer than the CTAs
   const int G = l.groups(), n = 256, k = 192;
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * k), w(std::size_t(G) * k * n),
       out(std::size_t(l.capacity) * n), out2(std::size_t(l.capacity) * n);
   fill_random(a, 1.0f);
   fill_random(w, 2.0f / std::sqrt(float(k)));
@@ -1803,9 +1811,9 @@ TEST(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
   auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits, int stall_block = -1) {
     mok::gemm::RowsTimesWeightArgs args;
     args.segments = l.segments();
-    args.a = a.p;
+    args.a = a.get();
     args.ld_a = k;
-    args.w = w.p;
+    args.w = w.get();
     args.out = dst;
     args.ld_out = n;
     args.n = n;
@@ -1818,13 +1826,13 @@ TEST(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
     }
   };
   expect_stalled_launch_gives_up(report, other, [&] {
-    launch(out.p, {kShortTimeoutNs, &report}, 0);
+    launch(out.get(), {kShortTimeoutNs, &report}, 0);
   });
   // The next launch in this process, on the same context: right, and leaves no report.
   out.poison();
-  launch(out.p, {.report = &report});
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out.get(), {.report = &report});
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> rows, groups;
   l.sample_rows(40, rng, rows, groups);
   const auto ref = reference_rows(a, k, w, 1, rows, groups, n, k);
@@ -1835,22 +1843,22 @@ TEST(GemmWaits, StalledDgradEndsWithAReportAndTheNextLaunchIsRight) {
   EXPECT_LE(e.rel(), kU);
   EXPECT_EQ(written_padding(out, n, l), 0) << "padding rows were written";
   out2.poison();
-  launch(out2.p, {.report = &report});
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out2.get(), {.report = &report});
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
   EXPECT_EQ(report.take(), "") << "a launch that did not stall left a report";
 }
 
 // The K-grouped form: its Consumers take tiles from the queue, so they must all see its end.
 TEST(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({150, 0, 64});  // 3, 0 and 1 K blocks; 6 or 12 tiles
   const int G = l.groups(), m = 256, n = 256;
   const WgradOperands ops(l, m, n);
   const auto& a = ops.a;
   const auto& b = ops.b;
   const std::size_t elems = std::size_t(G) * m * n;
-  Buffer<__nv_bfloat16> out(elems), out2(elems);
+  DeviceBuffer<__nv_bfloat16> out(elems), out2(elems);
   mok::gemm::TimeoutReport report, other;
   auto launch = [&](__nv_bfloat16* dst, mok::gemm::WaitOptions waits, int stall_block = -1) {
     mok::gemm::WeightGradArgs args = ops.args(dst, false);
@@ -1863,12 +1871,12 @@ TEST(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
     }
   };
   expect_stalled_launch_gives_up(report, other, [&] {
-    launch(out.p, {kShortTimeoutNs, &report}, 0);
+    launch(out.get(), {kShortTimeoutNs, &report}, 0);
   });
   out.poison();
-  launch(out.p, {.report = &report});
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out.get(), {.report = &report});
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   // Every output row of every group against the fp32 reference.
   std::vector<int> groups, ms;
   for (int g = 0; g < G; ++g) {
@@ -1877,38 +1885,38 @@ TEST(GemmWaits, StalledWgradEndsWithAReportAndTheNextLaunchIsRight) {
       ms.push_back(r);
     }
   }
-  Buffer<int> d_groups(groups.size()), d_ms(ms.size());
+  DeviceBuffer<int> d_groups(groups.size()), d_ms(ms.size());
   d_groups.upload(groups);
   d_ms.upload(ms);
-  Buffer<float> ref(groups.size() * std::size_t(n));
+  DeviceBuffer<float> ref(groups.size() * std::size_t(n));
   ref_wgrad_kernel<<<dim3((n + 127) / 128, groups.size()), 128>>>(
-      a.p, m, b.p, n, l.d_starts.p, l.d_counts.p, d_groups.p, d_ms.p,
-      static_cast<int>(groups.size()), n, ref.p);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto href = ref.host();
-  const auto got = out.host();
+      a.get(), m, b.get(), n, l.d_starts.get(), l.d_counts.get(), d_groups.get(), d_ms.get(),
+      static_cast<int>(groups.size()), n, ref.get());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto href = ref.download();
+  const auto got = out.download();
   ErrorNorm e;
   for (std::size_t i = 0; i < elems; ++i) e.add(__bfloat162float(got[i]), href[i]);
   EXPECT_EQ(e.nan, 0);
   EXPECT_LE(e.rel(), kU);
   out2.poison();
-  launch(out2.p, {.report = &report});
-  CUDA_OK(cudaDeviceSynchronize());
+  launch(out2.get(), {.report = &report});
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(bitwise_equal(out, out2)) << "two runs after the stalled one differ";
   EXPECT_EQ(report.take(), "") << "a launch that did not stall left a report";
 }
 
 TEST(GemmArguments, WaitTimeoutMustBePositive) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   Layout l({100});
-  Buffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
+  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * 64), w(64 * 64),
       x(std::size_t(l.capacity) * 64);
   mok::gemm::RowsTimesWeightTArgs args;
   args.segments = l.segments();
-  args.a = a.p;
+  args.a = a.get();
   args.ld_a = 64;
-  args.w = w.p;
-  args.out = x.p;
+  args.w = w.get();
+  args.out = x.get();
   args.ld_out = 64;
   args.n = 64;
   args.k = 64;

@@ -61,7 +61,7 @@ int test_runs() {
 }
 
 TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase& c = GetParam();
   const std::uint64_t seed = test_seed();
   LayerData d = make_case(c, seed);
@@ -112,7 +112,7 @@ std::pair<int, int> spanning_experts(const LayerData& d, std::int64_t pass_rows)
 // of the default config; in each run some experts' weight gradients are carried in fp32 across
 // passes and others are stored in the pass that holds all their rows (the pass plan).
 TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"passes", layer_shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
   const std::uint64_t seed = test_seed();
   LayerData one = make_case(c, seed);
@@ -146,7 +146,7 @@ TEST(LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
 // layer. With one pass no pass scratch and no fp32 carries, with several the carries of
 // min(passes - 1, E_local) experts only.
 TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   struct Case {
     Problem problem;
     Config config;
@@ -194,7 +194,7 @@ TEST(LayerGpuMemory, ThePlanIsWhatTheLayerAllocates) {
 
 // fp32 weight gradients, written and accumulated (main-grad): accumulate = old + fresh.
 TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"fp32", layer_shape(200, 128, 128, 4, 2, 64), Routing::softmax, false};
   const std::uint64_t seed = test_seed();
   for (std::int64_t macro : {4096, 128}) {
@@ -282,7 +282,7 @@ void expect_captured_step_replays(const GpuCase& c, const Config& config,
 }
 
 TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"graph", layer_shape(150, 128, 128, 6, 2, 64), Routing::softmax, false};
   expect_captured_step_replays(c, Config{},
                                {Routing::softmax, Routing::skewed, Routing::one_expert}, 1);
@@ -290,7 +290,7 @@ TEST(LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
 
 // An id outside [-1, E) never writes out of bounds; the call after it raises an error naming it.
 TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"bad", layer_shape(40, 64, 64, 4, 2, 0), Routing::softmax, false};
   LayerData d = make_case(c, test_seed());
   d.topk_experts.set(13 * 2 + 1, 4);  // E = 4: out of range
@@ -314,7 +314,7 @@ TEST(LayerGpuValidation, BadExpertIdIsReportedByTheNextCall) {
 // Workspaces of different shapes share the schedule kernel: one made later (fewer experts, less
 // shared memory) must not break the earlier one's launches.
 TEST(LayerGpuValidation, WorkspacesOfOtherShapesDoNotBreakEachOther) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase wide{"many", layer_shape(40, 64, 64, 64, 4, 0), Routing::softmax, false};
   const GpuCase narrow{"few", layer_shape(40, 64, 64, 2, 1, 0), Routing::softmax, false};
   LayerData a = make_case(wide, test_seed()), b = make_case(narrow, test_seed());
@@ -335,7 +335,7 @@ TEST(LayerGpuValidation, WorkspacesOfOtherShapesDoNotBreakEachOther) {
 // A view that is not 16-byte aligned (the kernels move 16-byte vectors) is refused by name before
 // any launch; the workspace and the process go on working.
 TEST(LayerGpuValidation, MisalignedViewsAreRefusedByName) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"align", layer_shape(24, 64, 64, 4, 2, 64), Routing::softmax, false};
   LayerData d = make_case(c, test_seed());
   DeviceLayer g(d);
@@ -379,7 +379,7 @@ TEST(LayerGpuValidation, MisalignedViewsAreRefusedByName) {
 // Forward every layer, then backward every layer in reverse: the bits of each layer run alone,
 // with no recompute; recompute_forward_context writes the forward's context bit for bit.
 TEST(LayerGpuContext, LayersShareOneWorkspaceAndRecomputeIsBitwise) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const std::uint64_t seed = test_seed();
   for (std::int64_t macro : {4096, 128}) {  // one ring pass, and several
     const GpuCase c{"shared_ws", layer_shape(150, 128, 128, 5, 3, 64), Routing::skewed, false};
@@ -532,7 +532,7 @@ void expect_single_gpu_bits(const LayerData& one, const LayerData& many, const s
 // (src_rank, t, j) = (global token, j), every GEMM row and every reduction runs the same
 // operations in the same order, and segments start on tile boundaries in both layouts.
 TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const std::int64_t T = 64, H = 128, I = 128, E = 16, k = 4, S = 64;
   const std::uint64_t seed = test_seed();
   for (int W : {2, 4, 8}) {
@@ -598,7 +598,7 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 }();
 
 TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   constexpr int kRepetitions = 20;
   constexpr std::uint64_t kTimeoutMs = 2000;  // a passing run takes about 0.1 s
   const std::int64_t T = 48, H = 128, I = 128, E = 16, k = 4, S = 64;
@@ -692,7 +692,7 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
 // A rank that never calls: the others' first wait for it gives up within the bound, and the next
 // call raises mok::Error naming the rank and the flag it waited for, instead of hanging.
 TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const std::int64_t T = 16, H = 64, I = 64, E = 4, k = 2, S = 0;
   const Problem global = layer_shape(2 * T, H, I, E, k, S);
   LayerData data = make_layer_data(global, DType::bf16, test_seed() + 5, Routing::softmax);
@@ -754,7 +754,7 @@ Config fused_config(int comm, std::int64_t minibatch, std::int64_t macrobatch) {
 // shapes, and one of the minibatch's rows: many stages), the ring (one pass and several) and
 // fwd_num_comm_sms (MoK's knob, which mok accepts and does not need); ten runs the same bits.
 TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const std::uint64_t seed = test_seed();
   const GpuCase cases[] = {
       {"uniform_shared", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false},
@@ -798,7 +798,7 @@ TEST(LayerGpuFused, ForwardIsBitwiseTheUnfused) {
 // One multi-tile forward each way (5 blocks of rows, 8 experts, a shared expert, minibatches and
 // megakernel stages of one block): the case the sanitizers run (scripts/gpu-fused).
 TEST(LayerGpuFused, OneMultiTileForward) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"sanitized", layer_shape(257, 128, 192, 8, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
   const Config config = fused_config(40, 128, 0);
@@ -811,7 +811,7 @@ TEST(LayerGpuFused, OneMultiTileForward) {
 // The clamped SwiGLU (swiglu_limit) in the megakernel: the unfused forward's bits, at limits that
 // clamp many values and few.
 TEST(LayerGpuFused, ClampedForwardIsBitwiseTheUnfused) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"clamped", layer_shape(300, 256, 192, 8, 3, 64), Routing::skewed, false};
   for (float limit : {0.05f, 0.5f, 7.0f}) {
     LayerData d = make_case(c, test_seed());
@@ -829,7 +829,7 @@ TEST(LayerGpuFused, ClampedForwardIsBitwiseTheUnfused) {
 // W virtual ranks, each rank's megakernel launch in turn: every rank's out and context are the
 // unfused path's bits.
 TEST(LayerGpuFused, VirtualRanksAreBitwiseTheUnfused) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const std::int64_t T = 64, H = 128, I = 128, E = 16, k = 4, S = 64;
   const std::uint64_t seed = test_seed();
   for (int W : {2, 4, 8}) {
@@ -883,7 +883,7 @@ void expect_forward_gives(cuda::Layer& layer, std::span<const cuda::RankTensors>
 // returns (no hang, no trap), the next check raises an error naming the counter, and the next
 // call works and is right.
 TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"withheld", layer_shape(600, 128, 128, 4, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
   const HostTensor reference = forward_bits(d, fused_config(8, 128, 0), ForwardPath::launches).out;
@@ -908,7 +908,7 @@ TEST(LayerGpuFused, AWithheldPullTimesOutWithAReport) {
 // The fused forward on a team across processes is refused, naming the knob, until a multi-GPU
 // run has tested it: when the layer is made and when a test switches an existing layer to it.
 TEST(LayerGpuFused, ATeamAcrossProcessesRefusesTheFusedForward) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   Problem problem = layer_shape(64, 64, 64, 4, 2, 0);
   problem.ep_size = 2;
   problem.ep_rank = 0;
@@ -934,7 +934,7 @@ TEST(LayerGpuFused, ATeamAcrossProcessesRefusesTheFusedForward) {
 // library's has none of its code). A trace with room for fewer tickets than the launch has
 // stamps only those: nothing is written past its words.
 TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   // I 192: 2 gate/up tiles per block; H 128: 1 down tile; S 64 over 600 tokens: 5 shared blocks.
   const GpuCase c{"traced", layer_shape(600, 128, 192, 4, 2, 64), Routing::skewed, false};
   const LayerData d = make_case(c, test_seed());
@@ -1027,7 +1027,7 @@ TEST(LayerGpuFused, TheTraceStampsEveryTileOnce) {
 
 // A whole step with the megakernel forward, captured once and replayed with new routings.
 TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"graph", layer_shape(300, 128, 128, 6, 2, 64), Routing::softmax, false};
   Config config = fused_config(8, 128, 256);  // several passes
   config.forward_path = ForwardPath::fused;
@@ -1041,10 +1041,9 @@ TEST(LayerGpuFused, CapturedStepReplaysWithNewRoutings) {
 // calls give on one stream, call after call (the shared scratch is never raced). The shape is
 // large enough that unordered calls would overlap.
 TEST(LayerGpuStreams, LayersSharingAWorkspaceOnTwoStreamsGiveTheOneStreamBits) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const Problem p = layer_shape(2048, 512, 256, 16, 4, 128);
   const std::uint64_t seed = test_seed();
-  std::printf("[ mok ] seed %llu\n", static_cast<unsigned long long>(seed));
   for (ForwardPath path : {ForwardPath::launches, ForwardPath::fused}) {
     Config config;
     config.forward_path = path;
@@ -1090,7 +1089,7 @@ TEST(LayerGpuStreams, LayersSharingAWorkspaceOnTwoStreamsGiveTheOneStreamBits) {
 // A stall is reported by the layer whose call stalled, at its next check, never by another
 // layer on the same device; the other layer's results are right meanwhile.
 TEST(LayerGpuFused, AStallIsReportedByTheLayerThatStalled) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const GpuCase c{"stall", layer_shape(600, 128, 128, 4, 2, 64), Routing::softmax, false};
   const LayerData d = make_case(c, test_seed());
   const HostTensor reference = forward_bits(d, fused_config(8, 128, 0), ForwardPath::launches).out;

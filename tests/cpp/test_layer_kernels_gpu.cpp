@@ -82,7 +82,7 @@ enum class PullMode { forward, scaled, row_weights };
 class TransferGpu : public ::testing::TestWithParam<std::tuple<int, PullMode>> {};
 
 TEST_P(TransferGpu, PullThenPushOverPassesMatchesTheTable) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const auto [W, mode] = GetParam();
   const bool backward = mode != PullMode::forward;
   std::mt19937_64 rng(test_seed() + W);
@@ -202,7 +202,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TransferGpu,
 // batch, with and without the rank's own x read in place; and the backward's form, the rows
 // unscaled with their router weights beside them (row_weights), likewise.
 TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   for (bool with_weights : {false, true})
     for (int W : {1, 3, 8})
       for (std::int64_t hidden : {192, 2112})
@@ -283,7 +283,7 @@ TEST(TransferGpu, TokenOrderPullIsTheRowOrderPullBitwise) {
 // The row count is read on the device: a captured graph replayed after the count changed moves
 // exactly the new rows.
 TEST(TransferGpu, RowCountComesFromDeviceMemoryInsideAGraph) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   std::mt19937_64 rng(test_seed());
   const RowGeometry g{.tokens = 64, .topk = 2, .hidden = 64, .ranks = 1};
   std::vector<std::int32_t> table(128);
@@ -336,7 +336,7 @@ void PrintTo(const HomeCase& c, std::ostream* os) {
 class HomeReduceGpu : public ::testing::TestWithParam<HomeCase> {};
 
 TEST_P(HomeReduceGpu, BitwiseTheReferenceOrder) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const HomeCase c = GetParam();
   std::mt19937_64 rng(test_seed() + c.T);
   std::vector<std::int64_t> ids(c.T * c.k);
@@ -387,7 +387,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HomeReduceGpu,
 // summed in chunk order on the expert side and pushed into its home slot, then copied out at home
 // (0 for unused and invalid slots). Bitwise the host's float sum in the same order.
 TEST(RouterGradGpu, PushOverPassesThenGatherIsTheChunkOrderSum) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   std::mt19937_64 rng(test_seed());
   for (int W : {1, 3}) {
     const RowGeometry g{.tokens = 45, .topk = 4, .hidden = 64, .ranks = W};
@@ -468,7 +468,7 @@ TEST(RouterGradGpu, PushOverPassesThenGatherIsTheChunkOrderSum) {
 // kClose; kSkip in every other pass; the carry slots of experts whose sums are open at the same
 // time differ, and stay below min(passes - 1, E).
 TEST(PassSegmentsGpu, ClipsTheScheduleToEachPassAndPlansTheCarries) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   std::mt19937_64 rng(test_seed());
   for (int E : {1, 5, 300}) {
     for (const std::int64_t M : {512, 128}) {

@@ -1,8 +1,9 @@
 // GPU unit tests of the PTX wrappers (src/cuda/ptx), one wrapper family at a time: each a small
 // kernel whose output is compared exactly with what the host expects. Outputs are poisoned first,
-// so anything left unwritten fails; inputs are random every run (the seed is in the trace).
-// Waits are bounded and give up instead of trapping, so a broken wrapper fails its own test without
-// poisoning the CUDA context for the others. Skipped without an sm_90 GPU.
+// so anything left unwritten fails; inputs are random every run (printed, and replayed with
+// MOK_TEST_SEED: test_seed.hpp). Waits are bounded and give up instead of trapping, so a broken
+// wrapper fails its own test without poisoning the CUDA context for the others. Skipped (visibly)
+// without an sm_90 GPU.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -25,21 +26,16 @@
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
-#include "hopper_test.hpp"
+#include "gpu_buffer.hpp"
+#include "test_seed.hpp"
 
 namespace {
 
-using mok::test::Buffer;
-using mok::test::fresh_seed;
+using mok::test::DeviceBuffer;
+using mok::test::next_seed;
 
 namespace ptx = mok::ptx;
 using mok::gemm::kChunkBytes;
-
-#define CUDA_OK(expr)                                                      \
-  do {                                                                     \
-    const cudaError_t e_ = (expr);                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
-  } while (0)
 
 constexpr std::uint16_t kPoison16 = 0xffff;
 
@@ -135,14 +131,14 @@ __global__ void mbarrier_parity_kernel(int* out) {
 }
 
 TEST(PtxMbarrier, ParityOfOneThreadsPhases) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   const std::vector<int> want = {1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0};
-  Buffer<int> out(want.size());
+  DeviceBuffer<int> out(want.size());
   out.poison();
-  mbarrier_parity_kernel<<<1, 1>>>(out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(out.host(), want)
+  mbarrier_parity_kernel<<<1, 1>>>(out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.download(), want)
       << "probes: wait(1) fresh, try(1) fresh, try(0) fresh, test(1) fresh, test(0) fresh, "
          "try(0) after 1 of 2 arrivals, try(0) after 2, try(1) after 2, test(0) after 2, wait(0), "
          "try(1) after 4, try(0) after 4";
@@ -179,9 +175,9 @@ __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uin
 }
 
 TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   constexpr std::uint64_t kShortNs = 2'000'000, kLongNs = 10'000'000'000ull;
-  Buffer<std::uint64_t> out(2);
+  DeviceBuffer<std::uint64_t> out(2);
   struct Case {
     int mode;
     std::uint64_t timeout_ns;
@@ -197,10 +193,10 @@ TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
   for (const Case& c : cases) {
     SCOPED_TRACE("mode " + std::to_string(c.mode));
     out.poison();
-    bounded_wait_kernel<<<1, 64>>>(c.mode, c.timeout_ns, out.p);
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());  // no trap: the context survives every case
-    const auto r = out.host();
+    bounded_wait_kernel<<<1, 64>>>(c.mode, c.timeout_ns, out.get());
+    MOK_CUDA_OK(cudaGetLastError());
+    MOK_CUDA_OK(cudaDeviceSynchronize());  // no trap: the context survives every case
+    const auto r = out.download();
     EXPECT_EQ(r[0], static_cast<std::uint64_t>(c.want));
     EXPECT_GE(r[1], c.min_ns);
     EXPECT_LE(r[1], c.max_ns);
@@ -245,21 +241,19 @@ __global__ void mbarrier_pipeline_kernel(const std::uint32_t* values, std::uint3
 }
 
 TEST(PtxMbarrier, PhasesAcrossWarps) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   std::vector<std::uint32_t> values(kPhases * kProducerThreads);
   for (auto& v : values) v = static_cast<std::uint32_t>(rng());
-  Buffer<std::uint32_t> d_values(values), out(values.size());
-  Buffer<int> timeouts(1);
+  DeviceBuffer<std::uint32_t> d_values(values), out(values.size());
+  DeviceBuffer<int> timeouts(1);
   out.poison();
-  CUDA_OK(cudaMemset(timeouts.p, 0, sizeof(int)));
-  mbarrier_pipeline_kernel<<<1, kProducerThreads + 32>>>(d_values.p, out.p, timeouts.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(timeouts.host()[0], 0) << "a wait timed out";
-  const auto got = out.host();
+  MOK_CUDA_OK(cudaMemset(timeouts.get(), 0, sizeof(int)));
+  mbarrier_pipeline_kernel<<<1, kProducerThreads + 32>>>(d_values.get(), out.get(), timeouts.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(timeouts.download()[0], 0) << "a wait timed out";
+  const auto got = out.download();
   Mismatches bad;
   for (int p = 0; p < kPhases; ++p) {
     for (int t = 0; t < kProducerThreads; ++t) {
@@ -320,30 +314,28 @@ void run_tma_load(const Matrix& m, int box_rows, int c0, int c1, std::mt19937_64
   SCOPED_TRACE("box at (" + std::to_string(c0) + ", " + std::to_string(c1) + "), " +
                std::to_string(box_rows) + " rows");
   const auto matrix = random_words(static_cast<std::size_t>(m.rows) * m.ld, rng);
-  Buffer<std::uint16_t> d_matrix(matrix);
-  const CUtensorMap map =
-      mok::gemm::make_tensor_map_bf16(d_matrix.p, m.rows, m.cols, m.ld, box_rows, "test matrix");
+  DeviceBuffer<std::uint16_t> d_matrix(matrix);
+  const CUtensorMap map = mok::gemm::make_tensor_map_bf16(d_matrix.get(), m.rows, m.cols, m.ld,
+                                                          box_rows, "test matrix");
   const std::uint32_t box_bytes = box_rows * 128;
-  Buffer<std::uint16_t> out(box_bytes / 2);
-  Buffer<int> probes(2);
+  DeviceBuffer<std::uint16_t> out(box_bytes / 2);
+  DeviceBuffer<int> probes(2);
   out.poison();
   probes.poison();
-  CUDA_OK(cudaMemset(probes.p, 0, sizeof(int)));
-  tma_load_kernel<<<1, 128, box_bytes + 1024>>>(map, c0, c1, box_bytes,
-                                                reinterpret_cast<std::uint8_t*>(out.p), probes.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto p = probes.host();
+  MOK_CUDA_OK(cudaMemset(probes.get(), 0, sizeof(int)));
+  tma_load_kernel<<<1, 128, box_bytes + 1024>>>(
+      map, c0, c1, box_bytes, reinterpret_cast<std::uint8_t*>(out.get()), probes.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto p = probes.download();
   EXPECT_EQ(p[0], 0) << "the wait for the TMA's bytes timed out";
   EXPECT_EQ(p[1], 0) << "the phase completed before the expected bytes arrived";
-  check_box(out.host(), matrix, m, box_rows, c0, c1, "box element");
+  check_box(out.download(), matrix, m, box_rows, c0, c1, "box element");
 }
 
 TEST(PtxTma, LoadBoxesInsideTheMatrix) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   const Matrix m{300, 296, 304};
   for (int box_rows : {8, 64, 128, 256}) {
     const int c0 = 8 * static_cast<int>(rng() % ((m.cols - 64) / 8 + 1));
@@ -353,10 +345,8 @@ TEST(PtxTma, LoadBoxesInsideTheMatrix) {
 }
 
 TEST(PtxTma, LoadBoxesPartlyOutsideTheMatrixGiveZeros) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   const Matrix m{77, 200, 208};  // columns [200, 208) are padding, outside the tensor
   run_tma_load(m, 64, m.cols - 24, m.rows - 10, rng);  // past the right and bottom edges
   run_tma_load(m, 64, -16, -3, rng);                   // before the left and top edges
@@ -397,17 +387,18 @@ __global__ void tma_store_kernel(const __grid_constant__ CUtensorMap map, const 
 void run_tma_store(const Matrix& m, int c0, int c1, std::mt19937_64& rng) {
   SCOPED_TRACE("box at (" + std::to_string(c0) + ", " + std::to_string(c1) + ")");
   const auto tile = random_words(64 * 64, rng);
-  Buffer<std::uint16_t> d_tile(tile), matrix(static_cast<std::size_t>(m.rows) * m.ld),
+  DeviceBuffer<std::uint16_t> d_tile(tile), matrix(static_cast<std::size_t>(m.rows) * m.ld),
       readback(64 * 64);
   matrix.poison();
   readback.poison();
   const CUtensorMap map =
-      mok::gemm::make_tensor_map_bf16(matrix.p, m.rows, m.cols, m.ld, 64, "test output");
-  tma_store_kernel<<<1, 128, 64 * 128 + 1024>>>(map, d_tile.p, c0, c1, m, matrix.p, readback.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
+      mok::gemm::make_tensor_map_bf16(matrix.get(), m.rows, m.cols, m.ld, 64, "test output");
+  tma_store_kernel<<<1, 128, 64 * 128 + 1024>>>(map, d_tile.get(), c0, c1, m, matrix.get(),
+                                                readback.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
   auto in_box = [&](int r, int c) { return r >= c1 && r < c1 + 64 && c >= c0 && c < c0 + 64; };
-  const auto got = matrix.host();
+  const auto got = matrix.download();
   Mismatches bad;
   for (int r = 0; r < m.rows; ++r) {
     for (int c = 0; c < m.ld; ++c) {
@@ -417,7 +408,7 @@ void run_tma_store(const Matrix& m, int c0, int c1, std::mt19937_64& rng) {
     }
   }
   EXPECT_EQ(bad.count, 0) << "the store wrote the wrong elements" << bad.first;
-  const auto back = readback.host();
+  const auto back = readback.download();
   Mismatches bad_back;
   for (int r = 0; r < 64; ++r) {
     for (int c = 0; c < 64; ++c) {
@@ -429,10 +420,8 @@ void run_tma_store(const Matrix& m, int c0, int c1, std::mt19937_64& rng) {
 }
 
 TEST(PtxTma, StoreBoxInsideTheMatrix) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   const Matrix m{150, 200, 208};
   const int c0 = 8 * static_cast<int>(rng() % ((m.cols - 64) / 8 + 1));
   const int c1 = static_cast<int>(rng() % (m.rows - 64 + 1));
@@ -440,10 +429,8 @@ TEST(PtxTma, StoreBoxInsideTheMatrix) {
 }
 
 TEST(PtxTma, StoreBoxesPartlyOutsideTheMatrixWriteOnlyInside) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   const Matrix m{150, 200, 208};  // columns [200, 208) are padding: must stay poisoned
   run_tma_store(m, m.cols - 24, m.rows - 10, rng);
   run_tma_store(m, 0, m.rows - 1, rng);  // one row inside
@@ -478,20 +465,18 @@ __global__ void stmatrix_kernel(const std::uint16_t* values, std::uint16_t* out)
 }
 
 TEST(PtxStmatrix, X4PutsEveryElementAtItsRowAndColumn) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   // 256 distinct values in random order: any misplaced element shows.
   std::vector<std::uint16_t> values(256);
   std::iota(values.begin(), values.end(), static_cast<std::uint16_t>(1 + rng() % 60000));
   std::shuffle(values.begin(), values.end(), rng);
-  Buffer<std::uint16_t> d_values(values), out(256);
+  DeviceBuffer<std::uint16_t> d_values(values), out(256);
   out.poison();
-  stmatrix_kernel<<<1, 32>>>(d_values.p, out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto got = out.host();
+  stmatrix_kernel<<<1, 32>>>(d_values.get(), out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.download();
   Mismatches bad;
   for (int i = 0; i < 4; ++i) {
     for (int r = 0; r < 8; ++r) {
@@ -606,9 +591,8 @@ std::vector<float> small_integers(std::size_t n, int max, std::mt19937_64& rng) 
 
 template <int kN, int kTransA, int kTransB, bool kARegs = false>
 void run_wgmma(bool seeded) {
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed) + (seeded ? ", seeded" : ", scale-d 0 first"));
-  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(seeded ? "seeded" : "scale-d 0 first");
+  std::mt19937_64 rng(next_seed());
   const auto a = small_integers(64 * 64, 4, rng);   // a[m * 64 + k]
   const auto bt = small_integers(kN * 64, 4, rng);  // bt[n * 64 + k] = B[k][n]
   const auto c = small_integers(64 * kN, 1000, rng);
@@ -620,20 +604,20 @@ void run_wgmma(bool seeded) {
       want[m * kN + n] = static_cast<float>(d);
     }
   }
-  Buffer<std::uint16_t> image_a(operand_image(a, 64, kTransA != 0));
-  Buffer<std::uint16_t> image_b(operand_image(bt, kN, kTransB != 0));
+  DeviceBuffer<std::uint16_t> image_a(operand_image(a, 64, kTransA != 0));
+  DeviceBuffer<std::uint16_t> image_b(operand_image(bt, kN, kTransB != 0));
   std::vector<std::uint16_t> rows(64 * 64);
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = mok::float_to_bf16(a[i]);
-  Buffer<std::uint16_t> a_rows(rows);
-  Buffer<float> d_c(c), out(64 * kN);
+  DeviceBuffer<std::uint16_t> a_rows(rows);
+  DeviceBuffer<float> d_c(c), out(64 * kN);
   out.poison();
   constexpr int kSmem = (64 + kN) * 128 + 1024;
   wgmma_kernel<kN, kTransA, kTransB, kARegs><<<1, 128, kSmem>>>(
-      reinterpret_cast<const uint4*>(image_a.p), reinterpret_cast<const uint4*>(image_b.p),
-      a_rows.p, d_c.p, seeded ? 1 : 0, out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto got = out.host();
+      reinterpret_cast<const uint4*>(image_a.get()), reinterpret_cast<const uint4*>(image_b.get()),
+      a_rows.get(), d_c.get(), seeded ? 1 : 0, out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.download();
   Mismatches bad;
   for (int m = 0; m < 64; ++m) {
     for (int n = 0; n < kN; ++n) {
@@ -647,43 +631,43 @@ void run_wgmma(bool seeded) {
 }
 
 TEST(PtxWgmma, M64N256K16AKMajorBKMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<256, 0, 0>(true);
   run_wgmma<256, 0, 0>(false);
 }
 
 TEST(PtxWgmma, M64N256K16AKMajorBNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<256, 0, 1>(true);
   run_wgmma<256, 0, 1>(false);
 }
 
 TEST(PtxWgmma, M64N256K16AMMajorBNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<256, 1, 1>(true);
   run_wgmma<256, 1, 1>(false);
 }
 
 TEST(PtxWgmma, M64N128K16AKMajorBKMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<128, 0, 0>(true);
   run_wgmma<128, 0, 0>(false);
 }
 
 TEST(PtxWgmma, M64N128K16AKMajorBNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<128, 0, 1>(true);
   run_wgmma<128, 0, 1>(false);
 }
 
 TEST(PtxWgmma, M64N128K16AMMajorBNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<128, 1, 1>(true);
   run_wgmma<128, 1, 1>(false);
 }
 
 TEST(PtxWgmma, M64N256K16ARegistersBKMajorAndNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<256, 0, 0, true>(true);
   run_wgmma<256, 0, 0, true>(false);
   run_wgmma<256, 0, 1, true>(true);
@@ -691,7 +675,7 @@ TEST(PtxWgmma, M64N256K16ARegistersBKMajorAndNMajor) {
 }
 
 TEST(PtxWgmma, M64N128K16ARegistersBKMajorAndNMajor) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_wgmma<128, 0, 0, true>(true);
   run_wgmma<128, 0, 0, true>(false);
   run_wgmma<128, 0, 1, true>(true);
@@ -714,13 +698,13 @@ __global__ void __launch_bounds__(384, 1) setmaxnreg_kernel(std::uint32_t* out) 
 }
 
 TEST(PtxSetmaxnreg, ProducerAndConsumerBudgets) {
-  REQUIRE_HOPPER();
-  Buffer<std::uint32_t> out(384);
+  MOK_REQUIRE_HOPPER();
+  DeviceBuffer<std::uint32_t> out(384);
   out.poison();
-  setmaxnreg_kernel<<<1, 384>>>(out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto got = out.host();
+  setmaxnreg_kernel<<<1, 384>>>(out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.download();
   for (std::uint32_t t = 0; t < 384; ++t) ASSERT_EQ(got[t], t + 1) << "thread " << t;
 }
 
@@ -807,22 +791,21 @@ __global__ void flags_kernel(const std::uint32_t* src, std::uint32_t* data, std:
 
 template <ptx::Scope S>
 void run_flags() {
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(next_seed());
   std::vector<std::uint32_t> src(kFlagProducers * kWords);
   for (auto& v : src) v = static_cast<std::uint32_t>(rng());
-  Buffer<std::uint32_t> d_src(src), data(src.size()), seen(src.size()), flags(3);
-  Buffer<int> timeouts(1);
+  DeviceBuffer<std::uint32_t> d_src(src), data(src.size()), seen(src.size()), flags(3);
+  DeviceBuffer<int> timeouts(1);
   data.poison();
   seen.poison();
-  CUDA_OK(cudaMemset(flags.p, 0, 3 * sizeof(std::uint32_t)));
-  CUDA_OK(cudaMemset(timeouts.p, 0, sizeof(int)));
-  flags_kernel<S><<<1 + kFlagProducers, 256>>>(d_src.p, data.p, flags.p, seen.p, timeouts.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(timeouts.host()[0], 0) << "the consumer's wait timed out";
-  const auto got = seen.host();
+  MOK_CUDA_OK(cudaMemset(flags.get(), 0, 3 * sizeof(std::uint32_t)));
+  MOK_CUDA_OK(cudaMemset(timeouts.get(), 0, sizeof(int)));
+  flags_kernel<S><<<1 + kFlagProducers, 256>>>(d_src.get(), data.get(), flags.get(), seen.get(),
+                                               timeouts.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(timeouts.download()[0], 0) << "the consumer's wait timed out";
+  const auto got = seen.download();
   Mismatches bad;
   for (int p = 0; p < kFlagProducers; ++p) {
     for (int i = 0; i < kWords; ++i) {
@@ -830,16 +813,16 @@ void run_flags() {
     }
   }
   EXPECT_EQ(bad.count, 0) << "the consumer read data the signal did not cover" << bad.first;
-  EXPECT_EQ(flags.host(), (std::vector<std::uint32_t>{kReady, kReady, kFlagProducers - 2}));
+  EXPECT_EQ(flags.download(), (std::vector<std::uint32_t>{kReady, kReady, kFlagProducers - 2}));
 }
 
 TEST(PtxFlags, ReleaseAcquireBetweenBlocksGpuScope) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_flags<ptx::Scope::gpu>();
 }
 
 TEST(PtxFlags, ReleaseAcquireBetweenBlocksSysScope) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   run_flags<ptx::Scope::sys>();
 }
 
@@ -859,18 +842,18 @@ __global__ void unsignalled_wait_kernel(const std::uint32_t* flag, std::uint64_t
 }
 
 TEST(PtxFlags, WaitWithoutSignalTimesOutOrGivesUp) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   constexpr std::uint64_t kTimeoutNs = 200'000;
-  Buffer<std::uint32_t> flag(1);
-  Buffer<std::uint64_t> out(4);
-  CUDA_OK(cudaMemset(flag.p, 0, sizeof(std::uint32_t)));
+  DeviceBuffer<std::uint32_t> flag(1);
+  DeviceBuffer<std::uint64_t> out(4);
+  MOK_CUDA_OK(cudaMemset(flag.get(), 0, sizeof(std::uint32_t)));
   for (int give_up = 0; give_up < 2; ++give_up) {
     SCOPED_TRACE(give_up ? "give_up() true" : "timeout");
     out.poison();
-    unsignalled_wait_kernel<<<1, 1>>>(flag.p, kTimeoutNs, give_up, out.p);
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto r = out.host();
+    unsignalled_wait_kernel<<<1, 1>>>(flag.get(), kTimeoutNs, give_up, out.get());
+    MOK_CUDA_OK(cudaGetLastError());
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const auto r = out.download();
     EXPECT_EQ(r[0], 0u) << "the wait reported a signal nobody sent";
     EXPECT_EQ(r[1], 0u) << "the flag's value as last seen";
     EXPECT_LE(r[3], r[2]) << "the wait reports more time than passed";
@@ -891,22 +874,22 @@ __global__ void atom_inc_kernel(std::uint32_t* counter, std::uint32_t* taken) {
 }
 
 TEST(PtxFlags, AtomIncHandsOutEveryValueOnce) {
-  REQUIRE_HOPPER();
+  MOK_REQUIRE_HOPPER();
   constexpr int kBlocks = 132, kThreads = 96;
   constexpr std::uint32_t kStart = 7;
-  Buffer<std::uint32_t> counter(1);
-  Buffer<std::uint32_t> taken(kBlocks * kThreads);
-  CUDA_OK(cudaMemcpy(counter.p, &kStart, sizeof(kStart), cudaMemcpyHostToDevice));
+  DeviceBuffer<std::uint32_t> counter(1);
+  DeviceBuffer<std::uint32_t> taken(kBlocks * kThreads);
+  MOK_CUDA_OK(cudaMemcpy(counter.get(), &kStart, sizeof(kStart), cudaMemcpyHostToDevice));
   taken.poison();
-  atom_inc_kernel<<<kBlocks, kThreads>>>(counter.p, taken.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<std::uint32_t> values = taken.host();
+  atom_inc_kernel<<<kBlocks, kThreads>>>(counter.get(), taken.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<std::uint32_t> values = taken.download();
   std::sort(values.begin(), values.end());
   for (std::size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(values[i], kStart + i) << "value " << i << " of those taken";
   }
-  EXPECT_EQ(counter.host()[0], kStart + kBlocks * kThreads) << "the counter's final value";
+  EXPECT_EQ(counter.download()[0], kStart + kBlocks * kThreads) << "the counter's final value";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -934,18 +917,16 @@ __global__ void named_barrier_kernel(const std::uint32_t* in, std::uint32_t* out
 }
 
 TEST(PtxFence, NamedBarriersOrderTheirOwnWarps) {
-  REQUIRE_HOPPER();
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(next_seed());
   std::vector<std::uint32_t> in(64);
   for (auto& v : in) v = static_cast<std::uint32_t>(rng());
-  Buffer<std::uint32_t> d_in(in), out(64);
+  DeviceBuffer<std::uint32_t> d_in(in), out(64);
   out.poison();
-  named_barrier_kernel<<<1, 128>>>(d_in.p, out.p);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(out.host(), in);
+  named_barrier_kernel<<<1, 128>>>(d_in.get(), out.get());
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.download(), in);
 }
 
 }  // namespace

@@ -166,9 +166,8 @@ TEST_F(ScheduleGpu, ExternalPointersTwoRanks) {
   Config config;
   const Problem p0 = schedule_problem(2, 4096, 8, 32, 0), p1 = schedule_problem(2, 4096, 8, 32, 1);
   const auto bytes = static_cast<std::size_t>(symmetric_workspace_bytes(p0, config));
-  void* regions[2] = {};
-  MOK_CUDA_OK(cudaMalloc(&regions[0], bytes));
-  MOK_CUDA_OK(cudaMalloc(&regions[1], bytes));
+  DeviceBuffer<std::uint8_t> region0(bytes), region1(bytes);
+  void* const regions[2] = {region0.get(), region1.get()};
   TeamOptions options{.barrier_timeout_ms = 5000};
   {
     Team t0 = Team::external(p0, config, {.rank = 0, .symmetric_bases = {regions[0], regions[1]}},
@@ -211,8 +210,6 @@ TEST_F(ScheduleGpu, ExternalPointersTwoRanks) {
         },
         {"ExternalTeamPointers.rank", "problem.ep_rank = 0"});
   }
-  cudaFree(regions[0]);
-  cudaFree(regions[1]);
 }
 
 }  // namespace

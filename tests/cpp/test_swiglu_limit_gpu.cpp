@@ -28,7 +28,7 @@ void PrintTo(const LimitCase& c, std::ostream* os) {
 class SwigluLimitGpu : public ::testing::TestWithParam<LimitCase> {};
 
 TEST_P(SwigluLimitGpu, MatchesTheF64LayerAndRepeatsBitwise) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const LimitCase& c = GetParam();
   const std::uint64_t seed = test_seed();
   LayerData d = grid_layer(c.problem, seed, c.routing);
@@ -61,7 +61,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(SwigluLimitGpuBits, InactiveLimitIsTheUnclampedLayer) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const Problem p = layer_shape(200, 128, 192, 8, 2, 64);
   const std::uint64_t seed = test_seed();
   LayerData plain = make_layer_data(p, DType::bf16, seed);
@@ -75,7 +75,7 @@ TEST(SwigluLimitGpuBits, InactiveLimitIsTheUnclampedLayer) {
 // Backward replays the forward of every pass but the first (the clamped gate/up epilogue) and
 // recomputes h in the dgrad epilogue for the router-weight gradient: the bits of one pass.
 TEST(SwigluLimitGpuBits, SeveralPassesGiveTheBitsOfOne) {
-  MOK_SKIP_WITHOUT_GPU();
+  MOK_REQUIRE_HOPPER();
   const Problem p = layer_shape(512, 64, 128, 4, 4, 64);
   const std::uint64_t seed = test_seed();
   LayerData one = grid_layer(p, seed, Routing::skewed);
