@@ -1332,22 +1332,24 @@ TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
 
 // Every output row (group g, row i of its [m, n]) of a wgrad over `l` of `a` [capacity, m] and
 // `b` [capacity, n] into `out` [G, m, n] (ld n), against the fp32 reference; an empty group's
-// rows exactly +0 (zero bytes, in bf16 and fp32). `what` names it in the messages.
+// rows exactly +0 (zero bytes, in bf16 and fp32). With `start` ([G, m, n] fp32: the output's
+// values before a continued or accumulating launch) the rows hold start + the reference instead.
+// `what` names it in the messages.
 template <typename Out>
 void expect_wgrad_rows(const Out* out, const Layout& l, const DeviceBuffer<__nv_bfloat16>& a, int m,
                        const DeviceBuffer<__nv_bfloat16>& b, int n, double bound,
-                       const std::string& what) {
+                       const std::string& what, const float* start = nullptr) {
   const int G = l.groups();
   const long long rows = static_cast<long long>(G) * m;
   DeviceBuffer<float> ref(static_cast<std::size_t>(rows) * n);
   reference_wgrad(l.d_starts.get(), l.d_counts.get(), G, a, m, b, n, ref);
-  const RowCheck e = check_rows(out, rows, n, std::vector<char>(rows, 1), Want::ref, ref.get(),
-                                nullptr, nullptr, bound, [m](long long r) {
-                                  return "group " + std::to_string(r / m) + ", output row " +
-                                         std::to_string(r % m);
-                                });
+  const RowCheck e = check_rows(
+      out, rows, n, std::vector<char>(rows, 1), start ? Want::sum : Want::ref, ref.get(), start,
+      nullptr, bound, [m](long long r) {
+        return "group " + std::to_string(r / m) + ", output row " + std::to_string(r % m);
+      });
   long long nonzero_empty = 0;
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < G && start == nullptr; ++g) {
     if (l.counts[g] != 0) continue;
     std::vector<unsigned char> bytes(std::size_t(m) * n * sizeof(Out));
     EXPECT_EQ(cudaMemcpy(bytes.data(), out + std::size_t(g) * m * n, bytes.size(),
@@ -1537,6 +1539,9 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   launch(l.segments(), added.get(), false, true);
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
+  // The unsplit launch itself: every row against the reference (the largest group: 700 rows).
+  expect_wgrad_rows(whole.get(), l, ops.a, m, ops.b, n, 700 * std::ldexp(1.0, -24),
+                    "unsplit fp32 wgrad");
   const auto w = whole.download(), p = parts.download(), ad = added.download();
   EXPECT_EQ(std::memcmp(w.data(), p.data(), elems * 4), 0) << "split reduction differs";
   long long wrong = 0;
@@ -1577,6 +1582,7 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
   const std::size_t elems = std::size_t(G) * m * n;
   std::vector<float> base(elems);
   for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
+  const DeviceBuffer<float> d_base(base);
   enum class Out { bf16, fp32, fp32_accumulate };
   DeviceBuffer<unsigned> tickets(2);
   MOK_CUDA_OK(cudaMemset(tickets.get(), 0, 2 * sizeof(unsigned)));
@@ -1600,6 +1606,15 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
     mok::gemm::WeightGradArgs one = args_for(o, whole.get());
     one.segments = l.segments();
     mok::gemm::weight_grad(one);
+    // The unsplit launch itself: every row against the reference (the largest group: 1000 rows).
+    if (o == Out::bf16) {
+      expect_wgrad_rows(reinterpret_cast<const __nv_bfloat16*>(whole.get()), l, a, m, b, n, kU,
+                        "unsplit bf16 wgrad");
+    } else {
+      expect_wgrad_rows(reinterpret_cast<const float*>(whole.get()), l, a, m, b, n,
+                        1000 * std::ldexp(1.0, -24), "unsplit fp32 wgrad",
+                        o == Out::fp32_accumulate ? d_base.get() : nullptr);
+    }
     for (int pass_rows : {640, 256, 128}) {
       const int passes = (l.starts.back() + pass_rows - 1) / pass_rows;
       const int slots = std::min(passes - 1, G);
@@ -1669,8 +1684,8 @@ TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
     outs.push_back(std::make_unique<DeviceBuffer<__nv_bfloat16>>(elems));
   cudaStream_t streams[2];
   for (auto& st : streams) MOK_CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  DeviceBuffer<unsigned> pairs(2 *
-                               (kCopies + 1));  // the counter pair of outs[i]: pairs[2i, 2i + 2)
+  // The counter pair of outs[i]: pairs[2i, 2i + 2).
+  DeviceBuffer<unsigned> pairs(2 * (kCopies + 1));
   MOK_CUDA_OK(cudaMemset(pairs.get(), 0, pairs.size() * sizeof(unsigned)));
   auto launch = [&](int i, cudaStream_t stream) {
     mok::gemm::WeightGradArgs args = ops.args(outs[i]->get(), false);
@@ -1683,6 +1698,7 @@ TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
   MOK_CUDA_OK(cudaDeviceSynchronize());
   launch(0, nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
+  expect_wgrad_rows(outs[0]->get(), l, ops.a, m, ops.b, n, kU, "the single launch");
   for (int i = 1; i <= 4; ++i) launch(i, streams[i % 2]);
   MOK_CUDA_OK(cudaDeviceSynchronize());
   cudaGraph_t graph;
@@ -1817,6 +1833,12 @@ TEST(GemmTickets, PlainAndContinuedInFlightTogetherAreBitwiseTheirSingleLaunches
     ASSERT_EQ(unwritten, 0) << "the single plain launch left output elements unwritten";
     ASSERT_FALSE(same_bytes(want_c.get(), c.seed.get(), c.out_bytes()))
         << "the continued launch wrote nothing";
+    // The single launches themselves, every row against the reference (the continued one: its
+    // seed plus the reference; 1024 rows a group).
+    expect_wgrad_rows(reinterpret_cast<const __nv_bfloat16*>(want_p.get()), p.layout, p.a, p.m, p.b,
+                      p.n, kU, "the single plain launch");
+    expect_wgrad_rows(reinterpret_cast<const float*>(want_c.get()), c.layout, c.a, c.m, c.b, c.n,
+                      1024 * std::ldexp(1.0, -24), "the single continued launch", c.seed.get());
   }
 
   cudaStream_t s0, s1;
@@ -1894,6 +1916,8 @@ TEST(GemmTickets, TilesComeFromTheCallersPair) {
   const auto g = out.download();
   for (std::size_t i = 0; i + 1 < g.size(); i += 2) unwritten += g[i] == 0xff && g[i + 1] == 0xff;
   EXPECT_EQ(unwritten, 0);
+  expect_wgrad_rows(reinterpret_cast<const __nv_bfloat16*>(out.get()), p.layout, p.a, p.m, p.b, p.n,
+                    kU, "the launch from zero");
 }
 
 TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
