@@ -64,7 +64,8 @@ void note_use(std::uint64_t seed) {
   d.seed_used = true;
   const auto n = static_cast<unsigned long long>(seed);
   if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
-    std::printf("[ mok ] %s: random inputs from MOK_TEST_SEED=%llu\n", test_name(*info).c_str(), n);
+    std::printf("[ mok ] random inputs from MOK_TEST_SEED=%llu (%s)\n", n,
+                test_name(*info).c_str());
     ::testing::Test::RecordProperty("mok_seed", std::to_string(seed));
   } else {  // outside a test (a suite's set-up): printed once until the next test starts
     std::printf("[ mok ] random inputs from MOK_TEST_SEED=%llu\n", n);

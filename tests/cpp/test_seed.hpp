@@ -10,7 +10,7 @@
 //   MOK_TEST_SEED=<n> build/tests/cpp/<binary> --gtest_filter=<Suite.Name>
 //
 // (ctest runs each test in a process of its own: every test there has its own seed.) A test's
-// first draw prints "[ mok ] <Suite.Name>: random inputs from MOK_TEST_SEED=<n>" and records the
+// first draw prints "[ mok ] random inputs from MOK_TEST_SEED=<n> (<Suite.Name>)" and records the
 // seed as the test's property `mok_seed` (in --gtest_output=xml or json reports); a test that drew
 // it and failed prints the replay command above as it ends.
 #pragma once
