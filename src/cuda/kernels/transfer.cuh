@@ -108,18 +108,4 @@ __device__ inline void scale_row(const ScaleRowsParams& p, std::int64_t i, int l
   for (std::int64_t v = lane; v < vectors; v += 32) row[v] = scale_vector(row[v], w);
 }
 
-// The standalone transfer kernels' loop: kWarpsPerBlock warps a block, ring row i = every
-// (gridDim.x * kWarpsPerBlock)-th row from this warp's, through `row(p, i, lane, vectors)`
-// (launched with transfer_grid(rows) blocks, transfer.hpp).
-inline constexpr int kWarpsPerBlock = 8;
-template <class Params, class Row>
-__device__ __forceinline__ void each_row(const Params& p, Row row) {
-  const std::int64_t rows = rows_in_pass(p.pass);
-  const std::int64_t vectors = p.geo.hidden / kBf16PerVector;
-  const int lane = threadIdx.x % 32;
-  const std::int64_t warp = blockIdx.x * std::int64_t{kWarpsPerBlock} + threadIdx.x / 32;
-  const std::int64_t warps = std::int64_t{gridDim.x} * kWarpsPerBlock;
-  for (std::int64_t i = warp; i < rows; i += warps) row(p, i, lane, vectors);
-}
-
 }  // namespace mok::cuda::transfer

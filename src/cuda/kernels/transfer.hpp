@@ -54,10 +54,6 @@ struct ScaleRowsParams {
 };
 cudaError_t launch_scale_rows(const ScaleRowsParams& p, cudaStream_t stream);
 
-// Blocks of a transfer launch over `rows` ring rows (transfer.cuh, each_row): a warp per row, at
-// most 8 blocks per SM of the current device.
-int transfer_grid(std::int64_t rows);
-
 // The dispatch in row order is pull_row's (transfer.cuh, one warp per ring row), the order the
 // forward megakernel pulls in; tests/cpp/support/transfers.hpp launches it on its own as the
 // tests' reference for both orders.
