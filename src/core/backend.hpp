@@ -1,4 +1,4 @@
-// The backend interface: core validates every call (src/api/api.cpp), then hands it to the
+// The backend interface: the API layer validates every call (src/api/api.cpp), then hands it to the
 // Workspace's backend. The CPU reference (src/reference/backend.cpp) and the CUDA layer
 // (src/cuda/layer/backend.cu) implement it; core includes neither. Internal: users see
 // mok::Workspace.

@@ -72,7 +72,7 @@ __device__ __forceinline__ int entry_ticket(unsigned long long entry) {
   return static_cast<int>(static_cast<unsigned>(entry));
 }
 
-// Ids of the barriers in timeout reports (names: the launcher's take_wait_timeout).
+// Ids of the barriers in timeout reports (their names: launch.cu, report_text).
 enum : int {
   kBarrierFull = 0,
   kBarrierEmpty = 1,
@@ -118,6 +118,7 @@ struct SharedRing {
   __device__ std::uint64_t* tile_empty(int q) const {
     return barriers() + 2 * kMaxStages + kTileQueueDepth + q;
   }
+  // Two slots no wait uses (the removed ping-pong schedule's turns; config.hpp, kBarrierBytes).
   __device__ std::uint64_t* turn(int wg) const {
     return barriers() + 2 * kMaxStages + 2 * kTileQueueDepth + wg;
   }
@@ -140,7 +141,7 @@ struct SharedRing {
       ptx::mbarrier_init(tile_empty(q), kConsumerThreads / 32);  // every consumer warp reads it
       *tile_slot(q) = 0;
     }
-    for (int w = 0; w < 2; ++w) ptx::mbarrier_init(turn(w), 4);  // the other warpgroup's warps
+    for (int w = 0; w < 2; ++w) ptx::mbarrier_init(turn(w), 4);  // unused (see turn)
     *abort() = CtaAbort{};
   }
 };
