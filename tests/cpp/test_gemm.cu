@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -47,6 +48,64 @@ using mok::bf16_t;
 using mok::gemm::RowSegments;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
+
+// A launch that gives up on a wait (WaitOptions::timeout_ns) ends normally with its outputs void,
+// so without a report a test would see only wrong bits. Every launch of these tests (but those of
+// the timeout tests, which bring their own) goes through run_form(), which hands it this binary's
+// report; a listener names the test during which a wait gave up, and the binary then fails.
+// MOK_TEST_GEMM_TIMEOUT_S (seconds, default 20 as in production) lengthens the waits for runs
+// under compute-sanitizer, where a launch runs hundreds of times slower and a legitimate wait can
+// pass 20 s.
+mok::gemm::TimeoutReport& test_report() {
+  static mok::gemm::TimeoutReport report;
+  return report;
+}
+
+std::uint64_t test_timeout_ns() {
+  static const std::uint64_t ns = [] {
+    const char* text = std::getenv("MOK_TEST_GEMM_TIMEOUT_S");
+    const long long s = text != nullptr ? std::atoll(text) : 0;
+    return s > 0 ? std::uint64_t(s) * 1000000000ull : mok::gemm::WaitOptions{}.timeout_ns;
+  }();
+  return ns;
+}
+
+template <class Args>
+void run_form(void (*form)(const Args&), Args args) {
+  args.waits.timeout_ns = test_timeout_ns();
+  args.waits.report = &test_report();
+  form(args);
+}
+
+bool g_gave_up = false;  // some test's launch gave up on a wait
+
+// Reads the report after each test (its launches have completed: every test synchronizes before
+// it checks its outputs) and names the test whose launch gave up.
+class GiveUpListener : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (!mok::test::hopper_skip_reason().empty()) return;
+    (void)cudaDeviceSynchronize();  // a failed test may have left a launch running
+    const std::string text = test_report().take();
+    if (text.empty()) return;
+    g_gave_up = true;
+    std::printf("[ mok ] a GEMM launch of %s.%s gave up (its outputs are void): %s\n",
+                info.test_suite_name(), info.name(), text.c_str());
+    std::fflush(stdout);
+  }
+};
+
+class GiveUpCheck : public ::testing::Environment {
+  void TearDown() override {
+    EXPECT_FALSE(g_gave_up) << "a GEMM launch gave up on a wait (see the '[ mok ]' line above); "
+                               "under compute-sanitizer set MOK_TEST_GEMM_TIMEOUT_S";
+  }
+};
+
+[[maybe_unused]] const bool kWatching = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new GiveUpListener);
+  ::testing::AddGlobalTestEnvironment(new GiveUpCheck);
+  return true;
+}();
 
 __device__ std::uint32_t hash32(std::uint64_t x) {
   x ^= x >> 33;
@@ -511,7 +570,7 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   args.ld_out = c.i;
   args.hidden_size = c.h;
   args.intermediate_size = c.i;
-  mok::gemm::gate_up_forward(args);
+  run_form(mok::gemm::gate_up_forward, args);
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
 
@@ -542,7 +601,7 @@ void run_gate_up(const GateUpCase& c, bool with_preact, bool check_bitwise) {
   if (check_bitwise) {
     hid2.poison();
     args.hidden = hid2.get();
-    mok::gemm::gate_up_forward(args);
+    run_form(mok::gemm::gate_up_forward, args);
     MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(bitwise_equal(hid, hid2)) << "two runs differ";
   }
@@ -674,7 +733,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       args.ld_out = c.n;
       args.n = c.n;
       args.k = c.k;
-      mok::gemm::rows_times_weight(args);
+      run_form(mok::gemm::rows_times_weight, args);
     } else {
       mok::gemm::RowsTimesWeightTArgs args;
       args.segments = seg;
@@ -687,7 +746,7 @@ void run_rows(const RowsCase& c, bool check_bitwise) {
       args.row_scale = c.row_scale ? scale.get() : nullptr;
       args.n = c.n;
       args.k = c.k;
-      mok::gemm::rows_times_weight_t(args);
+      run_form(mok::gemm::rows_times_weight_t, args);
     }
   };
   launch(out.get());
@@ -792,7 +851,7 @@ TEST(GemmDgrad, TwoProductsShareOneAccumulator) {
     args.ld_out = n;
     args.n = n;
     args.k = k;
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
   };
   out.poison();
   launch(out.get());
@@ -875,7 +934,7 @@ void run_dgrad_swiglu(const std::vector<int>& counts, int n, int k, bool dense) 
     args.ld_out = n;
     args.n = n;
     args.k = k;
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
   };
   for (auto* b : {&dh, &dg, &du, &want_g, &want_u}) b->poison();
   launch(dh.get(), nullptr, nullptr);
@@ -1013,7 +1072,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
   fwd.hidden_size = k;
   fwd.intermediate_size = n;
   fwd.swiglu_limit = limit;
-  mok::gemm::gate_up_forward(fwd);
+  run_form(mok::gemm::gate_up_forward, fwd);
   MOK_CUDA_OK(cudaGetLastError());
 
   // The dgrad: plain (bf16 and fp32 outputs), or with the SwiGLU epilogue and the options given.
@@ -1031,7 +1090,7 @@ void run_dgrad_dot(const std::vector<int>& counts, int n, int k, bool dense,
     args.ld_out = n;
     args.n = n;
     args.k = k;
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
   };
   for (auto* b : {&dh16, &dg, &du, &want_g, &want_u}) b->poison();
   acc32.poison();
@@ -1265,7 +1324,7 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
   args.k = 64;
   args.swiglu.row_scale = f.get();
   try {
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
     ADD_FAILURE() << "a row scale without the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "swiglu.row_scale") << e.what();
@@ -1273,7 +1332,7 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
   args.swiglu.row_scale = nullptr;
   args.swiglu.dot = f.get();
   try {
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
     ADD_FAILURE() << "a dot output without the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "swiglu.dot") << e.what();
@@ -1281,7 +1340,7 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
   args.swiglu = {x.get(), x.get(), x.get(), x.get(), nullptr, nullptr};
   args.out_fp32 = true;
   try {
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
     ADD_FAILURE() << "an fp32 output with the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "out_fp32") << e.what();
@@ -1291,7 +1350,7 @@ TEST(GemmArguments, SwigluOptionsNeedTheSwigluEpilogue) {
     args.swiglu = {x.get(), x.get(), x.get(), x.get(), dot == nullptr ? f.get() : nullptr,
                    dot,     x.get()};
     try {
-      mok::gemm::rows_times_weight(args);
+      run_form(mok::gemm::rows_times_weight, args);
       ADD_FAILURE() << "scaled_hidden without " << (dot == nullptr ? "dot" : "row_scale")
                     << " was accepted";
     } catch (const mok::Error& e) {
@@ -1316,11 +1375,11 @@ TEST(GemmArguments, SwigluBackwardEpilogueNeedsAllFourPointersAndNoScatter) {
   args.n = 64;
   args.k = 64;
   args.swiglu = {x.get(), x.get(), x.get(), nullptr};
-  EXPECT_THROW(mok::gemm::rows_times_weight(args), mok::Error);
+  EXPECT_THROW(run_form(mok::gemm::rows_times_weight, args), mok::Error);
   args.swiglu.d_up = x.get();
   args.scatter = {slots.get(), 1, peers.get()};
   try {
-    mok::gemm::rows_times_weight(args);
+    run_form(mok::gemm::rows_times_weight, args);
     ADD_FAILURE() << "a row scatter with the SwiGLU epilogue was accepted";
   } catch (const mok::Error& e) {
     EXPECT_NE(std::string(e.what()).find("swiglu"), std::string::npos) << e.what();
@@ -1396,7 +1455,7 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
     args.out_fp32 = c.fp32;
     args.m = c.m;
     args.n = c.n;
-    mok::gemm::weight_grad(args);
+    run_form(mok::gemm::weight_grad, args);
   };
   c.fp32 ? out32.poison() : out16.poison();
   launch(c.fp32 ? static_cast<void*>(out32.get()) : out16.get());
@@ -1526,7 +1585,7 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
     args.segments = seg;
     args.continue_reduction = cont;
     args.accumulate = acc;
-    mok::gemm::weight_grad(args);
+    run_form(mok::gemm::weight_grad, args);
   };
   whole.poison();
   parts.poison();
@@ -1605,7 +1664,7 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
     reset(whole);
     mok::gemm::WeightGradArgs one = args_for(o, whole.get());
     one.segments = l.segments();
-    mok::gemm::weight_grad(one);
+    run_form(mok::gemm::weight_grad, one);
     // The unsplit launch itself: every row against the reference (the largest group: 1000 rows).
     if (o == Out::bf16) {
       expect_wgrad_rows(reinterpret_cast<const __nv_bfloat16*>(whole.get()), l, a, m, b, n, kU,
@@ -1642,10 +1701,10 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
         args.b = b.get() + std::size_t(r0) * n;
         args.segments = RowSegments{d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.passes = {d_steps.get(), carry.get(), slots};
-        mok::gemm::weight_grad(args);
+        run_form(mok::gemm::weight_grad, args);
         if (pass > 0) {
           args.continue_reduction = true;
-          mok::gemm::weight_grad(args);
+          run_form(mok::gemm::weight_grad, args);
         }
         MOK_CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
       }
@@ -1692,7 +1751,7 @@ TEST(GemmWgrad, ConcurrentStreamsAndGraphReplaysAreBitwiseOneLaunch) {
     args.segments = l.segments();
     args.tickets = pairs.get() + 2 * i;
     args.stream = stream;
-    mok::gemm::weight_grad(args);
+    run_form(mok::gemm::weight_grad, args);
   };
   for (auto& o : outs) o->poison();
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -1786,7 +1845,7 @@ struct TicketProblem {
     args.n = n;
     args.tickets = tickets;
     args.stream = stream;
-    mok::gemm::weight_grad(args);
+    run_form(mok::gemm::weight_grad, args);
   }
   std::size_t out_bytes() const { return out_elems * (continued ? 4 : 2); }
 };
@@ -1936,13 +1995,13 @@ TEST(GemmArguments, TicketOrderWithoutCountersNamesTheField) {
   args.m = 64;
   args.n = 64;
   try {
-    mok::gemm::weight_grad(args);
+    run_form(mok::gemm::weight_grad, args);
     ADD_FAILURE() << "TileOrder::tickets without a counter pair was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "WeightGradArgs.tickets") << e.what();
   }
   args.order = mok::gemm::TileOrder::fixed;  // fine without counters
-  EXPECT_NO_THROW(mok::gemm::weight_grad(args));
+  EXPECT_NO_THROW(run_form(mok::gemm::weight_grad, args));
   MOK_CUDA_OK(cudaDeviceSynchronize());
 }
 
@@ -1982,14 +2041,14 @@ TEST(GemmDeviceGroups, SizesChangedOnDeviceBetweenGraphReplays) {
   // pinned memory) stays out of the captured region.
   values.upload(count_sets[0]);
   set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.get(), values.get(), G);
-  mok::gemm::rows_times_weight_t(args);
+  run_form(mok::gemm::rows_times_weight_t, args);
   MOK_CUDA_OK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   set_counts_kernel<<<1, 32, 0, stream>>>(l.d_counts.get(), values.get(),
                                           G);  // sizes set on the device
-  mok::gemm::rows_times_weight_t(args);
+  run_form(mok::gemm::rows_times_weight_t, args);
   MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
   MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   DeviceBuffer<float> ref(std::size_t(l.capacity) * n);

@@ -587,7 +587,8 @@ TEST(LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // W 4 case stalled on all 4 of its attempts; with 32 queues, 3 of 20 W 4 repetitions (2e52e9d).
 // And CUDA's lazy loading loads a kernel at its first launch, which can wait for kernels already
 // running. So this binary asks for 32 queues and eager loading (below, before CUDA starts), and
-// every case runs kRepetitions times on fresh regions and layers with no retry. A stall passes
+// every case makes its team once (streams first, then regions and layers, as a job's layer lives
+// across steps) and runs it kRepetitions times on fresh outputs, with no retry. A stall passes
 // only when the test proves it is the driver's queue: each rank records an event on its stream
 // (empty until then) before its first call, and an event reaches the GPU when its hardware queue
 // does, so a straggler whose event was processed at least half the timeout after the others'
@@ -615,31 +616,35 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
       LayerData &one = c.one, &many = c.many;
       const Problem& p = c.rank;
       int stalls = 0, queue_stalls = 0;
+      // The team lives for the whole case, as a training job's layers do: its regions, its
+      // layers (with their weight-gradient side streams) and the ranks' streams are made once,
+      // streams first, so the driver deals the case's streams their hardware queues once.
+      std::vector<cudaStream_t> streams(W);
+      for (cudaStream_t& s : streams) {
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      }
+      const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
+      std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
+      std::vector<void*> bases;
+      for (int r = 0; r < W; ++r) {
+        regions.push_back(
+            std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
+        bases.push_back(regions.back()->get());
+      }
+      std::vector<std::unique_ptr<cuda::Layer>> layers;
+      for (int r = 0; r < W; ++r) {
+        Problem mine = p;
+        mine.ep_rank = r;
+        layers.push_back(std::make_unique<cuda::Layer>(mine, Config{}, 0,
+                                                       cuda::ExternalRank{bases, kTimeoutMs}));
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists
       for (int repetition = 1; repetition <= kRepetitions; ++repetition) {
         DeviceLayer g(many);  // fresh, poisoned outputs
         std::vector<std::unique_ptr<DeviceTensor>> scratch;
         std::vector<std::unique_ptr<DeviceContext>> contexts;
         std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
-        const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
-        std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
-        std::vector<void*> bases;
-        for (int r = 0; r < W; ++r) {
-          regions.push_back(
-              std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
-          bases.push_back(regions.back()->get());
-        }
-        std::vector<std::unique_ptr<cuda::Layer>> layers;
-        for (int r = 0; r < W; ++r) {
-          Problem mine = p;
-          mine.ep_rank = r;
-          layers.push_back(std::make_unique<cuda::Layer>(mine, Config{}, 0,
-                                                         cuda::ExternalRank{bases, kTimeoutMs}));
-        }
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists
-        std::vector<cudaStream_t> streams(W);
-        for (cudaStream_t& s : streams) {
-          ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<std::string> failures(W);
         // Host time of each rank's forward and backward calls (launches only): a stall whose
         // straggler's calls took about the timeout was its host thread held up (a driver lock, a
@@ -677,7 +682,6 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
         const float earliest = *std::min_element(start_ms.begin(), start_ms.end());
         for (float& v : start_ms) v -= earliest;
         for (cudaEvent_t e : reached) cudaEventDestroy(e);
-        for (cudaStream_t s : streams) cudaStreamDestroy(s);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess) << what;
         bool any = false, only_stalls = true;
         for (const std::string& f : failures) {
@@ -725,6 +729,8 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
       std::printf(
           "[ mok ] %s: %d of %d repetitions stalled, %d of them proven the driver's queue\n",
           what.c_str(), stalls, kRepetitions, queue_stalls);
+      layers.clear();
+      for (cudaStream_t s : streams) cudaStreamDestroy(s);
     }
   }
 }
