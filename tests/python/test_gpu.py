@@ -265,13 +265,14 @@ def test_cuda_lru_frees_no_memory_during_capture(gen):
     torch.cuda.synchronize()
     assert ws._retired, "the LRU dropped nothing"
     retired = [weakref.ref(c) for c in ws._retired]
-    free_before = torch.cuda.mem_get_info()[0]
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():  # shapes whose workspaces exist
-        outs = [mok.moe(*o, workspace=ws) for o in others[-2:]]
+    # "global": a cudaFree (or any other call that synchronizes) during the capture invalidates it
+    # and raises here. The device's free memory is no witness: the driver moves it on its own
+    # (6 MiB more free across this capture on an H100 at ae379f7).
+    with torch.cuda.graph(graph, capture_error_mode="global"), torch.no_grad():
+        outs = [mok.moe(*o, workspace=ws) for o in others[-2:]]  # shapes whose workspaces exist
     gc.collect()
     assert all(r() is not None for r in retired), "a retired workspace was freed during capture"
-    assert torch.cuda.mem_get_info()[0] <= free_before
     for o in outs:
         o.fill_(float("nan"))
     graph.replay()
