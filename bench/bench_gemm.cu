@@ -12,8 +12,12 @@
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
 // the same with bf16(w h) stored too (the backward's form where I <= H). Before timing, both
 // forms must write every kept row of dg, du and dot with the same bits.
+// "mok-fp8": the e4m3 forms of gemm1 (gate/up with SwiGLU) and gemm2 (down) on FP8 operands with
+// 1 x 128 row scales and 128 x 128 weight-block scales; checked before timing on a sampled row of
+// the first and last expert against an fp32 model of the block-scaled product.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -83,6 +87,86 @@ __nv_bfloat16* alloc_random(size_t n, unsigned seed, float scale) {
   CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * 2));
   fill_kernel<<<2048, 256>>>(p, n, seed, scale);
   return p;
+}
+
+// Finite e4m3 bytes with exponent fields 5..9 (|v| in [0.25, 8)), and power-of-two scales
+// 2^-8 .. 2^-4, both from a hash of (index, seed).
+__device__ unsigned hash_index(size_t i, unsigned seed) {
+  unsigned x =
+      static_cast<unsigned>(i) * 2654435761u ^ seed ^ static_cast<unsigned>(i >> 32) * 40503u;
+  x ^= x >> 15;
+  x *= 0x2c1b3c6du;
+  x ^= x >> 12;
+  return x;
+}
+__global__ void fill_e4m3_kernel(std::uint8_t* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const unsigned x = hash_index(i, seed);
+    p[i] = static_cast<std::uint8_t>((x & 0x87u) | ((5u + (x >> 8) % 5u) << 3));
+  }
+}
+__global__ void fill_scale_kernel(float* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    p[i] = ldexpf(1.0f, -4 - static_cast<int>(hash_index(i, seed) % 5u));
+  }
+}
+std::uint8_t* alloc_e4m3(size_t n, unsigned seed) {
+  std::uint8_t* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1)));
+  fill_e4m3_kernel<<<2048, 256>>>(p, n, seed);
+  return p;
+}
+float* alloc_scales(size_t n, unsigned seed) {
+  float* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * 4));
+  fill_scale_kernel<<<256, 256>>>(p, n, seed);
+  return p;
+}
+
+// The e4m3 row `row` of group g times its weight [G, n, k]: per K block the product of the
+// decoded values in fp32, times the row's and the block's scales, summed in K order.
+__global__ void ref_fp8_kernel(const std::uint8_t* a, int lda, const float* a_scale, long long a_ld,
+                               const std::uint8_t* w, const float* w_scale, int row, int g,
+                               int n_cols, int k_dim, float* out) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= n_cols) return;
+  const int kbs = k_dim / 128;
+  float acc = 0.0f;
+  for (int kb = 0; kb < kbs; ++kb) {
+    float block = 0.0f;
+    for (int k = kb * 128; k < kb * 128 + 128; ++k) {
+      __nv_fp8_e4m3 x, y;
+      x.__x = a[size_t(row) * lda + k];
+      y.__x = w[(size_t(g) * n_cols + n) * k_dim + k];
+      block = fmaf(float(x), float(y), block);
+    }
+    const float s = a_scale[size_t(kb) * a_ld + row] *
+                    w_scale[(size_t(g) * (n_cols / 128) + n / 128) * kbs + kb];
+    acc = fmaf(block, s, acc);
+  }
+  out[n] = acc;
+}
+
+double rel_err_row_fp8(const std::uint8_t* a, int lda, const float* a_scale, long long a_ld,
+                       const std::uint8_t* w, const float* w_scale, int row, int g, int n, int k,
+                       const __nv_bfloat16* out, long long ld_out) {
+  float* ref = nullptr;
+  CHECK_CUDA(cudaMalloc(&ref, n * 4));
+  ref_fp8_kernel<<<(n + 127) / 128, 128>>>(a, lda, a_scale, a_ld, w, w_scale, row, g, n, k, ref);
+  std::vector<float> r(n);
+  std::vector<__nv_bfloat16> o(n);
+  CHECK_CUDA(cudaMemcpy(r.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(o.data(), out + size_t(row) * ld_out, n * 2, cudaMemcpyDeviceToHost));
+  cudaFree(ref);
+  double d = 0, s = 0;
+  for (int j = 0; j < n; ++j) {
+    const double v = __bfloat162float(o[j]);
+    d += (v - r[j]) * (v - r[j]);
+    s += double(r[j]) * r[j];
+  }
+  return std::sqrt(d / std::max(s, 1e-30));
 }
 
 // out[s, n] = sum_k a[row_s, k] * b(n, k) for a sampled row (fp32), for the correctness check.
@@ -341,6 +425,56 @@ int main(int argc, char** argv) {
           }
         }
       }
+      // The e4m3 operands: x and hidden rows with 1 x 128 scales ([K / 128, capacity]), weights
+      // with 128 x 128 block scales.
+      std::uint8_t* x8 = alloc_e4m3(size_t(capacity) * c.h, 11);
+      std::uint8_t* hid8 = alloc_e4m3(size_t(capacity) * c.i, 12);
+      std::uint8_t* wg8 = alloc_e4m3(size_t(G) * c.i * c.h, 13);
+      std::uint8_t* wu8 = alloc_e4m3(size_t(G) * c.i * c.h, 14);
+      std::uint8_t* wd8 = alloc_e4m3(size_t(G) * c.h * c.i, 15);
+      float* x8s = alloc_scales(size_t(c.h / 128) * capacity, 16);
+      float* hid8s = alloc_scales(size_t(c.i / 128) * capacity, 17);
+      float* wg8s = alloc_scales(size_t(G) * (c.i / 128) * (c.h / 128), 18);
+      float* wu8s = alloc_scales(size_t(G) * (c.i / 128) * (c.h / 128), 19);
+      float* wd8s = alloc_scales(size_t(G) * (c.h / 128) * (c.i / 128), 20);
+      __nv_bfloat16 *out_g8, *out_u8;
+      CHECK_CUDA(cudaMalloc(&out_g8, size_t(capacity) * c.i * 2));
+      CHECK_CUDA(cudaMalloc(&out_u8, size_t(capacity) * c.i * 2));
+      mok::gemm::GateUpForwardFp8Args gu8;
+      gu8.segments = seg;
+      gu8.x = {x8, c.h, x8s, capacity};
+      gu8.w_gate = {wg8, wg8s};
+      gu8.w_up = {wu8, wu8s};
+      gu8.hidden = out_h;
+      gu8.ld_out = c.i;
+      gu8.hidden_size = c.h;
+      gu8.intermediate_size = c.i;
+      mok::gemm::RowsTimesWeightTFp8Args down8;
+      down8.segments = seg;
+      down8.a = {hid8, c.i, hid8s, capacity};
+      down8.w = {wd8, wd8s};
+      down8.out = out_y;
+      down8.ld_out = c.h;
+      down8.n = c.h;
+      down8.k = c.i;
+      {
+        mok::gemm::GateUpForwardFp8Args gu8_s = gu8;  // with g and u stored, for the check
+        gu8_s.gate = out_g8;
+        gu8_s.up = out_u8;
+        CHECK_CUDA(cudaMemset(out_g8, 0xff, size_t(capacity) * c.i * 2));
+        CHECK_CUDA(cudaMemset(out_y, 0xff, size_t(capacity) * c.h * 2));
+        mok::gemm::gate_up_forward_fp8(gu8_s);
+        mok::gemm::rows_times_weight_t_fp8(down8);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (int g : {0, G - 1}) {
+          if (counts[g] == 0) continue;
+          const int row = starts[g] + counts[g] - 1;
+          err = std::max(err, rel_err_row_fp8(x8, c.h, x8s, capacity, wg8, wg8s, row, g, c.i, c.h,
+                                              out_g8, c.i));
+          err = std::max(err, rel_err_row_fp8(hid8, c.i, hid8s, capacity, wd8, wd8s, row, g, c.h,
+                                              c.i, out_y, c.h));
+        }
+      }
       if (!(err < 1.0 / 128)) {  // 2 bf16 ulps relative: a wrong kernel, not rounding
         std::fprintf(stderr, "%s: relative error %.3g on a checked row; not timing\n", c.name, err);
         return 1;
@@ -358,6 +492,10 @@ int main(int argc, char** argv) {
       items.push_back(
           {"gemm1", "mok-unfused", 2 * flops, [=] { mok::gemm::rows_times_weight_t(plain); }});
       items.push_back({"gemm2", "mok", flops, [=] { mok::gemm::rows_times_weight_t(down); }});
+      items.push_back(
+          {"gemm1", "mok-fp8", 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(gu8); }});
+      items.push_back(
+          {"gemm2", "mok-fp8", flops, [=] { mok::gemm::rows_times_weight_t_fp8(down8); }});
       items.push_back({"dgrad", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad); }});
       items.push_back(
           {"dgrad-swiglu", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad_swiglu); }});
@@ -396,11 +534,13 @@ int main(int argc, char** argv) {
         std::fflush(json);
       }
       for (void* p :
-           {(void*)x,        (void*)w13,    (void*)wg,      (void*)wu,     (void*)wd,
-            (void*)hid,      (void*)dy,     (void*)out_h,   (void*)out_gu, (void*)out_y,
-            (void*)out_dh,   (void*)out_dw, (void*)sg,      (void*)su,     (void*)out_dg,
-            (void*)out_du,   (void*)out_wh, (void*)out_dot, (void*)row_w,  (void*)d_starts,
-            (void*)d_counts, (void*)tickets}) {
+           {(void*)x,        (void*)w13,     (void*)wg,      (void*)wu,     (void*)wd,
+            (void*)hid,      (void*)dy,      (void*)out_h,   (void*)out_gu, (void*)out_y,
+            (void*)out_dh,   (void*)out_dw,  (void*)sg,      (void*)su,     (void*)out_dg,
+            (void*)out_du,   (void*)out_wh,  (void*)out_dot, (void*)row_w,  (void*)d_starts,
+            (void*)d_counts, (void*)tickets, (void*)x8,      (void*)hid8,   (void*)wg8,
+            (void*)wu8,      (void*)wd8,     (void*)x8s,     (void*)hid8s,  (void*)wg8s,
+            (void*)wu8s,     (void*)wd8s,    (void*)out_g8,  (void*)out_u8}) {
         cudaFree(p);
       }
     }

@@ -34,6 +34,7 @@
 #include "core/bf16.hpp"
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
+#include "gemm_layout.hpp"
 #include "gpu_buffer.hpp"
 #include "mok/error.hpp"
 #include "support/kernel_hooks.hpp"
@@ -46,8 +47,8 @@ using mok::test::next_seed;
 
 using mok::bf16_t;
 using mok::gemm::RowSegments;
+using mok::test::Layout;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
-constexpr int kAlign = mok::gemm::kExpertSegmentAlignment;
 
 // A launch that gives up on a wait (WaitOptions::timeout_ns) ends normally with its outputs void,
 // so without a report a test would see only wrong bits. Every launch of these tests (but those of
@@ -129,38 +130,6 @@ __global__ void fill_random_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_
 void fill_random(DeviceBuffer<__nv_bfloat16>& b, float scale) {
   fill_random_kernel<<<1024, 256>>>(b.get(), b.size(), next_seed(), scale);
 }
-
-// Rows [r0, r1) of a [rows, cols] matrix set to NaN: padding must never leak into kept values.
-void poison_rows(DeviceBuffer<__nv_bfloat16>& b, int cols, int r0, int r1) {
-  if (r1 > r0)
-    cudaMemset(b.get() + static_cast<std::size_t>(r0) * cols, 0xff,
-               std::size_t(r1 - r0) * cols * 2);
-}
-
-// The row layout of one test: padded segment starts, unpadded counts, on host and device.
-struct Layout {
-  std::vector<int> counts, starts;
-  int capacity = 0;
-  DeviceBuffer<int> d_starts, d_counts;
-  explicit Layout(const std::vector<int>& c, int extra_rows = 64)
-      : counts(c), starts(c.size() + 1, 0), d_starts(c.size() + 1), d_counts(c.size()) {
-    for (std::size_t g = 0; g < c.size(); ++g) {
-      starts[g + 1] = starts[g] + (c[g] + kAlign - 1) / kAlign * kAlign;
-    }
-    capacity = starts.back() + extra_rows;
-    d_starts.upload(starts);
-    d_counts.upload(counts);
-  }
-  int groups() const { return static_cast<int>(counts.size()); }
-  RowSegments segments() const {
-    return RowSegments{d_starts.get(), d_counts.get(), groups(), capacity, 0};
-  }
-  // Poison every padding row (and the rows past the last segment) of a row buffer.
-  void poison_padding(DeviceBuffer<__nv_bfloat16>& b, int cols) const {
-    for (int g = 0; g < groups(); ++g) poison_rows(b, cols, starts[g] + counts[g], starts[g + 1]);
-    poison_rows(b, cols, starts.back(), capacity);
-  }
-};
 
 std::vector<int> random_counts(int groups, int mean, std::mt19937_64& rng) {
   std::vector<int> c(groups);

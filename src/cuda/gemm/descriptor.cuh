@@ -30,6 +30,21 @@ struct WaitTimeoutReport {
   unsigned long long timeout_ns;
 };
 
+// The fp32 scales of an e4m3 GEMM's operands (powers of two, DESIGN.md section 5b), the e4m3
+// kernels' second parameter (NOTES: not in GemmParams, so that the forward megakernel's four
+// descriptors stay within the 4 KiB of kernel parameters):
+//   a[kb * a_ld + row]                          A's row `row` (of the row buffer), K block kb
+//   b[(g * b_n_blocks + nb) * k_blocks + kb]    group g's weight block (nb, kb), B rows
+//                                               [128 nb, 128 nb + 128); b2 the same for W_up
+//                                               (gate/up). k_blocks: SchedulerParams::k_blocks.
+struct Fp8Scales {
+  const float* a;
+  long long a_ld;
+  const float* b;
+  const float* b2;
+  int b_n_blocks;
+};
+
 struct GemmParams {
   SchedulerParams sched;
   // Mainloop.

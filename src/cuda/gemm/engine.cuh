@@ -58,10 +58,12 @@ class GemmEngine {
   using Epilogue = E;
 
   // Every thread: the engine over `smem` (the dynamic shared memory, kSharedBytes) and `d` (in
-  // parameter space).
-  __device__ __forceinline__ GemmEngine(std::uint8_t* smem, const GemmDescriptor& d)
+  // parameter space); e4m3 forms: and their scales `fp8` (in parameter space too).
+  __device__ __forceinline__ GemmEngine(std::uint8_t* smem, const GemmDescriptor& d,
+                                        const Fp8Scales* fp8 = nullptr)
       : ring_{aligned(smem)},
         d_(d),
+        fp8_(fp8),
         warpgroup_(static_cast<int>(threadIdx.x) / 128),
         warp_((static_cast<int>(threadIdx.x) / 32) % 4),
         lane_(static_cast<int>(threadIdx.x) % 32) {}
@@ -201,7 +203,10 @@ class GemmEngine {
     const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    if constexpr (epilogue::ReadsRows<E, F>) {
+    if constexpr (F::kFp8) {
+      static_assert(!epilogue::ReadsRows<E, F>, "e4m3: no epilogue lead");
+      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe);
+    } else if constexpr (epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
       mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, lead);
     } else {
@@ -257,6 +262,7 @@ class GemmEngine {
 
   const SharedRing<F> ring_;
   const GemmDescriptor& d_;
+  const Fp8Scales* const fp8_;
   const int warpgroup_, warp_, lane_;
   PipelineState<F::kStages> state_;
   TileQueueState queue_;

@@ -635,9 +635,10 @@ struct RowsBf16 {
     static_assert(F::kind == FormKind::kRowsWT || F::kind == FormKind::kRowsW, "plain rows");
     store_plain<F, RowsBf16>(acc, t, d.p, wg, warp, lane);
   }
-  // The rows are held and stored during the next tile's first K block (HeldRows).
+  // The rows are held and stored during the next tile's first K block (HeldRows), in the bf16
+  // forms (HeldRows has a 256-wide tile's registers).
   template <class F>
-  static constexpr bool kHolds = true;
+  static constexpr bool kHolds = !F::kFp8;
   template <class F>
   __device__ __forceinline__ static void hold(const float (&acc)[F::kAcc], const TileInfo& t,
                                               const GemmDescriptor& d, int wg, int warp, int lane,

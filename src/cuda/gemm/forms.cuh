@@ -15,13 +15,23 @@ enum class FormKind {
   kWeightGradContinued,  // the same, accumulators seeded from the fp32 output
 };
 
-// Both consumer warpgroups work on one 128 x 256 tile, 64 rows each (wgmma m64n256k16). NOTES:
-// ping-pong consumers (each warpgroup a whole 128 x 128 tile, running its epilogue while the other
-// runs its K loop) measured 6-22% slower than this on every form (docs/perf/NOTES.md, v6) and were
-// removed.
-template <FormKind kKind>
+// The operands' element type. e4m3 (DESIGN.md section 5b): FP8 bytes with fp32 power-of-two
+// scales, rows per 1x128 along K and weights per 128x128 block (GemmParams::fp8), K-major only.
+enum class Operand { bf16, e4m3 };
+
+// Both consumer warpgroups work on one 128 x kTileN tile, 64 rows each. bf16: kTileN 256 (wgmma
+// m64n256k16). NOTES: ping-pong consumers (each warpgroup a whole 128 x 128 tile, running its
+// epilogue while the other runs its K loop) measured 6-22% slower than this on every form
+// (docs/perf/NOTES.md, v6) and were removed.
+// e4m3: kTileN 128 (wgmma m64n128k32) and K blocks of 128 elements, one scale block each: a K
+// block's product (4 k32 steps) goes to a second set of accumulators, which is then added into
+// the first times the row's and the weight block's scales (mainloop.cuh, mma_tile_fp8). Two sets
+// of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 32 KiB, so 6 stages.
+template <FormKind kKind, Operand kOperand = Operand::bf16>
 struct Form {
   static constexpr FormKind kind = kKind;
+  static constexpr Operand operand = kOperand;
+  static constexpr bool kFp8 = kOperand == Operand::e4m3;
   static constexpr bool kKGrouped =
       kKind == FormKind::kWeightGrad || kKind == FormKind::kWeightGradContinued;
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
@@ -30,13 +40,17 @@ struct Form {
   static constexpr int kTransA = kKGrouped ? 1 : 0;  // 1: A is M-major
   static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
 
-  static constexpr int kTileN = 256;
+  static_assert(!kFp8 || kKind == FormKind::kGateUp || kKind == FormKind::kRowsWT,
+                "e4m3: the forms whose operands are both K-major");
+  static constexpr int kTileN = kFp8 ? 128 : 256;
+  // Elements of one K block: one 128-byte swizzled row of each operand (64 bf16, 128 e4m3).
+  static constexpr int kBlockK = kFp8 ? 2 * kTileK : kTileK;
   // NOTES: the bf16 wgrad stores its tiles through shared memory and TMA (epilogue.cuh,
   // store_tile_tma): v4/v5 measured its short-K cells (2-16 K blocks a tile) bound by the
   // epilogue, and a TMA store lets the Consumers start the next tile while the copy engine writes
   // this one. Its 64 KiB staging tile costs the ring one stage.
   static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad;
-  static constexpr int kStages = kTmaStore ? 3 : 4;
+  static constexpr int kStages = kTmaStore ? 3 : kFp8 ? 6 : 4;
   // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage

@@ -133,6 +133,55 @@ struct RowsTimesWeightTArgs {
   WaitOptions waits;
 };
 
+// e4m3 operands (DESIGN.md section 5b): FP8 bytes and fp32 power-of-two scales. wgmma reads them
+// K-major only, so both operands of an e4m3 form have K contiguous; H and I multiples of 128.
+//   rows:    [capacity_rows, k] with ld; scale[kb * scale_ld + row] per 1 x 128 along k (k-block-
+//            major, so a tile's rows of one K block are contiguous), scale_ld >= capacity_rows.
+//   weights: [G, n, k] contiguous; scale [G, n / 128, k / 128], one per 128 x 128 block.
+struct Fp8Rows {
+  const std::uint8_t* data = nullptr;
+  std::int64_t ld = 0;
+  const float* scale = nullptr;
+  std::int64_t scale_ld = 0;
+};
+struct Fp8Weight {
+  const std::uint8_t* data = nullptr;
+  const float* scale = nullptr;
+};
+
+// GateUpForwardArgs over e4m3 operands: g and u are the promoted fp32 sums (each K block's
+// product times its row's and weight block's scales, added in K order), then the same epilogue.
+struct GateUpForwardFp8Args {
+  RowSegments segments;
+  Fp8Rows x;               // [capacity_rows, hidden_size]
+  Fp8Weight w_gate, w_up;  // [G, intermediate_size, hidden_size]
+  __nv_bfloat16* hidden = nullptr;
+  __nv_bfloat16* gate = nullptr;
+  __nv_bfloat16* up = nullptr;
+  std::int64_t ld_out = 0;
+  int hidden_size = 0;        // K, multiple of 128
+  int intermediate_size = 0;  // N, multiple of 128
+  std::optional<float> swiglu_limit;
+  cudaStream_t stream = nullptr;
+  WaitOptions waits;
+};
+
+// RowsTimesWeightTArgs over e4m3 operands (the down forward; with a weight's transposed copy, the
+// input gradients).
+struct RowsTimesWeightTFp8Args {
+  RowSegments segments;
+  Fp8Rows a;    // [capacity_rows, k]
+  Fp8Weight w;  // [G, n, k]
+  __nv_bfloat16* out = nullptr;
+  std::int64_t ld_out = 0;
+  const float* row_scale = nullptr;
+  RowScatter scatter;
+  int n = 0;  // multiple of 128
+  int k = 0;  // multiple of 128
+  cudaStream_t stream = nullptr;
+  WaitOptions waits;
+};
+
 // The SwiGLU backward as the epilogue of the down projection's input gradient: instead of storing
 // dh = bf16(a W) the epilogue reads the forward's g and u at the same rows and columns and stores
 //   dg, du = bf16(swiglu_backward(g, u, dh))   (numerics::swiglu_backward_fast)
@@ -259,6 +308,8 @@ void gate_up_forward(const GateUpForwardArgs& args);
 void rows_times_weight_t(const RowsTimesWeightTArgs& args);  // down forward (and dense)
 void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
 void weight_grad(const WeightGradArgs& args);                // wgrad
+void gate_up_forward_fp8(const GateUpForwardFp8Args& args);
+void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args);
 
 // The persistent grid size the launchers use (one CTA per SM of the current device).
 int persistent_grid_size();

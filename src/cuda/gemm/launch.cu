@@ -186,8 +186,8 @@ void with_flag(bool on, Body&& body) {
 
 // Form F with epilogue policy E over `d`.
 template <class F, class E>
-void launch(const GemmDescriptor& d, cudaStream_t stream) {
-  launch_grouped_gemm<F::kind, E>(d, stream);
+void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8 = {}) {
+  launch_grouped_gemm<F, E>(d, stream, fp8);
 }
 
 }  // namespace
@@ -281,6 +281,104 @@ void rows_times_weight_t_form(const RowsTimesWeightTArgs& args) {
 }
 
 }  // namespace
+
+namespace {
+
+void check_multiple_of_128(int v, const char* name) {
+  check(v > 0 && v % 128 == 0, name, "a positive multiple of 128 (e4m3: 128 x 128 weight blocks)",
+        to_text(v));
+}
+
+// An e4m3 row operand over `rows` rows of `k` columns: its map and its scales' checks.
+CUtensorMap fp8_rows_map(const Fp8Rows& r, int rows, int k, int box_rows, const std::string& name) {
+  check(r.scale != nullptr, name + ".scale", "a device pointer", "null");
+  check(reinterpret_cast<std::uintptr_t>(r.scale) % 4 == 0, name + ".scale", "4-byte alignment",
+        to_text(r.scale));
+  check(r.scale_ld >= rows, name + ".scale_ld", ">= capacity_rows (" + to_text(rows) + ")",
+        to_text(r.scale_ld));
+  return make_tensor_map_e4m3(r.data, rows, k, r.ld, box_rows, name.c_str());
+}
+
+// An e4m3 weight [groups, n, k]: its map and its scales' checks.
+CUtensorMap fp8_weight_map(const Fp8Weight& w, int groups, int n, int k, int box_rows,
+                           const std::string& name) {
+  check(w.scale != nullptr, name + ".scale", "a device pointer", "null");
+  check(reinterpret_cast<std::uintptr_t>(w.scale) % 4 == 0, name + ".scale", "4-byte alignment",
+        to_text(w.scale));
+  return make_tensor_map_e4m3(w.data, static_cast<long long>(groups) * n, k, k, box_rows,
+                              (name + ".data").c_str());
+}
+
+using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3>;
+using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3>;
+
+}  // namespace
+
+void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
+  using F = Fp8GateUp;
+  check_segments(args.segments);
+  check_multiple_of_128(args.hidden_size, "hidden_size");
+  check_multiple_of_128(args.intermediate_size, "intermediate_size");
+  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
+        "one of them null");
+  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
+  check_aligned(args.hidden, "hidden");
+  check_aligned(args.gate, "gate");
+  check_aligned(args.up, "up");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
+        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
+  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const int G = s.num_groups, N = args.intermediate_size, K = args.hidden_size;
+  const CUtensorMap a = fp8_rows_map(args.x, s.capacity_rows, K, F::kBoxRowsA, "x");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = fp8_weight_map(args.w_gate, G, N, K, F::kBoxRowsB, "w_gate");
+  d.b2 = fp8_weight_map(args.w_up, G, N, K, F::kBoxRowsB, "w_up");
+  GemmParams& p = d.p;
+  p.sched.n_tiles = ceil_div(N, F::kOutTileN);
+  p.sched.k_blocks = K / F::kBlockK;
+  p.n = N;
+  p.b_rows_per_group = N;
+  p.out = args.hidden;
+  p.ld_out = args.ld_out;
+  p.gate_out = args.gate;
+  p.up_out = args.up;
+  p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
+  const Fp8Scales fp8{args.x.scale, args.x.scale_ld, args.w_gate.scale, args.w_up.scale, N / 128};
+  with_flag(args.gate != nullptr, [&](auto pre_activations) {
+    with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+      launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
+    });
+  });
+}
+
+void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
+  using F = Fp8RowsWT;
+  check_segments(args.segments);
+  check_multiple_of_128(args.n, "n");
+  check_multiple_of_128(args.k, "k");
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  const CUtensorMap a = fp8_rows_map(args.a, s.capacity_rows, args.k, F::kBoxRowsA, "a");
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = a;
+  d.b = d.b2 = fp8_weight_map(args.w, s.num_groups, args.n, args.k, F::kBoxRowsB, "w");
+  GemmParams& p = d.p;
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = args.k / F::kBlockK;
+  p.n = args.n;
+  p.b_rows_per_group = args.n;
+  set_output(p, args.out, args.ld_out, args.n, args.scatter);
+  p.row_scale = args.row_scale;
+  const Fp8Scales fp8{args.a.scale, args.a.scale_ld, args.w.scale, args.w.scale, args.n / 128};
+  with_flag(args.row_scale != nullptr, [&](auto scaled) {
+    with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+      launch<F, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
+    });
+  });
+}
 
 template <class F>
 std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightArgs& args) {

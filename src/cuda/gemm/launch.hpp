@@ -20,11 +20,12 @@ inline constexpr int kMaxDevices = 64;
 // The current CUDA device (throws mok::Error when it cannot be queried).
 int current_device();
 
-// Launches the persistent grouped GEMM kernel of Form<kKind> with epilogue E over `d` (one CTA per
-// SM of the current device) on `stream`. Throws mok::Error when the launch fails. Instantiated for
-// the list in the kernel file; the launchers call no other.
-template <FormKind kKind, class E>
-void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream);
+// Launches the persistent grouped GEMM kernel of form F with epilogue E over `d` (one CTA per SM
+// of the current device) on `stream`; `fp8`: the e4m3 forms' scales. Throws mok::Error when the
+// launch fails. Instantiated for the lists in the kernel files (bf16: sm90_bf16_grouped_gemm.cu,
+// e4m3: sm90_fp8_grouped_gemm.cu); the launchers call no other.
+template <class F, class E>
+void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8 = {});
 
 // One GEMM's descriptor, checked and built as its launcher does it, for a kernel that runs the
 // GEMM itself (the forward megakernel's task loop, kernels/fused_forward.cu; tests/cpp's stall

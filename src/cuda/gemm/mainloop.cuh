@@ -204,7 +204,7 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
   constexpr int kHalfChunks = F::kTileN / 2 / kSwizzleChunk;
   std::uint64_t* bar = ring.full(s);
   std::uint8_t* dst = ring.b(s) + h * (F::kTileBBytes / 2);
-  const int k0 = kb * kTileK;
+  const int k0 = kb * F::kBlockK;
   const int n0 = tile.n0 * F::kOutTileN;
   const int w_row = tile.group * p.b_rows_per_group;
   if constexpr (F::kind == FormKind::kGateUp) {
@@ -279,7 +279,7 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
                                              const GemmParams& p) {
   std::uint64_t* bar = ring.full(s);
   ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
-  const int k0 = kb * kTileK;
+  const int k0 = kb * F::kBlockK;
   if constexpr (F::kKGrouped) {
     const int row = tile.row_base + k0;
     const int n0 = tile.n0 * F::kOutTileN;
@@ -468,6 +468,101 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   ptx::fence_registers(acc);
   probe.multiplied();
   if (previous_stage >= 0 && lane == 0) ptx::mbarrier_arrive(ring.empty(previous_stage));
+}
+
+// Consumer, e4m3 forms: the 4 wgmma k32 steps of one K block (128 elements, one scale block) into
+// `partial`, which the first step overwrites (scale-d 0) and the others add to.
+template <class F>
+__device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
+                                                const SharedRing<F>& ring, int s, int consumer_wg) {
+  static_assert(F::kFp8 && !F::kTransA && !F::kTransB, "e4m3: both operands K-major");
+  const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
+  const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < F::kBlockK / 32; ++kk) {
+    // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands.
+    const std::uint64_t db = ptx::make_smem_desc_sw128(b_base + kk * 32, 16, 1024);
+    const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * 32, 16, 1024);
+    ptx::wgmma_m64n128k32_e4m3(partial, da, db, kk == 0 ? 0 : 1);
+  }
+  ptx::wgmma_commit_group();
+}
+
+// The scales one consumer thread needs for a K block of an e4m3 tile: its two rows' (h) and the
+// weight block's of each half of the tile's columns (gate/up: W_gate's, W_up's; else the same).
+struct Fp8BlockScales {
+  float row[2];
+  float weight[2];
+};
+
+// Consumer, e4m3 forms: the scales of K block `kb`. Rows past the group's (padding, or past a
+// dense form's rows) get scale 0, so their accumulators stay exactly 0 whatever their bytes hold.
+template <class F>
+__device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, const GemmParams& p,
+                                                          const Fp8Scales& fp8, int kb, int wg,
+                                                          int warp, int lane) {
+  Fp8BlockScales s;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = t.m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
+    s.row[h] = r < t.row_count
+                   ? __ldg(fp8.a + static_cast<long long>(kb) * fp8.a_ld + t.row_base + r)
+                   : 0.0f;
+  }
+  // The tile's B rows lie in one 128-row block: gate/up tiles cover 64 output columns
+  // (F::kOutTileN), the others 128.
+  const int n_block = t.n0 * F::kOutTileN / 128;
+  const long long w =
+      (static_cast<long long>(t.group) * fp8.b_n_blocks + n_block) * p.sched.k_blocks + kb;
+  s.weight[0] = __ldg(fp8.b + w);
+  s.weight[1] = F::kind == FormKind::kGateUp ? __ldg(fp8.b2 + w) : s.weight[0];
+  return s;
+}
+
+// Consumer, e4m3 forms: the whole K loop of one tile. Per K block: its product into `partial`,
+// then acc = fma(partial, row scale x weight scale, acc) in a fixed order (the promotion, once
+// every 128 of K: DeepGEMM's two-level accumulation). NOTES: the stage is released as soon as the
+// block's wgmma are done, before the promotion; while one warpgroup promotes, the other's wgmma
+// keep the tensor cores busy. The next block's scales are loaded before the wait for this one's
+// data. A wait that gives up is passed, as in mma_tile (the outputs are then void).
+template <class F, class Probe>
+__device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const SharedRing<F>& ring,
+                                             PipelineState<F::kStages>& state, const TileInfo& tile,
+                                             const GemmParams& p, const Fp8Scales& fp8,
+                                             int consumer_wg, int warp, int lane,
+                                             const Probe& probe) {
+  float partial[F::kAcc];
+  Fp8BlockScales next{};
+  if (tile.k_blocks > 0) next = load_fp8_scales<F>(tile, p, fp8, 0, consumer_wg, warp, lane);
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    const Fp8BlockScales scales = next;
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
+    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
+    if (kb + 1 < tile.k_blocks)
+      next = load_fp8_scales<F>(tile, p, fp8, kb + 1, consumer_wg, warp, lane);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
+    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+    state.advance();
+    float factor[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        factor[h][half] = __fmul_rn(scales.row[h], scales.weight[half]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < F::kAcc; ++i) {
+      // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
+      // tile's columns from i = kAcc / 2 on.
+      acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
+    }
+  }
+  ptx::fence_registers(acc);
+  probe.multiplied();
 }
 
 }  // namespace mok::gemm

@@ -1,13 +1,9 @@
-// The library's instantiations of the standalone grouped GEMM kernel (sm90_bf16_grouped_gemm.cuh):
-// every (form, epilogue) pair the launchers pick (src/cuda/gemm/launch.cu), without test hooks.
+// The library's bf16 instantiations of the standalone grouped GEMM kernel
+// (sm90_bf16_grouped_gemm.cuh): every (form, epilogue) pair the launchers pick
+// (src/cuda/gemm/launch.cu), without test hooks. The e4m3 forms' are in sm90_fp8_grouped_gemm.cu.
 #include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
-
-template <FormKind kKind, class E>
-void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream) {
-  launch_grouped_gemm_kernel<Form<kKind>, E>(d, stream);
-}
 
 using epilogue::GradOut;
 using epilogue::RowsBf16;
@@ -16,60 +12,71 @@ using epilogue::SwigluBackward;
 using epilogue::SwigluForward;
 using epilogue::WeightGrad;
 using Stream = cudaStream_t;
-template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false>>(const GemmDescriptor&,
-                                                                           Stream);
-template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true>>(const GemmDescriptor&,
-                                                                          Stream);
+using GateUp = Form<FormKind::kGateUp>;
+using RowsWT = Form<FormKind::kRowsWT>;
+using RowsW = Form<FormKind::kRowsW>;
+using WeightGradForm = Form<FormKind::kWeightGrad>;
+using WeightGradContinued = Form<FormKind::kWeightGradContinued>;
+template void launch_grouped_gemm<GateUp, SwigluForward<false>>(const GemmDescriptor&, Stream,
+                                                                const Fp8Scales&);
+template void launch_grouped_gemm<GateUp, SwigluForward<true>>(const GemmDescriptor&, Stream,
+                                                               const Fp8Scales&);
 // Clamped SwiGLU (swiglu_limit): the same epilogues with kClamped (run on the H200 at 7db507e).
-template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<false, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kGateUp, SwigluForward<true, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, false>>(const GemmDescriptor&,
-                                                                             Stream);
-template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<false, true>>(const GemmDescriptor&,
-                                                                            Stream);
-template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<true, false>>(const GemmDescriptor&,
-                                                                            Stream);
-template void launch_grouped_gemm<FormKind::kRowsWT, RowsBf16<true, true>>(const GemmDescriptor&,
-                                                                           Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, RowsBf16<false, false>>(const GemmDescriptor&,
-                                                                            Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, RowsBf16<false, true>>(const GemmDescriptor&,
-                                                                           Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, RowsFp32>(const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, false>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, false, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<false, true, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, false, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true>>(
-    const GemmDescriptor&, Stream);
+template void launch_grouped_gemm<GateUp, SwigluForward<false, true>>(const GemmDescriptor&, Stream,
+                                                                      const Fp8Scales&);
+template void launch_grouped_gemm<GateUp, SwigluForward<true, true>>(const GemmDescriptor&, Stream,
+                                                                     const Fp8Scales&);
+template void launch_grouped_gemm<RowsWT, RowsBf16<false, false>>(const GemmDescriptor&, Stream,
+                                                                  const Fp8Scales&);
+template void launch_grouped_gemm<RowsWT, RowsBf16<false, true>>(const GemmDescriptor&, Stream,
+                                                                 const Fp8Scales&);
+template void launch_grouped_gemm<RowsWT, RowsBf16<true, false>>(const GemmDescriptor&, Stream,
+                                                                 const Fp8Scales&);
+template void launch_grouped_gemm<RowsWT, RowsBf16<true, true>>(const GemmDescriptor&, Stream,
+                                                                const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, RowsBf16<false, false>>(const GemmDescriptor&, Stream,
+                                                                 const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, RowsBf16<false, true>>(const GemmDescriptor&, Stream,
+                                                                const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, RowsFp32>(const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<false, false>>(const GemmDescriptor&,
+                                                                       Stream, const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<false, true>>(const GemmDescriptor&, Stream,
+                                                                      const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, false>>(const GemmDescriptor&, Stream,
+                                                                      const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, true>>(const GemmDescriptor&, Stream,
+                                                                     const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<false, false, true>>(const GemmDescriptor&,
+                                                                             Stream,
+                                                                             const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<false, true, true>>(const GemmDescriptor&,
+                                                                            Stream,
+                                                                            const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, false, true>>(const GemmDescriptor&,
+                                                                            Stream,
+                                                                            const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, true>>(const GemmDescriptor&,
+                                                                           Stream,
+                                                                           const Fp8Scales&);
 // The routed backward where I <= H: bf16(w h) for the down weight gradient as well (b1528ab).
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, false, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kRowsW, SwigluBackward<true, true, true, true>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::bf16>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::fp32>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGrad, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::bf16>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::fp32>>(
-    const GemmDescriptor&, Stream);
-template void launch_grouped_gemm<FormKind::kWeightGradContinued, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, Stream);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, false, true>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, true, true>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::bf16>>(const GemmDescriptor&,
+                                                                             Stream,
+                                                                             const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::fp32>>(const GemmDescriptor&,
+                                                                             Stream,
+                                                                             const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::fp32_add>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::bf16>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::fp32>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
+template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::fp32_add>>(
+    const GemmDescriptor&, Stream, const Fp8Scales&);
 
 }  // namespace mok::gemm

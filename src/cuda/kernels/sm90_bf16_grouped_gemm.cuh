@@ -32,16 +32,18 @@
 
 namespace mok::gemm {
 
-// The kernel of form F with epilogue E. kStallHook (tests only, tests/cpp's stall kernels): the
-// CTA with index `stall_block` never loads its first K block (GemmEngine::become_producer); the
-// library instantiates only kStallHook = false, whose code has none of the hook.
+// The kernel of form F with epilogue E; `fp8`: the e4m3 forms' scales (unused by bf16 forms).
+// kStallHook (tests only, tests/cpp's stall kernels): the CTA with index `stall_block` never loads
+// its first K block (GemmEngine::become_producer); the library instantiates only kStallHook =
+// false, whose code has none of the hook.
 template <class F, class E, bool kStallHook>
 __global__ void __launch_bounds__(kThreads, 1)
-    sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block) {
+    sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block,
+                                  const __grid_constant__ Fp8Scales fp8) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
-  GemmEngine<F, E, kStallHook> engine(smem_raw, d);
+  GemmEngine<F, E, kStallHook> engine(smem_raw, d, F::kFp8 ? &fp8 : nullptr);
   const int lane = engine.lane();
   if (threadIdx.x == 0) engine.init();
   if (threadIdx.x < 32) {
@@ -140,20 +142,26 @@ void configure_grouped_gemm_kernel(int device) {
 
 // One CTA per SM of the current device (a persistent grid).
 template <class F, class E, bool kStallHook = false>
-void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream,
-                                int stall_block = -1) {
+void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream, int stall_block = -1,
+                                const Fp8Scales& fp8 = {}) {
   configure_grouped_gemm_kernel<F, E, kStallHook>(current_device());
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSharedBytes;
   config.stream = stream;
   config.gridDim = dim3(persistent_grid_size());
-  cudaError_t e =
-      cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, d, stall_block);
+  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, d,
+                                     stall_block, fp8);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
     throw Error(std::string("grouped GEMM launch failed: ") + cudaGetErrorString(e));
   }
+}
+
+// launch.hpp's entry point, instantiated by the kernel files for their (form, epilogue) pairs.
+template <class F, class E>
+void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8) {
+  launch_grouped_gemm_kernel<F, E>(d, stream, -1, fp8);
 }
 
 }  // namespace mok::gemm

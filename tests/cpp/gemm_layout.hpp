@@ -1,0 +1,53 @@
+// The row layout of a grouped-GEMM test (the schedule's: each group's rows padded to the tile
+// height), shared by the bf16 and e4m3 GEMM tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "cuda/gemm/grouped_gemm.hpp"
+#include "gpu_buffer.hpp"
+
+namespace mok::test {
+
+// Rows [r0, r1) of a [rows, cols] matrix set to all-ones bytes (NaN in bf16 and fp32, NaN in
+// e4m3): padding must never leak into kept values.
+template <class T>
+void poison_rows(DeviceBuffer<T>& b, int cols, int r0, int r1) {
+  if (r1 > r0) {
+    cudaMemset(b.get() + static_cast<std::size_t>(r0) * cols, 0xff,
+               std::size_t(r1 - r0) * cols * sizeof(T));
+  }
+}
+
+// Padded segment starts and unpadded counts, on host and device; `extra_rows` rows past the last
+// segment (the capacity the row buffers have beyond the groups').
+struct Layout {
+  static constexpr int kAlign = gemm::kExpertSegmentAlignment;
+  std::vector<int> counts, starts;
+  int capacity = 0;
+  DeviceBuffer<int> d_starts, d_counts;
+  explicit Layout(const std::vector<int>& c, int extra_rows = 64)
+      : counts(c), starts(c.size() + 1, 0), d_starts(c.size() + 1), d_counts(c.size()) {
+    for (std::size_t g = 0; g < c.size(); ++g) {
+      starts[g + 1] = starts[g] + (c[g] + kAlign - 1) / kAlign * kAlign;
+    }
+    capacity = starts.back() + extra_rows;
+    d_starts.upload(starts);
+    d_counts.upload(counts);
+  }
+  int groups() const { return static_cast<int>(counts.size()); }
+  gemm::RowSegments segments() const {
+    return gemm::RowSegments{d_starts.get(), d_counts.get(), groups(), capacity, 0};
+  }
+  // Poison every padding row (and the rows past the last segment) of a row buffer.
+  template <class T>
+  void poison_padding(DeviceBuffer<T>& b, int cols) const {
+    for (int g = 0; g < groups(); ++g) poison_rows(b, cols, starts[g] + counts[g], starts[g + 1]);
+    poison_rows(b, cols, starts.back(), capacity);
+  }
+};
+
+}  // namespace mok::test

@@ -1,0 +1,363 @@
+// The e4m3 forms of the grouped GEMM engine (gate_up_forward_fp8, rows_times_weight_t_fp8) against
+// an exact model of what they compute: each K block's product of FP8 values (exact in f64),
+// times the row's and the weight block's scales, summed over K blocks in f64. The GPU sums a K
+// block on the tensor cores, which keep fewer bits than fp32 (DeepSeek-V3 reports about 14), then
+// adds it into fp32; the bound below allows 2^-9 of the block's sum of |products| for the first
+// and fp32 rounding for the second, and every kept element of every row is checked against it
+// (the worst error as a fraction of its bound is printed). What the epilogue derives from the
+// accumulators is checked bitwise (hidden = swiglu_fast(g, u) from the stored g and u), as are
+// a second run, and that padding rows and rows past the groups are never written.
+//
+// The inputs are FP8 bytes and power-of-two scales drawn directly (the quantizers have their own
+// tests): most bytes with exponents near 1, a tenth anything finite (subnormals and +-448
+// included), scales 2^-6 .. 2^6 per row block and weight block, padding rows NaN bytes and NaN
+// scales.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/numerics.hpp"
+#include "cuda/gemm/grouped_gemm.hpp"
+#include "gemm_layout.hpp"
+#include "gpu_buffer.hpp"
+#include "mok/error.hpp"
+#include "test_seed.hpp"
+
+namespace {
+
+using mok::test::DeviceBuffer;
+using mok::test::Layout;
+using mok::test::next_seed;
+
+// The value of an e4m3 byte (OCP FP8: bias 7, no infinities, S.1111.111 is NaN).
+double e4m3_decode(std::uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+  return (b & 0x80) != 0 ? -v : v;
+}
+double e4m3_value(std::uint8_t b) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(256);
+    for (int i = 0; i < 256; ++i) t[i] = e4m3_decode(static_cast<std::uint8_t>(i));
+    return t;
+  }();
+  return table[b];
+}
+
+// A finite e4m3 byte: nine in ten with exponent field 5..9 (|v| in [0.25, 8)), else any finite.
+std::uint8_t random_e4m3(std::mt19937_64& rng) {
+  for (;;) {
+    const auto r = rng();
+    std::uint8_t b = static_cast<std::uint8_t>(r);
+    if ((r >> 8) % 10 != 0) b = static_cast<std::uint8_t>((b & 0x87) | ((5 + (r >> 16) % 5) << 3));
+    if ((b & 0x7f) != 0x7f) return b;
+  }
+}
+
+float random_scale(std::mt19937_64& rng) {
+  return std::ldexp(1.0f, static_cast<int>(rng() % 13) - 6);
+}
+
+// An e4m3 row operand [capacity, k]: bytes, and scales [k / 128, capacity] (scale_ld capacity);
+// rows outside the groups NaN in both.
+struct HostRows {
+  std::vector<std::uint8_t> q;
+  std::vector<float> scale;
+  HostRows(const Layout& l, int k, std::mt19937_64& rng)
+      : q(std::size_t(l.capacity) * k, 0xff), scale(std::size_t(k / 128) * l.capacity, NAN) {
+    for (int g = 0; g < l.groups(); ++g) {
+      for (int r = l.starts[g]; r < l.starts[g] + l.counts[g]; ++r) {
+        for (int c = 0; c < k; ++c) q[std::size_t(r) * k + c] = random_e4m3(rng);
+        for (int kb = 0; kb < k / 128; ++kb)
+          scale[std::size_t(kb) * l.capacity + r] = random_scale(rng);
+      }
+    }
+  }
+};
+
+// An e4m3 weight [G, n, k] and its block scales [G, n / 128, k / 128].
+struct HostWeight {
+  std::vector<std::uint8_t> q;
+  std::vector<float> scale;
+  HostWeight(int groups, int n, int k, std::mt19937_64& rng)
+      : q(std::size_t(groups) * n * k), scale(std::size_t(groups) * (n / 128) * (k / 128)) {
+    for (auto& b : q) b = random_e4m3(rng);
+    for (auto& s : scale) s = random_scale(rng);
+  }
+};
+
+// The exact value of row r of `a` times row n of group g's weight, and the bound on the GPU's
+// error in it (before the output's rounding): per K block 2^-9 of the scaled sum of |products|
+// (the tensor cores' sum), plus fp32 rounding of each promotion (2^-24 of the running sum's
+// magnitude, bounded by the sum of the blocks' magnitudes, per block).
+struct Exact {
+  double value, bound;
+};
+Exact exact_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows, int k,
+                    int r, int n) {
+  double sum = 0, tc = 0, magnitude = 0;
+  const int kbs = k / 128;
+  for (int kb = 0; kb < kbs; ++kb) {
+    double block = 0, block_abs = 0;
+    for (int c = kb * 128; c < kb * 128 + 128; ++c) {
+      const double t = e4m3_value(a.q[std::size_t(r) * k + c]) *
+                       e4m3_value(w.q[(std::size_t(g) * n_rows + n) * k + c]);
+      block += t;
+      block_abs += std::fabs(t);
+    }
+    const double s = double(a.scale[std::size_t(kb) * cap + r]) *
+                     w.scale[(std::size_t(g) * (n_rows / 128) + n / 128) * kbs + kb];
+    sum += s * block;
+    tc += s * block_abs;
+    magnitude += std::fabs(s * block) + std::ldexp(s * block_abs, -9);
+  }
+  return {sum, std::ldexp(tc, -9) + kbs * std::ldexp(magnitude, -23)};
+}
+
+// |bf16 value - exact| within the bound plus the bf16 rounding of a value that close to exact.
+bool within(std::uint16_t got_bits, const Exact& e, double* ratio) {
+  const double got = mok::bf16_to_float(got_bits);
+  const double allowed = e.bound + std::ldexp(std::fabs(e.value) + e.bound, -8) + 1e-30;
+  const double err = std::fabs(got - e.value);
+  *ratio = std::max(*ratio, err / allowed);
+  return err <= allowed;  // NaN fails
+}
+
+__global__ void swiglu_kernel(const __nv_bfloat16* g, const __nv_bfloat16* u, std::size_t n,
+                              float limit, bool clamped, __nv_bfloat16* h) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float gv = __bfloat162float(g[i]), uv = __bfloat162float(u[i]);
+    h[i] = __float2bfloat16_rn(clamped ? mok::numerics::swiglu_clamped_fast(gv, uv, limit)
+                                       : mok::numerics::swiglu_fast(gv, uv));
+  }
+}
+
+template <class T>
+bool same_bits(const DeviceBuffer<T>& x, const DeviceBuffer<T>& y) {
+  const auto a = x.download(), b = y.download();
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::vector<char> kept_rows(const Layout& l) {
+  std::vector<char> kept(l.capacity, 0);
+  for (int g = 0; g < l.groups(); ++g)
+    for (int r = l.starts[g]; r < l.starts[g] + l.counts[g]; ++r) kept[r] = 1;
+  return kept;
+}
+
+int group_of(const Layout& l, int r) {
+  int g = 0;
+  while (r >= l.starts[g + 1]) ++g;
+  return g;
+}
+
+void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
+                     std::optional<float> limit = std::nullopt) {
+  Layout l(counts);
+  const int G = l.groups();
+  std::mt19937_64 rng(next_seed());
+  const HostRows x(l, H, rng);
+  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
+  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
+  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
+  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
+  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
+  const std::size_t cells = std::size_t(l.capacity) * I;
+  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), h(cells), g2(cells), u2(cells), h2(cells),
+      want_h(cells), h_only(cells);
+  mok::gemm::GateUpForwardFp8Args args;
+  args.segments = l.segments();
+  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
+  args.w_gate = {d_wg.get(), d_wgs.get()};
+  args.w_up = {d_wu.get(), d_wus.get()};
+  args.ld_out = I;
+  args.hidden_size = H;
+  args.intermediate_size = I;
+  args.swiglu_limit = limit;
+  auto run = [&](DeviceBuffer<__nv_bfloat16>& hb, __nv_bfloat16* gb, __nv_bfloat16* ub) {
+    hb.poison();
+    args.hidden = hb.get();
+    args.gate = gb;
+    args.up = ub;
+    mok::gemm::gate_up_forward_fp8(args);
+  };
+  g.poison(), u.poison(), g2.poison(), u2.poison();
+  run(h, g.get(), u.get());
+  run(h2, g2.get(), u2.get());
+  run(h_only, nullptr, nullptr);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  swiglu_kernel<<<1024, 256>>>(g.get(), u.get(), cells, limit.value_or(0.0f), limit.has_value(),
+                               want_h.get());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+
+  const auto gh = g.download(), uh = u.download(), hh = h.download(), wh = want_h.download();
+  const auto* gb = reinterpret_cast<const std::uint16_t*>(gh.data());
+  const auto* ub = reinterpret_cast<const std::uint16_t*>(uh.data());
+  const auto* hb = reinterpret_cast<const std::uint16_t*>(hh.data());
+  const auto* whb = reinterpret_cast<const std::uint16_t*>(wh.data());
+  const std::vector<char> kept = kept_rows(l);
+  long long far = 0, stray = 0, hidden_differ = 0, checked = 0;
+  double worst = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int n = 0; n < I; ++n) {
+      const std::size_t i = std::size_t(r) * I + n;
+      if (!kept[r]) {
+        stray += gb[i] != 0xffff || ub[i] != 0xffff || hb[i] != 0xffff;
+        continue;
+      }
+      const int e = group_of(l, r);
+      far += !within(gb[i], exact_product(x, l.capacity, wg, e, I, H, r, n), &worst);
+      far += !within(ub[i], exact_product(x, l.capacity, wu, e, I, H, r, n), &worst);
+      hidden_differ += hb[i] != whb[i];
+      checked += 2;
+    }
+  }
+  std::printf(
+      "[ mok ] e4m3 gate/up H=%d I=%d G=%d%s: %lld values, largest error %.3g of its "
+      "bound\n",
+      H, I, G, limit ? " clamped" : "", checked, worst);
+  EXPECT_EQ(far, 0) << "g or u beyond the bound of the exact block-scaled product";
+  EXPECT_EQ(hidden_differ, 0) << "hidden differs from swiglu" << (limit ? "_clamped" : "")
+                              << "_fast(g, u) of the stored g and u";
+  EXPECT_EQ(stray, 0) << "g, u or hidden written in rows past the groups";
+  EXPECT_TRUE(same_bits(g, g2) && same_bits(u, u2) && same_bits(h, h2)) << "a second run differs";
+  EXPECT_TRUE(same_bits(h, h_only)) << "hidden without pre-activations differs";
+}
+
+void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled) {
+  Layout l(counts);
+  const int G = l.groups();
+  std::mt19937_64 rng(next_seed());
+  const HostRows a(l, K, rng);
+  const HostWeight w(G, N, K, rng);
+  std::vector<float> row_scale(l.capacity);
+  for (auto& v : row_scale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+  DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
+  DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size()), d_rs(row_scale.size());
+  d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
+  d_rs.upload(row_scale);
+  const std::size_t cells = std::size_t(l.capacity) * N;
+  DeviceBuffer<__nv_bfloat16> out(cells), out2(cells);
+  mok::gemm::RowsTimesWeightTFp8Args args;
+  args.segments = l.segments();
+  args.a = {d_a.get(), K, d_as.get(), l.capacity};
+  args.w = {d_w.get(), d_ws.get()};
+  args.ld_out = N;
+  args.n = N;
+  args.k = K;
+  args.row_scale = scaled ? d_rs.get() : nullptr;
+  for (auto* o : {&out, &out2}) {
+    o->poison();
+    args.out = o->get();
+    mok::gemm::rows_times_weight_t_fp8(args);
+  }
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const auto oh = out.download();
+  const auto* ob = reinterpret_cast<const std::uint16_t*>(oh.data());
+  const std::vector<char> kept = kept_rows(l);
+  long long far = 0, stray = 0, checked = 0;
+  double worst = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int n = 0; n < N; ++n) {
+      const std::size_t i = std::size_t(r) * N + n;
+      if (!kept[r]) {
+        stray += ob[i] != 0xffff;
+        continue;
+      }
+      Exact e = exact_product(a, l.capacity, w, group_of(l, r), N, K, r, n);
+      if (scaled) {  // bf16(fp32(s * acc)): the product's rounding is one more 2^-24
+        const double s = row_scale[r];
+        e = {s * e.value, s * e.bound + std::ldexp(std::fabs(s * e.value), -23)};
+      }
+      far += !within(ob[i], e, &worst);
+      ++checked;
+    }
+  }
+  std::printf(
+      "[ mok ] e4m3 rows x W^T N=%d K=%d G=%d%s: %lld values, largest error %.3g of its "
+      "bound\n",
+      N, K, G, scaled ? " row scale" : "", checked, worst);
+  EXPECT_EQ(far, 0) << "out beyond the bound of the exact block-scaled product";
+  EXPECT_EQ(stray, 0) << "out written in rows past the groups";
+  EXPECT_TRUE(same_bits(out, out2)) << "a second run differs";
+}
+
+TEST(GemmFp8GateUp, SmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384);
+}
+
+TEST(GemmFp8GateUp, OneHeavyGroupAndClamped) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_fp8({1000, 0, 2, 1}, 512, 256);
+  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, 0.5f);
+}
+
+TEST(GemmFp8RowsWT, SmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, true);
+}
+
+TEST(GemmFp8RowsWT, OneHeavyGroup) {
+  MOK_REQUIRE_HOPPER();
+  run_rows_fp8({1000, 0, 2, 1}, 256, 768, true);
+}
+
+// Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.
+TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({100});
+  DeviceBuffer<std::uint8_t> a(std::size_t(l.capacity) * 256), w(256 * 256);
+  DeviceBuffer<float> s(std::size_t(l.capacity) * 2), ws(4);
+  DeviceBuffer<__nv_bfloat16> out(std::size_t(l.capacity) * 256);
+  mok::gemm::RowsTimesWeightTFp8Args args;
+  args.segments = l.segments();
+  args.a = {a.get(), 256, s.get(), l.capacity};
+  args.w = {w.get(), ws.get()};
+  args.out = out.get();
+  args.ld_out = 256;
+  args.n = 256;
+  args.k = 256;
+  auto expect_error = [&](const char* argument) {
+    try {
+      mok::gemm::rows_times_weight_t_fp8(args);
+      ADD_FAILURE() << "accepted without the error naming " << argument;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  args.k = 192;
+  expect_error("k");
+  args.k = 256;
+  args.n = 64;
+  expect_error("n");
+  args.n = 256;
+  args.a.scale = nullptr;
+  expect_error("a.scale");
+  args.a.scale = s.get();
+  args.a.scale_ld = l.capacity - 1;
+  expect_error("a.scale_ld");
+  args.a.scale_ld = l.capacity;
+  args.w.scale = nullptr;
+  expect_error("w.scale");
+  args.w.scale = ws.get();
+  mok::gemm::rows_times_weight_t_fp8(args);  // and the good call still runs
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
