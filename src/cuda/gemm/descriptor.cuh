@@ -33,16 +33,19 @@ struct WaitTimeoutReport {
 // The fp32 scales of an e4m3 GEMM's operands (powers of two, DESIGN.md section 5b), the e4m3
 // kernels' second parameter (NOTES: not in GemmParams, so that the forward megakernel's four
 // descriptors stay within the 4 KiB of kernel parameters):
-//   a[kb * a_ld + row]                          A's row `row` (of the row buffer), K block kb
-//   b[(g * b_n_blocks + nb) * k_blocks + kb]    group g's weight block (nb, kb), B rows
-//                                               [128 nb, 128 nb + 128); b2 the same for W_up
-//                                               (gate/up). k_blocks: SchedulerParams::k_blocks.
+//   a[kb * a_ld + row]                            A's row `row` (of the row buffer), K block kb
+//   b[(g * b_n_blocks + nb) * b_k_blocks + kb]    group g's weight block (nb, kb), B rows
+//                                                 [128 nb, 128 nb + 128)
+//   b2: gate/up: W_up's, as b; an input gradient with a second product (k_blocks_first): the
+//   second weight's, with a2 its rows' (a2_ld = a_ld), for K blocks from k_blocks_first on.
 struct Fp8Scales {
   const float* a;
+  const float* a2;
   long long a_ld;
   const float* b;
   const float* b2;
   int b_n_blocks;
+  int b_k_blocks;
 };
 
 struct GemmParams {

@@ -92,7 +92,7 @@ class GemmEngine {
     ptx::tma_prefetch_descriptor(&d_.a);
     ptx::tma_prefetch_descriptor(&d_.b);
     if constexpr (F::kind == FormKind::kGateUp) ptx::tma_prefetch_descriptor(&d_.b2);
-    if constexpr (F::kind == FormKind::kRowsW) {
+    if constexpr (F::kInputGradient) {
       if (d_.p.k_blocks_first > 0) {
         ptx::tma_prefetch_descriptor(&d_.a2);
         ptx::tma_prefetch_descriptor(&d_.b2);
@@ -203,8 +203,10 @@ class GemmEngine {
     const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    if constexpr (F::kFp8) {
-      static_assert(!epilogue::ReadsRows<E, F>, "e4m3: no epilogue lead");
+    if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
+      const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
+      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe, lead);
+    } else if constexpr (F::kFp8) {
       mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe);
     } else if constexpr (epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };

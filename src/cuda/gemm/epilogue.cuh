@@ -413,7 +413,7 @@ template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
                                                       int wg, int warp, int lane) {
-  static_assert(F::kind == FormKind::kRowsW, "the down dgrad's epilogue");
+  static_assert(F::kInputGradient, "the down dgrad's epilogue");
   static_assert(!kScaledHidden || (kRowScale && kDot), "bf16(w h) needs the scale and h");
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
   constexpr int kBatch = 4;
@@ -655,7 +655,7 @@ struct RowsFp32 {
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
-    static_assert(F::kind == FormKind::kRowsW, "the fp32 dgrad output");
+    static_assert(F::kInputGradient, "the fp32 dgrad output");
     store_plain<F, RowsFp32>(acc, t, d.p, wg, warp, lane);
   }
 };

@@ -43,6 +43,12 @@ struct Form {
   static_assert(!kFp8 || kKind == FormKind::kGateUp || kKind == FormKind::kRowsWT,
                 "e4m3: the forms whose operands are both K-major");
   static constexpr int kTileN = kFp8 ? 128 : 256;
+  // The forms that compute input gradients (dh = dy W_down, dx = dg W_gate + du W_up): bf16 reads
+  // W N-major (kRowsW); e4m3 reads the weight's transposed copy K-major, as rows x W^T. Both take
+  // a second product into the same accumulators (GemmParams::k_blocks_first) and the input-gradient
+  // epilogues (fp32 rows, the SwiGLU backward).
+  static constexpr bool kInputGradient =
+      kKind == FormKind::kRowsW || (kFp8 && kKind == FormKind::kRowsWT);
   // Elements of one K block: one 128-byte swizzled row of each operand (64 bf16, 128 e4m3).
   static constexpr int kBlockK = kFp8 ? 2 * kTileK : kTileK;
   // NOTES: the bf16 wgrad stores its tiles through shared memory and TMA (epilogue.cuh,

@@ -239,6 +239,28 @@ struct RowsTimesWeightArgs {
   WaitOptions waits;
 };
 
+// RowsTimesWeightArgs (the input gradients) over e4m3 operands. wgmma reads e4m3 K-major only, so
+// the weight comes as its transposed copy (the second orientation of the quantized weight):
+// w_t [G, n, k] with n the output columns and k the contraction, e.g. dh = dy W_down[e] with
+// a = dy [rows, H], w_t = W_down^T [G, I, H], n = I, k = H; dx = dg W_gate + du W_up with a = dg,
+// w_t = W_gate^T [G, H, I], a2 = du, w2_t = W_up^T. Outputs and epilogues as RowsTimesWeightArgs.
+struct RowsTimesWeightFp8Args {
+  RowSegments segments;
+  Fp8Rows a;       // [capacity_rows, k]
+  Fp8Weight w_t;   // [G, n, k]
+  Fp8Rows a2;      // optional second product (a2.data and w2_t.data both or neither); a2's
+  Fp8Weight w2_t;  // scales share a's scale_ld
+  void* out = nullptr;
+  std::int64_t ld_out = 0;
+  bool out_fp32 = false;
+  RowScatter scatter;
+  SwigluBackwardEpilogue swiglu;
+  int n = 0;  // multiple of 128
+  int k = 0;  // multiple of 128
+  cudaStream_t stream = nullptr;
+  WaitOptions waits;
+};
+
 // dw[e] = a[rows of e]^T b[rows of e]  ([m, n] per group), reduced over the group's rows in
 // increasing order by one CTA per output tile: deterministic; an empty group gives exact zeros;
 // padding rows contribute nothing whatever they hold. E.g. dW_down[e] = dy^T h (a = dy, m = H,
@@ -310,6 +332,7 @@ void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
 void weight_grad(const WeightGradArgs& args);                // wgrad
 void gate_up_forward_fp8(const GateUpForwardFp8Args& args);
 void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args);
+void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args);
 
 // The persistent grid size the launchers use (one CTA per SM of the current device).
 int persistent_grid_size();

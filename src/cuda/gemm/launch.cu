@@ -346,7 +346,8 @@ void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
   p.gate_out = args.gate;
   p.up_out = args.up;
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
-  const Fp8Scales fp8{args.x.scale, args.x.scale_ld, args.w_gate.scale, args.w_up.scale, N / 128};
+  const Fp8Scales fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
+                      args.w_up.scale, N / 128, K / F::kBlockK};
   with_flag(args.gate != nullptr, [&](auto pre_activations) {
     with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
       launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
@@ -372,7 +373,8 @@ void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
   p.b_rows_per_group = args.n;
   set_output(p, args.out, args.ld_out, args.n, args.scatter);
   p.row_scale = args.row_scale;
-  const Fp8Scales fp8{args.a.scale, args.a.scale_ld, args.w.scale, args.w.scale, args.n / 128};
+  const Fp8Scales fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
+                      args.w.scale, args.n / 128, args.k / F::kBlockK};
   with_flag(args.row_scale != nullptr, [&](auto scaled) {
     with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
       launch<F, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
@@ -380,21 +382,17 @@ void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
   });
 }
 
-template <class F>
-std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightArgs& args) {
-  check_segments(args.segments);
-  check_multiple_of_64(args.n, "n");
-  check_multiple_of_64(args.k, "k");
-  const RowSegments& s = args.segments;
-  const SwigluBackwardEpilogue& sw = args.swiglu;
+namespace {
+
+// The input-gradient forms' epilogue choices (RowsTimesWeightArgs and RowsTimesWeightFp8Args): the
+// SwiGLU backward (all four of gate, up, d_gate, d_up, with its options), fp32 rows, or bf16 rows
+// (optionally scattered). Checks them, naming the argument.
+void check_input_gradient_epilogue(const SwigluBackwardEpilogue& sw) {
   const bool swiglu = sw.d_gate != nullptr;
   check(swiglu == (sw.gate != nullptr) && swiglu == (sw.up != nullptr) &&
             swiglu == (sw.d_up != nullptr),
         "swiglu", "all four of gate, up, d_gate, d_up device pointers, or all null",
         "some of them null");
-  const bool dual = args.a2 != nullptr;
-  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
-        "one of them null");
   if (!swiglu) {
     check(sw.row_scale == nullptr, "swiglu.row_scale",
           "null without the SwiGLU epilogue (gate, up, d_gate, d_up)", to_text(sw.row_scale));
@@ -404,6 +402,88 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   check(sw.scaled_hidden == nullptr || (sw.row_scale != nullptr && sw.dot != nullptr),
         "swiglu.scaled_hidden", "null without both swiglu.row_scale and swiglu.dot",
         to_text(sw.scaled_hidden));
+}
+
+// The outputs of an input-gradient form into `p` (after check_input_gradient_epilogue).
+void set_input_gradient_outputs(GemmParams& p, const SwigluBackwardEpilogue& sw, void* out,
+                                std::int64_t ld_out, bool out_fp32, const RowScatter& scatter,
+                                int n) {
+  if (sw.d_gate != nullptr) {
+    check(scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
+    check(!out_fp32, "out_fp32", "false with the SwiGLU epilogue (dg and du are bf16)", "true");
+    check(ld_out % 8 == 0 && ld_out >= n, "ld_out", "a multiple of 8 and >= n", to_text(ld_out));
+    check_aligned(sw.gate, "swiglu.gate");
+    check_aligned(sw.up, "swiglu.up");
+    check_aligned(sw.d_gate, "swiglu.d_gate");
+    check_aligned(sw.d_up, "swiglu.d_up");
+    check(reinterpret_cast<std::uintptr_t>(sw.row_scale) % 4 == 0, "swiglu.row_scale",
+          "4-byte alignment", to_text(sw.row_scale));
+    check(reinterpret_cast<std::uintptr_t>(sw.dot) % 4 == 0, "swiglu.dot", "4-byte alignment",
+          to_text(sw.dot));
+    if (sw.scaled_hidden != nullptr) check_aligned(sw.scaled_hidden, "swiglu.scaled_hidden");
+    p.ld_out = ld_out;
+    p.swiglu_gate = sw.gate;
+    p.swiglu_up = sw.up;
+    p.d_gate = sw.d_gate;
+    p.d_up = sw.d_up;
+    p.row_scale = sw.row_scale;
+    p.swiglu_dot = sw.dot;
+    p.scaled_hidden = sw.scaled_hidden;
+    check_swiglu_limit(sw.limit, "swiglu.limit");
+    p.swiglu_limit = sw.limit.value_or(0.0f);
+  } else if (out_fp32) {
+    check(scatter.rows == nullptr, "scatter.rows", "null with out_fp32 (a scatter stores bf16)",
+          "set");
+    check(out != nullptr, "out", "a device pointer", "null");
+    check_aligned(out, "out");
+    check(ld_out % 8 == 0 && ld_out >= n, "ld_out", "a multiple of 8 and >= n", to_text(ld_out));
+    p.out = out;
+    p.ld_out = ld_out;
+  } else {
+    set_output(p, static_cast<__nv_bfloat16*>(out), ld_out, n, scatter);
+  }
+}
+
+// Form F over `d` with the input-gradient epilogue the arguments ask for.
+template <class F>
+void launch_input_gradient(const GemmDescriptor& d, const SwigluBackwardEpilogue& sw, bool out_fp32,
+                           const RowScatter& scatter, cudaStream_t stream,
+                           const Fp8Scales& fp8 = {}) {
+  if (sw.d_gate != nullptr) {
+    with_flag(sw.row_scale != nullptr, [&](auto scaled) {
+      with_flag(sw.dot != nullptr, [&](auto dot) {
+        with_flag(sw.limit.has_value(), [&](auto clamped) {
+          if constexpr (scaled() && dot()) {
+            with_flag(sw.scaled_hidden != nullptr, [&](auto wh) {
+              launch<F, epilogue::SwigluBackward<true, true, clamped(), wh()>>(d, stream, fp8);
+            });
+          } else {
+            launch<F, epilogue::SwigluBackward<scaled(), dot(), clamped()>>(d, stream, fp8);
+          }
+        });
+      });
+    });
+  } else if (out_fp32) {
+    launch<F, epilogue::RowsFp32>(d, stream, fp8);
+  } else {
+    with_flag(scatter.rows != nullptr, [&](auto scattered) {
+      launch<F, epilogue::RowsBf16<false, scattered()>>(d, stream, fp8);
+    });
+  }
+}
+
+}  // namespace
+
+template <class F>
+std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightArgs& args) {
+  check_segments(args.segments);
+  check_multiple_of_64(args.n, "n");
+  check_multiple_of_64(args.k, "k");
+  const RowSegments& s = args.segments;
+  check_input_gradient_epilogue(args.swiglu);
+  const bool dual = args.a2 != nullptr;
+  check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
+        "one of them null");
   if (s.capacity_rows == 0) return std::nullopt;
   const CUtensorMap a =
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
@@ -418,43 +498,8 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   p.k_blocks_first = dual ? args.k / kTileK : 0;
   p.n = args.n;
   p.b_rows_per_group = args.k;
-  if (swiglu) {
-    check(args.scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
-    check(!args.out_fp32, "out_fp32", "false with the SwiGLU epilogue (dg and du are bf16)",
-          "true");
-    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
-          to_text(args.ld_out));
-    check_aligned(sw.gate, "swiglu.gate");
-    check_aligned(sw.up, "swiglu.up");
-    check_aligned(sw.d_gate, "swiglu.d_gate");
-    check_aligned(sw.d_up, "swiglu.d_up");
-    check(reinterpret_cast<std::uintptr_t>(sw.row_scale) % 4 == 0, "swiglu.row_scale",
-          "4-byte alignment", to_text(sw.row_scale));
-    check(reinterpret_cast<std::uintptr_t>(sw.dot) % 4 == 0, "swiglu.dot", "4-byte alignment",
-          to_text(sw.dot));
-    if (sw.scaled_hidden != nullptr) check_aligned(sw.scaled_hidden, "swiglu.scaled_hidden");
-    p.ld_out = args.ld_out;
-    p.swiglu_gate = sw.gate;
-    p.swiglu_up = sw.up;
-    p.d_gate = sw.d_gate;
-    p.d_up = sw.d_up;
-    p.row_scale = sw.row_scale;
-    p.swiglu_dot = sw.dot;
-    p.scaled_hidden = sw.scaled_hidden;
-    check_swiglu_limit(sw.limit, "swiglu.limit");
-    p.swiglu_limit = sw.limit.value_or(0.0f);
-  } else if (args.out_fp32) {
-    check(args.scatter.rows == nullptr, "scatter.rows",
-          "null with out_fp32 (a scatter stores bf16)", "set");
-    check(args.out != nullptr, "out", "a device pointer", "null");
-    check_aligned(args.out, "out");
-    check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
-          to_text(args.ld_out));
-    p.out = args.out;
-    p.ld_out = args.ld_out;
-  } else {
-    set_output(p, static_cast<__nv_bfloat16*>(args.out), args.ld_out, args.n, args.scatter);
-  }
+  set_input_gradient_outputs(p, args.swiglu, args.out, args.ld_out, args.out_fp32, args.scatter,
+                             args.n);
   if (dual) {
     d.a2 = make_tensor_map_bf16(args.a2, s.capacity_rows, args.k, args.ld_a2, F::kBoxRowsA, "a2");
     d.b2 = make_tensor_map_bf16(args.w2, static_cast<long long>(s.num_groups) * args.k, args.n,
@@ -463,35 +508,48 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   return d;
 }
 
+void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
+  using F = Form<FormKind::kRowsWT, Operand::e4m3>;
+  static_assert(F::kInputGradient, "e4m3 input gradients: rows x W^T over the W^T copies");
+  check_segments(args.segments);
+  check_multiple_of_128(args.n, "n");
+  check_multiple_of_128(args.k, "k");
+  check_input_gradient_epilogue(args.swiglu);
+  const bool dual = args.a2.data != nullptr;
+  check(dual == (args.w2_t.data != nullptr), "a2/w2_t", "both device pointers or both null",
+        "one of them null");
+  const RowSegments& s = args.segments;
+  if (s.capacity_rows == 0) return;
+  GemmDescriptor d = base_descriptor(s, args.waits);
+  d.a = d.a2 = d.out = fp8_rows_map(args.a, s.capacity_rows, args.k, F::kBoxRowsA, "a");
+  d.b = d.b2 = fp8_weight_map(args.w_t, s.num_groups, args.n, args.k, F::kBoxRowsB, "w_t");
+  if (dual) {
+    check(args.a2.scale_ld == args.a.scale_ld, "a2.scale_ld",
+          "a.scale_ld (" + to_text(args.a.scale_ld) + ")", to_text(args.a2.scale_ld));
+    d.a2 = fp8_rows_map(args.a2, s.capacity_rows, args.k, F::kBoxRowsA, "a2");
+    d.b2 = fp8_weight_map(args.w2_t, s.num_groups, args.n, args.k, F::kBoxRowsB, "w2_t");
+  }
+  GemmParams& p = d.p;
+  const int k_blocks = args.k / F::kBlockK;
+  p.sched.n_tiles = ceil_div(args.n, F::kOutTileN);
+  p.sched.k_blocks = (dual ? 2 : 1) * k_blocks;
+  p.k_blocks_first = dual ? k_blocks : 0;
+  p.n = args.n;
+  p.b_rows_per_group = args.n;
+  set_input_gradient_outputs(p, args.swiglu, args.out, args.ld_out, args.out_fp32, args.scatter,
+                             args.n);
+  const Fp8Scales fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
+                      args.w2_t.scale, args.n / 128,  k_blocks};
+  launch_input_gradient<F>(d, args.swiglu, args.out_fp32, args.scatter, args.stream, fp8);
+}
+
 namespace {
 
 template <class F>
 void rows_times_weight_form(const RowsTimesWeightArgs& args) {
   const std::optional<GemmDescriptor> described = describe_rows_times_weight<F>(args);
   if (!described) return;
-  const GemmDescriptor& d = *described;
-  const SwigluBackwardEpilogue& sw = args.swiglu;
-  if (sw.d_gate != nullptr) {
-    with_flag(sw.row_scale != nullptr, [&](auto scaled) {
-      with_flag(sw.dot != nullptr, [&](auto dot) {
-        with_flag(sw.limit.has_value(), [&](auto clamped) {
-          if constexpr (scaled() && dot()) {
-            with_flag(sw.scaled_hidden != nullptr, [&](auto wh) {
-              launch<F, epilogue::SwigluBackward<true, true, clamped(), wh()>>(d, args.stream);
-            });
-          } else {
-            launch<F, epilogue::SwigluBackward<scaled(), dot(), clamped()>>(d, args.stream);
-          }
-        });
-      });
-    });
-  } else if (args.out_fp32) {
-    launch<F, epilogue::RowsFp32>(d, args.stream);
-  } else {
-    with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
-      launch<F, epilogue::RowsBf16<false, scattered()>>(d, args.stream);
-    });
-  }
+  launch_input_gradient<F>(*described, args.swiglu, args.out_fp32, args.scatter, args.stream);
 }
 
 }  // namespace

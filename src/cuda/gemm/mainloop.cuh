@@ -214,13 +214,17 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
     // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
     // (a2, W2).
     const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
-    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
+    const int kk0 = second ? k0 - p.k_blocks_first * F::kBlockK : k0;
     const CUtensorMap* map_b = second ? maps.b2 : maps.b;
 #pragma unroll
     for (int c = 0; c < kHalfChunks; ++c) {
       ptx::tma_load_2d(dst + c * kChunkBytes, map_b, bar,
                        n0 + (kHalfChunks * h + c) * kSwizzleChunk, w_row + kk0);
     }
+  } else if constexpr (F::kInputGradient) {  // e4m3 input gradients: W^T copies, K-major
+    const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+    const int kk0 = second ? k0 - p.k_blocks_first * F::kBlockK : k0;
+    ptx::tma_load_2d(dst, second ? maps.b2 : maps.b, bar, kk0, w_row + n0 + h * (F::kTileN / 2));
   } else {
     ptx::tma_load_2d(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2));
   }
@@ -292,9 +296,8 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
       ptx::tma_load_2d(ring.b(s) + c * kChunkBytes, maps.b, bar, n0 + c * kSwizzleChunk, row);
     }
   } else {
-    const bool second =
-        F::kind == FormKind::kRowsW && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
-    const int kk0 = second ? k0 - p.k_blocks_first * kTileK : k0;
+    const bool second = F::kInputGradient && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+    const int kk0 = second ? k0 - p.k_blocks_first * F::kBlockK : k0;
     ptx::tma_load_2d(ring.a(s), second ? maps.a2 : maps.a, bar, kk0, tile.row_base + tile.m0);
     load_b_half<F>(maps, ring, s, tile, kb, p, 0);
     load_b_half<F>(maps, ring, s, tile, kb, p, 1);
@@ -503,19 +506,22 @@ __device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, con
                                                           const Fp8Scales& fp8, int kb, int wg,
                                                           int warp, int lane) {
   Fp8BlockScales s;
+  // Input gradients with a second product: its K blocks follow the first's, with their own scales.
+  const bool second = F::kInputGradient && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
+  if (second) kb -= p.k_blocks_first;
+  const float* a = second ? fp8.a2 : fp8.a;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = t.m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
-    s.row[h] = r < t.row_count
-                   ? __ldg(fp8.a + static_cast<long long>(kb) * fp8.a_ld + t.row_base + r)
-                   : 0.0f;
+    s.row[h] =
+        r < t.row_count ? __ldg(a + static_cast<long long>(kb) * fp8.a_ld + t.row_base + r) : 0.0f;
   }
   // The tile's B rows lie in one 128-row block: gate/up tiles cover 64 output columns
   // (F::kOutTileN), the others 128.
   const int n_block = t.n0 * F::kOutTileN / 128;
   const long long w =
-      (static_cast<long long>(t.group) * fp8.b_n_blocks + n_block) * p.sched.k_blocks + kb;
-  s.weight[0] = __ldg(fp8.b + w);
+      (static_cast<long long>(t.group) * fp8.b_n_blocks + n_block) * fp8.b_k_blocks + kb;
+  s.weight[0] = __ldg((second ? fp8.b2 : fp8.b) + w);
   s.weight[1] = F::kind == FormKind::kGateUp ? __ldg(fp8.b2 + w) : s.weight[0];
   return s;
 }
@@ -525,13 +531,16 @@ __device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, con
 // every 128 of K: DeepGEMM's two-level accumulation). NOTES: the stage is released as soon as the
 // block's wgmma are done, before the promotion; while one warpgroup promotes, the other's wgmma
 // keep the tensor cores busy. The next block's scales are loaded before the wait for this one's
-// data. A wait that gives up is passed, as in mma_tile (the outputs are then void).
-template <class F, class Probe>
+// data. A wait that gives up is passed, as in mma_tile (the outputs are then void). `lead` as in
+// mma_tile: once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
+template <class F, class Probe, class Lead = NoLead>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                              PipelineState<F::kStages>& state, const TileInfo& tile,
                                              const GemmParams& p, const Fp8Scales& fp8,
                                              int consumer_wg, int warp, int lane,
-                                             const Probe& probe) {
+                                             const Probe& probe, const Lead& lead = Lead{}) {
+  const int lead_block =
+      tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[F::kAcc];
   Fp8BlockScales next{};
   if (tile.k_blocks > 0) next = load_fp8_scales<F>(tile, p, fp8, 0, consumer_wg, warp, lane);
@@ -540,6 +549,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
+    if (kb == lead_block) lead();
     if (kb + 1 < tile.k_blocks)
       next = load_fp8_scales<F>(tile, p, fp8, kb + 1, consumer_wg, warp, lane);
     ptx::wgmma_wait_group<0>();
