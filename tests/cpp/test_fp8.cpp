@@ -17,6 +17,9 @@
 #include "core/fp8_layout.hpp"
 #include "core/fp8_params.hpp"
 #include "fp8_test_helpers.hpp"
+#include "mok/error.hpp"
+#include "mok/fp8.hpp"
+#include "mok/problem.hpp"
 #include "reference/fp8_gemm.hpp"
 #include "reference/fp8_quant.hpp"
 #include "test_seed.hpp"
@@ -530,6 +533,162 @@ TEST(Fp8Product, TokenAxisIsTheExactBlockScaledSum) {
       ASSERT_EQ(c[i * Nb + j], want) << i << " " << j;
     }
   }
+}
+
+// ---- the C++ API (mok/fp8.hpp) on host views ----
+
+TEST(Fp8Api, QuantizeWeightsIsTheReferenceInItsLayout) {
+  std::mt19937_64 rng(next_seed());
+  const std::int64_t E = 2, N = 128, K = 256;
+  std::vector<float> w;
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::vector<float> we = make_source(N, K, 128, 128, true, rng);
+    w.insert(w.end(), we.begin(), we.end());
+  }
+  std::vector<bf16_t> wb = to_bf16(w);
+  const QuantizedWeightsLayout layout = quantized_weights_layout(E, N, K);
+  EXPECT_EQ(layout.data_t_offset, static_cast<std::size_t>(E * N * K));
+  EXPECT_EQ(layout.bytes % 256, 0u);
+  std::vector<std::uint8_t> buffer(layout.bytes, 0xFF);
+  const QuantizedWeights q = quantized_weights_views(layout, buffer.data());
+  quantize_weights(TensorView::contiguous(wb.data(), DType::bf16, {E, N, K}), q);
+  std::vector<e4m3_t> data(E * N * K), data_t(E * N * K);
+  std::vector<float> scales(E * N * K / 16384), scales_t(E * N * K / 16384);
+  reference::quantize_weights_fp8(
+      {wb.data(), E, N, K, {data.data(), scales.data(), data_t.data(), scales_t.data()}});
+  EXPECT_EQ(0, std::memcmp(q.data.data, data.data(), data.size()));
+  EXPECT_EQ(0, std::memcmp(q.data_t.data, data_t.data(), data_t.size()));
+  EXPECT_EQ(0, std::memcmp(q.scales.data, scales.data(), scales.size() * 4));
+  EXPECT_EQ(0, std::memcmp(q.scales_t.data, scales_t.data(), scales_t.size() * 4));
+}
+
+// The argument named by the mok::Error `f` raises.
+template <typename F>
+std::string rejected_argument(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "(nothing raised)";
+}
+
+TEST(Fp8Api, BadArgumentsAreNamed) {
+  std::vector<std::uint8_t> bytes(1 << 20);
+  void* p = bytes.data();
+  const auto view = [&](DType t, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(p, t, shape);
+  };
+  const QuantizedWeights q = quantized_weights_views(quantized_weights_layout(1, 128, 256), p);
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_weights(view(DType::bf16, {1, 100, 256}), q);
+            }),
+            "w.shape[1]");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_weights(view(DType::f32, {1, 128, 256}), q);
+            }),
+            "w.dtype");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_weights(view(DType::bf16, {128, 256}), q);
+            }),
+            "w.shape");
+  QuantizedWeights wrong = q;
+  wrong.scales.dtype = DType::bf16;
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_weights(view(DType::bf16, {1, 128, 256}), wrong);
+            }),
+            "out.scales.dtype");
+  wrong = q;
+  wrong.data_t = view(DType::fp8_e4m3, {1, 128, 256});  // not transposed
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_weights(view(DType::bf16, {1, 128, 256}), wrong);
+            }),
+            "out.data_t.shape");
+  EXPECT_EQ(rejected_argument([&] { quantized_weights_layout(1, 128, 200); }), "K");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_rows(view(DType::i32, {4, 128}), view(DType::fp8_e4m3, {4, 128}),
+                            view(DType::f32, {1, 4}));
+            }),
+            "x.dtype");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_rows(view(DType::bf16, {4, 64}), view(DType::fp8_e4m3, {4, 64}),
+                            view(DType::f32, {1, 4}));
+            }),
+            "x.shape[1]");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_rows(view(DType::f32, {4, 128}), view(DType::u8, {4, 128}),
+                            view(DType::f32, {1, 4}));
+            }),
+            "data.dtype");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_token_axis(view(DType::bf16, {100, 8}), view(DType::fp8_e4m3, {8, 100}),
+                                  view(DType::f32, {1, 8}));
+            }),
+            "x.shape[0]");
+  EXPECT_EQ(rejected_argument([&] {
+              quantize_token_axis(view(DType::bf16, {128, 8}), view(DType::fp8_e4m3, {128, 8}),
+                                  view(DType::f32, {1, 8}));
+            }),
+            "data.shape");
+  const TensorView none;
+  EXPECT_EQ(rejected_argument([&] {
+              mxfp8_quantize(view(DType::bf16, {128, 128}), none, none, none, none);
+            }),
+            "outputs");
+  EXPECT_EQ(rejected_argument([&] {
+              mxfp8_quantize(view(DType::bf16, {128, 128}), view(DType::fp8_e4m3, {128, 128}), none,
+                             none, none);
+            }),
+            "x_sc");
+  EXPECT_EQ(rejected_argument([&] {
+              mxfp8_quantize(view(DType::bf16, {128, 192}), none, none,
+                             view(DType::fp8_e4m3, {192, 128}), view(DType::u8, {1, 1, 32, 16}));
+            }),
+            "x.shape[1]");
+  EXPECT_EQ(rejected_argument([&] {
+              mxfp8_quantize(view(DType::bf16, {2, 128, 128}), none, none,
+                             view(DType::fp8_e4m3, {2, 128, 128}), view(DType::u8, {1, 1, 32, 16}));
+            }),
+            "x_sc_t.shape");
+  EXPECT_EQ(rejected_argument([&] {
+              mx_weights_to_blocks(view(DType::fp8_e4m3, {1, 128, 256}),
+                                   view(DType::u8, {1, 2, 32, 16}), q, view(DType::i32, {1}));
+            }),
+            "inexact_count.dtype");
+  // The layer refuses FP8 as its activation dtype.
+  EXPECT_EQ(rejected_argument([&] {
+              Problem{.num_tokens = 1,
+                      .hidden_size = 128,
+                      .intermediate_size = 128,
+                      .num_experts = 1,
+                      .topk = 1}
+                  .validate(DType::fp8_e4m3);
+            }),
+            "activation dtype");
+  EXPECT_STREQ(dtype_name(DType::fp8_e4m3), "fp8_e4m3");
+  EXPECT_EQ(dtype_size(DType::fp8_e4m3), 1u);
+}
+
+TEST(Fp8Api, MxToBlocksCountsIntoItsView) {
+  std::mt19937_64 rng(next_seed());
+  const std::int64_t E = 1, N = 128, K = 256;
+  std::vector<float> w = make_source(N, K, 32, 32, true, rng);
+  std::vector<bf16_t> wb = to_bf16(w);
+  std::vector<e4m3_t> mx(E * N * K);
+  std::vector<std::uint8_t> sc(E * N * K / 32);
+  mxfp8_quantize(TensorView::contiguous(wb.data(), DType::bf16, {N, K}),
+                 TensorView::contiguous(mx.data(), DType::fp8_e4m3, {N, K}),
+                 TensorView::contiguous(sc.data(), DType::u8, {N / 128, K / 128, 32, 16}), {}, {});
+  const QuantizedWeightsLayout layout = quantized_weights_layout(E, N, K);
+  std::vector<std::uint8_t> buffer(layout.bytes);
+  std::int64_t count = -1;
+  mx_weights_to_blocks(TensorView::contiguous(mx.data(), DType::fp8_e4m3, {E, N, K}),
+                       TensorView::contiguous(sc.data(), DType::u8, {E * N / 128, K / 128, 32, 16}),
+                       quantized_weights_views(layout, buffer.data()),
+                       TensorView::contiguous(&count, DType::i64, {1}));
+  const Converted c = convert(mx, sc, E, N, K);
+  EXPECT_EQ(count, c.inexact);
+  EXPECT_EQ(0, std::memcmp(buffer.data() + layout.data_offset, c.data.data(), c.data.size()));
 }
 
 }  // namespace
