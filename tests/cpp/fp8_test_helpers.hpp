@@ -159,4 +159,31 @@ inline std::uint8_t quantized_oracle(float x, int e) {
   return e4m3_oracle(v);
 }
 
+// A source [rows, cols] whose blocks (block_rows x block_cols) cycle through every Kind and
+// variant. The values are bf16 values when `bf16` (the source is then read as bf16).
+inline std::vector<float> make_source(std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                                      std::int64_t block_cols, bool bf16, std::mt19937_64& rng) {
+  std::vector<float> x(rows * cols);
+  std::vector<float> block(block_rows * block_cols);
+  int index = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += block_cols, ++index) {
+      const auto kind = static_cast<Kind>(index % kKinds);
+      fill_block(kind, index / kKinds, block.data(), block_rows * block_cols, bf16, rng);
+      for (std::int64_t i = 0; i < block_rows && r0 + i < rows; ++i) {
+        for (std::int64_t j = 0; j < block_cols && c0 + j < cols; ++j) {
+          x[(r0 + i) * cols + c0 + j] = block[i * block_cols + j];
+        }
+      }
+    }
+  }
+  return x;
+}
+
+inline std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16_t> v(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) v[i] = float_to_bf16(x[i]);
+  return v;
+}
+
 }  // namespace mok::test::fp8_cases
