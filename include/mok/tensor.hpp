@@ -10,7 +10,9 @@
 
 namespace mok {
 
-enum class DType : std::uint8_t { bf16, f32, f64, i32, i64 };
+// fp8_e4m3: e4m3 values stored as bytes (mok's FP8, core/fp8.hpp); u8: raw bytes (MoK's E8M0
+// scale tensors). Both appear only in the FP8 calls (mok/fp8.hpp); the layer refuses them.
+enum class DType : std::uint8_t { bf16, f32, f64, i32, i64, fp8_e4m3, u8 };
 enum class DeviceKind : std::uint8_t { cpu, cuda };
 
 constexpr std::size_t dtype_size(DType d) {
@@ -25,6 +27,9 @@ constexpr std::size_t dtype_size(DType d) {
       return 4;
     case DType::i64:
       return 8;
+    case DType::fp8_e4m3:
+    case DType::u8:
+      return 1;
   }
   return 0;
 }

@@ -18,6 +18,7 @@ uses no other module's private names (tests/python/test_imports.py checks both).
     _checks          argument checks (mok's error messages)
     _config          MoKConfig
     _grouped_gemm    the grouped GEMM forms as custom ops
+    _fp8             MoK's mxfp8_quantize as a custom op
     _workspace       workspaces: handles, the C++ workspaces of each layer shape, groups
     _layer_tensors   a layer call's context, outputs and gradient buffers
     _host_ep         expert parallelism across processes on the CPU backend

@@ -42,8 +42,9 @@ What differs from MoK, and why:
     back as empty [0, ...] tensors: mok does not produce them.
   - `swiglu_limit` (clamped SwiGLU, MoK's semantics) is carried to mok's layer ops; mok refuses 0,
     inf and NaN, which MoK lets through.
-  - MXFP8 (`mxfp8_quantize`, `dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming
-    Hopper's FP8 mode, not yet supported.
+  - `mxfp8_quantize` is MoK's, bit for bit (mok/_fp8.py). The MXFP8 layer ops
+    (`dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming Hopper's FP8 mode, not yet
+    supported.
 
 What the dispatch ops trust of a schedule (the four tensors MoK code may build or edit itself:
 schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert). The rows that count
@@ -71,6 +72,7 @@ import torch
 
 from mok import _checks, _layer_ops, _layer_tensors, _native, _schedule_terms, _workspace
 from mok import _fake  # noqa: F401  (the layer ops' fake implementations, which ours run on)
+from mok._fp8 import mxfp8_quantize  # noqa: F401  (MoK's MX quantizer, mok.ops.mxfp8_quantize)
 
 _EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
 
@@ -542,6 +544,5 @@ def _fp8_not_yet(op):
     return raise_not_yet
 
 
-mxfp8_quantize = _fp8_not_yet("mxfp8_quantize")
 dispatch_mlp_swiglu_combine_fwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_fwd_mxfp8")
 dispatch_mlp_swiglu_combine_bwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_bwd_mxfp8")

@@ -52,8 +52,9 @@ from mok._layer_ops import (  # noqa: F401
 from mok._grouped_gemm import (  # noqa: F401
     grouped_gate_up, grouped_rows_times_weight, grouped_rows_times_weight_t, grouped_weight_grad)
 # MoK's ops layer, same names and schemas (issue 17): mok.ops.schedule, all_gather_top_experts,
-# barrier_all, dispatch_mlp_swiglu_combine_{fwd,bwd}_bf16, fwd_epilogue, bwd_epilogue, and the
-# MXFP8 names, which raise (see mok/_kittens_compat.py).
+# barrier_all, dispatch_mlp_swiglu_combine_{fwd,bwd}_bf16, fwd_epilogue, bwd_epilogue,
+# mxfp8_quantize (MoK's, bit for bit: mok/_fp8.py), and the MXFP8 layer ops, which raise (see
+# mok/_kittens_compat.py).
 from mok._kittens_compat import (  # noqa: F401
     all_gather_top_experts, barrier_all, bwd_epilogue, dispatch_mlp_swiglu_combine_bwd_bf16,
     dispatch_mlp_swiglu_combine_bwd_mxfp8, dispatch_mlp_swiglu_combine_fwd_bf16,

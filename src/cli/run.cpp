@@ -8,6 +8,7 @@
 #include "cli/cli.hpp"
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
+#include "mok/fp8.hpp"
 #include "core/backend.hpp"
 #include "synthetic/check.hpp"
 #include "synthetic/synthetic_step.hpp"
@@ -118,6 +119,19 @@ int run(const RunArgs& args) {
   return passed ? 0 : 1;
 }
 
+// Bytes of this rank's routed weights in FP8 (gate, up [E_local, I, H], down [E_local, H, I],
+// each in both orientations with its 128x128 block scales: mok/fp8.hpp), or -1 where H or I is
+// not a multiple of 128. The caller owns them, as it owns the bf16 weights.
+std::int64_t fp8_weight_bytes(const Problem& p) {
+  try {
+    const std::int64_t E = p.num_local_experts(), H = p.hidden_size, I = p.intermediate_size;
+    return static_cast<std::int64_t>(2 * quantized_weights_layout(E, I, H).bytes +
+                                     quantized_weights_layout(E, H, I).bytes);
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
 int print_plan(const RunArgs& args) {
   const Problem& p = args.problem;
   p.validate(DType::bf16);
@@ -133,7 +147,7 @@ int print_plan(const RunArgs& args) {
       << ", \"symmetric_bytes\": " << wp.symmetric_bytes << ", \"local_bytes\": " << wp.local_bytes
       << ", \"layer_bytes\": " << wp.layer_bytes << ", \"total_bytes\": " << wp.total_bytes()
       << ", \"max_passes\": " << wp.max_passes << ", \"carry_slots\": " << wp.carry_slots
-      << ", \"buffers\": [";
+      << ", \"fp8_weight_bytes\": " << fp8_weight_bytes(p) << ", \"buffers\": [";
     bool first = true;
     for (const plan::BufferInfo& b : plan::kBuffers) {
       const plan::Buffer buf = wp.*(b.member);
@@ -177,6 +191,14 @@ int print_plan(const RunArgs& args) {
   std::printf("  workspace        %lld bytes (%.3f MiB) per rank, what the CUDA layer allocates "
               "(the forward context is the caller's)\n",
               static_cast<long long>(wp.total_bytes()), mib(wp.total_bytes()));
+  if (const std::int64_t fp8 = fp8_weight_bytes(p); fp8 >= 0) {
+    std::printf("  FP8 weights      %lld bytes (%.3f MiB) per rank: routed gate, up, down in "
+                "e4m3, both orientations, 128x128 block scales (the caller's, as the bf16 "
+                "weights)\n",
+                static_cast<long long>(fp8), mib(fp8));
+  } else {
+    std::printf("  FP8 weights      n/a (FP8 needs H and I multiples of 128)\n");
+  }
   return 0;
 }
 

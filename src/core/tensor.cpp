@@ -18,6 +18,10 @@ const char* dtype_name(DType d) {
       return "int32";
     case DType::i64:
       return "int64";
+    case DType::fp8_e4m3:
+      return "fp8_e4m3";
+    case DType::u8:
+      return "uint8";
   }
   return "unknown";
 }

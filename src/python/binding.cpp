@@ -29,6 +29,7 @@
 
 #include "core/gemm_ops.hpp"
 #include "core/validate.hpp"
+#include "mok/fp8.hpp"
 #include "mok/host_ep.hpp"
 #include "mok/mok.hpp"
 #include "mok/schedule.hpp"
@@ -56,7 +57,10 @@ DType parse_dtype(const std::string& name, const std::string& arg) {
   if (name == "float64") return DType::f64;
   if (name == "int32") return DType::i32;
   if (name == "int64") return DType::i64;
-  throw Error(arg + ".dtype", "one of bfloat16, float32, float64, int32, int64", name);
+  if (name == "float8_e4m3fn") return DType::fp8_e4m3;  // mok's FP8 calls (mok/fp8.hpp) only
+  if (name == "uint8") return DType::u8;
+  throw Error(arg + ".dtype",
+              "one of bfloat16, float32, float64, int32, int64, float8_e4m3fn, uint8", name);
 }
 
 Device parse_device(const std::string& type, int index, const std::string& arg) {
@@ -533,6 +537,20 @@ NB_MODULE(_C, m) {
       nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
       nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false,
       nb::arg("swiglu_limit").none() = nb::none());
+  // MoK's mxfp8_quantize (mok/_fp8.py, include/mok/fp8.hpp): views in (an absent output pair is
+  // not computed); on CUDA one launch on `stream`, on the CPU the reference.
+  m.def(
+      "mxfp8_quantize",
+      [](nb::handle x, nb::handle x_fp8, nb::handle x_sc, nb::handle x_fp8_t, nb::handle x_sc_t,
+         std::uintptr_t stream) {
+        const TensorView xv = view_of(x, "x_bf16"), q = view_of(x_fp8, "x_fp8"),
+                         s = view_of(x_sc, "x_sc"), qt = view_of(x_fp8_t, "x_fp8_t"),
+                         st = view_of(x_sc_t, "x_sc_t");
+        nb::gil_scoped_release release;
+        mxfp8_quantize(xv, q, s, qt, st, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("x").none(), nb::arg("x_fp8").none(), nb::arg("x_sc").none(),
+      nb::arg("x_fp8_t").none(), nb::arg("x_sc_t").none(), nb::arg("stream"));
   // Host expert parallelism (include/mok/host_ep.hpp): the expert and home halves of each call;
   // mok/_host_ep.py moves the rows between ranks. Gathered views are every rank's tensor in rank
   // order; optional buffers are None (recompute: no combine rows, no out).

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/bf16.hpp"
+#include "core/fp8.hpp"
 #include "core/thread_pool.hpp"
 
 namespace mok {
@@ -68,6 +69,10 @@ double HostTensor::get(std::int64_t i) const {
       return view_.ptr<const std::int32_t>()[i];
     case DType::i64:
       return static_cast<double>(view_.ptr<const std::int64_t>()[i]);
+    case DType::fp8_e4m3:
+      return fp8::e4m3_to_float(view_.ptr<const fp8::e4m3_t>()[i]);
+    case DType::u8:
+      return view_.ptr<const std::uint8_t>()[i];
   }
   return 0;
 }
@@ -88,6 +93,12 @@ void HostTensor::set(std::int64_t i, double v) {
       return;
     case DType::i64:
       view_.ptr<std::int64_t>()[i] = static_cast<std::int64_t>(v);
+      return;
+    case DType::fp8_e4m3:
+      view_.ptr<fp8::e4m3_t>()[i] = fp8::e4m3_from_float(static_cast<float>(v));
+      return;
+    case DType::u8:
+      view_.ptr<std::uint8_t>()[i] = static_cast<std::uint8_t>(v);
       return;
   }
 }

@@ -72,7 +72,8 @@ done
 #    automatic ring holds 131072 + 32 * 127 rows; the rank's worst case, 8 * 4096 * 8 + 32 * 127.
 plan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan 2>&1)
 if [ $? -eq 0 ] && printf '%s' "$plan" | grep -q "schedule_table" && printf '%s' "$plan" | grep -q "pass_x" &&
-  printf '%s' "$plan" | grep -q "layer region" && printf '%s' "$plan" | grep -q "2 ring passes at most, 1 fp32 carry slots"; then
+  printf '%s' "$plan" | grep -q "layer region" && printf '%s' "$plan" | grep -q "2 ring passes at most, 1 fp32 carry slots" &&
+  printf '%s' "$plan" | grep -q "FP8 weights      352407552 bytes"; then
   pass "run --plan"
 else
   fail "run --plan: $plan"
