@@ -131,20 +131,87 @@ def time_baselines():
                                          impl="cublas-dense", median_ms=round(ms, 5),
                                          tflops=round(2.0 * m_ * n_ * k_ / ms / 1e9, 2), floor_ms=round(floor_ms, 5)))
                     del a, b
-            per_round = [[median_ms(fn) for (_, _, _, _, fn, _) in timed] for _ in range(ROUNDS)]
-            for j, (pss, flops, floor_ms, vname, fn, err) in enumerate(timed):
+            # torch's FP8 on Hopper: torch._scaled_grouped_mm with rowwise scales (one per row of
+            # x and per output column of each expert's weight), e4m3, bf16 output (impl "torch-fp8").
+            fp8_timed = []
+            for pss, (flops, fn, check) in fp8_forms(torch, x, hid, w13, wd, offs, g0).items():
+                try:
+                    out = fn()
+                    torch.cuda.synchronize()
+                    err = check(out)
+                    del out
+                    median_ms(fn, 5)
+                    fp8_timed.append((pss, flops, None, "rowwise", fn, err))
+                except Exception as ex:  # noqa: BLE001
+                    print(f"{name} {routing} {pss} torch-fp8 FAILED: {ex}", flush=True)
+                    rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss},
+                                         impl="torch-fp8", error=str(ex)[:300]))
+            timed = [(*t, "torch") for t in timed] + [(*t, "torch-fp8") for t in fp8_timed]
+            per_round = [[median_ms(fn) for (_, _, _, _, fn, _, _) in timed] for _ in range(ROUNDS)]
+            for j, (pss, flops, floor_ms, vname, fn, err, impl) in enumerate(timed):
                 v = sorted(r[j] for r in per_round)
                 ms = v[len(v) // 2]
-                rows_out.append(dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl="torch",
-                                     median_ms=round(ms, 5), tflops=round(flops / ms / 1e9, 2),
-                                     floor_ms=round(floor_ms, 5), rel_err=err, variant=vname, rounds=ROUNDS,
-                                     round_min_ms=round(v[0], 5), round_max_ms=round(v[-1], 5)))
-                print(f"{name:14s} {routing:8s} {pss:6s} torch    {ms:9.4f} ms {flops / ms / 1e9:7.1f} TF/s "
+                row = dict(suite="gemm", case=name, routing=routing, **{"pass": pss}, impl=impl,
+                           median_ms=round(ms, 5), tflops=round(flops / ms / 1e9, 2), rel_err=err,
+                           variant=vname, rounds=ROUNDS, round_min_ms=round(v[0], 5),
+                           round_max_ms=round(v[-1], 5))
+                if floor_ms is not None:
+                    row["floor_ms"] = round(floor_ms, 5)
+                rows_out.append(row)
+                print(f"{name:14s} {routing:8s} {pss:6s} {impl:9s} {ms:9.4f} ms {flops / ms / 1e9:7.1f} TF/s "
                       f"err {err:.2e} [{v[0]:.4f}, {v[-1]:.4f}]", flush=True)
-            del timed, per_round
+            del timed, per_round, fp8_timed
             del x, hid, dy, w13, wd
             torch.cuda.empty_cache()
+    rows_out.extend(dense_fp8_rows(torch))
     return rows_out, torch.cuda.get_device_name(0), torch.__version__
+
+
+def fp8_rowwise(torch, t):
+    """e4m3 values and fp32 scales, one per row of the last two dims' rows (amax / 448)."""
+    s = t.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 448.0
+    return (t.float() / s).to(torch.float8_e4m3fn), s.squeeze(-1)
+
+
+def fp8_forms(torch, x, hid, w13, wd, offs, g0):
+    """pass -> (flops, fn, check): the forward GEMMs through torch._scaled_grouped_mm."""
+    x8, xs = fp8_rowwise(torch, x)
+    h8, hs = fp8_rowwise(torch, hid)
+    w13_8, w13s = fp8_rowwise(torch, w13)  # [e, 2i, h], scales [e, 2i]
+    wd8, wds = fp8_rowwise(torch, wd)      # [e, h, i], scales [e, h]
+    rows, h = x.shape
+    i = hid.shape[1]
+    flops1 = 2.0 * rows * h * i
+
+    def mm(a8, a_s, b8, b_s):
+        return lambda: torch._scaled_grouped_mm(a8, b8.transpose(-2, -1), a_s, b_s, offs=offs,
+                                                out_dtype=torch.bfloat16)
+    return {
+        "gemm1": (2 * flops1, mm(x8, xs, w13_8, w13s),
+                  lambda out: rel_err(out[:g0], x[:g0].float() @ w13[0].float().t())),
+        "gemm2": (flops1, mm(h8, hs, wd8, wds),
+                  lambda out: rel_err(out[:g0], hid[:g0].float() @ wd[0].float().t())),
+    }
+
+
+def dense_fp8_rows(torch):
+    """cuBLAS's FP8 rate on a dense 8192^3 (torch._scaled_mm, rowwise scales), PERF.md's anchor."""
+    n = 8192
+    try:
+        a8, a_s = fp8_rowwise(torch, torch.randn(n, n, device="cuda", dtype=torch.bfloat16))
+        b8, b_s = fp8_rowwise(torch, torch.randn(n, n, device="cuda", dtype=torch.bfloat16))
+
+        def fn():
+            return torch._scaled_mm(a8, b8.t(), scale_a=a_s[:, None], scale_b=b_s[None, :],
+                                    out_dtype=torch.bfloat16)
+        fn()
+        ms = median_ms(fn)
+        return [dict(suite="gemm", case="dense-8192", routing="none", **{"pass": "mm"},
+                     impl="cublas-fp8-dense", median_ms=round(ms, 5),
+                     tflops=round(2.0 * n ** 3 / ms / 1e9, 2))]
+    except Exception as ex:  # noqa: BLE001
+        return [dict(suite="gemm", case="dense-8192", routing="none", **{"pass": "mm"},
+                     impl="cublas-fp8-dense", error=str(ex)[:300])]
 
 
 def main():
@@ -159,7 +226,7 @@ def main():
     if cli.baselines_from:
         with open(cli.baselines_from) as f:
             old = json.load(f)
-        rows_out = [r for r in old["cases"] if r.get("impl") in ("torch", "cublas-dense")]
+        rows_out = [r for r in old["cases"] if r.get("impl") in ("torch", "torch-fp8", "cublas-dense", "cublas-fp8-dense")]
         gpu, torch_version, date = old["gpu"], old["torch"], old["date"]
     else:
         rows_out, gpu, torch_version = time_baselines()
