@@ -449,6 +449,106 @@ TEST(GemmFp8InputGrad, TwoProductsAndOneHeavyGroup) {
   run_input_grad_fp8({1000, 0, 2, 1}, 256, 512, true);
 }
 
+// The K-grouped e4m3 form (weight gradients) over token-axis copies: dw[g] = a^T b over group g's
+// rows, each 128-row token block's product times its row's and column's scales. Tokens past a
+// group's end inside its last block hold NaN bytes (the GEMM must zero them); every token block's
+// scales are finite. fp32 output against the exact model, bf16 output its rounding, empty groups
+// exact zeros, a second run bitwise.
+void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
+  Layout l(counts);
+  const int G = l.groups();
+  const int blocks = (l.capacity + 127) / 128;
+  std::mt19937_64 rng(next_seed());
+  auto token_axis = [&](int cols, std::vector<std::uint8_t>& q, std::vector<float>& sc) {
+    q.assign(std::size_t(cols) * l.capacity, 0xff);
+    sc.resize(std::size_t(blocks) * cols);
+    for (auto& v : sc) v = random_scale(rng);
+    for (int g = 0; g < G; ++g)
+      for (int t = l.starts[g]; t < l.starts[g] + l.counts[g]; ++t)
+        for (int c = 0; c < cols; ++c) q[std::size_t(c) * l.capacity + t] = random_e4m3(rng);
+  };
+  std::vector<std::uint8_t> qa, qb;
+  std::vector<float> sa, sb;
+  token_axis(M, qa, sa);
+  token_axis(N, qb, sb);
+  DeviceBuffer<std::uint8_t> d_qa(qa.size()), d_qb(qb.size());
+  DeviceBuffer<float> d_sa(sa.size()), d_sb(sb.size());
+  d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
+  const std::size_t cells = std::size_t(G) * M * N;
+  DeviceBuffer<float> out32(cells), out32b(cells);
+  DeviceBuffer<__nv_bfloat16> out16(cells);
+  mok::gemm::WeightGradFp8Args args;
+  args.grad.segments = l.segments();
+  args.grad.m = M;
+  args.grad.n = N;
+  args.grad.ld_out = N;
+  args.a = {d_qa.get(), l.capacity, d_sa.get(), M};
+  args.b = {d_qb.get(), l.capacity, d_sb.get(), N};
+  for (auto* o : {&out32, &out32b}) {
+    o->poison();
+    args.grad.out = o->get();
+    args.grad.out_fp32 = true;
+    mok::gemm::weight_grad_fp8(args);
+  }
+  out16.poison();
+  args.grad.out = out16.get();
+  args.grad.out_fp32 = false;
+  mok::gemm::weight_grad_fp8(args);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = out32.download();
+  const auto got16 = out16.download();
+  const auto* b16 = reinterpret_cast<const std::uint16_t*>(got16.data());
+  long long far = 0, rounding = 0, checked = 0;
+  double worst = 0;
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < N; ++j) {
+        double sum = 0, tc = 0, magnitude = 0;
+        for (int t0 = l.starts[g]; t0 < l.starts[g] + l.counts[g]; t0 += 128) {
+          const int t1 = std::min(t0 + 128, l.starts[g] + l.counts[g]);
+          double block = 0, block_abs = 0;
+          for (int t = t0; t < t1; ++t) {
+            const double v = e4m3_value(qa[std::size_t(i) * l.capacity + t]) *
+                             e4m3_value(qb[std::size_t(j) * l.capacity + t]);
+            block += v;
+            block_abs += std::fabs(v);
+          }
+          const double s =
+              double(sa[std::size_t(t0 / 128) * M + i]) * sb[std::size_t(t0 / 128) * N + j];
+          sum += s * block;
+          tc += s * block_abs;
+          magnitude += std::fabs(s * block) + std::ldexp(s * block_abs, -9);
+        }
+        const double bound = std::ldexp(tc, -9) + 16 * std::ldexp(magnitude, -23);
+        const std::size_t at = (std::size_t(g) * M + i) * N + j;
+        const double err = std::fabs(double(got[at]) - sum);
+        worst = std::max(worst, err / (bound + 1e-30));
+        far += !(err <= bound);  // exact zeros for empty groups: bound 0, err 0
+        rounding += b16[at] != mok::float_to_bf16(got[at]);
+        ++checked;
+      }
+    }
+  }
+  std::printf(
+      "[ mok ] e4m3 weight gradient m=%d n=%d G=%d: %lld values, largest error %.3g of its "
+      "bound\n",
+      M, N, G, checked, worst);
+  EXPECT_EQ(far, 0) << "dw beyond the bound of the exact block-scaled product";
+  EXPECT_EQ(rounding, 0) << "the bf16 output is not the rounding of the fp32 output";
+  EXPECT_TRUE(same_bits(out32, out32b)) << "a second run differs";
+}
+
+TEST(GemmFp8WeightGrad, SmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_weight_grad_fp8({0, 1, 130, 77, 0, 300}, 256, 384);
+}
+
+TEST(GemmFp8WeightGrad, OneHeavyGroup) {
+  MOK_REQUIRE_HOPPER();
+  run_weight_grad_fp8({1000, 0, 2, 1}, 128, 256);
+}
+
 TEST(GemmFp8GateUp, SmallOddAndEmptyGroups) {
   MOK_REQUIRE_HOPPER();
   run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384);

@@ -38,6 +38,9 @@ struct WaitTimeoutReport {
 //                                                 [128 nb, 128 nb + 128)
 //   b2: gate/up: W_up's, as b; an input gradient with a second product (k_blocks_first): the
 //   second weight's, with a2 its rows' (a2_ld = a_ld), for K blocks from k_blocks_first on.
+// The K-grouped form (weight gradients over the token-axis copies, both operands 1 x 128 along the
+// tokens): a[tb * a_ld + i] for A's row i (of m) and token block tb, b[tb * b_ld + j] for B's
+// row j (of n); token blocks of 128 rows of the row buffers (segments are 128-row aligned).
 struct Fp8Scales {
   const float* a;
   const float* a2;
@@ -46,6 +49,7 @@ struct Fp8Scales {
   const float* b2;
   int b_n_blocks;
   int b_k_blocks;
+  long long b_ld;
 };
 
 struct GemmParams {

@@ -144,7 +144,7 @@ class GemmEngine {
   template <class Hook = NoLoadHook>
   __device__ __forceinline__ bool produce(const TileInfo& tile, Hook&& hook = Hook{}) {
     const TensorMaps maps{&d_.a, &d_.b, &d_.a2, &d_.b2};
-    return load_tile<F, kStallHook>(maps, ring_, state_, tile, d_.p, loads_, hook);
+    return load_tile<F, kStallHook>(maps, ring_, state_, tile, d_.p, fp8_, loads_, hook);
   }
 
   // The ring's bytes that no stage and no staging tile of this form uses (kSpareBytes from
@@ -203,7 +203,10 @@ class GemmEngine {
     const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
+    if constexpr (F::kFp8 && F::kKGrouped) {
+      mma_tile_fp8_tokens<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, reader_thread,
+                             probe);
+    } else if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
       mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe, lead);
     } else if constexpr (F::kFp8) {

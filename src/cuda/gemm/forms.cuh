@@ -37,11 +37,13 @@ struct Form {
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;
-  static constexpr int kTransA = kKGrouped ? 1 : 0;  // 1: A is M-major
-  static constexpr int kTransB = kKind == FormKind::kRowsW || kKGrouped ? 1 : 0;
+  // 1: A is M-major, B N-major. e4m3 operands are K-major only: the K-grouped e4m3 form reads
+  // the token-axis copies (the rows' transposes: K along the tokens), the input gradients the
+  // weights' W^T copies.
+  static constexpr int kTransA = kKGrouped && !kFp8 ? 1 : 0;
+  static constexpr int kTransB = (kKind == FormKind::kRowsW || kKGrouped) && !kFp8 ? 1 : 0;
 
-  static_assert(!kFp8 || kKind == FormKind::kGateUp || kKind == FormKind::kRowsWT,
-                "e4m3: the forms whose operands are both K-major");
+  static_assert(!kFp8 || kKind != FormKind::kRowsW, "e4m3 input gradients: kRowsWT over W^T");
   static constexpr int kTileN = kFp8 ? 128 : 256;
   // The forms that compute input gradients (dh = dy W_down, dx = dg W_gate + du W_up): bf16 reads
   // W N-major (kRowsW); e4m3 reads the weight's transposed copy K-major, as rows x W^T. Both take
@@ -55,17 +57,21 @@ struct Form {
   // store_tile_tma): v4/v5 measured its short-K cells (2-16 K blocks a tile) bound by the
   // epilogue, and a TMA store lets the Consumers start the next tile while the copy engine writes
   // this one. Its 64 KiB staging tile costs the ring one stage.
-  static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad;
+  static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad && !kFp8;
   static constexpr int kStages = kTmaStore ? 3 : kFp8 ? 6 : 4;
   // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage
   static constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;
-  static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes;  // TMA bytes a stage
+  // The K-grouped e4m3 form's scales of a K block travel with it: A's 128 rows' and B's 128
+  // columns' (fp32, 1 x 128 along the tokens), after the tiles.
+  static constexpr std::uint32_t kScaleBytes = kFp8 && kKGrouped ? (kTileM + kTileN) * 4 : 0;
+  static constexpr std::uint32_t kStageBytes =
+      kTileABytes + kTileBBytes + kScaleBytes;  // TMA bytes a stage
   static constexpr std::uint32_t kStagingBytes = kTmaStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");
-  static_assert(kTileBBytes % 1024 == 0, "swizzle atoms misaligned");
+  static_assert(kTileBBytes % 1024 == 0 && kStageBytes % 1024 == 0, "swizzle atoms misaligned");
 
   static constexpr int kOutTileN = kKind == FormKind::kGateUp ? kTileN / 2 : kTileN;
   static constexpr int kBoxRowsA = kTransA ? kTileK : kTileM;

@@ -326,10 +326,33 @@ struct WeightGradArgs {
   WaitOptions waits;
 };
 
+// The token-axis copy of a row buffer [capacity_rows, cols] in e4m3 (what the K-grouped forms
+// read: K runs along the tokens, and wgmma reads e4m3 K-major only): data [cols, ld] (the
+// transpose; ld >= capacity_rows, a multiple of 16), scales fp32 [capacity_rows / 128, scale_ld]
+// per 128 rows (1 x 128 along the tokens; scale_ld >= cols, a multiple of 4, 16-byte aligned).
+// Rows of a 128-row block past its group's end may hold anything: the GEMM zeroes them.
+struct Fp8TokenAxis {
+  const std::uint8_t* data = nullptr;
+  std::int64_t ld = 0;
+  const float* scale = nullptr;
+  std::int64_t scale_ld = 0;
+};
+
+// WeightGradArgs over e4m3 operands: dw[e] = a[rows of e]^T b[rows of e] from the token-axis
+// copies of a [rows, m] and b [rows, n]; m and n multiples of 128. Each 128-row token block's
+// product is promoted into fp32 times its row's and column's scales, in row order; outputs,
+// passes and tile order as `grad` says (grad.a and grad.b null).
+struct WeightGradFp8Args {
+  WeightGradArgs grad;
+  Fp8TokenAxis a;  // [m, capacity_rows]
+  Fp8TokenAxis b;  // [n, capacity_rows]
+};
+
 void gate_up_forward(const GateUpForwardArgs& args);
 void rows_times_weight_t(const RowsTimesWeightTArgs& args);  // down forward (and dense)
 void rows_times_weight(const RowsTimesWeightArgs& args);     // dgrad
 void weight_grad(const WeightGradArgs& args);                // wgrad
+void weight_grad_fp8(const WeightGradFp8Args& args);
 void gate_up_forward_fp8(const GateUpForwardFp8Args& args);
 void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args);
 void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args);

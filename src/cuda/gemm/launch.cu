@@ -554,21 +554,34 @@ void rows_times_weight_form(const RowsTimesWeightArgs& args) {
 
 }  // namespace
 
+// The K-grouped forms' descriptor from their operands' maps: the output, the pass plan and the
+// tile order (bf16: describe_weight_grad; e4m3: weight_grad_fp8).
+template <class F>
+GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensorMap& a,
+                                      const CUtensorMap& b);
+
 template <class F>
 std::optional<GemmDescriptor> describe_weight_grad(const WeightGradArgs& args) {
   check_segments(args.segments);
   check_multiple_of_64(args.m, "m");
   check_multiple_of_64(args.n, "n");
-  check(args.out != nullptr, "out", "a device pointer", "null");
-  check_aligned(args.out, "out");
-  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
-        to_text(args.ld_out));
   const RowSegments& s = args.segments;
   // NOTES: with no rows the outputs are still written (zeros); the maps then cover one row that
   // is never read.
   const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;
   const CUtensorMap a = make_tensor_map_bf16(args.a, rows, args.m, args.ld_a, F::kBoxRowsA, "a");
   const CUtensorMap b = make_tensor_map_bf16(args.b, rows, args.n, args.ld_b, F::kBoxRowsB, "b");
+  return weight_grad_descriptor<F>(args, a, b);
+}
+
+template <class F>
+GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensorMap& a,
+                                      const CUtensorMap& b) {
+  check(args.out != nullptr, "out", "a device pointer", "null");
+  check_aligned(args.out, "out");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
+        to_text(args.ld_out));
+  const RowSegments& s = args.segments;
   GemmDescriptor d = base_descriptor(s, args.waits);
   d.a = d.a2 = d.out = a;
   d.b = d.b2 = b;
@@ -623,17 +636,51 @@ std::optional<GemmDescriptor> describe_weight_grad(const WeightGradArgs& args) {
 
 namespace {
 
+// Form F over `d` with the K-grouped epilogue the arguments ask for.
 template <class F>
-void weight_grad_form(const WeightGradArgs& args) {
-  const GemmDescriptor d = *describe_weight_grad<F>(args);
+void launch_weight_grad(const GemmDescriptor& d, const WeightGradArgs& args,
+                        const Fp8Scales& fp8 = {}) {
   using epilogue::GradOut;
   if (!args.out_fp32) {
-    launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream);
+    launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream, fp8);
   } else if (args.accumulate) {
-    launch<F, epilogue::WeightGrad<GradOut::fp32_add>>(d, args.stream);
+    launch<F, epilogue::WeightGrad<GradOut::fp32_add>>(d, args.stream, fp8);
   } else {
-    launch<F, epilogue::WeightGrad<GradOut::fp32>>(d, args.stream);
+    launch<F, epilogue::WeightGrad<GradOut::fp32>>(d, args.stream, fp8);
   }
+}
+
+template <class F>
+void weight_grad_form(const WeightGradArgs& args) {
+  launch_weight_grad<F>(*describe_weight_grad<F>(args), args);
+}
+
+// The e4m3 weight gradient of form F (plain or continued).
+template <class F>
+void weight_grad_fp8_form(const WeightGradFp8Args& args) {
+  const WeightGradArgs& g = args.grad;
+  check_segments(g.segments);
+  check_multiple_of_128(g.m, "grad.m");
+  check_multiple_of_128(g.n, "grad.n");
+  check(g.a == nullptr && g.b == nullptr, "grad.a/grad.b", "null (the e4m3 operands are a, b)",
+        "set");
+  const RowSegments& s = g.segments;
+  // The token blocks' scales: one row of them per 128 rows of the row buffers.
+  const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;
+  auto operand = [&](const Fp8TokenAxis& t, int cols, int box_rows, const std::string& name) {
+    check(t.scale != nullptr, name + ".scale", "a device pointer", "null");
+    check(reinterpret_cast<std::uintptr_t>(t.scale) % 16 == 0, name + ".scale", "16-byte alignment",
+          to_text(t.scale));
+    check(t.scale_ld >= cols && t.scale_ld % 4 == 0, name + ".scale_ld",
+          "a multiple of 4 and >= " + to_text(cols), to_text(t.scale_ld));
+    return make_tensor_map_e4m3(t.data, cols, rows, t.ld, box_rows, (name + ".data").c_str());
+  };
+  const CUtensorMap a = operand(args.a, g.m, F::kBoxRowsA, "a");
+  const CUtensorMap b = operand(args.b, g.n, F::kBoxRowsB, "b");
+  const GemmDescriptor d = weight_grad_descriptor<F>(g, a, b);
+  const Fp8Scales fp8{args.a.scale,   nullptr, args.a.scale_ld, args.b.scale, nullptr, 0, 0,
+                      args.b.scale_ld};
+  launch_weight_grad<F>(d, g, fp8);
 }
 
 }  // namespace
@@ -661,6 +708,14 @@ void rows_times_weight_t(const RowsTimesWeightTArgs& args) {
 
 void rows_times_weight(const RowsTimesWeightArgs& args) {
   rows_times_weight_form<Form<FormKind::kRowsW>>(args);
+}
+
+void weight_grad_fp8(const WeightGradFp8Args& args) {
+  if (args.grad.continue_reduction) {
+    weight_grad_fp8_form<Form<FormKind::kWeightGradContinued, Operand::e4m3>>(args);
+  } else {
+    weight_grad_fp8_form<Form<FormKind::kWeightGrad, Operand::e4m3>>(args);
+  }
 }
 
 void weight_grad(const WeightGradArgs& args) {

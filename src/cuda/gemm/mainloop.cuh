@@ -107,6 +107,10 @@ struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
   __device__ std::uint8_t* a(int s) const { return base + s * F::kStageBytes; }
   __device__ std::uint8_t* b(int s) const { return base + s * F::kStageBytes + kTileABytes; }
+  // The K-grouped e4m3 form's block scales (F::kScaleBytes): A's 128 rows', then B's columns'.
+  __device__ std::uint8_t* scales(int s) const {
+    return base + s * F::kStageBytes + kTileABytes + F::kTileBBytes;
+  }
   // The TMA-store epilogue's staging tile (F::kStagingBytes, 1024-byte aligned), after the stages.
   __device__ std::uint8_t* staging() const { return base + F::kStages * F::kStageBytes; }
   __device__ std::uint64_t* barriers() const {
@@ -276,15 +280,29 @@ __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigne
   return entry_tag(seen) != tag && atomicCAS(slot, seen, queue_entry(tag, ticket)) == seen;
 }
 
-// Producer: the TMA loads of one K block of one tile into stage `s` (kStageBytes in all).
+// Producer: the TMA loads of one K block of one tile into stage `s` (kStageBytes in all). `fp8`:
+// the e4m3 forms' scales (the K-grouped one loads a block's scales with its tiles).
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
-                                             const GemmParams& p) {
+                                             const GemmParams& p, const Fp8Scales* fp8) {
   std::uint64_t* bar = ring.full(s);
   ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
   const int k0 = kb * F::kBlockK;
-  if constexpr (F::kKGrouped) {
+  if constexpr (F::kKGrouped && F::kFp8) {
+    // The token-axis copies: A [m, tokens] (rows m0..m0+127), B [n, tokens] in two halves of 64
+    // rows, each box 128 tokens (one swizzled row) from the K block's first token; then the
+    // block's scales (token block (row_base + k0) / 128, a multiple of 128: segments are aligned).
+    const int token = tile.row_base + k0;
+    const int n0 = tile.n0 * F::kOutTileN;
+    ptx::tma_load_2d(ring.a(s), maps.a, bar, token, tile.m0);
+    ptx::tma_load_2d(ring.b(s), maps.b, bar, token, n0);
+    ptx::tma_load_2d(ring.b(s) + F::kTileBBytes / 2, maps.b, bar, token, n0 + F::kTileN / 2);
+    const long long block = token / kTileM;
+    ptx::bulk_load(ring.scales(s), fp8->a + block * fp8->a_ld + tile.m0, kTileM * 4, bar);
+    ptx::bulk_load(ring.scales(s) + kTileM * 4, fp8->b + block * fp8->b_ld + n0, F::kTileN * 4,
+                   bar);
+  } else if constexpr (F::kKGrouped) {
     const int row = tile.row_base + k0;
     const int n0 = tile.n0 * F::kOutTileN;
 #pragma unroll
@@ -326,7 +344,8 @@ struct NoLoadHook {
 template <class F, bool kStallHook, class Hook>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
-                                          const GemmParams& p, ProducerLoads& loads, Hook&& hook) {
+                                          const GemmParams& p, const Fp8Scales* fp8,
+                                          ProducerLoads& loads, Hook&& hook) {
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     hook(kb);
     // NOTES: the flag too, after the wait: once the CTA aborted, the Consumers pass stages without
@@ -348,7 +367,7 @@ __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRi
       }
       loads.skipped &= ~bit;
     }
-    load_k_block<F>(maps, ring, state.stage, tile, kb, p);
+    load_k_block<F>(maps, ring, state.stage, tile, kb, p, fp8);
     state.advance();
   }
   return true;
@@ -570,6 +589,79 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
       // tile's columns from i = kAcc / 2 on.
       acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
     }
+  }
+  ptx::fence_registers(acc);
+  probe.multiplied();
+}
+
+// K-grouped e4m3: tokens of the last K block past the group's end may hold anything (padding, the
+// next group); zero bytes [valid, 128) of every row of both tiles, so they contribute exactly
+// nothing. The tiles are K-major (a row is 128 tokens), and the 128-byte swizzle puts logical
+// 16-byte piece c of row r at piece c ^ (r % 8). Every consumer thread takes part; ends with
+// their named barrier.
+template <class F>
+__device__ __forceinline__ void zero_tail_tokens(const SharedRing<F>& ring, int s, int valid,
+                                                 int reader_thread, int barrier_id) {
+  constexpr int kThreadsReading = F::kReaders * 32;
+  constexpr int kRows = kTileM + F::kTileN;  // A's rows, then B's (b(s) follows a(s))
+  const int first = valid / 16;
+  const int pieces = 8 - first;
+  for (int i = reader_thread; i < kRows * pieces; i += kThreadsReading) {
+    const int r = i / pieces;
+    const int c = first + i % pieces;
+    std::uint8_t* piece = ring.a(s) + r * 128 + ((c ^ (r % 8)) * 16);
+    if (c * 16 >= valid) {
+      *reinterpret_cast<uint4*>(piece) = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int b = valid - c * 16; b < 16; ++b) piece[b] = 0;
+    }
+  }
+  ptx::fence_proxy_async_shared();
+  ptx::named_barrier_sync(barrier_id, kThreadsReading);
+}
+
+// Consumer, the K-grouped e4m3 form (weight gradients): the whole K loop of one tile over the
+// group's tokens. Per K block (128 tokens): its product into `partial`, then each accumulator
+// adds partial times (its row's scale x its column's scale), both from the stage, in token
+// order (DeepGEMM's "1D1D" promotion: one FMUL and one FFMA per accumulator). The stage is
+// released after the promotion, which reads its scales.
+template <class F, class Probe>
+__device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
+                                                    const SharedRing<F>& ring,
+                                                    PipelineState<F::kStages>& state,
+                                                    const TileInfo& tile, const GemmParams& p,
+                                                    int consumer_wg, int warp, int lane,
+                                                    int reader_thread, const Probe& probe) {
+  static_assert(F::kFp8 && F::kKGrouped, "the K-grouped e4m3 form");
+  float partial[F::kAcc];
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
+    const int valid = tile.row_count - kb * F::kBlockK;
+    if (valid < F::kBlockK) {
+      zero_tail_tokens(ring, state.stage, valid, reader_thread, kConsumerBarrierId);
+    }
+    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
+    const float* scales = reinterpret_cast<const float*>(ring.scales(state.stage));
+    float row_scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      row_scale[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
+#pragma unroll
+    for (int j = 0; j < F::kTileN / 8; ++j) {
+      const float2 col = *reinterpret_cast<const float2*>(scales + kTileM + 8 * j + 2 * (lane % 4));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int a = 4 * j + 2 * h;
+        acc[a] = __fmaf_rn(partial[a], __fmul_rn(row_scale[h], col.x), acc[a]);
+        acc[a + 1] = __fmaf_rn(partial[a + 1], __fmul_rn(row_scale[h], col.y), acc[a + 1]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+    state.advance();
   }
   ptx::fence_registers(acc);
   probe.multiplied();

@@ -84,7 +84,8 @@ __device__ __forceinline__ int order_key(int k_blocks) {
   return 1 + e * 8 + m;  // <= 1 + 30 * 8 + 7 < kOrderBuckets
 }
 
-template <bool kKGrouped>
+// kBlockK: the K-grouped form's K block in rows (64 bf16, 128 e4m3), which sizes its tiles' K loops.
+template <bool kKGrouped, int kBlockK = kTileK>
 struct TileScheduler {
   const SchedulerParams& p;
   const SchedulerTables& t;
@@ -142,7 +143,7 @@ struct TileScheduler {
     auto bucket_of = [&](int g) {
       const int count = t.count[g];
       return count < 0 ? kOrderBuckets - 1
-                       : kOrderBuckets - 2 - order_key((count + kTileK - 1) / kTileK);
+                       : kOrderBuckets - 2 - order_key((count + kBlockK - 1) / kBlockK);
     };
     for (int g = lane; g < p.num_groups; g += 32) atomicAdd(&scratch.bucket[bucket_of(g)], 1);
     __syncwarp();
@@ -204,7 +205,7 @@ struct TileScheduler {
     long long base = 0, total = 0, longest = 0;
     for (int i = lane; i < p.num_groups; i += 32) {
       if (t.count[t.order[i]] < 0) continue;  // not run (pass plan): after every group that is
-      const long long cost = (t.count[t.order[i]] + kTileK - 1) / kTileK + kTileFixedCost;
+      const long long cost = (t.count[t.order[i]] + kBlockK - 1) / kBlockK + kTileFixedCost;
       const long long q = pg / ctas;
       const int r = static_cast<int>(pg - q * ctas);
       const int s = static_cast<int>((i * pg) % ctas);
@@ -267,7 +268,7 @@ struct TileScheduler {
     const int panel_m = min(kPanelM, m_tiles - panel * kPanelM);
     info.m0 = (panel * kPanelM + rem % panel_m) * kTileM;
     info.n0 = rem / panel_m;
-    info.k_blocks = kKGrouped ? (info.row_count + kTileK - 1) / kTileK : p.k_blocks;
+    info.k_blocks = kKGrouped ? (info.row_count + kBlockK - 1) / kBlockK : p.k_blocks;
     return info;
   }
 

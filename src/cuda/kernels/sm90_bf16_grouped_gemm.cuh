@@ -41,24 +41,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block,
                                   const __grid_constant__ Fp8Scales fp8) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Scheduler = TileScheduler<F::kKGrouped, F::kBlockK>;
   extern __shared__ std::uint8_t smem_raw[];
   __shared__ SchedulerTables tables;
   GemmEngine<F, E, kStallHook> engine(smem_raw, d, F::kFp8 ? &fp8 : nullptr);
   const int lane = engine.lane();
   if (threadIdx.x == 0) engine.init();
   if (threadIdx.x < 32) {
-    TileScheduler<F::kKGrouped>::prepare(d.p.sched, tables, lane);
+    Scheduler::prepare(d.p.sched, tables, lane);
     if constexpr (F::kKGrouped) {
       auto& scratch = *static_cast<SchedulerScratch*>(engine.setup_scratch());
-      TileScheduler<F::kKGrouped>::order_heavy_first(d.p.sched, tables, scratch, lane);
-      TileScheduler<F::kKGrouped>::choose_static_order(d.p.sched, tables, scratch, lane, gridDim.x,
+      Scheduler::order_heavy_first(d.p.sched, tables, scratch, lane);
+      Scheduler::choose_static_order(d.p.sched, tables, scratch, lane, gridDim.x,
                                                        static_cast<TileOrder>(d.p.tile_order));
       ptx::fence_proxy_async_shared();  // the ring's TMA loads overwrite the scratch
     }
   }
   __syncthreads();
 
-  TileScheduler<F::kKGrouped> scheduler{d.p.sched, tables};
+  Scheduler scheduler{d.p.sched, tables};
   const int num_tiles = scheduler.num_tiles();
 
   if (engine.role() == Role::kProducer) {

@@ -25,6 +25,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, s
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to `dst`;
+// completes `bytes` of transactions on `bar` (the non-tensor bulk copy: no map, no bounds).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Stores the box at (c0, c1) from `src` (rows written by ordinary stores need
 // fence_proxy_async_shared() and a barrier first). Out-of-bounds elements past the tensor's end
 // are not written; c0 and c1 must be >= 0 (a negative start traps: tests/cpp/test_ptx.cu).
