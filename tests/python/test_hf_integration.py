@@ -459,6 +459,31 @@ def test_expert_parallel_sentinels_are_unused_slots():
     assert torch.equal(out, ref)
 
 
+@requires_transformers
+def test_compile_fullgraph_of_a_moe_block():
+    """torch.compile(fullgraph=True) of a MoE block (router, mok's experts) traces mok's custom
+    ops (CPU: aot_eager; the GPU test compiles with inductor): the same bits as eager."""
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+    mok_hf.check(model)  # checked before tracing
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 17, 128, dtype=torch.bfloat16, requires_grad=True)
+    ref = block(x)
+    ref.float().square().sum().backward()
+    d_ref, x.grad = x.grad, None
+    out = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    out.float().square().sum().backward()
+    assert torch.equal(out, ref) and torch.equal(x.grad, d_ref)
+
+
+@requires_transformers
+def test_compile_needs_a_checked_module():
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+    block = model.model.layers[0].mlp
+    with pytest.raises(Exception, match="checked before torch.compile traces it"):
+        torch.compile(block, fullgraph=True, backend="aot_eager")(
+            torch.randn(1, 5, 128, dtype=torch.bfloat16))
+
+
 # ---- CUDA (the GPU layer) ----------------------------------------------------------------------
 
 

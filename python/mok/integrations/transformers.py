@@ -44,15 +44,15 @@ PRECISIONS = ("bf16",)  # configure(precision=...); "fp8" once mok's FP8 layer h
 
 @dataclass(frozen=True)
 class _Settings:
-    config: MoKConfig = MoKConfig()
-    precision: str = "bf16"
+    """What configure() set: the precision and the workspace (of the MoKConfig) every call uses.
+    NOTES: the workspace is looked up here, once, not per call, so that a traced call reads a
+    constant (its handle) and takes no lock."""
 
-    @property
-    def workspace(self):
-        return _workspace.for_config(self.config)
+    precision: str
+    workspace: _workspace.Workspace
 
 
-_settings = _Settings()
+_settings = _Settings("bf16", _workspace.for_config(None))
 
 
 def configure(config=None, *, precision="bf16"):
@@ -66,7 +66,7 @@ def configure(config=None, *, precision="bf16"):
     if precision not in PRECISIONS:
         _checks.fail("precision", " or ".join(repr(p) for p in PRECISIONS)
                      + " (FP8 comes with mok's FP8 layer)", repr(precision))
-    _settings = _Settings(MoKConfig() if config is None else config, precision)
+    _settings = _Settings(precision, _workspace.for_config(config))
 
 
 @dataclass(frozen=True)
