@@ -2,7 +2,8 @@
 
     mok.functional  MoK's functional API (config, workspace, schedule, forward, backward)
     mok.ops         the kernels as torch.library custom ops (torch.compile-ready)
-    mok.moe         the layer as one differentiable function
+    mok.moe         the layer as one differentiable function (mok.moe_packed: gate and up packed
+                    in one [E, 2I, H] tensor, as Hugging Face stores them)
     mok.nn.MoE      a drop-in module with a PyTorch router
     mok.reference   the same layer in plain PyTorch (a baseline)
 
@@ -35,7 +36,7 @@ __version__ = _native.lib.__version__
 
 from mok import functional, nn, ops, reference  # noqa: E402
 from mok._host_ep import TimeoutError  # noqa: E402,A001
-from mok.nn import MoE, MoEStats, moe  # noqa: E402
+from mok.nn import MoE, MoEStats, moe, moe_packed  # noqa: E402
 
 
 def backend_available(backend: str) -> bool:
@@ -43,5 +44,5 @@ def backend_available(backend: str) -> bool:
     return _native.lib.backend_available(backend)
 
 
-__all__ = ["MoE", "MoEStats", "TimeoutError", "backend_available", "functional", "moe", "nn",
-           "ops", "reference", "__version__"]
+__all__ = ["MoE", "MoEStats", "TimeoutError", "backend_available", "functional", "moe",
+           "moe_packed", "nn", "ops", "reference", "__version__"]

@@ -101,6 +101,51 @@ def check_tensor(name, t, dtype, shape, device):
         fail(f"{name}.strides", "row-major contiguous strides", shape_text(t.stride()))
 
 
+def row_strided(t, cuda):
+    """Whether `t` [E, R, C] is a row-strided view mok reads in place (src/core/validate.cpp):
+    unit column stride, rows that do not overlap (row stride >= C, expert stride >= R * row
+    stride); on CUDA also the row stride a multiple of 8 that divides the expert stride (the
+    tensor maps' geometry). E.g. the gate and up halves of one [E, 2I, H] tensor."""
+    E, R, C = t.shape
+    expert, row, col = t.stride()
+    ok = (col == 1 or C == 1) and (row >= C or R == 1) and (expert >= R * row or E == 1)
+    if cuda:
+        ok = ok and row > 0 and row % 8 == 0 and (E == 1 or expert % row == 0)
+    return ok
+
+
+def check_weight_tensor(name, t, dtype, shape, device, *, strided):
+    """A routed weight (or weight gradient) [E, R, C]: check_tensor's checks, where `strided`
+    also accepts a row-strided view (row_strided), in mok's C++ wording."""
+    if not strided or not isinstance(t, torch.Tensor) or t.dim() != 3 or t.is_contiguous():
+        check_tensor(name, t, dtype, shape, device)
+        return
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in dtypes:
+        fail(f"{name}.dtype", " or ".join(dtype_name(d) for d in dtypes), dtype_name(t.dtype),
+             TypeError)
+    if t.device != device:
+        fail(f"{name}.device", device_name(device), device_name(t.device))
+    if any(a != b for a, b in zip(t.shape, shape)):
+        fail(f"{name}.shape", shape_text(shape), shape_text(t.shape))
+    cuda = device.type == "cuda"
+    if not row_strided(t, cuda):
+        R, C = shape[1], shape[2]
+        fail(f"{name}.strides", "row-major contiguous strides, or row-strided ones: [expert, row, "
+             f"1] with row >= {C} and expert >= {R} * row"
+             + (", row a multiple of 8 that divides expert (CUDA)" if cuda else ""),
+             shape_text(t.stride()))
+
+
+def check_packed_gate_up(gate_up):
+    """Packed gate/up weights [E, 2I, H] (mok.moe_packed): a tensor of three dimensions with an
+    even middle one (dtype, device and strides are checked on its halves)."""
+    require_tensor("gate_up_weights", gate_up)
+    if gate_up.dim() != 3 or gate_up.shape[1] % 2:
+        fail("gate_up_weights.shape", "[num_experts, 2 * intermediate_size, hidden_size]",
+             shape_text(gate_up.shape))
+
+
 @dataclass(frozen=True)
 class LayerShape:
     """The problem one call describes (DESIGN.md section 1), read off its tensors."""
@@ -153,10 +198,19 @@ def check_layer(x, topk_experts, topk_weights, gate, up, down, shared_gate, shar
         fail("routed_gate_weights.shape", f"[num_experts, intermediate_size, {H}]",
              shape_text(gate.shape))
     E, I = gate.shape[0], gate.shape[1]
-    check_tensor("routed_gate_weights", gate, act, (E, I, H), device)
-    check_tensor("routed_up_weights", up, act, (E, I, H), device)
+    # Row-strided routed weights are read in place (e.g. the halves of a packed [E, 2I, H] gate/up
+    # tensor); the CUDA backend's down projection reads W_down densely, and one tensor-map
+    # geometry serves gate and up there.
+    check_weight_tensor("routed_gate_weights", gate, act, (E, I, H), device, strided=True)
+    check_weight_tensor("routed_up_weights", up, act, (E, I, H), device, strided=True)
+    if device.type == "cuda" and (gate.stride(1) != up.stride(1)
+                                  or (E > 1 and gate.stride(0) != up.stride(0))):
+        fail("routed_up_weights.strides", f"the strides of routed_gate_weights, "
+             f"{shape_text(gate.stride())} (the CUDA backend reads both through one geometry)",
+             shape_text(up.stride()))
     if with_down:
-        check_tensor("routed_down_weights", down, act, (E, H, I), device)
+        check_weight_tensor("routed_down_weights", down, act, (E, H, I), device,
+                            strided=device.type == "cpu")
 
     shared = {"shared_gate_weights": shared_gate, "shared_up_weights": shared_up}
     if with_down:

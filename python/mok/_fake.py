@@ -77,3 +77,30 @@ def _backward_main_grad(d_out, x, topk_experts, topk_weights, gate, up, down, sh
     check_context((x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                    hidden_shared), context_shapes(ws, config, shape), shape)
     return x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape)
+
+
+@torch.library.register_fake("mok::forward_packed")
+def _forward_packed(x, topk_experts, topk_weights, gate_up, down, workspace, interleaved,
+                    swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
+    _layer_ops.check_packed_workspace(workspace)
+    gate, up = _layer_ops.split_gate_up(gate_up, interleaved)
+    weights = (gate, up, down, None, None, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    return (x.new_empty((shape.num_tokens, shape.hidden_size)), *_context(ws, config, shape, x))
+
+
+@torch.library.register_fake("mok::backward_packed")
+def _backward_packed(d_out, x, topk_experts, topk_weights, gate_up, down, x_routed, gate_routed,
+                     up_routed, hidden_routed, gate_shared, up_shared, hidden_shared, workspace,
+                     interleaved, swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
+    _layer_ops.check_packed_workspace(workspace)
+    gate, up = _layer_ops.split_gate_up(gate_up, interleaved)
+    weights = (gate, up, down, None, None, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    check_context((x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                   hidden_shared), context_shapes(ws, config, shape), shape)
+    return (x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape),
+            gate_up.new_empty(gate_up.shape), down.new_empty(down.shape))

@@ -122,6 +122,11 @@ def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weight
     if ws.ep_size > 1 and x.device.type == "cpu":  # across processes: CPU backend, gloo
         return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights,
                                 swiglu_limit=swiglu_limit)
+    return _forward_one_rank(x, topk_experts, topk_weights, weights, workspace, swiglu_limit)
+
+
+def _forward_one_rank(x, topk_experts, topk_weights, weights, workspace, swiglu_limit):
+    """forward's body on one rank (the weights may be row-strided views): (out, *context)."""
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
                              shape.device)
@@ -187,6 +192,82 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
     return (d_x, d_w, *routed, *shared)
 
 
+# The layer on packed gate/up weights: one [E, 2I, H] tensor holding each expert's W_gate and
+# W_up, concatenated (rows [0, I) gate, [I, 2I) up) or interleaved (even rows gate, odd rows up):
+# the form Hugging Face Transformers stores (`gate_up_proj`). The halves are row-strided views
+# that mok reads in place (no copy of the weights per call); the gradient comes back packed the
+# same way. One rank, no shared expert.
+_PACKED_ARGS = "Tensor gate_up_weights, Tensor down_weights"
+_PACKED_FLAGS = f"int workspace, bool interleaved, {_SWIGLU_LIMIT_ARG}"
+
+
+def split_gate_up(gate_up, interleaved):
+    """(gate, up) views [E, I, H] of packed [E, 2I, H] weights (checked first)."""
+    _checks.check_packed_gate_up(gate_up)
+    if interleaved:
+        return gate_up[:, 0::2], gate_up[:, 1::2]
+    half = gate_up.shape[1] // 2
+    return gate_up[:, :half], gate_up[:, half:]
+
+
+def check_packed_workspace(workspace):
+    ws, _ = _workspace.resolve(workspace)
+    if ws.ep_size > 1:
+        _checks.fail("workspace", "a workspace of one rank (the packed form runs without expert "
+                     "parallelism)", f"a workspace of {ws.ep_size} ranks")
+
+
+@_body(torch.library.custom_op(
+    "mok::forward_packed", mutates_args=(),
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
+           f"{_PACKED_FLAGS}) -> (Tensor, {_CONTEXT_OUT})"))
+def forward_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, workspace,
+                   interleaved, swiglu_limit=None):
+    check_packed_workspace(workspace)
+    gate, up = split_gate_up(gate_up_weights, interleaved)
+    return _forward_one_rank(x, topk_experts, topk_weights,
+                             (gate, up, down_weights, None, None, None), workspace, swiglu_limit)
+
+
+@_body(torch.library.custom_op(
+    "mok::backward_packed", mutates_args=(),
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
+           f"{_CONTEXT_ARGS}, {_PACKED_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)"))
+def backward_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, down_weights,
+                    x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                    hidden_shared, workspace, interleaved, swiglu_limit=None):
+    """(d_x, d_topk_weights, d_gate_up [E, 2I, H] packed as gate_up_weights, d_down)."""
+    check_packed_workspace(workspace)
+    gate, up = split_gate_up(gate_up_weights, interleaved)
+    weights = (gate, up, down_weights, None, None, None)
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    check_context(context, context_shapes(ws, config, shape), shape)
+    d_x, d_w = _layer_tensors.grad_buffers(shape, None)
+    act, device = shape.activation_dtype, shape.device
+    d_gate_up = _native.new_output(tuple(gate_up_weights.shape), act, device)
+    d_down = _native.new_output(tuple(down_weights.shape), act, device)
+    packed = split_gate_up(d_gate_up, interleaved)
+    # NOTES: the CPU backend writes d_gate and d_up straight into the halves of d_gate_up; the
+    # CUDA backend's weight-gradient epilogue stores experts I rows apart (dense), so there they
+    # land in dense buffers first and are copied into the halves (one pass over the gradient,
+    # none over the weights).
+    d_gate, d_up = packed if device.type == "cpu" else (
+        _native.new_output(tuple(gate.shape), act, device),
+        _native.new_output(tuple(up.shape), act, device))
+    ws.core(shape, config).run(lib.backward, x.device,
+                               *views(x, topk_experts, topk_weights, *weights),
+                               *context_views(context),
+                               *views(d_out, d_x, d_w, d_gate, d_up, d_down, None, None, None),
+                               swiglu_limit=swiglu_limit)
+    if device.type != "cpu":
+        packed[0].copy_(d_gate)
+        packed[1].copy_(d_up)
+    return d_x, d_w, d_gate_up, d_down
+
+
 @torch.library.custom_op(
     "mok::backward_main_grad",
     mutates_args=("main_routed_gate", "main_routed_up", "main_routed_down", "main_shared_gate",
@@ -248,3 +329,21 @@ def _backward_formula(ctx, d_out, *_d_context):
 
 
 torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
+
+
+def _setup_packed_context(ctx, inputs, output):
+    *tensors, workspace, interleaved, swiglu_limit = inputs
+    ctx.save_for_backward(*tensors, *output[1:])
+    ctx.workspace, ctx.interleaved, ctx.swiglu_limit = workspace, interleaved, swiglu_limit
+
+
+def _packed_backward_formula(ctx, d_out, *_d_context):
+    x, topk_experts, topk_weights, gate_up, down, *context = ctx.saved_tensors
+    d_x, d_w, d_gate_up, d_down = call(backward_packed, d_out.contiguous(), x, topk_experts,
+                                       topk_weights, gate_up, down, *context, ctx.workspace,
+                                       ctx.interleaved, ctx.swiglu_limit)
+    return d_x, None, d_w, d_gate_up, d_down, None, None, None
+
+
+torch.library.register_autograd("mok::forward_packed", _packed_backward_formula,
+                                setup_context=_setup_packed_context)

@@ -32,6 +32,56 @@ static void check_layout(const char* name, const TensorView& v,
   }
 }
 
+// Routed weights (and, on the CPU backend, their gradients) may be row-strided: [E, R, C] views
+// with unit column stride whose rows do not overlap (row stride >= C, expert stride >= R * row
+// stride), e.g. the gate and up halves of one [E, 2I, H] tensor (row stride H, expert stride
+// 2IH) or its interleaved rows (row stride 2H). NOTES: used in place, so a framework's packed
+// weights need no copy per call (Hugging Face's gate_up_proj). The CUDA backend reads them
+// through tensor maps whose row coordinate is expert * (expert stride / row stride) + row: there
+// the row stride must be a multiple of 8 elements (TMA: 16-byte strides) and divide the expert
+// stride.
+static void check_row_strided_layout(const std::string& n, const TensorView& v, Device device) {
+  const std::int64_t R = v.shape[1], C = v.shape[2];
+  const std::int64_t expert = v.strides[0], row = v.strides[1];
+  const std::string expected =
+      "row-major contiguous strides, or row-strided ones: [expert, row, 1] with row >= " +
+      to_text(C) + " and expert >= " + to_text(R) + " * row" +
+      (device.kind == DeviceKind::cuda ? ", row a multiple of 8 that divides expert (CUDA)" : "");
+  bool ok = (v.strides[2] == 1 || C == 1) && (row >= C || R == 1) &&
+            (expert >= R * row || v.shape[0] == 1);
+  if (device.kind == DeviceKind::cuda) {
+    ok = ok && row % 8 == 0 && row > 0 && (v.shape[0] == 1 || expert % row == 0);
+  }
+  if (!ok) throw Error(n + ".strides", expected, v.strides_text());
+}
+
+// A routed weight or weight gradient ([E, R, C]) in dtype `a` or `b`: contiguous, or with
+// `strided` row-strided as above.
+static void check_weight_view(const char* name, const TensorView& v, DType a, DType b,
+                              std::initializer_list<std::int64_t> shape, Device device,
+                              bool strided) {
+  if (!strided || !v.defined() || v.is_contiguous()) {
+    check_view_either(name, v, a, b, shape, device);
+    return;
+  }
+  const std::string n = name;
+  if (v.dtype != a && v.dtype != b) {
+    throw Error(
+        n + ".dtype",
+        a == b ? std::string(dtype_name(a)) : std::string(dtype_name(a)) + " or " + dtype_name(b),
+        dtype_name(v.dtype));
+  }
+  if (v.data == nullptr && v.numel() != 0) {
+    throw Error(n, "a tensor of shape " + shape_list_text(shape), "none");
+  }
+  if (v.device != device) throw Error(n + ".device", device_name(device), device_name(v.device));
+  bool same = v.ndim == static_cast<int>(shape.size()) && v.ndim == 3;
+  int d = 0;
+  for (std::int64_t s : shape) same = same && v.shape[d++] == s;
+  if (!same) throw Error(n + ".shape", shape_list_text(shape), v.shape_text());
+  check_row_strided_layout(n, v, device);
+}
+
 void check_view(const char* name, const TensorView& v, DType dtype,
                 std::initializer_list<std::int64_t> shape, Device device) {
   if (v.defined() && v.dtype != dtype) {
@@ -96,9 +146,14 @@ void check_weights(const Problem& p, DType act, Device device, const Weights& w,
                      S = p.shared_intermediate_size;
   const bool optional = use == InputUse::context_only;
   auto unless_absent = [&](const TensorView& v) { return !(optional && !v.defined()); };
-  check_view("routed_gate_weights", w.gate, act, {E, I, H}, device);
-  check_view("routed_up_weights", w.up, act, {E, I, H}, device);
-  if (unless_absent(w.down)) check_view("routed_down_weights", w.down, act, {E, H, I}, device);
+  // Row-strided routed weights: every backend reads gate and up in place; the CUDA backend's down
+  // projection reads W_down densely.
+  const bool cpu = device.kind == DeviceKind::cpu;
+  check_weight_view("routed_gate_weights", w.gate, act, act, {E, I, H}, device, true);
+  check_weight_view("routed_up_weights", w.up, act, act, {E, I, H}, device, true);
+  if (unless_absent(w.down)) {
+    check_weight_view("routed_down_weights", w.down, act, act, {E, H, I}, device, cpu);
+  }
   if (S > 0) {
     check_view("shared_gate_weights", w.shared_gate, act, {S, H}, device);
     check_view("shared_up_weights", w.shared_up, act, {S, H}, device);
@@ -112,6 +167,14 @@ void check_weights(const Problem& p, DType act, Device device, const Weights& w,
     check_absent("shared_down_weights", w.shared_down, why);
   }
   if (device.kind == DeviceKind::cuda) {
+    // One set of tensor-map strides serves gate and up (cuda/layer/layer.cu, ExpertRows).
+    if (w.gate.defined() && w.up.defined() &&
+        (w.gate.strides[1] != w.up.strides[1] || (E > 1 && w.gate.strides[0] != w.up.strides[0]))) {
+      throw Error("routed_up_weights.strides",
+                  "the strides of routed_gate_weights, " + w.gate.strides_text() +
+                      " (the CUDA backend reads both through one geometry)",
+                  w.up.strides_text());
+    }
     check_aligned_16("routed_gate_weights", w.gate);
     check_aligned_16("routed_up_weights", w.up);
     check_aligned_16("routed_down_weights", w.down);
@@ -154,9 +217,12 @@ void check_grads(const Problem& p, DType act, Device device, const Grads& g,
   check_view("d_topk_weights", g.d_topk_weights, router_dtype(act), {T, k}, device);
   // Weight gradients: the activation dtype, or f32 for fp32 main-grad accumulation.
   const DType wide = act == DType::f64 ? DType::f64 : DType::f32;
-  check_view_either("d_routed_gate_weights", g.d_gate, act, wide, {E, I, H}, device);
-  check_view_either("d_routed_up_weights", g.d_up, act, wide, {E, I, H}, device);
-  check_view_either("d_routed_down_weights", g.d_down, act, wide, {E, H, I}, device);
+  // Row-strided routed gradients on the CPU backend (e.g. views of one [E, 2I, H] gradient); the
+  // CUDA backend's weight-gradient epilogue stores experts R rows apart: dense there.
+  const bool cpu = device.kind == DeviceKind::cpu;
+  check_weight_view("d_routed_gate_weights", g.d_gate, act, wide, {E, I, H}, device, cpu);
+  check_weight_view("d_routed_up_weights", g.d_up, act, wide, {E, I, H}, device, cpu);
+  check_weight_view("d_routed_down_weights", g.d_down, act, wide, {E, H, I}, device, cpu);
   if (S > 0) {
     check_view_either("d_shared_gate_weights", g.d_shared_gate, act, wide, {S, H}, device);
     check_view_either("d_shared_up_weights", g.d_shared_up, act, wide, {S, H}, device);

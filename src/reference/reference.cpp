@@ -176,17 +176,39 @@ void store_rows(const TensorView& v, std::int64_t row, std::int64_t cols, const 
   for (std::int64_t c = 0; c < cols; ++c) store<Real>(v, row * cols + c, src[c]);
 }
 
-template <typename Real>
-void write_weight_grad(const TensorView& v, std::int64_t offset, const std::vector<Real>& g,
-                       bool accumulate) {
-  for (std::size_t i = 0; i < g.size(); ++i) store<Real>(v, offset + i, g[i], accumulate);
+// Weights and weight gradients, one matrix at a time: matrix `m` of an [M, R, C] view (routed
+// experts) or the one matrix of an [R, C] view (shared expert, m = 0), through the view's
+// strides. NOTES: routed weights and gradients may be row-strided views (validate.cpp), e.g. the
+// gate and up halves of one [E, 2I, H] tensor; element i is the matrix's i-th in row-major order.
+std::int64_t matrix_element(const TensorView& v, std::int64_t m, std::int64_t i) {
+  const int d = v.ndim - 2;
+  const std::int64_t cols = v.shape[d + 1];
+  return (d > 0 ? m * v.strides[0] : 0) + (i / cols) * v.strides[d] + (i % cols) * v.strides[d + 1];
 }
 
 template <typename Real>
-void zero_weight_grad(const TensorView& v, std::int64_t offset, std::int64_t count,
-                      bool accumulate) {
+std::vector<Real> load_matrix(const TensorView& v, std::int64_t m) {
+  const int d = v.ndim - 2;
+  const std::int64_t count = v.shape[d] * v.shape[d + 1];
+  std::vector<Real> out(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) out[i] = load<Real>(v, matrix_element(v, m, i));
+  return out;
+}
+
+template <typename Real>
+void write_weight_grad(const TensorView& v, std::int64_t m, const std::vector<Real>& g,
+                       bool accumulate) {
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    store<Real>(v, matrix_element(v, m, static_cast<std::int64_t>(i)), g[i], accumulate);
+  }
+}
+
+template <typename Real>
+void zero_weight_grad(const TensorView& v, std::int64_t m, bool accumulate) {
   if (accumulate) return;
-  for (std::int64_t i = 0; i < count; ++i) store<Real>(v, offset + i, Real(0));
+  const int d = v.ndim - 2;
+  const std::int64_t count = v.shape[d] * v.shape[d + 1];
+  for (std::int64_t i = 0; i < count; ++i) store<Real>(v, matrix_element(v, m, i), Real(0));
 }
 
 constexpr std::int64_t kTokensPerTask = 16;
@@ -209,9 +231,9 @@ void routed_forward(State& st, const Problem& p, const std::vector<Real>& x,
     for (std::int64_t r = 0; r < rows; ++r) {
       std::copy_n(&x[(slots[r] / k) * H], H, &xr[r * H]);
     }
-    const auto wg = load_range<Real>(w.gate, e * I * H, I * H);
-    const auto wu = load_range<Real>(w.up, e * I * H, I * H);
-    const auto wd = with_y ? load_range<Real>(w.down, e * H * I, H * I) : std::vector<Real>();
+    const auto wg = load_matrix<Real>(w.gate, e);
+    const auto wu = load_matrix<Real>(w.up, e);
+    const auto wd = with_y ? load_matrix<Real>(w.down, e) : std::vector<Real>();
     expert_forward<Real>(st.pool, rows, H, I, xr.data(), wg.data(), wu.data(), wd.data(), g.data(),
                          u.data(), h.data(), with_y ? y.data() : nullptr, w.swiglu_limit);
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -233,9 +255,9 @@ std::vector<Real> shared_forward(State& st, const Problem& p, const std::vector<
   if (S == 0) return shared_out;
   std::vector<Real> g(T * S), u(T * S), h(T * S);
   if (with_out) shared_out.resize(T * H);
-  const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
-  const auto wu = load_range<Real>(w.shared_up, 0, S * H);
-  const auto wd = with_out ? load_range<Real>(w.shared_down, 0, H * S) : std::vector<Real>();
+  const auto wg = load_matrix<Real>(w.shared_gate, 0);
+  const auto wu = load_matrix<Real>(w.shared_up, 0);
+  const auto wd = with_out ? load_matrix<Real>(w.shared_down, 0) : std::vector<Real>();
   expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(), g.data(),
                        u.data(), h.data(), with_out ? shared_out.data() : nullptr, w.swiglu_limit);
   for (std::int64_t t = 0; t < T; ++t) {
@@ -306,9 +328,9 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
     const auto& slots = groups[e];
     const auto rows = static_cast<std::int64_t>(slots.size());
     if (rows == 0) {
-      zero_weight_grad<Real>(grads.d_gate, e * I * H, I * H, acc_w);
-      zero_weight_grad<Real>(grads.d_up, e * I * H, I * H, acc_w);
-      zero_weight_grad<Real>(grads.d_down, e * H * I, H * I, acc_w);
+      zero_weight_grad<Real>(grads.d_gate, e, acc_w);
+      zero_weight_grad<Real>(grads.d_up, e, acc_w);
+      zero_weight_grad<Real>(grads.d_down, e, acc_w);
       continue;
     }
     std::vector<Real> xr(rows * H), g(rows * I), u(rows * I), h(rows * I), d_outr(rows * H),
@@ -322,17 +344,17 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
       load_rows<Real>(ctx.hidden_routed, s, I, &h[r * I]);
       row_w[r] = load<Real>(topk_weights, s);
     }
-    const auto wg = load_range<Real>(w.gate, e * I * H, I * H);
-    const auto wu = load_range<Real>(w.up, e * I * H, I * H);
-    const auto wd = load_range<Real>(w.down, e * H * I, H * I);
+    const auto wg = load_matrix<Real>(w.gate, e);
+    const auto wu = load_matrix<Real>(w.up, e);
+    const auto wd = load_matrix<Real>(w.down, e);
     std::vector<Real> d_gate(I * H), d_up(I * H), d_down(H * I);
     expert_backward<Real>(st.pool, rows, H, I, xr.data(), g.data(), u.data(), h.data(),
                           d_outr.data(), row_w.data(), wg.data(), wu.data(), wd.data(), dx.data(),
                           d_gate.data(), d_up.data(), d_down.data(), dw.data(), w.swiglu_limit);
     for (std::int64_t r = 0; r < rows; ++r) emit(slots[r], &dx[r * H], dw[r]);
-    write_weight_grad<Real>(grads.d_gate, e * I * H, d_gate, acc_w);
-    write_weight_grad<Real>(grads.d_up, e * I * H, d_up, acc_w);
-    write_weight_grad<Real>(grads.d_down, e * H * I, d_down, acc_w);
+    write_weight_grad<Real>(grads.d_gate, e, d_gate, acc_w);
+    write_weight_grad<Real>(grads.d_up, e, d_up, acc_w);
+    write_weight_grad<Real>(grads.d_down, e, d_down, acc_w);
   }
 }
 
@@ -352,9 +374,9 @@ std::vector<Real> shared_backward(State& st, const Problem& p, const std::vector
     load_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
     load_rows<Real>(ctx.hidden_shared, t, S, &h[t * S]);
   }
-  const auto wg = load_range<Real>(w.shared_gate, 0, S * H);
-  const auto wu = load_range<Real>(w.shared_up, 0, S * H);
-  const auto wd = load_range<Real>(w.shared_down, 0, H * S);
+  const auto wg = load_matrix<Real>(w.shared_gate, 0);
+  const auto wu = load_matrix<Real>(w.shared_up, 0);
+  const auto wd = load_matrix<Real>(w.shared_down, 0);
   std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
   expert_backward<Real>(st.pool, T, H, S, x.data(), g.data(), u.data(), h.data(), d_out.data(),
                         nullptr, wg.data(), wu.data(), wd.data(), shared_dx.data(), d_gate.data(),

@@ -323,5 +323,66 @@ TEST(ReferenceGemm, Avx2PathIsBitwiseTheBaseline) {
 #endif
 }
 
+// ---- row-strided routed weights (validate.cpp: e.g. the halves of one packed [E, 2I, H] tensor)
+
+// gate and up packed in one [E, 2I, H] tensor, concatenated (rows [0, I) gate, [I, 2I) up) or
+// interleaved (even rows gate, odd rows up): the two row-strided views of it.
+struct Packed {
+  HostTensor storage;
+  TensorView gate, up;
+};
+
+Packed pack(const HostTensor& gate, const HostTensor& up, bool interleaved) {
+  const TensorView& g = gate.view();
+  const std::int64_t E = g.shape[0], I = g.shape[1], H = g.shape[2];
+  Packed p{HostTensor(g.dtype, {E, 2 * I, H}), g, g};
+  p.gate.strides = {2 * I * H, interleaved ? 2 * H : H, 1, 0};
+  p.up.strides = p.gate.strides;
+  const std::int64_t up_offset = interleaved ? H : I * H;
+  p.gate.data = p.storage.view().data;
+  p.up.data = static_cast<char*>(p.storage.view().data) + up_offset * dtype_size(g.dtype);
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (std::int64_t i = 0; i < I * H; ++i) {
+      const std::int64_t row = interleaved ? 2 * (i / H) : i / H;
+      const std::int64_t at = e * 2 * I * H + row * H + i % H;
+      p.storage.set(at, gate.get(e * I * H + i));
+      p.storage.set(at + up_offset, up.get(e * I * H + i));
+    }
+  }
+  return p;
+}
+
+TEST(ReferenceStrides, PackedGateUpViewsAreBitwiseTheContiguousLayer) {
+  const Problem p = layer_shape(37, 128, 64, 5, 3, 64);
+  for (DType act : {DType::bf16, DType::f64}) {
+    for (bool interleaved : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(act)) + (interleaved ? " interleaved" : " concatenated"));
+      const std::uint64_t seed = test_seed();
+      LayerData base = convert_layer_data(make_layer_data(p, DType::bf16, seed), act);
+      run_layer(base);
+      LayerData d = convert_layer_data(make_layer_data(p, DType::bf16, seed), act);
+      const Packed w = pack(d.gate, d.up, interleaved);
+      Packed grad = pack(d.d_gate, d.d_up, interleaved);  // the packed gradient's views
+      grad.storage.fill_bytes(0xff);                       // NaN: every element must be written
+      Weights weights = d.weights();
+      weights.gate = w.gate;
+      weights.up = w.up;
+      Grads grads = d.grads();
+      grads.d_gate = grad.gate;
+      grads.d_up = grad.up;
+      Workspace ws(p, Config{}, {.backend = Backend::cpu, .activation_dtype = act});
+      HostContext ctx(ws);
+      forward(ws, d.inputs(), weights, d.out.view(), ctx.get());
+      backward(ws, d.inputs(), weights, ctx.get(), d.d_out.view(), grads);
+      EXPECT_TRUE(same_bits(base.out, d.out));
+      EXPECT_TRUE(same_bits(base.d_x, d.d_x));
+      EXPECT_TRUE(same_bits(base.d_topk_weights, d.d_topk_weights));
+      EXPECT_TRUE(same_bits(base.d_down, d.d_down));
+      const Packed want = pack(base.d_gate, base.d_up, interleaved);
+      EXPECT_TRUE(same_bits(want.storage, grad.storage));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mok::test

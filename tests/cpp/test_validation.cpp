@@ -206,6 +206,17 @@ TEST(Validation, ShapesDtypesStridesDevices) {
     expect_error([&] { run_forward(e); }, {"routed_gate_weights.strides", "contiguous"});
   }
   {
+    LayerData e = d;  // rows that overlap: row stride below H
+    e.gate.view().strides[1] = e.gate.view().shape[2] / 2;
+    expect_error([&] { run_forward(e); },
+                 {"routed_gate_weights.strides", "row-strided", "row >= 64"});
+  }
+  {
+    LayerData e = d;  // experts that overlap: expert stride below I * row stride
+    e.up.view().strides[0] = e.up.view().strides[1];
+    expect_error([&] { run_forward(e); }, {"routed_up_weights.strides", "expert >= 128 * row"});
+  }
+  {
     LayerData e = d;
     e.up.view().device = {DeviceKind::cuda, 0};
     expect_error([&] { run_forward(e); }, {"routed_up_weights.device", "cpu", "cuda:0"});

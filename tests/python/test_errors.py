@@ -74,8 +74,19 @@ def test_router_weights_shape(data):
 def test_non_contiguous_weights(data):
     down = data.weights[2].transpose(1, 2)  # same shape (H == I), wrong strides
     with raises(ValueError, f"mok: invalid routed_down_weights.strides: expected row-major "
-                            f"contiguous strides, got [{H * I}, 1, {I}]"):
+                            f"contiguous strides, or row-strided ones: [expert, row, 1] with row "
+                            f">= {I} and expert >= {H} * row, got [{H * I}, 1, {I}]"):
         call(data, routed_down_weights=down)
+
+
+def test_overlapping_row_strided_weights(data):
+    # Rows that overlap (row stride < H): a row-strided view mok would misread.
+    gate = data.weights[0]
+    overlapping = gate.as_strided(gate.shape, (I * H, H // 2, 1))
+    with raises(ValueError, f"mok: invalid routed_gate_weights.strides: expected row-major "
+                            f"contiguous strides, or row-strided ones: [expert, row, 1] with row "
+                            f">= {H} and expert >= {I} * row, got [{I * H}, {H // 2}, 1]"):
+        call(data, routed_gate_weights=overlapping)
 
 
 def test_non_contiguous_activations(data):

@@ -96,12 +96,24 @@ struct RowScatter {
 };
 
 // hidden = bf16(silu(g) * u), g = bf16(x W_gate[e]^T), u = bf16(x W_up[e]^T) for the rows of e.
+// Where a weight operand's rows lie: `ld` elements between rows, `group_stride` between groups
+// (experts); 0 means contiguous (ld = the row length, group_stride = rows per group * ld). The
+// tensor map covers rows [0, (G - 1) * group_stride / ld + rows per group) with leading dimension
+// ld, and a group's first row is group * (group_stride / ld): ld a multiple of 8 elements that
+// divides group_stride. E.g. the gate half of a packed [G, 2I, H] gate/up tensor: ld H,
+// group_stride 2IH; its interleaved rows: ld 2H, group_stride 2IH.
+struct WeightStrides {
+  std::int64_t ld = 0;
+  std::int64_t group_stride = 0;
+};
+
 struct GateUpForwardArgs {
   RowSegments segments;
   const __nv_bfloat16* x = nullptr;  // [capacity_rows, hidden_size], ld_x
   std::int64_t ld_x = 0;
-  const __nv_bfloat16* w_gate = nullptr;  // [G, intermediate_size, hidden_size] contiguous
-  const __nv_bfloat16* w_up = nullptr;    // [G, intermediate_size, hidden_size] contiguous
+  const __nv_bfloat16* w_gate = nullptr;  // [G, intermediate_size, hidden_size], WeightStrides
+  const __nv_bfloat16* w_up = nullptr;    // [G, intermediate_size, hidden_size], WeightStrides
+  WeightStrides w_strides;                // of w_gate and w_up (default: contiguous)
   __nv_bfloat16* hidden = nullptr;        // [capacity_rows, intermediate_size], ld_out
   __nv_bfloat16* gate = nullptr;          // optional pre-activations g (same shape and ld)
   __nv_bfloat16* up = nullptr;            // optional pre-activations u (both or neither)
@@ -222,10 +234,11 @@ struct RowsTimesWeightArgs {
   RowSegments segments;
   const __nv_bfloat16* a = nullptr;  // [capacity_rows, k], ld_a
   std::int64_t ld_a = 0;
-  const __nv_bfloat16* w = nullptr;   // [G, k, n] contiguous
+  const __nv_bfloat16* w = nullptr;   // [G, k, n], w_strides
   const __nv_bfloat16* a2 = nullptr;  // optional second product: [capacity_rows, k], ld_a2
   std::int64_t ld_a2 = 0;
-  const __nv_bfloat16* w2 = nullptr;  // [G, k, n] contiguous (with a2)
+  const __nv_bfloat16* w2 = nullptr;  // [G, k, n], w_strides (with a2)
+  WeightStrides w_strides;            // of w and w2 (default: contiguous)
   void* out = nullptr;                // [capacity_rows, n], ld_out: bf16, or fp32 with out_fp32
   std::int64_t ld_out = 0;
   bool out_fp32 = false;  // fp32 output: the accumulators as they are (no scatter, no swiglu)

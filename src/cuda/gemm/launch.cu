@@ -61,6 +61,23 @@ void check_multiple_of_64(int v, const char* name) {
   check(v > 0 && v % 64 == 0, name, "a positive multiple of 64", to_text(v));
 }
 
+// A weight operand's tensor map geometry (WeightStrides): leading dimension, rows per group of
+// the map, and the map's row count, for G groups of `rows` x `cols`.
+struct WeightMap {
+  std::int64_t ld, rows_per_group, map_rows;
+};
+WeightMap weight_map(const WeightStrides& w, int groups, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t ld = w.ld != 0 ? w.ld : cols;
+  const std::int64_t group_stride = w.group_stride != 0 ? w.group_stride : rows * ld;
+  check(ld % 8 == 0 && ld >= cols, "w_strides.ld", "0 or a multiple of 8 >= " + to_text(cols),
+        to_text(ld));
+  check(group_stride % ld == 0 && group_stride / ld >= rows, "w_strides.group_stride",
+        "0 or a multiple of ld that leaves " + to_text(rows) + " rows per group",
+        to_text(group_stride));
+  const std::int64_t per_group = group_stride / ld;
+  return {ld, per_group, (groups - 1) * per_group + rows};
+}
+
 void check_segments(const RowSegments& s) {
   check(s.num_groups >= 1 && s.num_groups <= kMaxGroups, "segments.num_groups",
         "in [1, " + to_text(kMaxGroups) + "]", to_text(s.num_groups));
@@ -208,13 +225,14 @@ std::optional<GemmDescriptor> describe_gate_up_forward(const GateUpForwardArgs& 
   check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return std::nullopt;
-  const long long w_rows = static_cast<long long>(s.num_groups) * args.intermediate_size;
+  const WeightMap w =
+      weight_map(args.w_strides, s.num_groups, args.intermediate_size, args.hidden_size);
   const CUtensorMap a =
       make_tensor_map_bf16(args.x, s.capacity_rows, args.hidden_size, args.ld_x, F::kBoxRowsA, "x");
-  const CUtensorMap bg = make_tensor_map_bf16(args.w_gate, w_rows, args.hidden_size,
-                                              args.hidden_size, F::kBoxRowsB, "w_gate");
-  const CUtensorMap bu = make_tensor_map_bf16(args.w_up, w_rows, args.hidden_size, args.hidden_size,
-                                              F::kBoxRowsB, "w_up");
+  const CUtensorMap bg =
+      make_tensor_map_bf16(args.w_gate, w.map_rows, args.hidden_size, w.ld, F::kBoxRowsB, "w_gate");
+  const CUtensorMap bu =
+      make_tensor_map_bf16(args.w_up, w.map_rows, args.hidden_size, w.ld, F::kBoxRowsB, "w_up");
   GemmDescriptor d = base_descriptor(s, args.waits);
   d.a = d.a2 = d.out = a;
   d.b = bg;
@@ -223,7 +241,7 @@ std::optional<GemmDescriptor> describe_gate_up_forward(const GateUpForwardArgs& 
   p.sched.n_tiles = ceil_div(args.intermediate_size, F::kOutTileN);
   p.sched.k_blocks = args.hidden_size / kTileK;
   p.n = args.intermediate_size;
-  p.b_rows_per_group = args.intermediate_size;
+  p.b_rows_per_group = static_cast<int>(w.rows_per_group);
   p.out = args.hidden;
   p.ld_out = args.ld_out;
   p.gate_out = args.gate;
@@ -485,10 +503,10 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   check(dual == (args.w2 != nullptr), "a2/w2", "both device pointers or both null",
         "one of them null");
   if (s.capacity_rows == 0) return std::nullopt;
+  const WeightMap w = weight_map(args.w_strides, s.num_groups, args.k, args.n);
   const CUtensorMap a =
       make_tensor_map_bf16(args.a, s.capacity_rows, args.k, args.ld_a, F::kBoxRowsA, "a");
-  const CUtensorMap b = make_tensor_map_bf16(args.w, static_cast<long long>(s.num_groups) * args.k,
-                                             args.n, args.n, F::kBoxRowsB, "w");
+  const CUtensorMap b = make_tensor_map_bf16(args.w, w.map_rows, args.n, w.ld, F::kBoxRowsB, "w");
   GemmDescriptor d = base_descriptor(s, args.waits);
   d.a = d.a2 = d.out = a;
   d.b = d.b2 = b;
@@ -497,13 +515,12 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   p.sched.k_blocks = (dual ? 2 : 1) * (args.k / kTileK);
   p.k_blocks_first = dual ? args.k / kTileK : 0;
   p.n = args.n;
-  p.b_rows_per_group = args.k;
+  p.b_rows_per_group = static_cast<int>(w.rows_per_group);
   set_input_gradient_outputs(p, args.swiglu, args.out, args.ld_out, args.out_fp32, args.scatter,
                              args.n);
   if (dual) {
     d.a2 = make_tensor_map_bf16(args.a2, s.capacity_rows, args.k, args.ld_a2, F::kBoxRowsA, "a2");
-    d.b2 = make_tensor_map_bf16(args.w2, static_cast<long long>(s.num_groups) * args.k, args.n,
-                                args.n, F::kBoxRowsB, "w2");
+    d.b2 = make_tensor_map_bf16(args.w2, w.map_rows, args.n, w.ld, F::kBoxRowsB, "w2");
   }
   return d;
 }

@@ -61,13 +61,22 @@ struct ExpertRows {
   gemm::RowSegments segments;
   std::int64_t hidden;  // H
   std::int64_t width;   // N: I (routed) or S (shared)
-  const bf16* w_gate;   // [G, N, H]
-  const bf16* w_up;     // [G, N, H]
-  const bf16* w_down;   // [G, H, N]
+  const bf16* w_gate;   // [G, N, H], gate_up_strides
+  const bf16* w_up;     // [G, N, H], gate_up_strides
+  const bf16* w_down;   // [G, H, N] contiguous
   cudaStream_t stream;
   std::optional<float> swiglu_limit;  // Weights::swiglu_limit: the clamped epilogues
   gemm::WaitOptions waits;            // the layer's bound and timeout report
+  // Routed gate and up may be row-strided views (core/validate.cpp), e.g. of one packed [G, 2N, H]
+  // tensor, read in place through the tensor maps; default: contiguous.
+  gemm::WeightStrides gate_up_strides = {};
 };
+
+// The tensor-map strides of a routed gate/up weight view [G, N, H] (validated: unit column stride,
+// gate and up alike). One expert: its stride is never used (0: the default).
+gemm::WeightStrides weight_strides(const TensorView& v) {
+  return {v.strides[1], v.shape[0] > 1 ? v.strides[0] : 0};
+}
 
 // g = bf16(x W_gate^T), u = bf16(x W_up^T), h = bf16(silu(g) * u), in one GEMM (with a limit L:
 // h = bf16(silu(min(g, L)) * clamp(u, -L, L)), g and u stored unclamped).
@@ -79,6 +88,7 @@ gemm::GateUpForwardArgs gate_up_args(const ExpertRows& e, const bf16* x, bf16* g
   a.ld_x = e.hidden;
   a.w_gate = e.w_gate;
   a.w_up = e.w_up;
+  a.w_strides = e.gate_up_strides;
   a.hidden = h;
   a.gate = g;
   a.up = u;
@@ -156,6 +166,7 @@ void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx
   a.a2 = du;
   a.ld_a2 = e.width;
   a.w2 = e.w_up;
+  a.w_strides = e.gate_up_strides;
   a.out = dx;
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
@@ -420,7 +431,8 @@ struct Layer::Impl {
             t.w.down.ptr<const bf16>(),
             s,
             t.w.swiglu_limit,
-            waits()};
+            waits(),
+            weight_strides(t.w.gate)};
   }
   ExpertRows shared(const RankTensors& t, cudaStream_t s) const {
     return {dense_segments(),

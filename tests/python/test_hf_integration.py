@@ -1,0 +1,534 @@
+"""mok inside Hugging Face Transformers (mok.integrations.transformers): "mok" experts.
+
+Skipped visibly where Transformers is not installed (CI does not install it: pip install
+.[transformers]); the first test (import mok never imports Transformers) always runs.
+
+- Every experts class of the installed Transformers (@use_experts_implementation, enumerated from
+  transformers.models) is built small on the CPU: where mok runs it, its "mok" forward and
+  backward are compared with its own eager forward on the same inputs (float64: mok's exact mode,
+  tolerance of fp64 summation order; bf16: both against the float64 eager of the same values,
+  tolerances derived from bf16 rounding, conftest.py); where mok refuses it, the first call
+  raises mok's error naming the reason, never computing something else.
+- The issue's families as whole tiny models (2 layers, H 128, I 64, 8 experts, top-2, odd token
+  counts): logits, loss and every parameter's gradient against eager; a short training run
+  following eager's curve; state_dict untouched; the refusals by name.
+- CUDA (skipped without a GPU): the same module comparison on the GPU layer at larger shapes,
+  torch.compile(fullgraph=True) and CUDA-graph capture of a decoder layer.
+"""
+
+import importlib
+import importlib.util
+import math
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, rel_error, requires_cuda
+
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+requires_transformers = pytest.mark.skipif(
+    not HAVE_TRANSFORMERS, reason="transformers is not installed (pip install .[transformers]): "
+    "the Hugging Face integration's tests not run")
+
+
+def test_import_mok_leaves_transformers_alone():
+    code = ("import sys, mok, mok.functional, mok.ops, mok.integrations\n"
+            "assert 'transformers' not in sys.modules, 'import mok imported transformers'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+if HAVE_TRANSFORMERS:
+    import transformers
+    import transformers.models
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import mok.integrations.transformers as mok_hf
+else:  # the parametrizations below stay empty
+    mok_hf = None
+
+# The issue's families, as the model_type of their causal LM (qwen3_5_moe's is its text model).
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "glm4_moe", "olmoe", "minimax",
+            "qwen3_5_moe_text"]
+
+# Small sizes for any family's config: only the fields a config has are set. H 128, I 64 (the
+# routed experts; 128 for dense MLPs and mixtral-style experts), 8 experts, top-2, 2 layers.
+SIZES = dict(vocab_size=128, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+             shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, num_experts=8, num_local_experts=8,
+             n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+             n_group=1, topk_group=1, first_k_dense_replace=0, decoder_sparse_step=1,
+             mlp_only_layers=[], max_position_embeddings=128, kv_lora_rank=32, q_lora_rank=64,
+             qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32)
+T_ODD = 29  # tokens of the module tests
+
+
+def small_config(config_class, **extra):
+    """`config_class` with SIZES where it has the field (head_dim left to MLA configs, which
+    derive it), `layer_types` cut to 2 layers keeping one of each kind."""
+    base = config_class()
+    kw = {k: v for k, v in SIZES.items() if hasattr(base, k)}
+    if hasattr(base, "qk_rope_head_dim"):
+        kw.pop("head_dim", None)
+    types = getattr(base, "layer_types", None)
+    if types:
+        types = list(types)
+        kinds = [types[0]] + [t for t in types if t != types[0]]
+        kw["layer_types"] = kinds[:2] if len(kinds) > 1 else types[:2]
+    kw.update(extra)
+    return config_class(**kw)
+
+
+def tiny_model(model_type, dtype, **extra):
+    torch.manual_seed(SEED % 2**31)
+    config = small_config(type(AutoConfig.for_model(model_type)), **extra)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def experts_modules(model):
+    return [(n, m) for n, m in model.named_modules() if mok_hf.is_experts_module(m)]
+
+
+def experts_classes():
+    """(family, experts class) for every @use_experts_implementation class in the installed
+    Transformers' modeling modules (those that import here)."""
+    found = []
+    if not HAVE_TRANSFORMERS:
+        return found
+    for info in pkgutil.iter_modules(transformers.models.__path__):
+        name = f"transformers.models.{info.name}.modeling_{info.name}"
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (a family with a missing optional dependency)
+            continue
+        for cls in vars(module).values():
+            if (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+                    and cls.__module__ == name and hasattr(cls, "_apply_gate")
+                    and hasattr(cls.forward, "__wrapped__")):
+                found.append((info.name, cls))
+    return found
+
+
+EXPERTS_CLASSES = experts_classes()
+
+
+def build_small_experts(family, cls, dtype=torch.float64):
+    """An instance of `cls` from a small config of its family (each config class of the family
+    and its text_config tried in turn), its weights drawn uniform in +-1/sqrt(fan_in)."""
+    configs = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
+    errors = []
+    for config_class in [c for c in vars(configs).values() if isinstance(c, type)
+                         and issubclass(c, transformers.PretrainedConfig)
+                         and c.__module__ == configs.__name__]:
+        try:
+            config = small_config(config_class)
+            config = getattr(config, "text_config", None) or config
+            config._experts_implementation = "eager"
+            # On the meta device first: a config whose small form is still large (a composite
+            # config's defaults) is not allocated.
+            with torch.device("meta"):
+                try:
+                    cls(config)
+                    layer_args = ()
+                except TypeError:  # classes that also take their layer's index
+                    layer_args = (0,)
+                numel = sum(p.numel() for p in cls(config, *layer_args).parameters())
+            if numel > 2**24:
+                raise ValueError(f"{numel} parameters at these sizes")
+            module = cls(config, *layer_args).to(dtype)
+        except Exception as e:  # noqa: BLE001 (the next config class of the family)
+            errors.append(f"{config_class.__name__}: {type(e).__name__}: {e}")
+            continue
+        if any(p.numel() == 0 for p in module.parameters()):
+            errors.append(f"{config_class.__name__}: empty parameters")
+            continue
+        gen = torch.Generator().manual_seed(SEED % 2**31)
+        with torch.no_grad():
+            for p in module.parameters():
+                bound = 1.0 / math.sqrt(p.shape[-1])
+                p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound)
+        return module
+    pytest.skip(f"{cls.__name__}: no small instance from {family}'s configs (not a mok "
+                f"question: the family's own constructor): {errors}")
+
+
+def routing(gen, T, E, k, dtype):
+    """Distinct experts per token (as a top-k gives them), positive weights summing to 1."""
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    w = torch.rand(T, k, generator=gen, dtype=torch.float64) + 0.1
+    return ids, (w / w.sum(dim=1, keepdim=True)).to(dtype)
+
+
+def run_experts(module, implementation, x, ids, w, d_out):
+    """The module's output and the gradients of x, top_k_weights, gate_up_proj, down_proj."""
+    module.zero_grad(set_to_none=True)
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    if implementation == "eager":
+        out = type(module).forward.__wrapped__(module, x, ids, w)
+    else:
+        module.config._experts_implementation = implementation
+        out = module(x, ids, w)
+    out.backward(d_out)
+    return (out.detach(), x.grad, w.grad, module.gate_up_proj.grad.clone(),
+            module.down_proj.grad.clone())
+
+
+NAMES = ("output", "d_hidden_states", "d_top_k_weights", "d_gate_up_proj", "d_down_proj")
+
+
+def compare_module(module, dtype, device="cpu", T=T_ODD):
+    """mok against eager on one experts module: float64 both ways (tight), or bf16 mok and bf16
+    eager each against the float64 eager of the same values (derived tolerances)."""
+    gen = torch.Generator().manual_seed(SEED % 2**31)
+    E, _, H = module.gate_up_proj.shape
+    k = 2
+    ids, w = routing(gen, T, E, k, torch.float64)
+    x = torch.randn(T, H, generator=gen, dtype=torch.float64)
+    d_out = torch.randn(T, H, generator=gen, dtype=torch.float64)
+    module.to(device, dtype)
+    args = [t.to(device) for t in (x.to(dtype), ids, w.to(dtype), d_out.to(dtype))]
+    state = {n: t.clone() for n, t in module.state_dict().items()}
+    got = run_experts(module, "mok", *args)
+    after = module.state_dict()
+    assert list(after) == list(state)
+    for n, t in state.items():  # keys, shapes and values untouched by a call
+        assert after[n].shape == t.shape and torch.equal(after[n], t), n
+    exact = module.to("cpu", torch.float64)
+    want = run_experts(exact, "eager", *[t.to("cpu", torch.float64) if t.is_floating_point()
+                                         else t.cpu() for t in args])
+    # A family whose gate function computes in fp32 whatever the model's dtype (e.g. beam's
+    # _apply_gate) differs from mok's float64 exact mode by fp32 rounding: u32 = 2^-24 per store,
+    # about four on the longest gradient path.
+    f64 = F64_TOLERANCE if gate_is_float64(exact) else 8 * 2.0**-24
+    tolerances = ((f64,) * 5 if dtype == torch.float64
+                  else (OUT_TOLERANCE,) + (GRAD_TOLERANCE,) * 4)
+    for name, g, r, tol in zip(NAMES, got, want, tolerances):
+        err = rel_error(g, r)
+        assert err <= tol, f"seed {SEED}: {type(module).__name__} {name}: {err:.3g} > {tol:.3g}"
+
+
+def gate_is_float64(module):
+    """Whether the module's gate function keeps float64 (its result is silu(g) * u to fp64
+    rounding, or its clamped form's)."""
+    g = torch.linspace(-6, 6, 64, dtype=torch.float64)
+    u = g.flip(0)
+    interleaved = not getattr(module, "is_concatenated", True)
+    packed = (torch.stack((g, u), -1).reshape(1, 128) if interleaved
+              else torch.cat((g, u)).reshape(1, 128))
+    with torch.no_grad():
+        got = module._apply_gate(packed).reshape(64)
+    limit = mok_hf.plan(module).swiglu_limit
+    if limit is not None:
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+    return bool(((got - torch.nn.functional.silu(g) * u).abs() <= 1e-12).all())
+
+
+def refusal_of(module):
+    """mok's error message for `module`, or None where mok runs it."""
+    return mok_hf.unsupported_reason(module)
+
+
+# ---- registration ------------------------------------------------------------------------------
+
+
+@requires_transformers
+def test_registered_in_the_experts_interface():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    assert ALL_EXPERTS_FUNCTIONS["mok"] is mok_hf.experts_forward
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+    assert model.config._experts_implementation == "mok"
+    model.set_experts_implementation("eager")
+    assert model.config._experts_implementation == "eager"
+    model.set_experts_implementation("mok")
+    assert model.config._experts_implementation == "mok"
+    assert [n for n, _ in experts_modules(model)] == mok_hf.check(model)
+
+
+# ---- every experts class of the installed Transformers -----------------------------------------
+
+
+@requires_transformers
+def test_family_report():
+    """Which experts classes mok runs and which it refuses, and why (shown with -s)."""
+    runs, refused = [], []
+    unbuilt = []
+    for family, cls in EXPERTS_CLASSES:
+        try:
+            reason = refusal_of(build_small_experts(family, cls))
+        except pytest.skip.Exception as e:
+            unbuilt.append((family, cls.__name__, str(e)))
+            continue
+        (runs if reason is None else refused).append((family, cls.__name__, reason))
+    print(f"\nTransformers {transformers.__version__}: {len(runs)} experts classes run on mok, "
+          f"{len(refused)} refused, {len(unbuilt)} not built small here")
+    for family, name, _ in runs:
+        print(f"  runs     {family:24s} {name}")
+    for family, name, reason in refused:
+        print(f"  refused  {family:24s} {name}: {reason}")
+    for family, name, why in unbuilt:
+        print(f"  unbuilt  {family:24s} {name}: {why}")
+    ran = {family for family, _, _ in runs}
+    for family in FAMILIES:
+        assert family.removesuffix("_text") in ran, f"{family} does not run on mok"
+    assert all(reason.startswith("mok: invalid ") for _, _, reason in refused)
+
+
+@requires_transformers
+@pytest.mark.parametrize("family,cls", EXPERTS_CLASSES,
+                         ids=[f"{f}.{c.__name__}" for f, c in EXPERTS_CLASSES])
+def test_experts_class(family, cls):
+    module = build_small_experts(family, cls)
+    reason = refusal_of(module)
+    if reason is not None:
+        # Refused: the first call raises mok's error naming the reason (no silent fallback).
+        x = torch.zeros(3, module.config.hidden_size, dtype=torch.float64)
+        module.config._experts_implementation = "mok"
+        module.__dict__.pop("_mok_plan", None)
+        with pytest.raises((ValueError, TypeError)) as e:
+            module(x, torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2, dtype=torch.float64))
+        assert str(e.value) == reason
+        return
+    compare_module(module, torch.float64)
+    compare_module(module, torch.bfloat16)
+
+
+# ---- the issue's families as whole models ------------------------------------------------------
+
+
+def model_step(model, implementation, ids):
+    model.set_experts_implementation(implementation)
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+@requires_transformers
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_model_float64(family):
+    """The exact mode: logits, loss and every parameter's gradient as eager's (fp64 order)."""
+    model = tiny_model(family, torch.float64)
+    ids = torch.randint(0, 128, (2, 13), generator=torch.Generator().manual_seed(SEED % 2**31))
+    logits_e, loss_e, grads_e = model_step(model, "eager", ids)
+    logits_m, loss_m, grads_m = model_step(model, "mok", ids)
+    assert rel_error(logits_m, logits_e) <= F64_TOLERANCE
+    assert abs(float(loss_m) - float(loss_e)) <= F64_TOLERANCE * abs(float(loss_e))
+    assert grads_m.keys() == grads_e.keys()
+    for name in grads_e:
+        # Gradients pass through a few layers of sums: a few times the one-layer bound.
+        assert rel_error(grads_m[name], grads_e[name]) <= 100 * F64_TOLERANCE, name
+
+
+@requires_transformers
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_model_bf16(family):
+    """bf16: routing ties make a whole bf16 model diverge slightly from eager (a token whose two
+    top experts score within a rounding of each other may pick the other): models compare
+    loosely, the experts modules strictly (test_experts_class)."""
+    model = tiny_model(family, torch.bfloat16)
+    ids = torch.randint(0, 128, (3, 11), generator=torch.Generator().manual_seed(SEED % 2**31))
+    logits_e, loss_e, _ = model_step(model, "eager", ids)
+    logits_m, loss_m, grads_m = model_step(model, "mok", ids)
+    assert rel_error(logits_m, logits_e) <= 0.05
+    assert abs(float(loss_m) - float(loss_e)) <= 0.02 * float(loss_e)
+    for name, module in experts_modules(model):
+        assert torch.isfinite(grads_m[f"{name}.gate_up_proj"]).all()
+        assert torch.isfinite(grads_m[f"{name}.down_proj"]).all()
+
+
+@requires_transformers
+@pytest.mark.parametrize("family,dtype,tolerance", [("qwen3_moe", torch.float64, 1e-9),
+                                                    ("deepseek_v3", torch.float64, 1e-9),
+                                                    ("qwen3_moe", torch.bfloat16, 0.03)])
+def test_training_follows_eager(family, dtype, tolerance):
+    """A short AdamW run: mok's loss curve on eager's (float64: to summation order; bf16: within
+    a few percent, the rounding of the two paths compounding over the steps)."""
+    ids = torch.randint(0, 128, (2, 15), generator=torch.Generator().manual_seed(SEED % 2**31))
+    curves = {}
+    for implementation in ("eager", "mok"):
+        model = tiny_model(family, dtype)
+        model.set_experts_implementation(implementation)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(8):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+        curves[implementation] = losses
+    assert curves["mok"][-1] < curves["mok"][0], curves
+    for e, m in zip(curves["eager"], curves["mok"]):
+        assert abs(m - e) <= tolerance * e, curves
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+
+def experts_of(family):
+    for fam, cls in EXPERTS_CLASSES:
+        if fam == family:
+            return build_small_experts(fam, cls)
+    pytest.skip(f"no {family} experts class in Transformers {transformers.__version__}")
+
+
+@requires_transformers
+@pytest.mark.parametrize("family,reason", [
+    ("gpt_oss", ("has_bias", "expected False (mok's experts have no bias), got True")),
+    ("aria", ("is_transposed", "expected False: gate_up_proj [E, 2I, H]")),
+    ("nemotron_h", ("has_gate", "expected True (SwiGLU experts")),
+    ("muse_spark", ("has_post_expert_norm", "expected False")),
+])
+def test_refused_forms(family, reason):
+    message = refusal_of(experts_of(family))
+    assert message is not None and all(r in message for r in reason), message
+
+
+@requires_transformers
+@pytest.mark.parametrize("extra,reason", [
+    (dict(hidden_act="gelu"), ("gate function", "expected silu(gate) * up", "act_fn GELU")),
+    (dict(moe_intermediate_size=96), ("intermediate size", "multiple of 64", "got 96")),
+    (dict(hidden_size=160, head_dim=40), ("hidden size", "multiple of 64", "got 160")),
+])
+def test_refused_at_first_call_and_by_check(extra, reason):
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok", **extra)
+    ids = torch.randint(0, 128, (1, 7))
+    with pytest.raises(ValueError, match=r"mok: invalid Qwen3MoeExperts ") as e:
+        model(ids)
+    assert all(r in str(e.value) for r in reason), str(e.value)
+    with pytest.raises(ValueError, match=r"mok: invalid Qwen3MoeExperts "):
+        mok_hf.check(model)
+    model.set_experts_implementation("eager")  # the model itself still works
+    assert torch.isfinite(model(ids).logits).all()
+
+
+@requires_transformers
+def test_fp32_weights_refused():
+    model = tiny_model("qwen3_moe", torch.float32, experts_implementation="mok")
+    with pytest.raises(TypeError, match=r"mok: invalid Qwen3MoeExperts gate_up_proj.dtype "
+                       r"\(experts_implementation='mok'\): expected bfloat16 \(or float64, the "
+                       r"exact mode\): convert the model, e.g. model.to\(torch.bfloat16\), got "
+                       r"float32"):
+        model(torch.randint(0, 128, (1, 5)))
+    model.to(torch.bfloat16)  # converted, it runs
+    assert torch.isfinite(model(torch.randint(0, 128, (1, 5))).logits).all()
+
+
+@requires_transformers
+def test_configure():
+    with pytest.raises(ValueError, match=r"mok: invalid precision: expected 'bf16' \(FP8 comes "
+                       r"with mok's FP8 layer\), got 'fp8'"):
+        mok_hf.configure(precision="fp8")
+    with pytest.raises(TypeError, match="mok: invalid config: expected None"):
+        mok_hf.configure(config=3)
+    import mok.functional as mf
+    mok_hf.configure(mf.MoKConfig(minibatch_size=256))
+    try:
+        model = tiny_model("qwen3_moe", torch.float64, experts_implementation="mok")
+        assert torch.isfinite(model(torch.randint(0, 128, (1, 9))).logits).all()
+    finally:
+        mok_hf.configure()
+
+
+@requires_transformers
+def test_expert_parallel_sentinels_are_unused_slots():
+    """Transformers' expert parallelism marks other ranks' experts with ids >= num_experts: mok
+    treats them as unused slots (-1), as eager's sentinel handling does (no output, no
+    gradient)."""
+    module = experts_of("qwen3_moe")
+    module._is_expert_parallel = True
+    E = module.gate_up_proj.shape[0]
+    gen = torch.Generator().manual_seed(SEED % 2**31)
+    ids, w = routing(gen, 9, E, 2, torch.float64)
+    x = torch.randn(9, module.gate_up_proj.shape[2], generator=gen, dtype=torch.float64)
+    sentinel = ids.clone()
+    sentinel[::3, 1] = E  # a slot on another rank
+    kept = ids.clone()
+    kept[::3, 1] = 0
+    w_kept = w.clone()
+    w_kept[::3, 1] = 0.0
+    module.config._experts_implementation = "mok"
+    out = module(x, sentinel, w)
+    ref = module(x, kept, w_kept)
+    assert torch.equal(out, ref)
+
+
+@requires_transformers
+def test_compile_fullgraph_of_a_moe_block():
+    """torch.compile(fullgraph=True) of a MoE block (router, mok's experts) traces mok's custom
+    ops (CPU: aot_eager; the GPU test compiles with inductor): the same bits as eager."""
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+    mok_hf.check(model)  # checked before tracing
+    block = model.model.layers[0].mlp
+    x = torch.randn(2, 17, 128, dtype=torch.bfloat16, requires_grad=True)
+    ref = block(x)
+    ref.float().square().sum().backward()
+    d_ref, x.grad = x.grad, None
+    out = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    out.float().square().sum().backward()
+    assert torch.equal(out, ref) and torch.equal(x.grad, d_ref)
+
+
+@requires_transformers
+def test_compile_needs_a_checked_module():
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+    block = model.model.layers[0].mlp
+    with pytest.raises(Exception, match="checked before torch.compile traces it"):
+        torch.compile(block, fullgraph=True, backend="aot_eager")(
+            torch.randn(1, 5, 128, dtype=torch.bfloat16))
+
+
+# ---- CUDA (the GPU layer) ----------------------------------------------------------------------
+
+
+@requires_transformers
+@requires_cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_experts_module(family):
+    """The GPU layer on each family's experts (bf16), against the float64 eager of the same
+    values, at the small shape and at H 1024, I 512, 32 experts, T 1001."""
+    module = next(m for _, m in experts_modules(tiny_model(family, torch.bfloat16)))
+    compare_module(module, torch.bfloat16, device="cuda")
+    model = tiny_model(family, torch.bfloat16, hidden_size=1024, moe_intermediate_size=512,
+                       intermediate_size=512, num_experts=32, num_local_experts=32,
+                       n_routed_experts=32, num_hidden_layers=1)
+    module = next(m for _, m in experts_modules(model))
+    compare_module(module, torch.bfloat16, device="cuda", T=1001)
+
+
+@requires_transformers
+@requires_cuda
+def test_gpu_whole_model_and_training():
+    model = tiny_model("qwen3_moe", torch.bfloat16).cuda()
+    ids = torch.randint(0, 128, (4, 33), device="cuda")
+    logits_e, loss_e, _ = model_step(model, "grouped_mm", ids)
+    logits_m, loss_m, _ = model_step(model, "mok", ids)
+    assert rel_error(logits_m, logits_e) <= 0.05
+    assert abs(float(loss_m) - float(loss_e)) <= 0.02 * float(loss_e)
+
+
+@requires_transformers
+@requires_cuda
+def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
+    model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok").cuda()
+    mok_hf.check(model)  # checked before tracing (the check runs Python on the CPU)
+    layer = model.model.layers[0].mlp
+    x = torch.randn(2, 17, 128, device="cuda", dtype=torch.bfloat16)
+    eager = layer(x)
+    compiled = torch.compile(layer, fullgraph=True)
+    assert torch.equal(compiled(x), eager)
+    static_x = x.clone()
+    layer(static_x)  # the shape's workspace exists before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = layer(static_x)
+    static_x.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)

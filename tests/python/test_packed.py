@@ -1,0 +1,92 @@
+"""mok.moe_packed: gate and up packed in one [E, 2I, H] tensor (concatenated or interleaved rows,
+Hugging Face's gate_up_proj), read in place as row-strided views. Against mok.moe on dense copies
+of the halves: the same arithmetic, so the same bits (outputs, every gradient); the weight
+gradient comes back packed. Outputs are poisoned (conftest.py), so an element the strided path
+forgets to write shows up as NaN."""
+
+import pytest
+import torch
+from conftest import DEVICES, make_layer
+
+import mok
+
+
+def split(gate_up, interleaved):
+    I = gate_up.shape[1] // 2
+    return (gate_up[:, 0::2], gate_up[:, 1::2]) if interleaved else (gate_up[:, :I], gate_up[:, I:])
+
+
+def pack(gate, up, interleaved):
+    E, I, H = gate.shape
+    if interleaved:
+        return torch.stack((gate, up), dim=2).reshape(E, 2 * I, H)
+    return torch.cat((gate, up), dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("routing", ["random", "one_expert"])
+def test_packed_is_bitwise_the_dense_layer(gen, device, interleaved, dtype, routing):
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("float64 is the CPU backend's exact mode")
+    T, H, I, E, k = 37, 128, 64, 5, 3  # odd T; I < H
+    d = make_layer(gen, T, H, I, E, k, 0, dtype=dtype, routing=routing).to(device)
+    gate, up, down = d.weights[:3]
+    gate_up = pack(gate, up, interleaved).requires_grad_()
+    x, w, down_p = (t.clone().requires_grad_() for t in (d.x, d.topk_weights, down))
+    out = mok.moe_packed(x, d.topk_experts, w, gate_up, down_p, interleaved=interleaved)
+    out.backward(d.d_out)
+
+    leaves = [t.clone().requires_grad_() for t in (d.x, d.topk_weights, gate, up, down)]
+    ref = mok.moe(leaves[0], d.topk_experts, leaves[1], *leaves[2:])
+    ref.backward(d.d_out)
+    assert torch.equal(out, ref)
+    assert torch.equal(x.grad, leaves[0].grad)
+    assert torch.equal(w.grad, leaves[1].grad)
+    assert torch.equal(gate_up.grad, pack(leaves[2].grad, leaves[3].grad, interleaved))
+    assert torch.equal(down_p.grad, leaves[4].grad)
+    # The views are the parameter's own memory: nothing was copied into the forward's inputs.
+    assert split(gate_up, interleaved)[0].data_ptr() == gate_up.data_ptr()
+
+
+def test_packed_refusals(gen):
+    d = make_layer(gen, 5, 64, 64, 3, 2, 0)
+    gate, up, down = d.weights[:3]
+    with pytest.raises(ValueError, match=r"mok: invalid gate_up_weights.shape: expected "
+                       r"\[num_experts, 2 \* intermediate_size, hidden_size\], got \[3, 127, 64\]"):
+        mok.moe_packed(d.x, d.topk_experts, d.topk_weights, torch.zeros(3, 127, 64,
+                       dtype=torch.bfloat16), down)
+    with pytest.raises(TypeError, match="mok: invalid interleaved: expected a bool"):
+        mok.moe_packed(d.x, d.topk_experts, d.topk_weights, pack(gate, up, False), down,
+                       interleaved=1)
+    # A transposed packed tensor: its halves have no unit column stride.
+    transposed = pack(gate, up, False).transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match=r"mok: invalid routed_gate_weights.strides: expected "
+                       r"row-major contiguous strides, or row-strided ones"):
+        mok.moe_packed(d.x, d.topk_experts, d.topk_weights, transposed, down)
+    # The next good call works.
+    mok.moe_packed(d.x, d.topk_experts, d.topk_weights, pack(gate, up, True), down,
+                   interleaved=True)
+
+
+def test_packed_compiles(gen):
+    T, H, I, E, k = 9, 64, 64, 4, 2
+    d = make_layer(gen, T, H, I, E, k, 0)
+    gate, up, down = d.weights[:3]
+    gate_up = pack(gate, up, False).requires_grad_()
+
+    def step(x, w, gu, dn):
+        return mok.moe_packed(x, d.topk_experts, w, gu, dn).float().square().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = [d.x.clone().requires_grad_(), d.topk_weights.clone().requires_grad_(), gate_up,
+            down.clone().requires_grad_()]
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args)
+    eager_args = [a.detach().clone().requires_grad_() for a in args]
+    eager_loss = step(*eager_args)
+    eager_grads = torch.autograd.grad(eager_loss, eager_args)
+    assert torch.equal(loss, eager_loss)
+    for a, b in zip(grads, eager_grads):
+        assert torch.equal(a, b)
