@@ -89,6 +89,23 @@ __nv_bfloat16* alloc_random(size_t n, unsigned seed, float scale) {
   return p;
 }
 
+// The relative L2 error of n bf16 outputs against the fp32 reference `ref` (device memory the
+// call frees).
+double rel_err_against(float* ref, int n, const __nv_bfloat16* out) {
+  std::vector<float> r(n);
+  std::vector<__nv_bfloat16> o(n);
+  CHECK_CUDA(cudaMemcpy(r.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(o.data(), out, n * 2, cudaMemcpyDeviceToHost));
+  cudaFree(ref);
+  double d = 0, s = 0;
+  for (int j = 0; j < n; ++j) {
+    const double v = __bfloat162float(o[j]);
+    d += (v - r[j]) * (v - r[j]);
+    s += double(r[j]) * r[j];
+  }
+  return std::sqrt(d / std::max(s, 1e-30));
+}
+
 // Finite e4m3 bytes with exponent fields 5..9 (|v| in [0.25, 8)), and power-of-two scales
 // 2^-8 .. 2^-4, both from a hash of (index, seed).
 __device__ unsigned hash_index(size_t i, unsigned seed) {
@@ -155,18 +172,7 @@ double rel_err_row_fp8(const std::uint8_t* a, int lda, const float* a_scale, lon
   float* ref = nullptr;
   CHECK_CUDA(cudaMalloc(&ref, n * 4));
   ref_fp8_kernel<<<(n + 127) / 128, 128>>>(a, lda, a_scale, a_ld, w, w_scale, row, g, n, k, ref);
-  std::vector<float> r(n);
-  std::vector<__nv_bfloat16> o(n);
-  CHECK_CUDA(cudaMemcpy(r.data(), ref, n * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(o.data(), out + size_t(row) * ld_out, n * 2, cudaMemcpyDeviceToHost));
-  cudaFree(ref);
-  double d = 0, s = 0;
-  for (int j = 0; j < n; ++j) {
-    const double v = __bfloat162float(o[j]);
-    d += (v - r[j]) * (v - r[j]);
-    s += double(r[j]) * r[j];
-  }
-  return std::sqrt(d / std::max(s, 1e-30));
+  return rel_err_against(ref, n, out + size_t(row) * ld_out);
 }
 
 // out[s, n] = sum_k a[row_s, k] * b(n, k) for a sampled row (fp32), for the correctness check.
@@ -188,18 +194,7 @@ double rel_err_row(const __nv_bfloat16* a, int lda, const __nv_bfloat16* w, int 
   float* ref = nullptr;
   CHECK_CUDA(cudaMalloc(&ref, n * 4));
   ref_kernel<<<(n + 127) / 128, 128>>>(a, lda, w, trans_b, row, g, n, k, ref);
-  std::vector<float> r(n);
-  std::vector<__nv_bfloat16> o(n);
-  CHECK_CUDA(cudaMemcpy(r.data(), ref, n * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(o.data(), out + size_t(row) * ld_out, n * 2, cudaMemcpyDeviceToHost));
-  cudaFree(ref);
-  double d = 0, s = 0;
-  for (int j = 0; j < n; ++j) {
-    const double v = __bfloat162float(o[j]);
-    d += (v - r[j]) * (v - r[j]);
-    s += double(r[j]) * r[j];
-  }
-  return std::sqrt(d / std::max(s, 1e-30));
+  return rel_err_against(ref, n, out + size_t(row) * ld_out);
 }
 
 double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush_bytes, int reps) {

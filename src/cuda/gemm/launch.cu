@@ -202,6 +202,21 @@ void with_flag(bool on, Body&& body) {
 }
 
 // Form F with epilogue policy E over `d`.
+// The gate/up forms' outputs (bf16 and e4m3 arguments alike): hidden, the optional
+// pre-activations (both or neither), their leading dimension, the clamp.
+template <class Args>
+void check_gate_up_outputs(const Args& args) {
+  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
+        "one of them null");
+  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
+  check_aligned(args.hidden, "hidden");
+  check_aligned(args.gate, "gate");
+  check_aligned(args.up, "up");
+  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
+        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
+  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
+}
+
 template <class F, class E>
 void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8 = {}) {
   launch_grouped_gemm<F, E>(d, stream, fp8);
@@ -214,15 +229,7 @@ std::optional<GemmDescriptor> describe_gate_up_forward(const GateUpForwardArgs& 
   check_segments(args.segments);
   check_multiple_of_64(args.hidden_size, "hidden_size");
   check_multiple_of_64(args.intermediate_size, "intermediate_size");
-  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
-        "one of them null");
-  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
-  check_aligned(args.hidden, "hidden");
-  check_aligned(args.gate, "gate");
-  check_aligned(args.up, "up");
-  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
-        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
-  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
+  check_gate_up_outputs(args);
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return std::nullopt;
   const WeightMap w =
@@ -337,15 +344,7 @@ void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
   check_segments(args.segments);
   check_multiple_of_128(args.hidden_size, "hidden_size");
   check_multiple_of_128(args.intermediate_size, "intermediate_size");
-  check((args.gate == nullptr) == (args.up == nullptr), "gate/up outputs", "both or neither",
-        "one of them null");
-  check(args.hidden != nullptr, "hidden", "a device pointer", "null");
-  check_aligned(args.hidden, "hidden");
-  check_aligned(args.gate, "gate");
-  check_aligned(args.up, "up");
-  check(args.ld_out % 8 == 0 && args.ld_out >= args.intermediate_size, "ld_out",
-        "a multiple of 8 and >= intermediate_size", to_text(args.ld_out));
-  check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
+  check_gate_up_outputs(args);
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return;
   const int G = s.num_groups, N = args.intermediate_size, K = args.hidden_size;

@@ -519,7 +519,8 @@ struct Fp8BlockScales {
 };
 
 // Consumer, e4m3 forms: the scales of K block `kb`. Rows past the group's (padding, or past a
-// dense form's rows) get scale 0, so their accumulators stay exactly 0 whatever their bytes hold.
+// dense form's rows) read no scale (there may be none in memory) and take 0; no epilogue stores
+// such rows, whatever their accumulators hold.
 template <class F>
 __device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, const GemmParams& p,
                                                           const Fp8Scales& fp8, int kb, int wg,
