@@ -15,7 +15,9 @@
 // "mok-fp8": the e4m3 forms of gemm1 (gate/up with SwiGLU) and gemm2 (down) on FP8 operands with
 // 1 x 128 row scales and 128 x 128 weight-block scales; checked before timing on a sampled row of
 // the first and last expert against an fp32 model of the block-scaled product.
-// argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu.
+// argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
+// optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
+// time).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -224,7 +226,8 @@ double time_median_ms(const std::function<void()>& fn, void* flush, size_t flush
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s out.jsonl [reps] [rounds] [case,case,...] [pass,pass,...]\n",
+    std::fprintf(stderr,
+                 "usage: %s out.jsonl [reps] [rounds] [case,case,...] [pass,pass,...] [impl,...]\n",
                  argv[0]);
     return 2;
   }
@@ -233,6 +236,7 @@ int main(int argc, char** argv) {
   const std::string only = argc > 4 ? std::string(",") + argv[4] + "," : std::string();
   // Passes to time (gemm1, gemm2, dgrad, dgrad-swiglu, dgrad-swiglu-wh, wgrad); default all.
   const std::string passes = argc > 5 ? std::string(",") + argv[5] + "," : std::string();
+  const std::string impls = argc > 6 ? std::string(",") + argv[6] + "," : std::string();
   FILE* json = std::fopen(argv[1], "w");
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
@@ -501,8 +505,9 @@ int main(int argc, char** argv) {
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
       std::erase_if(items, [&](const Item& it) {
-        return !passes.empty() &&
-               passes.find(std::string(",") + it.pass + ",") == std::string::npos;
+        return (!passes.empty() &&
+                passes.find(std::string(",") + it.pass + ",") == std::string::npos) ||
+               (!impls.empty() && impls.find("," + it.impl + ",") == std::string::npos);
       });
       for (const Item& it : items) time_median_ms(it.fn, flush, flush_bytes, 5);
       std::vector<std::vector<double>> round_ms(items.size());
