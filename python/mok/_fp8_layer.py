@@ -145,6 +145,14 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
         if w.dtype != torch.bfloat16:
             _checks.fail(f"{name}.dtype", "bfloat16 for precision='fp8'",
                          _checks.dtype_name(w.dtype), TypeError)
+    # The layer's own checks first (metadata only), so a bad shape is named as the layer names it,
+    # not as the weight quantizer would.
+    shape, _ws, _config = check_layer_call(handle, x, topk_experts, topk_weights,
+                                           (gate, up, down, shared_gate, shared_up, shared_down))
+    for name, size in (("hidden_size", shape.hidden_size),
+                       ("intermediate_size", shape.intermediate_size)):
+        if size % 128:
+            _checks.fail(name, "a multiple of 128 for precision='fp8'", size)
     fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
     out, *_context = call(forward_fp8, x, topk_experts, topk_weights, gate, up, down, shared_gate,
                           shared_up, shared_down, *fp8_weights, handle, swiglu_limit)
