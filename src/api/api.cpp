@@ -247,9 +247,9 @@ void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w,
   }
   for (int i = 0; i < ContextKey::kTensors; ++i) {
     if (recorded.tensors[i] == nullptr || recorded.tensors[i] == now.tensors[i]) continue;
-    const std::string name =
-        now.fp8 && i >= 3 && i <= 5 ? std::string("fp8_weights.") + kFp8KeyNames[i - 3]
-                                    : std::string(kKeyNames[i]);
+    const std::string name = now.fp8 && i >= 3 && i <= 5
+                                 ? std::string("fp8_weights.") + kFp8KeyNames[i - 3]
+                                 : std::string(kKeyNames[i]);
     throw Error("forward context",
                 "the context of a forward (or recompute_forward_context) over this " + name,
                 "a context computed from another " + name + " (" + to_text(recorded.tensors[i]) +

@@ -57,11 +57,10 @@ class LayerBackend {
   // The expert halves of the FP8 layer's (the home halves are the bf16 layer's).
   virtual void ep_expert_forward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
                                      const TensorView* combine_send, const ForwardContext& ctx);
-  virtual void ep_expert_backward_fp8(const Inputs& gathered, const Weights& w,
-                                      const Fp8Weights& q, const ForwardContext& ctx,
-                                      const TensorView& d_out_all, const TensorView& dx_send,
-                                      const TensorView& dw_send, const Grads& grads,
-                                      const BackwardOptions& options);
+  virtual void ep_expert_backward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                                      const ForwardContext& ctx, const TensorView& d_out_all,
+                                      const TensorView& dx_send, const TensorView& dw_send,
+                                      const Grads& grads, const BackwardOptions& options);
 };
 
 // What a backend without the FP8 layer raises (the API layer raises it first, naming the

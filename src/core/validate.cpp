@@ -204,8 +204,7 @@ void check_fp8_layer(const Problem& p, DType act, Device device, const Fp8Weight
                      InputUse use) {
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, E = p.num_local_experts();
   if (act != DType::bf16) {
-    throw Error("WorkspaceOptions.activation_dtype", "bfloat16 for the FP8 layer",
-                dtype_name(act));
+    throw Error("WorkspaceOptions.activation_dtype", "bfloat16 for the FP8 layer", dtype_name(act));
   }
   // The 1x128 and 128x128 blocks tile both of every routed GEMM's dimensions.
   if (H % 128 != 0) {

@@ -158,9 +158,9 @@ std::optional<Fp8Weights> fp8_weights_of(nb::handle h) {
       "fp8_weights.up.data_t", "fp8_weights.up.scales_t", "fp8_weights.down.data",
       "fp8_weights.down.scales", "fp8_weights.down.data_t", "fp8_weights.down.scales_t"};
   auto one = [&](int i) {
-    return QuantizedWeights{view_of(t[4 * i], kNames[4 * i]), view_of(t[4 * i + 1], kNames[4 * i + 1]),
-                            view_of(t[4 * i + 2], kNames[4 * i + 2]),
-                            view_of(t[4 * i + 3], kNames[4 * i + 3])};
+    const int j = 4 * i;
+    return QuantizedWeights{view_of(t[j], kNames[j]), view_of(t[j + 1], kNames[j + 1]),
+                            view_of(t[j + 2], kNames[j + 2]), view_of(t[j + 3], kNames[j + 3])};
   };
   return Fp8Weights{one(0), one(1), one(2)};
 }

@@ -49,8 +49,8 @@ TokenOperand quantize_tokens_of(const float* x, std::int64_t rows, std::int64_t 
   std::copy_n(x, rows * N, padded.begin());
   q.data.resize(static_cast<std::size_t>(q.M * N));
   q.scales.resize(static_cast<std::size_t>(q.M / B * N));
-  quantize_token_axis_fp8({padded.data(), fp8::Source::f32, q.M, N, q.data.data(),
-                           q.scales.data()});
+  quantize_token_axis_fp8(
+      {padded.data(), fp8::Source::f32, q.M, N, q.data.data(), q.scales.data()});
   return q;
 }
 
@@ -84,8 +84,8 @@ void token_axis_product(ThreadPool& pool, const TokenOperand& a, const TokenOper
 // Expert e's [N, K] matrix of an [E, N, K] quantized tensor (data and scales).
 Fp8BlockMatrix expert_matrix(const TensorView& data, const TensorView& scales, std::int64_t e) {
   const std::int64_t N = data.shape[1], K = data.shape[2];
-  return {data.ptr<const fp8::e4m3_t>() + e * N * K, scales.ptr<const float>() + e * (N / B) * (K / B),
-          N, K};
+  return {data.ptr<const fp8::e4m3_t>() + e * N * K,
+          scales.ptr<const float>() + e * (N / B) * (K / B), N, K};
 }
 
 }  // namespace

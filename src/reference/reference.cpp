@@ -355,8 +355,8 @@ void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& 
   const bool with_out = out != nullptr;
   const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
   std::vector<Real> y_slots(with_out ? T * k * H : 0);  // the combine buffer: one row per slot
-  routed_forward<Real>(st, p, x, in.topk_experts.ptr<const std::int64_t>(), T * k, w, fp8,
-                       with_out, ctx,
+  routed_forward<Real>(st, p, x, in.topk_experts.ptr<const std::int64_t>(), T * k, w, fp8, with_out,
+                       ctx,
                        [&](std::int64_t s, const Real* y) { std::copy_n(y, H, &y_slots[s * H]); });
   const std::vector<Real> shared_out = shared_forward<Real>(st, p, x, w, with_out, ctx);
   if (!with_out) return;
@@ -519,9 +519,9 @@ void ep_home_forward_impl(State& st, const Problem& p, const Inputs& in, const W
 template <typename Real>
 void ep_expert_backward_impl(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
                              const Fp8Weights* fp8, const ForwardContext& ctx,
-                             const TensorView& d_out_all,
-                             const TensorView& dx_send, const TensorView& dw_send,
-                             const Grads& grads, const BackwardOptions& options) {
+                             const TensorView& d_out_all, const TensorView& dx_send,
+                             const TensorView& dw_send, const Grads& grads,
+                             const BackwardOptions& options) {
   const std::int64_t slots = std::int64_t{p.ep_size} * p.num_tokens * p.topk, H = p.hidden_size;
   const std::vector<Real> x = load_range<Real>(gathered.x, 0, slots / p.topk * H);
   const std::vector<Real> d_out = load_range<Real>(d_out_all, 0, slots / p.topk * H);
@@ -604,8 +604,8 @@ void ep_expert_backward(State& st, const Problem& p, const Inputs& gathered, con
     ep_expert_backward_impl<double>(st, p, gathered, w, fp8, ctx, d_out_all, dx_send, dw_send,
                                     grads, options);
   } else {
-    ep_expert_backward_impl<float>(st, p, gathered, w, fp8, ctx, d_out_all, dx_send, dw_send,
-                                   grads, options);
+    ep_expert_backward_impl<float>(st, p, gathered, w, fp8, ctx, d_out_all, dx_send, dw_send, grads,
+                                   options);
   }
 }
 

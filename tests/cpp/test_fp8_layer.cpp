@@ -170,9 +170,9 @@ Model fp8_model(const LayerData& d, const Fp8Weights& q) {
       if (d.topk_experts.get(s) == e) slots.push_back(s);
     }
     const auto rows = static_cast<std::int64_t>(slots.size());
-    const auto wg = dequantized_weight(q.gate.data, q.gate.scales, e);      // [I, H]
-    const auto wu = dequantized_weight(q.up.data, q.up.scales, e);          // [I, H]
-    const auto wd = dequantized_weight(q.down.data, q.down.scales, e);      // [H, I]
+    const auto wg = dequantized_weight(q.gate.data, q.gate.scales, e);        // [I, H]
+    const auto wu = dequantized_weight(q.up.data, q.up.scales, e);            // [I, H]
+    const auto wd = dequantized_weight(q.down.data, q.down.scales, e);        // [H, I]
     const auto wg_t = dequantized_weight(q.gate.data_t, q.gate.scales_t, e);  // [H, I]
     const auto wu_t = dequantized_weight(q.up.data_t, q.up.scales_t, e);      // [H, I]
     const auto wd_t = dequantized_weight(q.down.data_t, q.down.scales_t, e);  // [I, H]
@@ -305,12 +305,12 @@ TEST_P(Fp8LayerDefinition, BitwiseEqualsTheLayerWrittenOut) {
 // odd token counts; an expert with no rows (E = 4, one_expert).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Fp8LayerDefinition,
-    ::testing::Values(
-        DefinitionCase{"skewed", layer_shape(151, 128, 256, 3, 2, 0), Routing::skewed, false},
-        DefinitionCase{"softmax_unused_slots", layer_shape(45, 256, 128, 4, 3, 0),
-                       Routing::softmax, true},
-        DefinitionCase{"one_expert", layer_shape(7, 128, 128, 4, 1, 0), Routing::one_expert,
-                       false}),
+    ::testing::Values(DefinitionCase{"skewed", layer_shape(151, 128, 256, 3, 2, 0), Routing::skewed,
+                                     false},
+                      DefinitionCase{"softmax_unused_slots", layer_shape(45, 256, 128, 4, 3, 0),
+                                     Routing::softmax, true},
+                      DefinitionCase{"one_expert", layer_shape(7, 128, 128, 4, 1, 0),
+                                     Routing::one_expert, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // ---- against the f64 layer of the unquantized values ----
@@ -345,7 +345,8 @@ Errors errors_of(const HostTensor& got, const HostTensor& ref) {
 // gradient passes through two or three of them (d_gate: d_out, then dg and x): 6-7% rel and a
 // cosine near 1 - 0.07^2 / 2 = 0.9976 are what e4m3 gives, and MoK's MXFP8 sees the same.
 TEST(Fp8LayerAccuracy, WithinMoKsMxfp8TolerancesOfTheF64Layer) {
-  for (const Problem& p : {layer_shape(257, 256, 384, 8, 2, 128), layer_shape(131, 128, 256, 6, 3, 0)}) {
+  for (const Problem& p :
+       {layer_shape(257, 256, 384, 8, 2, 128), layer_shape(131, 128, 256, 6, 3, 0)}) {
     LayerData d = make_layer_data(p, DType::bf16, test_seed(), Routing::skewed);
     d.poison_outputs();
     LayerData b = d;
@@ -357,8 +358,7 @@ TEST(Fp8LayerAccuracy, WithinMoKsMxfp8TolerancesOfTheF64Layer) {
     std::printf("[ mok ] T %lld H %lld I %lld E %lld k %lld S %lld, against the f64 layer:\n",
                 static_cast<long long>(p.num_tokens), static_cast<long long>(p.hidden_size),
                 static_cast<long long>(p.intermediate_size), static_cast<long long>(p.num_experts),
-                static_cast<long long>(p.topk),
-                static_cast<long long>(p.shared_intermediate_size));
+                static_cast<long long>(p.topk), static_cast<long long>(p.shared_intermediate_size));
     const std::vector<std::pair<const char*, HostTensor LayerData::*>> fields = {
         {"out", &LayerData::out},
         {"d_x", &LayerData::d_x},
@@ -370,9 +370,10 @@ TEST(Fp8LayerAccuracy, WithinMoKsMxfp8TolerancesOfTheF64Layer) {
     for (const auto& [name, field] : fields) {
       if (!(d.*field).defined()) continue;
       const Errors f = errors_of(d.*field, x.*field), g = errors_of(b.*field, x.*field);
-      std::printf("[ mok ]   %-22s fp8 abs max %.3e rel %.3e cos %.6f | bf16 abs max %.3e rel "
-                  "%.3e cos %.6f\n",
-                  name, f.abs_max, f.rel_sum, f.cosine, g.abs_max, g.rel_sum, g.cosine);
+      std::printf(
+          "[ mok ]   %-22s fp8 abs max %.3e rel %.3e cos %.6f | bf16 abs max %.3e rel "
+          "%.3e cos %.6f\n",
+          name, f.abs_max, f.rel_sum, f.cosine, g.abs_max, g.rel_sum, g.cosine);
       if (field == &LayerData::out || field == &LayerData::d_x) EXPECT_LE(f.abs_max, 1.0) << name;
       EXPECT_LE(f.rel_sum, 0.1) << name;
       EXPECT_GE(f.cosine, 0.996) << name;
@@ -431,9 +432,9 @@ TEST(Fp8LayerRecompute, SameContextAsTheForward) {
   in.topk_weights = TensorView{};
   recompute_forward_context(ws, in, d.weights(), no_down, cb);
   const std::vector<std::pair<TensorView, TensorView>> pairs = {
-      {ca.gate_routed, cb.gate_routed}, {ca.up_routed, cb.up_routed},
+      {ca.gate_routed, cb.gate_routed},     {ca.up_routed, cb.up_routed},
       {ca.hidden_routed, cb.hidden_routed}, {ca.gate_shared, cb.gate_shared},
-      {ca.up_shared, cb.up_shared}, {ca.hidden_shared, cb.hidden_shared}};
+      {ca.up_shared, cb.up_shared},         {ca.hidden_shared, cb.hidden_shared}};
   for (const auto& [va, vb] : pairs) EXPECT_TRUE(same_view_bits(va, vb));
   // The FP8 context differs from the bf16 layer's (its g are other numbers), and backward knows
   // which layer wrote it.
@@ -447,8 +448,8 @@ TEST(Fp8LayerRecompute, SameContextAsTheForward) {
 TEST(Fp8LayerHostEp, TwoRanksGiveTheOneRankBits) {
   constexpr int W = 2;
   const std::int64_t T = 61, H = 128, I = 128, E = 4, k = 2, El = E / W;
-  LayerData g = make_layer_data(layer_shape(W * T, H, I, E, k, 0), DType::bf16, test_seed(),
-                                Routing::skewed);
+  LayerData g =
+      make_layer_data(layer_shape(W * T, H, I, E, k, 0), DType::bf16, test_seed(), Routing::skewed);
   const HostFp8Weights q(g);
   run_fp8(g, q.get(), 2);
   struct Rank {
@@ -521,8 +522,8 @@ TEST(Fp8LayerHostEp, TwoRanksGiveTheOneRankBits) {
     host_ep::home_forward(*rk.ws, in, weights_of(r), rk.received.view(), rk.out.view(),
                           rk.ctx->get());
     EXPECT_TRUE(same_view_bits(rk.out.view(), own(g.out, r))) << "out of rank " << r;
-    const Grads grads{rk.d_x.view(),    rk.d_w.view(),  rk.d_gate.view(),
-                      rk.d_up.view(),   rk.d_down.view()};
+    const Grads grads{rk.d_x.view(), rk.d_w.view(), rk.d_gate.view(), rk.d_up.view(),
+                      rk.d_down.view()};
     host_ep::expert_backward(*rk.ws, g.inputs(), Weights{}, fp8_of(r), rk.ctx->get(),
                              g.d_out.view(), rk.send.view(), rk.dw_send.view(), grads);
     EXPECT_TRUE(same_view_bits(rk.d_gate.view(), rows_of(g.d_gate.view(), r * El, El)));
@@ -534,8 +535,8 @@ TEST(Fp8LayerHostEp, TwoRanksGiveTheOneRankBits) {
   for (int r = 0; r < W; ++r) {
     Rank& rk = ranks[r];
     const Inputs in{own(g.x, r), own(g.topk_experts, r), own(g.topk_weights, r)};
-    const Grads grads{rk.d_x.view(),    rk.d_w.view(),  rk.d_gate.view(),
-                      rk.d_up.view(),   rk.d_down.view()};
+    const Grads grads{rk.d_x.view(), rk.d_w.view(), rk.d_gate.view(), rk.d_up.view(),
+                      rk.d_down.view()};
     host_ep::home_backward(*rk.ws, in, weights_of(r), rk.ctx->get(), own(g.d_out, r),
                            rk.received.view(), rk.dw_received.view(), grads);
     EXPECT_TRUE(same_view_bits(rk.d_x.view(), own(g.d_x, r))) << "d_x of rank " << r;
@@ -588,9 +589,7 @@ TEST(Fp8LayerValidation, BadArgumentsNameTheArgument) {
   // A context of the bf16 layer, or of other quantized weights, is refused by the FP8 backward.
   forward(ws, d.inputs(), d.weights(), d.out.view(), ctx.get());
   expect_error(
-      [&] {
-        backward(ws, d.inputs(), d.weights(), q.get(), ctx.get(), d.d_out.view(), d.grads());
-      },
+      [&] { backward(ws, d.inputs(), d.weights(), q.get(), ctx.get(), d.d_out.view(), d.grads()); },
       {"forward context", "FP8 layer's forward", "recorded by the bf16 layer"});
   const HostFp8Weights other(d);
   forward(ws, d.inputs(), d.weights(), q.get(), d.out.view(), ctx.get());

@@ -18,7 +18,7 @@ from mok import _fp8_layer
 
 
 def grads_of(data, precision):
-    """(out, d_x, d_topk_weights, d_gate, d_up, d_down, d_shared...) of one call through autograd."""
+    """(out, d_x, d_topk_weights, d_gate, d_up, d_down, d_shared...) of one call (autograd)."""
     leaves = data.requiring_grad()
     x, tw, *weights = leaves
     out = mok.moe(x, data.topk_experts, tw, *weights, precision=precision)
