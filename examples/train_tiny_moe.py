@@ -9,6 +9,10 @@ agree.
 
     python examples/train_tiny_moe.py                 # CPU (or GPU when mok's CUDA backend runs)
     python examples/train_tiny_moe.py --steps 100 --router softmax
+    python examples/train_tiny_moe.py --precision fp8 --dim 128 --intermediate 128   # CPU
+
+With --precision fp8 mok's student runs the FP8 layer (every routed-expert GEMM in e4m3; dims
+multiples of 128) and its curve is compared with the bf16 PyTorch student's.
 """
 
 import argparse
@@ -26,6 +30,10 @@ import mok
 # here (0.1% to 0.2% over seeds); we allow 4u = 1.6%, the bound on one bf16 forward's output.
 CURVE_TOLERANCE = 4 * 2.0**-8
 WINDOW = 25
+# The FP8 layer's outputs and gradients are off by about 5% relative per element (e4m3's 3
+# mantissa bits; docs/architecture.md, "The FP8 layer"), but unbiased: windowed losses stay close
+# (0.06% at most over 150 steps at dim 128, CPU, 2026-12-05 on 0df3a4d). The goal: within 1%.
+FP8_CURVE_TOLERANCE = 0.01
 
 
 class Teacher:
@@ -47,7 +55,8 @@ class Student(torch.nn.Module):
         self.inp = torch.nn.Linear(dim, dim)
         self.moe = mok.nn.MoE(dim, args.intermediate, args.experts, args.topk,
                               shared_intermediate_size=args.shared, router=args.router,
-                              backend=backend, dtype=torch.bfloat16)
+                              backend=backend, dtype=torch.bfloat16,
+                              precision=args.precision if backend == "mok" else "bf16")
         self.out = torch.nn.Linear(dim, dim)
 
     def forward(self, x):
@@ -94,13 +103,16 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--balance", type=float, default=1e-3, help="load-balancing loss weight")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="mok's layer: bf16, or the FP8 layer (dims multiples of 128; CPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when mok can run "
                                                   "there, else cpu)")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available()
                                           and mok.backend_available("cuda") else "cpu"))
     print(f"mok {mok.__version__} on {device}: dim={args.dim} experts={args.experts} "
-          f"topk={args.topk} shared={args.shared} router={args.router} steps={args.steps}")
+          f"topk={args.topk} shared={args.shared} router={args.router} steps={args.steps} "
+          f"precision={args.precision}")
 
     torch.manual_seed(args.seed)
     mok_model = Student(args.dim, args, "mok").to(device)
@@ -122,9 +134,9 @@ def main(argv=None):
     fell = a[-1] / a[0]
     print(f"time: mok {seconds['mok']:.1f} s, torch {seconds['torch']:.1f} s")
     print(f"loss fell from {a[0]:.4f} to {a[-1]:.4f} ({fell:.1%} of the start)")
-    print(f"curves agree: largest relative difference {worst:.2%} "
-          f"(tolerance {CURVE_TOLERANCE:.2%})")
-    ok = fell < 0.5 and worst <= CURVE_TOLERANCE
+    tolerance = FP8_CURVE_TOLERANCE if args.precision == "fp8" else CURVE_TOLERANCE
+    print(f"curves agree: largest relative difference {worst:.2%} (tolerance {tolerance:.2%})")
+    ok = fell < 0.5 and worst <= tolerance
     print("OK" if ok else "FAILED: the loss did not fall by half, or the curves disagree")
     return {"mok": curves["mok"], "torch": curves["torch"], "worst": worst, "fell": fell,
             "ok": ok}

@@ -36,6 +36,7 @@
 
 #include "mok/config.hpp"
 #include "mok/error.hpp"
+#include "mok/fp8.hpp"
 #include "mok/problem.hpp"
 #include "mok/tensor.hpp"
 
@@ -85,6 +86,7 @@ struct ContextKey {
   static constexpr int kTensors = 9;
   std::array<const void*, kTensors> tensors{};
   std::optional<float> swiglu_limit;  // Weights::swiglu_limit of the recording call
+  bool fp8 = false;       // recorded by the FP8 layer (then the routed entries are Fp8Weights')
   bool recorded = false;  // false: nothing recorded (the context's pairing is the caller's)
 };
 
@@ -199,5 +201,43 @@ void backward(Workspace& ws, const Inputs& in, const Weights& w, const ForwardCo
 // (topk_weights, down and shared_down may be absent views).
 void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
                                ForwardContext& ctx);
+
+// ---- The FP8 layer (DESIGN.md section 5b; docs/architecture.md, "The FP8 layer") ----
+//
+// The same layer with every routed-expert GEMM on e4m3 operands with power-of-two block scales
+// (activations 1x128 along each GEMM's K, weights 128x128 blocks, token-axis copies for the
+// weight gradients); the shared expert, the router weights, the combine and the reductions as in
+// the bf16 layer, and the same outputs: bf16 activations, bf16 or fp32 weight gradients.
+//
+//   mok::QuantizedWeights gate_q = ..., up_q = ..., down_q = ...;  // mok/fp8.hpp's layout
+//   mok::quantize_weights(gate, gate_q);  // once per weight version (per optimizer step), and
+//   mok::quantize_weights(up, up_q);      // likewise up and down: both orientations each
+//   mok::quantize_weights(down, down_q);
+//   const mok::Fp8Weights q{gate_q, up_q, down_q};
+//   mok::forward(ws, in, w, q, out, ctx);             // w: the shared expert, swiglu_limit
+//   mok::backward(ws, in, w, q, ctx, d_out, grads);   // grads: of the bf16 master weights
+//
+// The weights are quantized by the caller, not per call: a training step changes them once. The
+// bf16 master weights stay the caller's; the weight gradients are theirs (shaped like them).
+// `w`'s routed gate, up and down are not read: absent, or the master weights (checked for shape
+// like the bf16 layer's). Requires H and I multiples of 128 and a bf16 workspace; the CPU backend
+// only for now (elsewhere mok::Error: the FP8 layer is not yet on the CUDA backend). The forward
+// context has the bf16 layer's layout and contents (g, u, h in bf16; the FP8 copies of x and h
+// are quantized again from them, the same bits). A context recorded by one layer is refused by
+// the other's backward (ContextKey::fp8), and by an FP8 backward given other quantized weights.
+struct Fp8Weights {
+  QuantizedWeights gate, up;  // of [E_local, I, H]: data [E, I, H] (forward), data_t [E, H, I]
+  QuantizedWeights down;      // of [E_local, H, I]: data [E, H, I] (forward), data_t [E, I, H]
+};
+
+void forward(Workspace& ws, const Inputs& in, const Weights& w, const Fp8Weights& q,
+             const TensorView& out, ForwardContext& ctx);
+void backward(Workspace& ws, const Inputs& in, const Weights& w, const Fp8Weights& q,
+              const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+              const BackwardOptions& options = {});
+// Reads x, topk_experts, q.gate, q.up and the shared gate and up (q.down may be absent: all four
+// of its views).
+void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
+                               const Fp8Weights& q, ForwardContext& ctx);
 
 }  // namespace mok

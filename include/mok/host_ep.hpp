@@ -74,4 +74,14 @@ void home_backward(Workspace& ws, const Inputs& in, const Weights& w, const Forw
                    const TensorView& dw_received, const Grads& grads,
                    const BackwardOptions& options = {});
 
+// The FP8 layer's expert halves (api.hpp, Fp8Weights): the same, with the routed GEMMs on `q`
+// (w's routed views not read: absent, or the master weights). The home halves above serve both
+// layers (they read no routed weight).
+void expert_forward(Workspace& ws, const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                    const TensorView& combine_send, ForwardContext& ctx);
+void expert_backward(Workspace& ws, const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                     const ForwardContext& ctx, const TensorView& d_out_all,
+                     const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
+                     const BackwardOptions& options = {});
+
 }  // namespace mok::host_ep

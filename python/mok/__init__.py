@@ -24,6 +24,7 @@ uses no other module's private names (tests/python/test_imports.py checks both).
     _layer_tensors   a layer call's context, outputs and gradient buffers
     _host_ep         expert parallelism across processes on the CPU backend
     _layer_ops       the layer's custom ops and their autograd
+    _fp8_layer       the FP8 layer's ops, its autograd and the weights' quantization cache
     _fake            their fake implementations
     functional, nn   MoK's functional API; mok.moe and mok.nn.MoE
     _kittens_compat  MoK's ops layer (mok.ops.schedule, dispatch_mlp_swiglu_combine_*, ...)

@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mok import _checks, _layer_ops, _native, _workspace, reference
+from mok import _checks, _fp8_layer, _layer_ops, _native, _workspace, reference
 from mok._config import MoKConfig
 
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
-        shared_down_weights=None, *, workspace=None, swiglu_limit=None):
+        shared_down_weights=None, *, workspace=None, swiglu_limit=None, precision="bf16"):
     """One MoE layer, differentiable in x, topk_weights and every weight.
 
         out[t] = S(x[t]) + sum_{j, topk_experts[t, j] >= 0} topk_weights[t, j] * F_e(x[t])
@@ -34,6 +34,13 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     silu(min(g, L)) * clamp(u, -L, L) in every expert, the shared one included. Works under
     torch.compile(fullgraph=True): it is one custom op (mok::forward) whose gradient is another
     (mok::backward).
+
+    precision="fp8": the FP8 layer (docs/architecture.md, "The FP8 layer"): every routed-expert
+    GEMM on e4m3 operands with power-of-two block scales, the rest as in bf16; bf16 x and weights,
+    H and I multiples of 128, CPU tensors for now (CUDA: not yet on the CUDA backend). The routed
+    weights stay the bf16 parameters (their gradients are returned); each is quantized when it
+    changed since its last use (its version counter: an optimizer step), not per call
+    (mok/_fp8_layer.py).
     """
     if workspace is not None and not isinstance(workspace, _workspace.Workspace):
         _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
@@ -51,11 +58,16 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         if t is not None:
             _checks.require_tensor(name, t)
     handle = 0 if workspace is None else workspace.handle
+    swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
+    if _fp8_layer.check_precision(precision) == "fp8":
+        return _fp8_layer.moe(x, topk_experts, topk_weights, routed_gate_weights,
+                              routed_up_weights, routed_down_weights, shared_gate_weights,
+                              shared_up_weights, shared_down_weights, handle, swiglu_limit)
     # call: the op itself wherever autograd records it or something traces it.
     out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,
                                      routed_gate_weights, routed_up_weights, routed_down_weights,
                                      shared_gate_weights, shared_up_weights, shared_down_weights,
-                                     handle, _checks.check_swiglu_limit(swiglu_limit))
+                                     handle, swiglu_limit)
     return out
 
 
@@ -124,6 +136,10 @@ class MoE(torch.nn.Module):
     CPU backend's exact mode). Initialisation as torch.nn.Linear (uniform in +-1/sqrt(fan_in)).
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
+    precision="fp8": the FP8 layer (mok.moe's precision; bf16 dtype, H and I multiples of 128,
+    CPU tensors for now). The routed weights stay bf16 parameters, quantized again whenever they
+    changed (an optimizer step); after a change PyTorch's version counter cannot see (through
+    `.data`), call quantize_weights().
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
@@ -139,7 +155,7 @@ class MoE(torch.nn.Module):
     def __init__(self, hidden_size, intermediate_size, num_experts, topk,
                  shared_intermediate_size=0, router="softmax", *, route_scale=1.0,
                  bias_update_rate=1e-3, config=None, backend="mok", group=None, device=None,
-                 dtype=torch.bfloat16, swiglu_limit=None):
+                 dtype=torch.bfloat16, swiglu_limit=None, precision="bf16"):
         super().__init__()
         # Every argument checked here, before anything is built: a bad one raises mok's error
         # naming it (a wrong type: TypeError), never a layer that silently computes something
@@ -175,6 +191,20 @@ class MoE(torch.nn.Module):
             _checks.fail("dtype", "torch.bfloat16 (or torch.float64 on the cpu backend)",
                          str(dtype), TypeError)
         self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
+        self.precision = _fp8_layer.check_precision(precision)
+        if self.precision == "fp8":
+            if backend != "mok":
+                _checks.fail("precision", "'bf16' with backend='torch' (the pure-PyTorch "
+                             "baseline has no FP8 layer)", "'fp8'")
+            if dtype != torch.bfloat16:
+                _checks.fail("dtype", "torch.bfloat16 for precision='fp8'", str(dtype), TypeError)
+            if group is not None and _workspace.group_rank_size(group)[1] > 1:
+                _checks.fail("precision", "'bf16' with a group of several ranks (not yet in "
+                             "Python for the FP8 layer)", "'fp8'")
+            for name, size in (("hidden_size", hidden_size),
+                               ("intermediate_size", intermediate_size)):
+                if size % 128:
+                    _checks.fail(name, "a multiple of 128 for precision='fp8'", size)
         ep_rank, ep_size = _ep_rank_size(group, device, num_experts, backend)
         if backend == "mok":  # mok's own rules on the sizes (bf16: multiples of 64), now
             _native.lib.validate_problem(
@@ -240,6 +270,7 @@ class MoE(torch.nn.Module):
                 f"num_experts={self.num_experts}, topk={self.topk}, "
                 f"shared_intermediate_size={self.shared_intermediate_size}, "
                 f"router={self.router!r}, backend={self.backend!r}{ep}"
+                + (f", precision={self.precision!r}" if self.precision != "bf16" else "")
                 + (f", swiglu_limit={self.swiglu_limit}" if self.swiglu_limit is not None else ""))
 
     def route(self, x):
@@ -275,11 +306,21 @@ class MoE(torch.nn.Module):
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
         if self.backend == "mok":
             out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
-                      swiglu_limit=self.swiglu_limit)
+                      swiglu_limit=self.swiglu_limit, precision=self.precision)
         else:
             out = reference.moe(x2, topk_experts, topk_weights, *weights,
                                 swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
+
+    def quantize_weights(self):
+        """precision='fp8': quantize the routed weights now. Needed only after a change their
+        version counter does not show (an in-place change through `.data`); an optimizer step
+        and any other in-place or replacing change is seen by the next forward."""
+        if self.precision != "fp8":
+            _checks.fail("precision", "'fp8' (only the FP8 layer quantizes its weights)",
+                         repr(self.precision))
+        _fp8_layer.requantize(self.routed_gate_weights, self.routed_up_weights,
+                              self.routed_down_weights)
 
     @torch.no_grad()
     def update_balancing_bias(self, tokens_per_expert, rate=None):

@@ -205,12 +205,19 @@ ForwardContext forward_context_views(const ForwardContextLayout& l, void* buffer
 
 namespace {
 
-ContextKey key_of(const Inputs& in, const Weights& w) {
+// `q` (the FP8 layer): its quantized weights stand in for the routed ones.
+ContextKey key_of(const Inputs& in, const Weights& w, const Fp8Weights* q) {
   ContextKey k;
   k.tensors = {in.x.data,         in.topk_experts.data, in.topk_weights.data, w.gate.data,
                w.up.data,         w.down.data,          w.shared_gate.data,   w.shared_up.data,
                w.shared_down.data};
+  if (q != nullptr) {
+    k.tensors[3] = q->gate.data.data;
+    k.tensors[4] = q->up.data.data;
+    k.tensors[5] = q->down.data.data;
+  }
   k.swiglu_limit = w.swiglu_limit;
+  k.fp8 = q != nullptr;
   k.recorded = true;
   return k;
 }
@@ -224,19 +231,29 @@ constexpr const char* kKeyNames[ContextKey::kTensors] = {"x",
                                                          "shared_gate_weights",
                                                          "shared_up_weights",
                                                          "shared_down_weights"};
+constexpr const char* kFp8KeyNames[3] = {"gate", "up", "down"};
 
 // Backward's inputs against the tensors the context was computed from (entries the recording
 // call did not read are null and not compared).
-void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w) {
+void check_key(const ContextKey& recorded, const Inputs& in, const Weights& w,
+               const Fp8Weights* q) {
   if (!recorded.recorded) return;
-  const ContextKey now = key_of(in, w);
+  const ContextKey now = key_of(in, w, q);
+  auto layer = [](bool fp8) { return fp8 ? "FP8" : "bf16"; };
+  if (recorded.fp8 != now.fp8) {
+    throw Error("forward context",
+                std::string("the context of a ") + layer(now.fp8) + " layer's forward",
+                std::string("a context recorded by the ") + layer(recorded.fp8) + " layer");
+  }
   for (int i = 0; i < ContextKey::kTensors; ++i) {
     if (recorded.tensors[i] == nullptr || recorded.tensors[i] == now.tensors[i]) continue;
+    const std::string name = now.fp8 && i >= 3 && i <= 5
+                                 ? std::string("fp8_weights.") + kFp8KeyNames[i - 3]
+                                 : std::string(kKeyNames[i]);
     throw Error("forward context",
-                std::string("the context of a forward (or recompute_forward_context) over this ") +
-                    kKeyNames[i],
-                std::string("a context computed from another ") + kKeyNames[i] + " (" +
-                    to_text(recorded.tensors[i]) + ", not " + to_text(now.tensors[i]) + ")");
+                "the context of a forward (or recompute_forward_context) over this " + name,
+                "a context computed from another " + name + " (" + to_text(recorded.tensors[i]) +
+                    ", not " + to_text(now.tensors[i]) + ")");
   }
   // The context keeps g and u unclamped and h clamped: gradients under another limit would be
   // silently wrong.
@@ -281,6 +298,11 @@ void check_context(const Workspace& ws_, const ForwardContext& c) {
   }
 }
 
+void check_fp8_call(const Workspace::Impl& ws, const Fp8Weights& q, InputUse use) {
+  if (ws.backend != Backend::cpu) throw fp8_layer_not_here();
+  check_fp8_layer(ws.problem, ws.options.activation_dtype, device_of(ws), q, use);
+}
+
 void require_one_rank(const Workspace::Impl& ws, const char* call) {
   // A cuda workspace of several ranks is one rank of a team across processes: the device moves
   // the rows (WorkspaceOptions::symmetric_bases).
@@ -294,14 +316,18 @@ void require_one_rank(const Workspace::Impl& ws, const char* call) {
 
 namespace {
 
-void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const TensorView* out,
-                 ForwardContext& ctx) {
+// `q` (the FP8 layer) null: the bf16 layer.
+void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const Fp8Weights* q,
+                 const TensorView* out, ForwardContext& ctx) {
   Workspace::Impl& ws = ws_.impl();
   require_one_rank(ws, out != nullptr ? "forward" : "recompute_forward_context");
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
   const bool recompute = out == nullptr;
-  check_inputs(ws.problem, act, dev, in, w, recompute ? InputUse::context_only : InputUse::forward);
+  const InputUse use = recompute ? InputUse::context_only : InputUse::forward;
+  if (q != nullptr) check_fp8_call(ws, *q, use);
+  check_inputs(ws.problem, act, dev, in, w, use,
+               q != nullptr ? RoutedWeights::not_read : RoutedWeights::read);
   if (out) {
     check_view("out", *out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);
     if (dev.kind == DeviceKind::cuda) check_aligned_16("out", *out);
@@ -312,8 +338,12 @@ void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const Tenso
   // one from an earlier call is raised here, at the latest.
   if (ws.backend == Backend::cpu) check_expert_ids_host(ws.problem, in.topk_experts);
   ws.layer->check_errors(ws.stream);
-  ws.layer->forward(in, w, out, ctx, ws.stream);
-  ctx.key = key_of(in, w);
+  if (q != nullptr) {
+    ws.layer->forward_fp8(in, w, *q, out, ctx, ws.stream);
+  } else {
+    ws.layer->forward(in, w, out, ctx, ws.stream);
+  }
+  ctx.key = key_of(in, w, q);
   if (recompute) {
     ctx.key.tensors[2] = nullptr;  // neither topk_weights nor the down weights are read
     ctx.key.tensors[5] = ctx.key.tensors[8] = nullptr;
@@ -323,34 +353,62 @@ void run_forward(Workspace& ws_, const Inputs& in, const Weights& w, const Tenso
   }
 }
 
-}  // namespace
-
-void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out,
-             ForwardContext& ctx) {
-  run_forward(ws, in, w, &out, ctx);
-}
-
-void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
-                               ForwardContext& ctx) {
-  run_forward(ws, in, w, nullptr, ctx);
-}
-
-void backward(Workspace& ws_, const Inputs& in, const Weights& w, const ForwardContext& ctx,
-              const TensorView& d_out, const Grads& grads, const BackwardOptions& options) {
+void run_backward(Workspace& ws_, const Inputs& in, const Weights& w, const Fp8Weights* q,
+                  const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+                  const BackwardOptions& options) {
   Workspace::Impl& ws = ws_.impl();
   require_one_rank(ws, "backward");
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
-  check_inputs(ws.problem, act, dev, in, w, InputUse::forward);
+  if (q != nullptr) check_fp8_call(ws, *q, InputUse::forward);
+  check_inputs(ws.problem, act, dev, in, w, InputUse::forward,
+               q != nullptr ? RoutedWeights::not_read : RoutedWeights::read);
   check_view("d_out", d_out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);
   check_grads(ws.problem, act, dev, grads, options);
   if (dev.kind == DeviceKind::cuda) check_aligned_16("d_out", d_out);
   check_context(ws_, ctx);
-  check_key(ctx.key, in, w);
+  check_key(ctx.key, in, w, q);
   if (ws.backend == Backend::cpu) check_expert_ids_host(ws.problem, in.topk_experts);
   ws.layer->check_errors(ws.stream);
-  ws.layer->backward(in, w, ctx, d_out, grads, options, ws.stream);
+  if (q != nullptr) {
+    ws.layer->backward_fp8(in, w, *q, ctx, d_out, grads, options, ws.stream);
+  } else {
+    ws.layer->backward(in, w, ctx, d_out, grads, options, ws.stream);
+  }
   ++ws.calls.backward;
+}
+
+}  // namespace
+
+void forward(Workspace& ws, const Inputs& in, const Weights& w, const TensorView& out,
+             ForwardContext& ctx) {
+  run_forward(ws, in, w, nullptr, &out, ctx);
+}
+
+void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
+                               ForwardContext& ctx) {
+  run_forward(ws, in, w, nullptr, nullptr, ctx);
+}
+
+void backward(Workspace& ws, const Inputs& in, const Weights& w, const ForwardContext& ctx,
+              const TensorView& d_out, const Grads& grads, const BackwardOptions& options) {
+  run_backward(ws, in, w, nullptr, ctx, d_out, grads, options);
+}
+
+void forward(Workspace& ws, const Inputs& in, const Weights& w, const Fp8Weights& q,
+             const TensorView& out, ForwardContext& ctx) {
+  run_forward(ws, in, w, &q, &out, ctx);
+}
+
+void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
+                               const Fp8Weights& q, ForwardContext& ctx) {
+  run_forward(ws, in, w, &q, nullptr, ctx);
+}
+
+void backward(Workspace& ws, const Inputs& in, const Weights& w, const Fp8Weights& q,
+              const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+              const BackwardOptions& options) {
+  run_backward(ws, in, w, &q, ctx, d_out, grads, options);
 }
 
 }  // namespace mok

@@ -55,22 +55,71 @@ ExchangeCounts exchange_counts(const Workspace& ws_, const TensorView& topk_expe
   return exchange_counts(p, topk_experts_all.ptr<const std::int64_t>());
 }
 
-void expert_forward(Workspace& ws_, const Inputs& gathered, const Weights& w,
-                    const TensorView& combine_send, ForwardContext& ctx) {
+namespace {
+
+// `q` null: the bf16 layer.
+void run_expert_forward(Workspace& ws_, const Inputs& gathered, const Weights& w,
+                        const Fp8Weights* q, const TensorView& combine_send, ForwardContext& ctx) {
   Workspace::Impl& ws = cpu_impl(ws_);
   const Problem& p = ws.problem;
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
   const bool recompute = !combine_send.defined();
+  const InputUse use = recompute ? InputUse::context_only : InputUse::forward;
+  if (q != nullptr) check_fp8_call(ws, *q, use);
   check_gathered(p, act, dev, gathered, /*with_topk_weights=*/false);
-  check_weights(p, act, dev, w, recompute ? InputUse::context_only : InputUse::forward);
+  check_weights(p, act, dev, w, use, q != nullptr ? RoutedWeights::not_read : RoutedWeights::read);
   if (!recompute) {
     const ExchangeCounts c = exchange_counts(p, gathered.topk_experts.ptr<const std::int64_t>());
     check_view("combine_send", combine_send, act, {total(c.send), p.hidden_size}, dev);
   }
   check_context(ws_, ctx);
   ctx.key = ContextKey{};
-  ws.layer->ep_expert_forward(gathered, w, recompute ? nullptr : &combine_send, ctx);
+  if (q != nullptr) {
+    ws.layer->ep_expert_forward_fp8(gathered, w, *q, recompute ? nullptr : &combine_send, ctx);
+  } else {
+    ws.layer->ep_expert_forward(gathered, w, recompute ? nullptr : &combine_send, ctx);
+  }
+}
+
+void run_expert_backward(Workspace& ws_, const Inputs& gathered, const Weights& w,
+                         const Fp8Weights* q, const ForwardContext& ctx,
+                         const TensorView& d_out_all, const TensorView& dx_send,
+                         const TensorView& dw_send, const Grads& grads,
+                         const BackwardOptions& options) {
+  Workspace::Impl& ws = cpu_impl(ws_);
+  const Problem& p = ws.problem;
+  const DType act = ws.options.activation_dtype;
+  const Device dev = device_of(ws);
+  if (q != nullptr) check_fp8_call(ws, *q, InputUse::forward);
+  check_gathered(p, act, dev, gathered, /*with_topk_weights=*/true);
+  check_weights(p, act, dev, w, InputUse::forward,
+                q != nullptr ? RoutedWeights::not_read : RoutedWeights::read);
+  check_view("d_out_all", d_out_all, act, {std::int64_t{p.ep_size} * p.num_tokens, p.hidden_size},
+             dev);
+  const ExchangeCounts c = exchange_counts(p, gathered.topk_experts.ptr<const std::int64_t>());
+  check_view("dx_send", dx_send, act, {total(c.send), p.hidden_size}, dev);
+  check_view("dw_send", dw_send, router_dtype(act), {total(c.send)}, dev);
+  check_grads(p, act, dev, grads, options);
+  check_context(ws_, ctx);
+  if (q != nullptr) {
+    ws.layer->ep_expert_backward_fp8(gathered, w, *q, ctx, d_out_all, dx_send, dw_send, grads,
+                                     options);
+  } else {
+    ws.layer->ep_expert_backward(gathered, w, ctx, d_out_all, dx_send, dw_send, grads, options);
+  }
+}
+
+}  // namespace
+
+void expert_forward(Workspace& ws, const Inputs& gathered, const Weights& w,
+                    const TensorView& combine_send, ForwardContext& ctx) {
+  run_expert_forward(ws, gathered, w, nullptr, combine_send, ctx);
+}
+
+void expert_forward(Workspace& ws, const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                    const TensorView& combine_send, ForwardContext& ctx) {
+  run_expert_forward(ws, gathered, w, &q, combine_send, ctx);
 }
 
 void home_forward(Workspace& ws_, const Inputs& in, const Weights& w,
@@ -98,24 +147,18 @@ void home_forward(Workspace& ws_, const Inputs& in, const Weights& w,
   }
 }
 
-void expert_backward(Workspace& ws_, const Inputs& gathered, const Weights& w,
+void expert_backward(Workspace& ws, const Inputs& gathered, const Weights& w,
                      const ForwardContext& ctx, const TensorView& d_out_all,
                      const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
                      const BackwardOptions& options) {
-  Workspace::Impl& ws = cpu_impl(ws_);
-  const Problem& p = ws.problem;
-  const DType act = ws.options.activation_dtype;
-  const Device dev = device_of(ws);
-  check_gathered(p, act, dev, gathered, /*with_topk_weights=*/true);
-  check_weights(p, act, dev, w);
-  check_view("d_out_all", d_out_all, act, {std::int64_t{p.ep_size} * p.num_tokens, p.hidden_size},
-             dev);
-  const ExchangeCounts c = exchange_counts(p, gathered.topk_experts.ptr<const std::int64_t>());
-  check_view("dx_send", dx_send, act, {total(c.send), p.hidden_size}, dev);
-  check_view("dw_send", dw_send, router_dtype(act), {total(c.send)}, dev);
-  check_grads(p, act, dev, grads, options);
-  check_context(ws_, ctx);
-  ws.layer->ep_expert_backward(gathered, w, ctx, d_out_all, dx_send, dw_send, grads, options);
+  run_expert_backward(ws, gathered, w, nullptr, ctx, d_out_all, dx_send, dw_send, grads, options);
+}
+
+void expert_backward(Workspace& ws, const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                     const ForwardContext& ctx, const TensorView& d_out_all,
+                     const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
+                     const BackwardOptions& options) {
+  run_expert_backward(ws, gathered, w, &q, ctx, d_out_all, dx_send, dw_send, grads, options);
 }
 
 void home_backward(Workspace& ws_, const Inputs& in, const Weights& w, const ForwardContext& ctx,

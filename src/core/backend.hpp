@@ -24,6 +24,13 @@ class LayerBackend {
   virtual void backward(const Inputs& in, const Weights& w, const ForwardContext& ctx,
                         const TensorView& d_out, const Grads& grads, const BackwardOptions& options,
                         void* stream) = 0;
+  // The FP8 layer (api.hpp, Fp8Weights; validated likewise): the routed GEMMs on `q`, `w`'s routed
+  // views not read. Only the CPU reference has it so far; the defaults say so.
+  virtual void forward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
+                           const TensorView* out, const ForwardContext& ctx, void* stream);
+  virtual void backward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
+                            const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+                            const BackwardOptions& options, void* stream);
   // Raises the errors a device found since the last call (bad expert ids, timed-out waits); the
   // device-side clear is ordered on `stream`. The CPU checks before it computes: nothing to raise.
   virtual void check_errors(void* stream) = 0;
@@ -47,7 +54,18 @@ class LayerBackend {
                                 const TensorView& d_out, const TensorView& dx_received,
                                 const TensorView& dw_received, const Grads& grads,
                                 const BackwardOptions& options);
+  // The expert halves of the FP8 layer's (the home halves are the bf16 layer's).
+  virtual void ep_expert_forward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                                     const TensorView* combine_send, const ForwardContext& ctx);
+  virtual void ep_expert_backward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                                      const ForwardContext& ctx, const TensorView& d_out_all,
+                                      const TensorView& dx_send, const TensorView& dw_send,
+                                      const Grads& grads, const BackwardOptions& options);
 };
+
+// What a backend without the FP8 layer raises (the API layer raises it first, naming the
+// backend).
+Error fp8_layer_not_here();
 
 // The CPU reference: `act` bf16 (the GPU's precision model) or f64 (exact); `num_threads` 0: all.
 std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int num_threads);

@@ -119,7 +119,7 @@ void check_aligned_16(const char* name, const TensorView& v) {
 }
 
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
-                  InputUse use) {
+                  InputUse use, RoutedWeights routed) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
   // recompute_forward_context does not read these: absent is fine, present must be right.
   const bool optional = use == InputUse::context_only;
@@ -130,7 +130,7 @@ void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, 
     check_view("topk_weights", in.topk_weights, router_dtype(act), {T, k}, device);
   }
   if (device.kind == DeviceKind::cuda) check_aligned_16("x", in.x);
-  check_weights(p, act, device, w, use);
+  check_weights(p, act, device, w, use, routed);
 }
 
 void check_swiglu_limit(const std::optional<float>& limit) {
@@ -140,7 +140,8 @@ void check_swiglu_limit(const std::optional<float>& limit) {
   }
 }
 
-void check_weights(const Problem& p, DType act, Device device, const Weights& w, InputUse use) {
+void check_weights(const Problem& p, DType act, Device device, const Weights& w, InputUse use,
+                   RoutedWeights routed) {
   check_swiglu_limit(w.swiglu_limit);
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, E = p.num_local_experts(),
                      S = p.shared_intermediate_size;
@@ -149,9 +150,14 @@ void check_weights(const Problem& p, DType act, Device device, const Weights& w,
   // Row-strided routed weights: every backend reads gate and up in place; the CUDA backend's down
   // projection reads W_down densely.
   const bool cpu = device.kind == DeviceKind::cpu;
-  check_weight_view("routed_gate_weights", w.gate, act, act, {E, I, H}, device, true);
-  check_weight_view("routed_up_weights", w.up, act, act, {E, I, H}, device, true);
-  if (unless_absent(w.down)) {
+  const bool read = routed == RoutedWeights::read;
+  if (read || w.gate.defined()) {
+    check_weight_view("routed_gate_weights", w.gate, act, act, {E, I, H}, device, true);
+  }
+  if (read || w.up.defined()) {
+    check_weight_view("routed_up_weights", w.up, act, act, {E, I, H}, device, true);
+  }
+  if (read ? unless_absent(w.down) : w.down.defined()) {
     check_weight_view("routed_down_weights", w.down, act, act, {E, H, I}, device, cpu);
   }
   if (S > 0) {
@@ -181,6 +187,38 @@ void check_weights(const Problem& p, DType act, Device device, const Weights& w,
     check_aligned_16("shared_gate_weights", w.shared_gate);
     check_aligned_16("shared_up_weights", w.shared_up);
     check_aligned_16("shared_down_weights", w.shared_down);
+  }
+}
+
+// One quantized routed weight of shape [E, N, K] (its four views named `name`.data, ...).
+static void check_quantized(const std::string& name, const QuantizedWeights& q, std::int64_t E,
+                            std::int64_t N, std::int64_t K, Device device) {
+  constexpr std::int64_t B = 128;
+  check_view((name + ".data").c_str(), q.data, DType::fp8_e4m3, {E, N, K}, device);
+  check_view((name + ".scales").c_str(), q.scales, DType::f32, {E, N / B, K / B}, device);
+  check_view((name + ".data_t").c_str(), q.data_t, DType::fp8_e4m3, {E, K, N}, device);
+  check_view((name + ".scales_t").c_str(), q.scales_t, DType::f32, {E, K / B, N / B}, device);
+}
+
+void check_fp8_layer(const Problem& p, DType act, Device device, const Fp8Weights& q,
+                     InputUse use) {
+  const std::int64_t H = p.hidden_size, I = p.intermediate_size, E = p.num_local_experts();
+  if (act != DType::bf16) {
+    throw Error("WorkspaceOptions.activation_dtype", "bfloat16 for the FP8 layer", dtype_name(act));
+  }
+  // The 1x128 and 128x128 blocks tile both of every routed GEMM's dimensions.
+  if (H % 128 != 0) {
+    throw Error("hidden_size", "a multiple of 128 for the FP8 layer", to_text(H));
+  }
+  if (I % 128 != 0) {
+    throw Error("intermediate_size", "a multiple of 128 for the FP8 layer", to_text(I));
+  }
+  check_quantized("fp8_weights.gate", q.gate, E, I, H, device);
+  check_quantized("fp8_weights.up", q.up, E, I, H, device);
+  const bool down_absent = !q.down.data.defined() && !q.down.scales.defined() &&
+                           !q.down.data_t.defined() && !q.down.scales_t.defined();
+  if (!(use == InputUse::context_only && down_absent)) {
+    check_quantized("fp8_weights.down", q.down, E, H, I, device);
   }
 }
 

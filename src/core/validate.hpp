@@ -24,14 +24,25 @@ void check_absent(const char* name, const TensorView& v, const char* why);
 // depends on (recompute_forward_context: topk_weights, down and shared_down may be absent).
 enum class InputUse : std::uint8_t { forward, context_only };
 
+// Whether a call reads the routed weights of `Weights` (the bf16 layer) or not (the FP8 layer,
+// which reads Fp8Weights: `Weights`' routed views may then be absent; present, they are checked).
+enum class RoutedWeights : std::uint8_t { read, not_read };
+
 // Inputs and weights of a call on `device` at precision `act`. On a CUDA device every bf16 view
 // must also be 16-byte aligned (the kernels move 16-byte vectors and TMA boxes).
 void check_inputs(const Problem& p, DType act, Device device, const Inputs& in, const Weights& w,
-                  InputUse use = InputUse::forward);
+                  InputUse use = InputUse::forward, RoutedWeights routed = RoutedWeights::read);
 
 // The weights alone (check_inputs' second half).
 void check_weights(const Problem& p, DType act, Device device, const Weights& w,
-                   InputUse use = InputUse::forward);
+                   InputUse use = InputUse::forward, RoutedWeights routed = RoutedWeights::read);
+
+// The FP8 layer's arguments: H and I multiples of 128, a bf16 activation dtype, and each of
+// `q`'s weights a QuantizedWeights of its routed weight's shape with all four views (the
+// forward's and the dgrad's orientation). With InputUse::context_only q.down may be absent (all
+// four views).
+void check_fp8_layer(const Problem& p, DType act, Device device, const Fp8Weights& q,
+                     InputUse use = InputUse::forward);
 
 // Weights::swiglu_limit, when present: a finite positive float (the error names the value).
 void check_swiglu_limit(const std::optional<float>& limit);

@@ -142,6 +142,29 @@ Weights weights_of(nb::handle gate, nb::handle up, nb::handle down, nb::handle s
           swiglu_limit_of(swiglu_limit)};
 }
 
+// The FP8 layer's quantized routed weights (mok/_fp8_layer.py): None for the bf16 layer, or a
+// sequence of 12 view tuples, (data, scales, data_t, scales_t) of gate, up and down in that order
+// (down's four None where a call does not read it: recompute_forward_context).
+std::optional<Fp8Weights> fp8_weights_of(nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  const auto t = nb::cast<nb::tuple>(h);
+  if (t.size() != 12) {
+    throw Error("fp8_weights", "12 views (data, scales, data_t, scales_t of gate, up, down)",
+                to_text(t.size()) + " views");
+  }
+  static const char* const kNames[12] = {
+      "fp8_weights.gate.data", "fp8_weights.gate.scales", "fp8_weights.gate.data_t",
+      "fp8_weights.gate.scales_t", "fp8_weights.up.data", "fp8_weights.up.scales",
+      "fp8_weights.up.data_t", "fp8_weights.up.scales_t", "fp8_weights.down.data",
+      "fp8_weights.down.scales", "fp8_weights.down.data_t", "fp8_weights.down.scales_t"};
+  auto one = [&](int i) {
+    const int j = 4 * i;
+    return QuantizedWeights{view_of(t[j], kNames[j]), view_of(t[j + 1], kNames[j + 1]),
+                            view_of(t[j + 2], kNames[j + 2]), view_of(t[j + 3], kNames[j + 3])};
+  };
+  return Fp8Weights{one(0), one(1), one(2)};
+}
+
 // The forward context from its seven view tuples (x_routed, gate_routed, up_routed,
 // hidden_routed, gate_shared, up_shared, hidden_shared; the shared ones None without a shared
 // expert). NOTES: no ContextKey is recorded from Python: autograd pairs a backward with its
@@ -464,15 +487,20 @@ NB_MODULE(_C, m) {
          nb::handle shared_up, nb::handle shared_down, nb::handle out, nb::handle x_routed,
          nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
          nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
-         std::optional<double> swiglu_limit) {
+         std::optional<double> swiglu_limit, nb::handle fp8_weights) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView o = view_of(out, "out");
         ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
                                       gate_shared, up_shared, hidden_shared);
+        const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
-        forward(ws, in, w, o, c);
+        if (q) {
+          forward(ws, in, w, *q, o, c);
+        } else {
+          forward(ws, in, w, o, c);
+        }
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
       nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
@@ -480,28 +508,34 @@ NB_MODULE(_C, m) {
       nb::arg("shared_down_weights").none(), nb::arg("out"), nb::arg("x_routed"),
       nb::arg("gate_routed"), nb::arg("up_routed"), nb::arg("hidden_routed"),
       nb::arg("gate_shared").none(), nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
-      nb::arg("swiglu_limit").none() = nb::none());
+      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none());
 
   m.def(
       "recompute_forward_context",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle gate, nb::handle up,
          nb::handle shared_gate, nb::handle shared_up, nb::handle x_routed, nb::handle gate_routed,
          nb::handle up_routed, nb::handle hidden_routed, nb::handle gate_shared,
-         nb::handle up_shared, nb::handle hidden_shared, std::optional<double> swiglu_limit) {
+         nb::handle up_shared, nb::handle hidden_shared, std::optional<double> swiglu_limit,
+         nb::handle fp8_weights) {
         const Inputs in = inputs_of(x, topk_experts, nb::none());
         const Weights w =
             weights_of(gate, up, nb::none(), shared_gate, shared_up, nb::none(), swiglu_limit);
         ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
                                       up_shared, hidden_shared);
+        const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
-        recompute_forward_context(ws, in, w, c);
+        if (q) {
+          recompute_forward_context(ws, in, w, *q, c);
+        } else {
+          recompute_forward_context(ws, in, w, c);
+        }
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("routed_gate_weights"),
       nb::arg("routed_up_weights"), nb::arg("shared_gate_weights").none(),
       nb::arg("shared_up_weights").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
       nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
       nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
-      nb::arg("swiglu_limit").none() = nb::none());
+      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none());
 
   m.def(
       "backward",
@@ -512,7 +546,8 @@ NB_MODULE(_C, m) {
          nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out, nb::handle d_x,
          nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
          nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
-         bool accumulate_weight_grads, std::optional<double> swiglu_limit) {
+         bool accumulate_weight_grads, std::optional<double> swiglu_limit,
+         nb::handle fp8_weights) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
@@ -523,8 +558,13 @@ NB_MODULE(_C, m) {
                                  d_shared_up, d_shared_down);
         BackwardOptions options;
         options.accumulate_weight_grads = accumulate_weight_grads;
+        const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
-        backward(ws, in, w, c, g_out, g, options);
+        if (q) {
+          backward(ws, in, w, *q, c, g_out, g, options);
+        } else {
+          backward(ws, in, w, c, g_out, g, options);
+        }
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
       nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
@@ -536,7 +576,36 @@ NB_MODULE(_C, m) {
       nb::arg("d_routed_up_weights"), nb::arg("d_routed_down_weights"),
       nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
       nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false,
-      nb::arg("swiglu_limit").none() = nb::none());
+      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none());
+  // mok's weight quantizer and MoK's MX-to-blocks conversion (include/mok/fp8.hpp), for the FP8
+  // layer's weights (mok/_fp8_layer.py): views in; on CUDA one launch on `stream`.
+  m.def(
+      "quantize_weights",
+      [](nb::handle w, nb::handle data, nb::handle scales, nb::handle data_t, nb::handle scales_t,
+         std::uintptr_t stream) {
+        const TensorView wv = view_of(w, "w");
+        const QuantizedWeights q{view_of(data, "out.data"), view_of(scales, "out.scales"),
+                                 view_of(data_t, "out.data_t"), view_of(scales_t, "out.scales_t")};
+        nb::gil_scoped_release release;
+        quantize_weights(wv, q, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("w"), nb::arg("data"), nb::arg("scales"), nb::arg("data_t"), nb::arg("scales_t"),
+      nb::arg("stream"));
+  m.def(
+      "mx_weights_to_blocks",
+      [](nb::handle data, nb::handle scales, nb::handle out_data, nb::handle out_scales,
+         nb::handle out_data_t, nb::handle out_scales_t, nb::handle inexact_count,
+         std::uintptr_t stream) {
+        const TensorView dv = view_of(data, "data"), sv = view_of(scales, "scales"),
+                         cv = view_of(inexact_count, "inexact_count");
+        const QuantizedWeights q{view_of(out_data, "out.data"), view_of(out_scales, "out.scales"),
+                                 view_of(out_data_t, "out.data_t"),
+                                 view_of(out_scales_t, "out.scales_t")};
+        nb::gil_scoped_release release;
+        mx_weights_to_blocks(dv, sv, q, cv, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("data"), nb::arg("scales"), nb::arg("out_data"), nb::arg("out_scales"),
+      nb::arg("out_data_t"), nb::arg("out_scales_t"), nb::arg("inexact_count"), nb::arg("stream"));
   // MoK's mxfp8_quantize (mok/_fp8.py, include/mok/fp8.hpp): views in (an absent output pair is
   // not computed); on CUDA one launch on `stream`, on the CPU the reference.
   m.def(

@@ -18,6 +18,26 @@ class CpuLayer final : public LayerBackend {
                 void*) override {
     reference::backward(state_, problem_, in, w, ctx, d_out, grads, options);
   }
+  void forward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q, const TensorView* out,
+                   const ForwardContext& ctx, void*) override {
+    reference::forward(state_, problem_, in, w, out, ctx, &q);
+  }
+  void backward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
+                    const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+                    const BackwardOptions& options, void*) override {
+    reference::backward(state_, problem_, in, w, ctx, d_out, grads, options, &q);
+  }
+  void ep_expert_forward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                             const TensorView* combine_send, const ForwardContext& ctx) override {
+    reference::ep_expert_forward(state_, problem_, gathered, w, combine_send, ctx, &q);
+  }
+  void ep_expert_backward_fp8(const Inputs& gathered, const Weights& w, const Fp8Weights& q,
+                              const ForwardContext& ctx, const TensorView& d_out_all,
+                              const TensorView& dx_send, const TensorView& dw_send,
+                              const Grads& grads, const BackwardOptions& options) override {
+    reference::ep_expert_backward(state_, problem_, gathered, w, ctx, d_out_all, dx_send, dw_send,
+                                  grads, options, &q);
+  }
   void ep_expert_forward(const Inputs& gathered, const Weights& w, const TensorView* combine_send,
                          const ForwardContext& ctx) override {
     reference::ep_expert_forward(state_, problem_, gathered, w, combine_send, ctx);

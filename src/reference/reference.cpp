@@ -9,6 +9,7 @@
 #include "core/host_ep_layout.hpp"
 #include "core/numerics.hpp"
 #include "reference/cpu_gemm.hpp"
+#include "reference/fp8_layer.hpp"
 
 namespace mok::reference {
 namespace {
@@ -87,17 +88,50 @@ void linear(ThreadPool& pool, std::int64_t rows, std::int64_t out, std::int64_t 
   gemm<Real>(pool, {rows, out, in, x, in, 1, weight, 1, in, y, out});
 }
 
-// One SwiGLU expert's forward over `rows` gathered rows `xr` [rows, H]:
-// g, u [rows, N] rounded, h [rows, N], and (when `y` is not null) y [rows, H] rounded.
-// `limit`: Weights::swiglu_limit. Clamped, h = bf16(silu(min(g, L)) * clamp(u, -L, L)) from the
-// rounded g and u, which stay unclamped in the context (numerics::swiglu_clamped has the
-// semantics and the gradients).
+// The GEMMs of one expert over `rows` rows, unrounded (fp32 or f64 results), with the bf16
+// master weights: w_gate, w_up [N, H], w_down [H, N]. expert_forward and expert_backward do the
+// rest (rounding, SwiGLU, scaling), the same for the FP8 layer's products (fp8_layer.hpp), so the
+// two layers round at the same places by construction.
 template <typename Real>
-void expert_forward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::int64_t N,
-                    const Real* xr, const Real* w_gate, const Real* w_up, const Real* w_down,
-                    Real* g, Real* u, Real* h, Real* y, std::optional<float> limit) {
-  linear<Real>(pool, rows, N, H, xr, w_gate, g);
-  linear<Real>(pool, rows, N, H, xr, w_up, u);
+struct DenseProducts {
+  ThreadPool& pool;
+  std::int64_t rows, H, N;
+  const Real *w_gate, *w_up, *w_down;
+
+  // g, u [rows, N] = xr W_gate^T, xr W_up^T.
+  void gate_up(const Real* xr, Real* g, Real* u) const {
+    linear<Real>(pool, rows, N, H, xr, w_gate, g);
+    linear<Real>(pool, rows, N, H, xr, w_up, u);
+  }
+  // y [rows, H] = h W_down^T.
+  void down(const Real* h, Real* y) const { linear<Real>(pool, rows, H, N, h, w_down, y); }
+  // dh [rows, N] = d_outr W_down: A = d_outr [rows, H], B(k = h, n = i) = W_down[h, i].
+  void down_dgrad(const Real* d_outr, Real* dh) const {
+    gemm<Real>(pool, {rows, N, H, d_outr, H, 1, w_down, N, 1, dh, N});
+  }
+  // dx [rows, H] = dg W_gate + du W_up, one accumulator: gate part, then up part.
+  void gate_up_dgrad(const Real* dg, const Real* du, Real* dx) const {
+    gemm<Real>(pool, {rows, H, N, dg, N, 1, w_gate, H, 1, dx, H});
+    gemm<Real>(pool, {rows, H, N, du, N, 1, w_up, H, 1, dx, H, /*accumulate=*/true});
+  }
+  // dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x, over the rows in order.
+  void weight_grads(const Real* dy, const Real* h, const Real* dg, const Real* du, const Real* xr,
+                    Real* d_down, Real* d_gate, Real* d_up) const {
+    gemm<Real>(pool, {H, N, rows, dy, 1, H, h, N, 1, d_down, N});
+    gemm<Real>(pool, {N, H, rows, dg, 1, N, xr, H, 1, d_gate, H});
+    gemm<Real>(pool, {N, H, rows, du, 1, N, xr, H, 1, d_up, H});
+  }
+};
+
+// One SwiGLU expert's forward over `rows` gathered rows `xr` [rows, H] through `mm` (its GEMMs:
+// DenseProducts, or the FP8 layer's Fp8Products): g, u [rows, N] rounded, h [rows, N], and (when
+// `y` is not null) y [rows, H] rounded. `limit`: Weights::swiglu_limit. Clamped, h =
+// bf16(silu(min(g, L)) * clamp(u, -L, L)) from the rounded g and u, which stay unclamped in the
+// context (numerics::swiglu_clamped has the semantics and the gradients).
+template <typename Real, typename Products>
+void expert_forward(const Products& mm, std::int64_t rows, std::int64_t N, const Real* xr, Real* g,
+                    Real* u, Real* h, Real* y, std::optional<float> limit) {
+  mm.gate_up(xr, g, u);
   for (std::int64_t i = 0; i < rows * N; ++i) {
     g[i] = store_round(g[i]);
     u[i] = store_round(u[i]);
@@ -111,23 +145,23 @@ void expert_forward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::in
     for (std::int64_t i = 0; i < rows * N; ++i) h[i] = store_round(numerics::swiglu(g[i], u[i]));
   }
   if (y == nullptr) return;
-  linear<Real>(pool, rows, H, N, h, w_down, y);
-  for (std::int64_t i = 0; i < rows * H; ++i) y[i] = store_round(y[i]);
+  mm.down(h, y);
+  for (std::int64_t i = 0; i < rows * mm.H; ++i) y[i] = store_round(y[i]);
 }
 
-// One expert's backward (reference.hpp, precision model). Inputs: xr [rows, H], g/u/h [rows, N]
-// from the context, d_outr [rows, H] (the unscaled output gradient of each row's token) and the
-// rows' router weights `row_w` (null: all 1, the shared expert). Outputs: dx [rows, H] (rounded),
-// the three weight gradients in Real (unrounded) and, when `dw` is not null, d_w per row.
-template <typename Real>
-void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::int64_t N,
-                     const Real* xr, const Real* g, const Real* u, const Real* h,
-                     const Real* d_outr, const Real* row_w, const Real* w_gate, const Real* w_up,
-                     const Real* w_down, Real* dx, Real* d_gate, Real* d_up, Real* d_down, Real* dw,
+// One expert's backward (reference.hpp, precision model) through `mm`. Inputs: xr [rows, H],
+// g/u/h [rows, N] from the context, d_outr [rows, H] (the unscaled output gradient of each row's
+// token) and the rows' router weights `row_w` (null: all 1, the shared expert). Outputs: dx
+// [rows, H] (rounded), the three weight gradients in Real (unrounded) and, when `dw` is not null,
+// d_w per row.
+template <typename Real, typename Products>
+void expert_backward(const Products& mm, std::int64_t rows, std::int64_t N, const Real* xr,
+                     const Real* g, const Real* u, const Real* h, const Real* d_outr,
+                     const Real* row_w, Real* dx, Real* d_gate, Real* d_up, Real* d_down, Real* dw,
                      std::optional<float> limit) {
+  const std::int64_t H = mm.H;
   std::vector<Real> dh(rows * N), dg(rows * N), du(rows * N);
-  // dh_u = d_out W_down: A = d_outr [rows, H], B(k = h, n = i) = W_down[h, i].
-  gemm<Real>(pool, {rows, N, H, d_outr, H, 1, w_down, N, 1, dh.data(), N});
+  mm.down_dgrad(d_outr, dh.data());  // dh_u = d_out W_down
   for (std::int64_t r = 0; r < rows; ++r) {
     const Real weight = row_w != nullptr ? row_w[r] : Real(1);
     Real dot = 0;
@@ -149,9 +183,7 @@ void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::i
     dg[i] = store_round(a);
     du[i] = store_round(b);
   }
-  // dx = dg W_gate + du W_up, one accumulator: gate part, then up part.
-  gemm<Real>(pool, {rows, H, N, dg.data(), N, 1, w_gate, H, 1, dx, H});
-  gemm<Real>(pool, {rows, H, N, du.data(), N, 1, w_up, H, 1, dx, H, /*accumulate=*/true});
+  mm.gate_up_dgrad(dg.data(), du.data(), dx);  // dx = dg W_gate + du W_up
   for (std::int64_t i = 0; i < rows * H; ++i) dx[i] = store_round(dx[i]);
   // dy = bf16(w d_out) (the rows as the expert rank scales them), then the weight gradients,
   // reduced over rows in order: dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x.
@@ -161,9 +193,7 @@ void expert_backward(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::i
       for (std::int64_t c = 0; c < H; ++c) dy[r * H + c] = store_round(row_w[r] * dy[r * H + c]);
     }
   }
-  gemm<Real>(pool, {H, N, rows, dy.data(), 1, H, h, N, 1, d_down, N});
-  gemm<Real>(pool, {N, H, rows, dg.data(), 1, N, xr, H, 1, d_gate, H});
-  gemm<Real>(pool, {N, H, rows, du.data(), 1, N, xr, H, 1, d_up, H});
+  mm.weight_grads(dy.data(), h, dg.data(), du.data(), xr, d_down, d_gate, d_up);
 }
 
 // Rows of a [rows, cols] context view, read as or written from Real.
@@ -213,14 +243,33 @@ void zero_weight_grad(const TensorView& v, std::int64_t m, bool accumulate) {
 
 constexpr std::int64_t kTokensPerTask = 16;
 
+// Calls f(mm) with local expert e's GEMMs over `rows` rows: the FP8 layer's (fp8_layer.hpp) when
+// `fp8` is given, else the bf16 layer's over the master weights (W_down read when `with_down`).
+template <typename Real, typename F>
+void with_routed_products(State& st, const Problem& p, const Weights& w, const Fp8Weights* fp8,
+                          std::int64_t e, std::int64_t rows, bool with_down, F&& f) {
+  const std::int64_t H = p.hidden_size, I = p.intermediate_size;
+  if (fp8 != nullptr) {
+    if constexpr (std::is_same_v<Real, float>) {
+      f(Fp8Products{st.pool, rows, H, I, fp8_expert(*fp8, e)});
+      return;
+    }
+    throw Error("internal: the FP8 layer runs on bf16 activations only");
+  }
+  const auto wg = load_matrix<Real>(w.gate, e);
+  const auto wu = load_matrix<Real>(w.up, e);
+  const auto wd = with_down ? load_matrix<Real>(w.down, e) : std::vector<Real>();
+  f(DenseProducts<Real>{st.pool, rows, H, I, wg.data(), wu.data(), wd.data()});
+}
+
 // The expert side of a forward: each local expert over its slots among `num_slots` slots
 // (`ids`, tokens of `x` [num_slots / k, H]: this rank's own, or every rank's gathered). Writes g,
 // u and h into the context row of each slot and, with `with_y`, hands each slot's y row to
-// emit(slot, y_row).
+// emit(slot, y_row). `fp8`: the FP8 layer's routed weights (null: the bf16 layer).
 template <typename Real, typename Emit>
 void routed_forward(State& st, const Problem& p, const std::vector<Real>& x,
-                    const std::int64_t* ids, std::int64_t num_slots, const Weights& w, bool with_y,
-                    const ForwardContext& ctx, Emit&& emit) {
+                    const std::int64_t* ids, std::int64_t num_slots, const Weights& w,
+                    const Fp8Weights* fp8, bool with_y, const ForwardContext& ctx, Emit&& emit) {
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk;
   const auto groups = group_slots(p, ids, num_slots);
   for (std::int64_t e = 0; e < p.num_local_experts(); ++e) {
@@ -231,11 +280,10 @@ void routed_forward(State& st, const Problem& p, const std::vector<Real>& x,
     for (std::int64_t r = 0; r < rows; ++r) {
       std::copy_n(&x[(slots[r] / k) * H], H, &xr[r * H]);
     }
-    const auto wg = load_matrix<Real>(w.gate, e);
-    const auto wu = load_matrix<Real>(w.up, e);
-    const auto wd = with_y ? load_matrix<Real>(w.down, e) : std::vector<Real>();
-    expert_forward<Real>(st.pool, rows, H, I, xr.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                         u.data(), h.data(), with_y ? y.data() : nullptr, w.swiglu_limit);
+    with_routed_products<Real>(st, p, w, fp8, e, rows, with_y, [&](const auto& mm) {
+      expert_forward<Real>(mm, rows, I, xr.data(), g.data(), u.data(), h.data(),
+                           with_y ? y.data() : nullptr, w.swiglu_limit);
+    });
     for (std::int64_t r = 0; r < rows; ++r) {
       store_rows<Real>(ctx.gate_routed, slots[r], I, &g[r * I]);
       store_rows<Real>(ctx.up_routed, slots[r], I, &u[r * I]);
@@ -258,8 +306,9 @@ std::vector<Real> shared_forward(State& st, const Problem& p, const std::vector<
   const auto wg = load_matrix<Real>(w.shared_gate, 0);
   const auto wu = load_matrix<Real>(w.shared_up, 0);
   const auto wd = with_out ? load_matrix<Real>(w.shared_down, 0) : std::vector<Real>();
-  expert_forward<Real>(st.pool, T, H, S, x.data(), wg.data(), wu.data(), wd.data(), g.data(),
-                       u.data(), h.data(), with_out ? shared_out.data() : nullptr, w.swiglu_limit);
+  const DenseProducts<Real> mm{st.pool, T, H, S, wg.data(), wu.data(), wd.data()};
+  expert_forward<Real>(mm, T, S, x.data(), g.data(), u.data(), h.data(),
+                       with_out ? shared_out.data() : nullptr, w.swiglu_limit);
   for (std::int64_t t = 0; t < T; ++t) {
     store_rows<Real>(ctx.gate_shared, t, S, &g[t * S]);
     store_rows<Real>(ctx.up_shared, t, S, &u[t * S]);
@@ -301,12 +350,13 @@ std::vector<std::int64_t> identity_rows(std::int64_t n) {
 
 template <typename Real>
 void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
-                  const TensorView* out, const ForwardContext& ctx) {
+                  const Fp8Weights* fp8, const TensorView* out, const ForwardContext& ctx) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
   const bool with_out = out != nullptr;
   const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
   std::vector<Real> y_slots(with_out ? T * k * H : 0);  // the combine buffer: one row per slot
-  routed_forward<Real>(st, p, x, in.topk_experts.ptr<const std::int64_t>(), T * k, w, with_out, ctx,
+  routed_forward<Real>(st, p, x, in.topk_experts.ptr<const std::int64_t>(), T * k, w, fp8, with_out,
+                       ctx,
                        [&](std::int64_t s, const Real* y) { std::copy_n(y, H, &y_slots[s * H]); });
   const std::vector<Real> shared_out = shared_forward<Real>(st, p, x, w, with_out, ctx);
   if (!with_out) return;
@@ -316,12 +366,13 @@ void forward_impl(State& st, const Problem& p, const Inputs& in, const Weights& 
 // The expert side of a backward: each local expert over its slots among `num_slots` slots (`ids`,
 // with their tokens' x and d_out rows and their router weights `topk_weights`), from the context
 // rows of those slots. Writes the local experts' weight gradients and hands each slot's dx row and
-// d_w entry to emit(slot, dx_row, dw).
+// d_w entry to emit(slot, dx_row, dw). `fp8`: the FP8 layer's routed weights (null: bf16).
 template <typename Real, typename Emit>
 void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
                      const std::vector<Real>& d_out, const std::int64_t* ids,
                      const TensorView& topk_weights, std::int64_t num_slots, const Weights& w,
-                     const ForwardContext& ctx, const Grads& grads, bool acc_w, Emit&& emit) {
+                     const Fp8Weights* fp8, const ForwardContext& ctx, const Grads& grads,
+                     bool acc_w, Emit&& emit) {
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk;
   const auto groups = group_slots(p, ids, num_slots);
   for (std::int64_t e = 0; e < p.num_local_experts(); ++e) {
@@ -344,13 +395,12 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
       load_rows<Real>(ctx.hidden_routed, s, I, &h[r * I]);
       row_w[r] = load<Real>(topk_weights, s);
     }
-    const auto wg = load_matrix<Real>(w.gate, e);
-    const auto wu = load_matrix<Real>(w.up, e);
-    const auto wd = load_matrix<Real>(w.down, e);
     std::vector<Real> d_gate(I * H), d_up(I * H), d_down(H * I);
-    expert_backward<Real>(st.pool, rows, H, I, xr.data(), g.data(), u.data(), h.data(),
-                          d_outr.data(), row_w.data(), wg.data(), wu.data(), wd.data(), dx.data(),
-                          d_gate.data(), d_up.data(), d_down.data(), dw.data(), w.swiglu_limit);
+    with_routed_products<Real>(st, p, w, fp8, e, rows, true, [&](const auto& mm) {
+      expert_backward<Real>(mm, rows, I, xr.data(), g.data(), u.data(), h.data(), d_outr.data(),
+                            row_w.data(), dx.data(), d_gate.data(), d_up.data(), d_down.data(),
+                            dw.data(), w.swiglu_limit);
+    });
     for (std::int64_t r = 0; r < rows; ++r) emit(slots[r], &dx[r * H], dw[r]);
     write_weight_grad<Real>(grads.d_gate, e, d_gate, acc_w);
     write_weight_grad<Real>(grads.d_up, e, d_up, acc_w);
@@ -378,9 +428,10 @@ std::vector<Real> shared_backward(State& st, const Problem& p, const std::vector
   const auto wu = load_matrix<Real>(w.shared_up, 0);
   const auto wd = load_matrix<Real>(w.shared_down, 0);
   std::vector<Real> d_gate(S * H), d_up(S * H), d_down(H * S);
-  expert_backward<Real>(st.pool, T, H, S, x.data(), g.data(), u.data(), h.data(), d_out.data(),
-                        nullptr, wg.data(), wu.data(), wd.data(), shared_dx.data(), d_gate.data(),
-                        d_up.data(), d_down.data(), nullptr, w.swiglu_limit);
+  const DenseProducts<Real> mm{st.pool, T, H, S, wg.data(), wu.data(), wd.data()};
+  expert_backward<Real>(mm, T, S, x.data(), g.data(), u.data(), h.data(), d_out.data(), nullptr,
+                        shared_dx.data(), d_gate.data(), d_up.data(), d_down.data(), nullptr,
+                        w.swiglu_limit);
   write_weight_grad<Real>(grads.d_shared_gate, 0, d_gate, acc_w);
   write_weight_grad<Real>(grads.d_shared_up, 0, d_up, acc_w);
   write_weight_grad<Real>(grads.d_shared_down, 0, d_down, acc_w);
@@ -418,8 +469,8 @@ void home_backward(State& st, const Problem& p, const Inputs& in,
 
 template <typename Real>
 void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights& w,
-                   const ForwardContext& ctx, const TensorView& d_out_view, const Grads& grads,
-                   const BackwardOptions& options) {
+                   const Fp8Weights* fp8, const ForwardContext& ctx, const TensorView& d_out_view,
+                   const Grads& grads, const BackwardOptions& options) {
   const std::int64_t T = p.num_tokens, H = p.hidden_size, k = p.topk;
   const bool acc_w = options.accumulate_weight_grads;
   const std::vector<Real> x = load_range<Real>(in.x, 0, T * H);
@@ -427,7 +478,8 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
   std::vector<Real> dx_slots(T * k * H);  // dx_routed: one row per slot
   std::vector<Real> dw_slots(T * k, Real(0));
   routed_backward<Real>(st, p, x, d_out, in.topk_experts.ptr<const std::int64_t>(), in.topk_weights,
-                        T * k, w, ctx, grads, acc_w, [&](std::int64_t s, const Real* dx, Real dw) {
+                        T * k, w, fp8, ctx, grads, acc_w,
+                        [&](std::int64_t s, const Real* dx, Real dw) {
                           std::copy_n(dx, H, &dx_slots[s * H]);
                           dw_slots[s] = dw;
                         });
@@ -440,13 +492,14 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
 // with the exchange rows of core/host_ep_layout.hpp in place of the one-row-per-slot buffers.
 template <typename Real>
 void ep_expert_forward_impl(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
-                            const TensorView* send, const ForwardContext& ctx) {
+                            const Fp8Weights* fp8, const TensorView* send,
+                            const ForwardContext& ctx) {
   const std::int64_t slots = std::int64_t{p.ep_size} * p.num_tokens * p.topk, H = p.hidden_size;
   const std::vector<Real> x = load_range<Real>(gathered.x, 0, slots / p.topk * H);
   const auto* ids = gathered.topk_experts.ptr<const std::int64_t>();
   const std::vector<std::int64_t> row_of_slot = host_ep::send_rows(p, ids);
   routed_forward<Real>(
-      st, p, x, ids, slots, w, send != nullptr, ctx,
+      st, p, x, ids, slots, w, fp8, send != nullptr, ctx,
       [&](std::int64_t s, const Real* y) { store_rows<Real>(*send, row_of_slot[s], H, y); });
 }
 
@@ -465,15 +518,16 @@ void ep_home_forward_impl(State& st, const Problem& p, const Inputs& in, const W
 
 template <typename Real>
 void ep_expert_backward_impl(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
-                             const ForwardContext& ctx, const TensorView& d_out_all,
-                             const TensorView& dx_send, const TensorView& dw_send,
-                             const Grads& grads, const BackwardOptions& options) {
+                             const Fp8Weights* fp8, const ForwardContext& ctx,
+                             const TensorView& d_out_all, const TensorView& dx_send,
+                             const TensorView& dw_send, const Grads& grads,
+                             const BackwardOptions& options) {
   const std::int64_t slots = std::int64_t{p.ep_size} * p.num_tokens * p.topk, H = p.hidden_size;
   const std::vector<Real> x = load_range<Real>(gathered.x, 0, slots / p.topk * H);
   const std::vector<Real> d_out = load_range<Real>(d_out_all, 0, slots / p.topk * H);
   const auto* ids = gathered.topk_experts.ptr<const std::int64_t>();
   const std::vector<std::int64_t> row_of_slot = host_ep::send_rows(p, ids);
-  routed_backward<Real>(st, p, x, d_out, ids, gathered.topk_weights, slots, w, ctx, grads,
+  routed_backward<Real>(st, p, x, d_out, ids, gathered.topk_weights, slots, w, fp8, ctx, grads,
                         options.accumulate_weight_grads,
                         [&](std::int64_t s, const Real* dx, Real dw) {
                           store_rows<Real>(dx_send, row_of_slot[s], H, dx);
@@ -500,21 +554,21 @@ void ep_home_backward_impl(State& st, const Problem& p, const Inputs& in, const 
 }  // namespace
 
 void forward(State& st, const Problem& p, const Inputs& in, const Weights& w, const TensorView* out,
-             const ForwardContext& ctx) {
+             const ForwardContext& ctx, const Fp8Weights* fp8) {
   if (st.act == DType::f64) {
-    forward_impl<double>(st, p, in, w, out, ctx);
+    forward_impl<double>(st, p, in, w, fp8, out, ctx);
   } else {
-    forward_impl<float>(st, p, in, w, out, ctx);
+    forward_impl<float>(st, p, in, w, fp8, out, ctx);
   }
 }
 
 void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
               const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
-              const BackwardOptions& options) {
+              const BackwardOptions& options, const Fp8Weights* fp8) {
   if (st.act == DType::f64) {
-    backward_impl<double>(st, p, in, w, ctx, d_out, grads, options);
+    backward_impl<double>(st, p, in, w, fp8, ctx, d_out, grads, options);
   } else {
-    backward_impl<float>(st, p, in, w, ctx, d_out, grads, options);
+    backward_impl<float>(st, p, in, w, fp8, ctx, d_out, grads, options);
   }
 }
 
@@ -523,11 +577,12 @@ void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
 namespace mok::reference {
 
 void ep_expert_forward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
-                       const TensorView* combine_send, const ForwardContext& ctx) {
+                       const TensorView* combine_send, const ForwardContext& ctx,
+                       const Fp8Weights* fp8) {
   if (st.act == DType::f64) {
-    ep_expert_forward_impl<double>(st, p, gathered, w, combine_send, ctx);
+    ep_expert_forward_impl<double>(st, p, gathered, w, fp8, combine_send, ctx);
   } else {
-    ep_expert_forward_impl<float>(st, p, gathered, w, combine_send, ctx);
+    ep_expert_forward_impl<float>(st, p, gathered, w, fp8, combine_send, ctx);
   }
 }
 
@@ -544,12 +599,12 @@ void ep_home_forward(State& st, const Problem& p, const Inputs& in, const Weight
 void ep_expert_backward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
                         const ForwardContext& ctx, const TensorView& d_out_all,
                         const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
-                        const BackwardOptions& options) {
+                        const BackwardOptions& options, const Fp8Weights* fp8) {
   if (st.act == DType::f64) {
-    ep_expert_backward_impl<double>(st, p, gathered, w, ctx, d_out_all, dx_send, dw_send, grads,
-                                    options);
+    ep_expert_backward_impl<double>(st, p, gathered, w, fp8, ctx, d_out_all, dx_send, dw_send,
+                                    grads, options);
   } else {
-    ep_expert_backward_impl<float>(st, p, gathered, w, ctx, d_out_all, dx_send, dw_send, grads,
+    ep_expert_backward_impl<float>(st, p, gathered, w, fp8, ctx, d_out_all, dx_send, dw_send, grads,
                                    options);
   }
 }

@@ -44,12 +44,14 @@ struct State {
   std::size_t bytes() const { return 0; }  // nothing kept between calls
 };
 
-// `out` may be null (recompute_forward_context: the context only).
+// `out` may be null (recompute_forward_context: the context only). `fp8` (bf16 mode only): the
+// FP8 layer, its routed GEMMs on quantized operands (fp8_layer.hpp; docs/architecture.md, "The
+// FP8 layer"); w's routed views are then not read. Null: the bf16 (or f64) layer.
 void forward(State& st, const Problem& p, const Inputs& in, const Weights& w, const TensorView* out,
-             const ForwardContext& ctx);
+             const ForwardContext& ctx, const Fp8Weights* fp8 = nullptr);
 void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
               const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
-              const BackwardOptions& options);
+              const BackwardOptions& options, const Fp8Weights* fp8 = nullptr);
 
 // Host expert parallelism (include/mok/host_ep.hpp), `p` of rank p.ep_rank of p.ep_size: the
 // pieces above over every rank's gathered inputs (expert side) and this rank's own (home side),
@@ -58,14 +60,15 @@ void backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
 // expert's context rows and gradients, out, d_x and d_topk_weights. `combine_send` null: the
 // context only (recompute); `out` null likewise (then `combine_received` is not read).
 void ep_expert_forward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
-                       const TensorView* combine_send, const ForwardContext& ctx);
+                       const TensorView* combine_send, const ForwardContext& ctx,
+                       const Fp8Weights* fp8 = nullptr);
 void ep_home_forward(State& st, const Problem& p, const Inputs& in, const Weights& w,
                      const TensorView* combine_received, const TensorView* out,
                      const ForwardContext& ctx);
 void ep_expert_backward(State& st, const Problem& p, const Inputs& gathered, const Weights& w,
                         const ForwardContext& ctx, const TensorView& d_out_all,
                         const TensorView& dx_send, const TensorView& dw_send, const Grads& grads,
-                        const BackwardOptions& options);
+                        const BackwardOptions& options, const Fp8Weights* fp8 = nullptr);
 void ep_home_backward(State& st, const Problem& p, const Inputs& in, const Weights& w,
                       const ForwardContext& ctx, const TensorView& d_out,
                       const TensorView& dx_received, const TensorView& dw_received,

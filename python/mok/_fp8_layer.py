@@ -1,0 +1,270 @@
+"""mok's FP8 layer from Python (docs/architecture.md, "The FP8 layer"):
+``mok.moe(..., precision="fp8")`` and ``mok.nn.MoE(..., precision="fp8")``.
+
+Every routed-expert GEMM runs on e4m3 operands with power-of-two block scales; the shared expert,
+the router weights, the combine and the reductions are the bf16 layer's, and so are the outputs
+(bf16) and the gradients, which are those of the bf16 routed weights: the parameters stay bf16.
+
+Weights are quantized (mok's 128x128 blocks, both orientations: include/mok/fp8.hpp) once per
+version, not per call. The quantization of a weight tensor is cached by the tensor's identity and
+checked against its version counter (PyTorch's ``_version``, which every in-place change bumps, an
+optimizer's step included) and its data pointer, so a step's first call quantizes each weight
+again and the calls after it reuse that. A change the version counter cannot see (an in-place
+change through ``.data``, or through another tensor sharing the memory) needs an explicit
+``requantize`` (``mok.nn.MoE.quantize_weights()``).
+
+The ops (torch.library, namespace ``mok::``): ``forward_fp8`` and ``backward_fp8`` are
+``forward`` and ``backward`` (mok/ops.py) with one more argument, ``fp8_weights``: the twelve
+tensors (data, scales, data_t, scales_t) of gate, up and down from ``quantize_weights``.
+``forward_fp8`` is differentiable in x, topk_weights and the bf16 weights. CPU tensors only for
+now: on CUDA tensors mok's error says the FP8 layer is not yet on the CUDA backend.
+"""
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from mok import _checks, _layer_tensors, _native, _workspace
+from mok._layer_ops import untraced
+from mok._layer_tensors import check_context, check_layer_call, context_shapes, context_views
+from mok._native import lib, views
+
+# The schemas' pieces, as mok/_layer_ops.py spells them for forward and backward.
+_LAYER_ARGS = ("Tensor routed_gate_weights, Tensor routed_up_weights, "
+               "Tensor routed_down_weights, Tensor? shared_gate_weights, "
+               "Tensor? shared_up_weights, Tensor? shared_down_weights")
+_CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
+                 "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
+_CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
+_SWIGLU_LIMIT_ARG = "float? swiglu_limit=None"
+# The quantized routed weights: twelve tensors, not a Tensor[] (autograd's formula must return a
+# gradient of the inputs' structure, and a list of None is not that of a list of tensors).
+FP8_NAMES = tuple(f"{w}_{part}" for w in ("gate", "up", "down")
+                  for part in ("fp8", "scales", "fp8_t", "scales_t"))
+_FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
+
+# The ops' undecorated bodies: call() runs them directly where the dispatcher would add nothing
+# (mok/_layer_ops.py, `call`, says why).
+_BODIES = {}
+
+
+def _body(op_def):
+    def keep(fn):
+        op = op_def(fn)
+        _BODIES[op] = fn
+        return op
+    return keep
+
+
+def call(op, *args):
+    return _BODIES[op](*args) if untraced(args) else op(*args)
+
+PRECISIONS = ("bf16", "fp8")
+_NOT_ON_CUDA = "the FP8 layer is not yet on the CUDA backend"
+
+
+def check_precision(precision):
+    """'bf16' or 'fp8' (mok's error naming `precision` otherwise); returns it."""
+    if not isinstance(precision, str):
+        _checks.fail("precision", "'bf16' or 'fp8'", f"{type(precision).__name__} {precision!r}",
+                     TypeError)
+    if precision not in PRECISIONS:
+        _checks.fail("precision", "'bf16' or 'fp8'", repr(precision))
+    return precision
+
+
+def check_device(name, t):
+    """The FP8 layer runs on the CPU backend only, for now."""
+    if t.device.type != "cpu":
+        _checks.fail(f"{name}.device", f"cpu for precision='fp8' ({_NOT_ON_CUDA})",
+                     _checks.device_name(t.device))
+
+
+def quantize_weights(w):
+    """(data, scales, data_t, scales_t) of a bf16 weight w [E, N, K] (N, K multiples of 128):
+    float8_e4m3fn [E, N, K], float32 [E, N/128, K/128] and the same transposed ([E, K, N],
+    [E, K/128, N/128]), every block quantized once (mok::quantize_weights)."""
+    _checks.require_tensor("w", w)
+    if w.dim() != 3:
+        _checks.fail("w.shape", "[E, N, K]", _checks.shape_text(w.shape))
+    w = w.detach()
+    if not w.is_contiguous():  # e.g. a row-strided half of packed weights: one copy per version
+        w = w.contiguous()
+    E, N, K = w.shape
+    new, dev = _native.new_output, w.device
+    out = (new((E, N, K), torch.float8_e4m3fn, dev), new((E, N // 128, K // 128), torch.float32,
+                                                          dev),
+           new((E, K, N), torch.float8_e4m3fn, dev), new((E, K // 128, N // 128), torch.float32,
+                                                          dev))
+    if dev.type == "cuda":
+        _native.launch(lib.quantize_weights, dev, *views(w, *out))
+    else:
+        lib.quantize_weights(*views(w, *out), 0)
+    return out
+
+
+# weight tensor -> (its state when quantized, the quantization); entries die with their tensors.
+_CACHE = WeakIdKeyDictionary()
+
+
+def _state(w):
+    return (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device)
+
+
+def quantized(w):
+    """The cached quantization of `w`, made again when `w` changed since (version, data pointer,
+    layout)."""
+    entry = _CACHE.get(w)
+    state = _state(w)
+    if entry is not None and entry[0] == state:
+        return entry[1]
+    q = quantize_weights(w)
+    _CACHE[w] = (state, q)
+    return q
+
+
+def requantize(*weights):
+    """Quantizes the given weights now (None entries skipped), whatever the cache holds: after a
+    change their version counter cannot see."""
+    for w in weights:
+        if w is not None:
+            _CACHE[w] = (_state(w), quantize_weights(w))
+
+
+def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
+        handle, swiglu_limit):
+    """mok.moe's body for precision='fp8' (its arguments checked there)."""
+    check_device("x", x)
+    ws, _config = _workspace.resolve(handle)
+    if ws.ep_size > 1:
+        _checks.fail("precision", "'bf16' with a workspace of several ranks (the FP8 layer's "
+                     "expert parallelism across processes is in the C++ API, not yet here)",
+                     "'fp8'")
+    for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up),
+                    ("routed_down_weights", down)):
+        check_device(name, w)
+        if w.dtype != torch.bfloat16:
+            _checks.fail(f"{name}.dtype", "bfloat16 for precision='fp8'",
+                         _checks.dtype_name(w.dtype), TypeError)
+    # The layer's own checks first (metadata only), so a bad shape is named as the layer names it,
+    # not as the weight quantizer would.
+    shape, _ws, _config = check_layer_call(handle, x, topk_experts, topk_weights,
+                                           (gate, up, down, shared_gate, shared_up, shared_down))
+    for name, size in (("hidden_size", shape.hidden_size),
+                       ("intermediate_size", shape.intermediate_size)):
+        if size % 128:
+            _checks.fail(name, "a multiple of 128 for precision='fp8'", size)
+    fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
+    out, *_context = call(forward_fp8, x, topk_experts, topk_weights, gate, up, down, shared_gate,
+                          shared_up, shared_down, *fp8_weights, handle, swiglu_limit)
+    return out
+
+
+def _check_one_rank(ws, x):
+    check_device("x", x)
+    if ws.ep_size > 1:
+        _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
+
+
+@_body(torch.library.custom_op(
+    "mok::forward_fp8", mutates_args=(),
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
+           f"{_FP8_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})"))
+def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+                routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
+                gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
+                swiglu_limit=None):
+    fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                   up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    ws, _config = _workspace.resolve(workspace)
+    _check_one_rank(ws, x)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
+                             shape.device)
+    context = _layer_tensors.new_context(ws, config, shape)
+    ws.core(shape, config).run(lib.forward, x.device,
+                               *views(x, topk_experts, topk_weights, *weights, out),
+                               *context_views(context), swiglu_limit=swiglu_limit,
+                               fp8_weights=tuple(views(*fp8_weights)))
+    return (out, *context)
+
+
+@_body(torch.library.custom_op(
+    "mok::backward_fp8", mutates_args=(),
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
+           f"{_FP8_ARGS}, {_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> "
+           "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
+def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+                 routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
+                 gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                 up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, x_routed,
+                 gate_routed, up_routed, hidden_routed, gate_shared, up_shared, hidden_shared,
+                 workspace, swiglu_limit=None):
+    fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                   up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    ws, _config = _workspace.resolve(workspace)
+    _check_one_rank(ws, x)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    check_context(context, context_shapes(ws, config, shape), shape)
+    d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, shape.activation_dtype)
+    ws.core(shape, config).run(lib.backward, x.device,
+                               *views(x, topk_experts, topk_weights, *weights),
+                               *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
+                               swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
+    shared = [g if g is not None else x.new_empty(0) for g in shared]
+    return (d_x, d_w, *routed, *shared)
+
+
+@torch.library.register_fake("mok::forward_fp8")
+def _forward_fp8_fake(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
+                      shared_down, gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8,
+                      up_scales, up_fp8_t, up_scales_t, down_fp8, down_scales, down_fp8_t,
+                      down_scales_t, workspace, swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
+    weights = (gate, up, down, shared_gate, shared_up, shared_down)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    return (x.new_empty((shape.num_tokens, shape.hidden_size)),
+            *(x.new_empty(s) for s in context_shapes(ws, config, shape)))
+
+
+@torch.library.register_fake("mok::backward_fp8")
+def _backward_fp8_fake(d_out, x, topk_experts, topk_weights, gate, up, down, shared_gate,
+                       shared_up, shared_down, gate_fp8, gate_scales, gate_fp8_t, gate_scales_t,
+                       up_fp8, up_scales, up_fp8_t, up_scales_t, down_fp8, down_scales,
+                       down_fp8_t, down_scales_t, x_routed, gate_routed, up_routed,
+                       hidden_routed, gate_shared, up_shared, hidden_shared, workspace,
+                       swiglu_limit=None):
+    shared = [w.new_empty(w.shape) if w is not None else x.new_empty(0)
+              for w in (shared_gate, shared_up, shared_down)]
+    return (x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape),
+            gate.new_empty(gate.shape), up.new_empty(up.shape), down.new_empty(down.shape),
+            *shared)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, workspace, swiglu_limit = inputs
+    ctx.save_for_backward(*tensors, *output[1:])
+    ctx.workspace, ctx.swiglu_limit = workspace, swiglu_limit
+
+
+def _backward_formula(ctx, d_out, *_d_context):
+    saved = ctx.saved_tensors
+    x, topk_experts, topk_weights = saved[:3]
+    weights, fp8_weights, context = saved[3:9], saved[9:21], saved[21:]
+    grads = call(backward_fp8, d_out.contiguous(), x, topk_experts, topk_weights, *weights,
+                 *fp8_weights, *context, ctx.workspace, ctx.swiglu_limit)
+    d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
+    shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)
+    return (d_x, None, d_w, d_gate, d_up, d_down, *shared, *[None] * len(fp8_weights), None,
+            None)
+
+
+torch.library.register_autograd("mok::forward_fp8", _backward_formula,
+                                setup_context=_setup_context)
