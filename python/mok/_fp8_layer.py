@@ -25,17 +25,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from mok import _checks, _layer_tensors, _native, _workspace
 from mok._layer_ops import untraced
-from mok._layer_tensors import check_context, check_layer_call, context_shapes, context_views
+from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
+                                 check_context, check_layer_call, context_shapes, context_views)
 from mok._native import lib, views
 
-# The schemas' pieces, as mok/_layer_ops.py spells them for forward and backward.
-_LAYER_ARGS = ("Tensor routed_gate_weights, Tensor routed_up_weights, "
-               "Tensor routed_down_weights, Tensor? shared_gate_weights, "
-               "Tensor? shared_up_weights, Tensor? shared_down_weights")
-_CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
-                 "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
-_CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
-_SWIGLU_LIMIT_ARG = "float? swiglu_limit=None"
 # The quantized routed weights: twelve tensors, not a Tensor[] (autograd's formula must return a
 # gradient of the inputs' structure, and a list of None is not that of a list of tensors).
 FP8_NAMES = tuple(f"{w}_{part}" for w in ("gate", "up", "down")
@@ -167,8 +160,8 @@ def _check_one_rank(ws, x):
 
 @_body(torch.library.custom_op(
     "mok::forward_fp8", mutates_args=(),
-    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
-           f"{_FP8_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})"))
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
+           f"{_FP8_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> (Tensor, {CONTEXT_OUT})"))
 def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
                 routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
                 gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
@@ -193,8 +186,8 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
 
 @_body(torch.library.custom_op(
     "mok::backward_fp8", mutates_args=(),
-    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
-           f"{_FP8_ARGS}, {_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> "
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
+           f"{_FP8_ARGS}, {CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
 def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
                  routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,

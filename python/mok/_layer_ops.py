@@ -9,20 +9,9 @@ and mok.moe call through it).
 import torch
 
 from mok import _checks, _host_ep, _layer_tensors, _native, _workspace
-from mok._layer_tensors import check_context, check_layer_call, context_shapes, context_views
+from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
+                                 check_context, check_layer_call, context_shapes, context_views)
 from mok._native import lib, views
-
-_LAYER_ARGS = ("Tensor routed_gate_weights, Tensor routed_up_weights, "
-               "Tensor routed_down_weights, Tensor? shared_gate_weights, "
-               "Tensor? shared_up_weights, Tensor? shared_down_weights")
-_CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
-                 "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
-_CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
-# Clamped SwiGLU (MoK's swiglu_limit; None: plain SwiGLU): silu(min(g, L)) * clamp(u, -L, L), a
-# finite positive float (the C++ core checks it and names a bad value). Last, with a default, so
-# calls that leave it out are today's.
-_SWIGLU_LIMIT_ARG = "float? swiglu_limit=None"
-
 
 # The layer ops' undecorated bodies, for call(); and the two probes of PyTorch's state it reads
 # (private; where a PyTorch lacks one, every call goes through the dispatcher).
@@ -111,8 +100,8 @@ def schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatc
 
 @_body(torch.library.custom_op(
     "mok::forward", mutates_args=(),
-    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, int workspace, "
-           f"{_SWIGLU_LIMIT_ARG}) -> (Tensor, {_CONTEXT_OUT})"))
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, int workspace, "
+           f"{SWIGLU_LIMIT_ARG}) -> (Tensor, {CONTEXT_OUT})"))
 def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
             workspace, swiglu_limit=None):
@@ -141,7 +130,7 @@ def _forward_one_rank(x, topk_experts, topk_weights, weights, workspace, swiglu_
     "mok::recompute_forward_context", mutates_args=(),
     schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
            "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
-           f"int workspace, {_SWIGLU_LIMIT_ARG}) -> ({_CONTEXT_OUT})"))
+           f"int workspace, {SWIGLU_LIMIT_ARG}) -> ({CONTEXT_OUT})"))
 def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
                               shared_gate_weights, shared_up_weights, workspace,
                               swiglu_limit=None):
@@ -163,8 +152,8 @@ def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_we
 
 @_body(torch.library.custom_op(
     "mok::backward", mutates_args=(),
-    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
-           f"{_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) -> "
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
+           f"{CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
 def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
              routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
@@ -198,7 +187,7 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
 # that mok reads in place (no copy of the weights per call); the gradient comes back packed the
 # same way. One rank, no shared expert.
 _PACKED_ARGS = "Tensor gate_up_weights, Tensor down_weights"
-_PACKED_FLAGS = f"int workspace, bool interleaved, {_SWIGLU_LIMIT_ARG}"
+_PACKED_FLAGS = f"int workspace, bool interleaved, {SWIGLU_LIMIT_ARG}"
 
 
 def split_gate_up(gate_up, interleaved):
@@ -220,7 +209,7 @@ def check_packed_workspace(workspace):
 @_body(torch.library.custom_op(
     "mok::forward_packed", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
-           f"{_PACKED_FLAGS}) -> (Tensor, {_CONTEXT_OUT})"))
+           f"{_PACKED_FLAGS}) -> (Tensor, {CONTEXT_OUT})"))
 def forward_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, workspace,
                    interleaved, swiglu_limit=None):
     check_packed_workspace(workspace)
@@ -232,7 +221,7 @@ def forward_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
 @_body(torch.library.custom_op(
     "mok::backward_packed", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
-           f"{_CONTEXT_ARGS}, {_PACKED_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)"))
+           f"{CONTEXT_ARGS}, {_PACKED_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)"))
 def backward_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, down_weights,
                     x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                     hidden_shared, workspace, interleaved, swiglu_limit=None):
@@ -272,10 +261,10 @@ def backward_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, down_
     "mok::backward_main_grad",
     mutates_args=("main_routed_gate", "main_routed_up", "main_routed_down", "main_shared_gate",
                   "main_shared_up", "main_shared_down"),
-    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_LAYER_ARGS}, "
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
            "Tensor(a!) main_routed_gate, Tensor(b!) main_routed_up, Tensor(c!) main_routed_down, "
            "Tensor(d!)? main_shared_gate, Tensor(e!)? main_shared_up, "
-           f"Tensor(f!)? main_shared_down, {_CONTEXT_ARGS}, int workspace, {_SWIGLU_LIMIT_ARG}) "
+           f"Tensor(f!)? main_shared_down, {CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) "
            "-> (Tensor, Tensor)")
 def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights,
                        routed_up_weights, routed_down_weights, shared_gate_weights,

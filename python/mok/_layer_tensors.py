@@ -10,6 +10,18 @@ import torch
 
 from mok import _checks, _native, _workspace
 
+# The layer ops' schema pieces (mok/_layer_ops.py for bf16, mok/_fp8_layer.py for FP8): the routed
+# and shared weights, the forward context, and the clamped SwiGLU's limit (MoK's swiglu_limit; None:
+# plain SwiGLU; a finite positive float, which the C++ core checks and names; last, with a default,
+# so calls that leave it out are today's).
+LAYER_ARGS = ("Tensor routed_gate_weights, Tensor routed_up_weights, "
+              "Tensor routed_down_weights, Tensor? shared_gate_weights, "
+              "Tensor? shared_up_weights, Tensor? shared_down_weights")
+CONTEXT_ARGS = ("Tensor x_routed, Tensor gate_routed, Tensor up_routed, Tensor hidden_routed, "
+                "Tensor? gate_shared, Tensor? up_shared, Tensor? hidden_shared")
+CONTEXT_OUT = "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
+SWIGLU_LIMIT_ARG = "float? swiglu_limit=None"
+
 CONTEXT_NAMES = ("x_routed", "gate_routed", "up_routed", "hidden_routed", "gate_shared",
                  "up_shared", "hidden_shared")
 
