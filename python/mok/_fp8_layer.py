@@ -24,7 +24,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mok import _checks, _layer_tensors, _native, _workspace
-from mok._layer_ops import untraced
+from mok._layer_ops import call, keep_body
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                  check_context, check_layer_call, context_shapes, context_views)
 from mok._native import lib, views
@@ -34,22 +34,6 @@ from mok._native import lib, views
 FP8_NAMES = tuple(f"{w}_{part}" for w in ("gate", "up", "down")
                   for part in ("fp8", "scales", "fp8_t", "scales_t"))
 _FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
-
-# The ops' undecorated bodies: call() runs them directly where the dispatcher would add nothing
-# (mok/_layer_ops.py, `call`, says why).
-_BODIES = {}
-
-
-def _body(op_def):
-    def keep(fn):
-        op = op_def(fn)
-        _BODIES[op] = fn
-        return op
-    return keep
-
-
-def call(op, *args):
-    return _BODIES[op](*args) if untraced(args) else op(*args)
 
 PRECISIONS = ("bf16", "fp8")
 _NOT_ON_CUDA = "the FP8 layer is not yet on the CUDA backend"
@@ -158,7 +142,7 @@ def _check_one_rank(ws, x):
         _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::forward_fp8", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
            f"{_FP8_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> (Tensor, {CONTEXT_OUT})"))
@@ -184,7 +168,7 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
     return (out, *context)
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::backward_fp8", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
            f"{_FP8_ARGS}, {CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> "

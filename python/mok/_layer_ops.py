@@ -20,8 +20,9 @@ _DISPATCH_STACK = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _FUNCTORCH_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 
-def _body(op_def):
-    """Decorator under torch.library.custom_op: keeps the undecorated function for call()."""
+def keep_body(op_def):
+    """Decorator under torch.library.custom_op: keeps the undecorated function for call() (the
+    layer ops here and the FP8 ones of mok/_fp8_layer.py)."""
     def keep(fn):
         op = op_def(fn)
         _BODIES[op] = fn
@@ -98,7 +99,7 @@ def schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatc
     return outs
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::forward", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, int workspace, "
            f"{SWIGLU_LIMIT_ARG}) -> (Tensor, {CONTEXT_OUT})"))
@@ -126,7 +127,7 @@ def _forward_one_rank(x, topk_experts, topk_weights, weights, workspace, swiglu_
     return (out, *context)
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::recompute_forward_context", mutates_args=(),
     schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
            "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
@@ -150,7 +151,7 @@ def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_we
     return context
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::backward", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
            f"{CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> "
@@ -206,7 +207,7 @@ def check_packed_workspace(workspace):
                      "parallelism)", f"a workspace of {ws.ep_size} ranks")
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::forward_packed", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
            f"{_PACKED_FLAGS}) -> (Tensor, {CONTEXT_OUT})"))
@@ -218,7 +219,7 @@ def forward_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
                              (gate, up, down_weights, None, None, None), workspace, swiglu_limit)
 
 
-@_body(torch.library.custom_op(
+@keep_body(torch.library.custom_op(
     "mok::backward_packed", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_ARGS}, "
            f"{CONTEXT_ARGS}, {_PACKED_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)"))
