@@ -180,6 +180,18 @@ inline std::vector<float> make_source(std::int64_t rows, std::int64_t cols, std:
   return x;
 }
 
+// `experts` such sources one after the other ([experts, rows, cols], e.g. a weight tensor).
+inline std::vector<float> make_experts(std::int64_t experts, std::int64_t rows, std::int64_t cols,
+                                       std::int64_t block_rows, std::int64_t block_cols, bool bf16,
+                                       std::mt19937_64& rng) {
+  std::vector<float> x;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::vector<float> xe = make_source(rows, cols, block_rows, block_cols, bf16, rng);
+    x.insert(x.end(), xe.begin(), xe.end());
+  }
+  return x;
+}
+
 inline std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
   std::vector<bf16_t> v(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) v[i] = float_to_bf16(x[i]);

@@ -205,11 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Source, Fp8Forms, ::testing::Values(true, false),
 TEST(Fp8Weights, BothOrientationsFromTheSameBlocks) {
   std::mt19937_64 rng(next_seed());
   const std::int64_t E = 3, N = 256, K = 384;
-  std::vector<float> w;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::vector<float> we = make_source(N, K, 128, 128, true, rng);
-    w.insert(w.end(), we.begin(), we.end());
-  }
+  const std::vector<float> w = make_experts(E, N, K, 128, 128, true, rng);
   const std::vector<bf16_t> wb = to_bf16(w);
   std::vector<e4m3_t> data(E * N * K, 0xAB), data_t(E * N * K, 0xCD);
   std::vector<float> scales(E * N * K / 16384, -1.0f), scales_t(E * N * K / 16384, -2.0f);
@@ -416,11 +412,7 @@ TEST(Fp8MxToBlocks, CountsTheElementsOfDeepSubBlocks) {
   // exponents below: its values fall into e4m3's subnormals or to zero.
   std::mt19937_64 rng(next_seed());
   const std::int64_t E = 2, N = 256, K = 384;
-  std::vector<float> w;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::vector<float> we = make_source(N, K, 32, 32, true, rng);
-    w.insert(w.end(), we.begin(), we.end());
-  }
+  const std::vector<float> w = make_experts(E, N, K, 32, 32, true, rng);
   const MxOut mx = run_mx(to_bf16(w), E, N, K, true, false);
   std::vector<std::uint8_t> sc = mx.sc;
   sc[fp8::mx_scale_index(5, 1, K)] = 100;  // (row 5, sub-block 1) of a random block
@@ -513,11 +505,7 @@ TEST(Fp8Product, TokenAxisIsTheExactBlockScaledSum) {
 TEST(Fp8Api, QuantizeWeightsIsTheReferenceInItsLayout) {
   std::mt19937_64 rng(next_seed());
   const std::int64_t E = 2, N = 128, K = 256;
-  std::vector<float> w;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::vector<float> we = make_source(N, K, 128, 128, true, rng);
-    w.insert(w.end(), we.begin(), we.end());
-  }
+  const std::vector<float> w = make_experts(E, N, K, 128, 128, true, rng);
   std::vector<bf16_t> wb = to_bf16(w);
   const QuantizedWeightsLayout layout = quantized_weights_layout(E, N, K);
   EXPECT_EQ(layout.data_t_offset, static_cast<std::size_t>(E * N * K));

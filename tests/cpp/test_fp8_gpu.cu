@@ -176,11 +176,7 @@ TEST(Fp8Gpu, WeightsAreTheCpuBitwise) {
   MOK_REQUIRE_HOPPER();
   std::mt19937_64 rng(next_seed());
   const std::int64_t E = 3, N = 384, K = 256;
-  std::vector<float> w;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::vector<float> we = make_source(N, K, 128, 128, true, rng);
-    w.insert(w.end(), we.begin(), we.end());
-  }
+  const std::vector<float> w = make_experts(E, N, K, 128, 128, true, rng);
   std::vector<bf16_t> wb = to_bf16(w);
   DeviceBuffer<bf16_t> wd(wb);
   Weights q(E, N, K);
@@ -209,11 +205,7 @@ TEST(Fp8Gpu, MxQuantizeIsTheCpuBitwise) {
   std::mt19937_64 rng(next_seed());
   for (const auto [E, M, N, three] :
        {std::array<std::int64_t, 4>{1, 256, 384, 0}, {3, 128, 256, 1}}) {
-    std::vector<float> x;
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::vector<float> xe = make_source(M, N, 32, 32, true, rng);
-      x.insert(x.end(), xe.begin(), xe.end());
-    }
+    const std::vector<float> x = make_experts(E, M, N, 32, 32, true, rng);
     std::vector<bf16_t> xb = to_bf16(x);
     DeviceBuffer<bf16_t> xd(xb);
     auto shape3 = [&](std::int64_t a, std::int64_t b) {
@@ -274,11 +266,7 @@ TEST(Fp8Gpu, MxToBlocksIsTheCpuBitwiseWithTheSameCount) {
   MOK_REQUIRE_HOPPER();
   std::mt19937_64 rng(next_seed());
   const std::int64_t E = 2, N = 256, K = 384;
-  std::vector<float> w;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::vector<float> we = make_source(N, K, 32, 32, true, rng);
-    w.insert(w.end(), we.begin(), we.end());
-  }
+  const std::vector<float> w = make_experts(E, N, K, 32, 32, true, rng);
   std::vector<bf16_t> wb = to_bf16(w);
   std::vector<e4m3_t> mx(E * N * K);
   std::vector<std::uint8_t> sc(E * N * K / 32);
