@@ -124,6 +124,10 @@ struct WorkspaceOptions {
   DType activation_dtype = DType::bf16;  // bf16; f64 only on the CPU backend (exact reference)
   int num_threads = 0;                   // CPU backend: 0 = all hardware threads
   int device_index = 0;                  // CUDA backend
+  // CUDA backend: also reserve the FP8 layer's scratch (the e4m3 operands of a ring pass; H and I
+  // multiples of 128), so that the Fp8Weights calls below can run on it; without it they raise
+  // mok::Error naming this option. The CPU backend needs no scratch for them and ignores it.
+  bool fp8 = false;
   // CUDA backend, expert parallelism across processes (problem.ep_size > 1): this process runs
   // rank problem.ep_rank, and these are every rank's symmetric regions, ep_size entries of
   // symmetric_workspace_bytes() each, in rank order (e.g. from PyTorch symmetric memory). Every
@@ -220,8 +224,9 @@ void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w
 // The weights are quantized by the caller, not per call: a training step changes them once. The
 // bf16 master weights stay the caller's; the weight gradients are theirs (shaped like them).
 // `w`'s routed gate, up and down are not read: absent, or the master weights (checked for shape
-// like the bf16 layer's). Requires H and I multiples of 128 and a bf16 workspace; the CPU backend
-// only for now (elsewhere mok::Error: the FP8 layer is not yet on the CUDA backend). The forward
+// like the bf16 layer's). Requires H and I multiples of 128 and a bf16 workspace; on the CUDA
+// backend a workspace made with WorkspaceOptions::fp8 and the launches' forward path (the
+// megakernel has no FP8 form yet: Config::forward_path fused raises mok::Error). The forward
 // context has the bf16 layer's layout and contents (g, u, h in bf16; the FP8 copies of x and h
 // are quantized again from them, the same bits). A context recorded by one layer is refused by
 // the other's backward (ContextKey::fp8), and by an FP8 backward given other quantized weights.

@@ -16,8 +16,17 @@ change through ``.data``, or through another tensor sharing the memory) needs an
 The ops (torch.library, namespace ``mok::``): ``forward_fp8`` and ``backward_fp8`` are
 ``forward`` and ``backward`` (mok/ops.py) with one more argument, ``fp8_weights``: the twelve
 tensors (data, scales, data_t, scales_t) of gate, up and down from ``quantize_weights``.
-``forward_fp8`` is differentiable in x, topk_weights and the bf16 weights. CPU tensors only for
-now: on CUDA tensors mok's error says the FP8 layer is not yet on the CUDA backend.
+``forward_fp8`` is differentiable in x, topk_weights and the bf16 weights. CPU and CUDA tensors;
+on CUDA the C++ workspace is made with the FP8 scratch (``WorkspaceOptions::fp8``), one beside the
+bf16 layer's for the same shape, and the forward path is the launches (the megakernel has no FP8
+form yet: a config with ``forward_path="fused"`` raises mok's error).
+
+Inside a CUDA graph capture the weights are quantized on every call, into the cached tensors: a
+replay sees no version change (nothing runs on the host), so each replay quantizes the weights as
+they are then. After replays that changed the weights (an optimizer step in the graph), an eager
+call needs ``requantize`` first, as after any change the version counter cannot see. A graph
+compiled by ``torch.compile`` quantizes on every run likewise (the op ``mok::quantize_weights``):
+it has no host-side cache to consult.
 """
 
 import torch
@@ -36,7 +45,6 @@ FP8_NAMES = tuple(f"{w}_{part}" for w in ("gate", "up", "down")
 _FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
 
 PRECISIONS = ("bf16", "fp8")
-_NOT_ON_CUDA = "the FP8 layer is not yet on the CUDA backend"
 
 
 def check_precision(precision):
@@ -50,9 +58,9 @@ def check_precision(precision):
 
 
 def check_device(name, t):
-    """The FP8 layer runs on the CPU backend only, for now."""
-    if t.device.type != "cpu":
-        _checks.fail(f"{name}.device", f"cpu for precision='fp8' ({_NOT_ON_CUDA})",
+    """The FP8 layer runs on the CPU and CUDA backends."""
+    if t.device.type not in ("cpu", "cuda"):
+        _checks.fail(f"{name}.device", "cpu or cuda for precision='fp8'",
                      _checks.device_name(t.device))
 
 
@@ -87,11 +95,44 @@ def _state(w):
     return (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device)
 
 
+@torch.library.custom_op("mok::quantize_weights", mutates_args=())
+def quantize_weights_op(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   torch.Tensor]:
+    """quantize_weights as an op (what a compiled graph runs: it has no host-side cache)."""
+    return quantize_weights(w)
+
+
+@quantize_weights_op.register_fake
+def _(w):
+    E, N, K = w.shape
+    return (w.new_empty((E, N, K), dtype=torch.float8_e4m3fn),
+            w.new_empty((E, N // 128, K // 128), dtype=torch.float32),
+            w.new_empty((E, K, N), dtype=torch.float8_e4m3fn),
+            w.new_empty((E, K // 128, N // 128), dtype=torch.float32))
+
+
+def _quantize_into(w, q):
+    """quantize_weights(w) into the tensors of an earlier quantization of the same layout."""
+    w = w.detach()
+    if not w.is_contiguous():
+        w = w.contiguous()
+    _native.launch(lib.quantize_weights, w.device, *views(w, *q))
+
+
 def quantized(w):
     """The cached quantization of `w`, made again when `w` changed since (version, data pointer,
-    layout)."""
+    layout); inside a CUDA graph capture and in a compiled graph made again every time (the
+    module docstring says why)."""
+    if torch.compiler.is_compiling():
+        return quantize_weights_op(w.detach())  # each run of the compiled graph quantizes
     entry = _CACHE.get(w)
     state = _state(w)
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        if entry is not None and entry[0][2:] == state[2:]:
+            _quantize_into(w, entry[1])  # no allocation: the graph writes the cached tensors
+            _CACHE[w] = (state, entry[1])
+            return entry[1]
+        return quantize_weights(w)  # the graph's memory: not cached for eager calls
     if entry is not None and entry[0] == state:
         return entry[1]
     q = quantize_weights(w)
@@ -111,23 +152,29 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
         handle, swiglu_limit):
     """mok.moe's body for precision='fp8' (its arguments checked there)."""
     check_device("x", x)
-    ws, _config = _workspace.resolve(handle)
-    if ws.ep_size > 1:
-        _checks.fail("precision", "'bf16' with a workspace of several ranks (the FP8 layer's "
-                     "expert parallelism across processes is in the C++ API, not yet here)",
-                     "'fp8'")
     for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up),
                     ("routed_down_weights", down)):
         check_device(name, w)
         if w.dtype != torch.bfloat16:
             _checks.fail(f"{name}.dtype", "bfloat16 for precision='fp8'",
                          _checks.dtype_name(w.dtype), TypeError)
-    # The layer's own checks first (metadata only), so a bad shape is named as the layer names it,
-    # not as the weight quantizer would.
-    shape, _ws, _config = check_layer_call(handle, x, topk_experts, topk_weights,
-                                           (gate, up, down, shared_gate, shared_up, shared_down))
-    for name, size in (("hidden_size", shape.hidden_size),
-                       ("intermediate_size", shape.intermediate_size)):
+    if torch.compiler.is_compiling():
+        # NOTES: resolving the workspace handle takes a lock, which torch.compile cannot trace;
+        # the ops' fake implementations make the layer's checks while tracing, and the op checks
+        # the ranks when it runs (_check_one_rank).
+        hidden, intermediate = x.shape[-1], gate.shape[-2]
+    else:
+        if _workspace.resolve(handle)[0].ep_size > 1:
+            _checks.fail("precision", "'bf16' with a workspace of several ranks (the FP8 "
+                         "layer's expert parallelism across processes is in the C++ API, not yet "
+                         "here)", "'fp8'")
+        # The layer's own checks first (metadata only), so a bad shape is named as the layer
+        # names it, not as the weight quantizer would.
+        shape, _ws, _config = check_layer_call(handle, x, topk_experts, topk_weights,
+                                               (gate, up, down, shared_gate, shared_up,
+                                                shared_down))
+        hidden, intermediate = shape.hidden_size, shape.intermediate_size
+    for name, size in (("hidden_size", hidden), ("intermediate_size", intermediate)):
         if size % 128:
             _checks.fail(name, "a multiple of 128 for precision='fp8'", size)
     fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
@@ -161,10 +208,10 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
     out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
                              shape.device)
     context = _layer_tensors.new_context(ws, config, shape)
-    ws.core(shape, config).run(lib.forward, x.device,
-                               *views(x, topk_experts, topk_weights, *weights, out),
-                               *context_views(context), swiglu_limit=swiglu_limit,
-                               fp8_weights=tuple(views(*fp8_weights)))
+    ws.core(shape, config, fp8=True).run(lib.forward, x.device,
+                                         *views(x, topk_experts, topk_weights, *weights, out),
+                                         *context_views(context), swiglu_limit=swiglu_limit,
+                                         fp8_weights=tuple(views(*fp8_weights)))
     return (out, *context)
 
 
@@ -191,10 +238,10 @@ def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, rout
     _checks.check_d_out(d_out, shape)
     check_context(context, context_shapes(ws, config, shape), shape)
     d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, shape.activation_dtype)
-    ws.core(shape, config).run(lib.backward, x.device,
-                               *views(x, topk_experts, topk_weights, *weights),
-                               *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
-                               swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
+    ws.core(shape, config, fp8=True).run(
+        lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
+        *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
+        swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
     shared = [g if g is not None else x.new_empty(0) for g in shared]
     return (d_x, d_w, *routed, *shared)
 

@@ -62,10 +62,10 @@ def _capturing(device):
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _layout_key(shape, config):
+def _layout_key(shape, config, fp8=False):
     return (shape.num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
             shape.topk, shape.shared_intermediate_size, shape.activation_dtype, shape.device,
-            config)
+            config, fp8)
 
 
 # MoK's MoKWorkspace buffer fields that mok does not have as Python tensors (see __getattr__).
@@ -211,8 +211,10 @@ class Workspace:
                                backend=backend,
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
-    def core(self, shape, config):
-        """The C++ workspace for `shape` and `config`, created on its first call, which must run
+    def core(self, shape, config, fp8=False):
+        """The C++ workspace for `shape` and `config` (`fp8`: the FP8 layer's, which on CUDA holds
+        its scratch beside the bf16 layer's; the CPU needs none: one workspace serves both),
+        created on its first call, which must run
         outside CUDA graph capture: creating it allocates and zeroes device memory with
         synchronous CUDA calls, so a first call during capture raises mok's error asking for one
         eager call (a warm-up) first. Beyond _MAX_CORES the least recently used are retired,
@@ -220,7 +222,8 @@ class Workspace:
         one is freed (cudaFree synchronizes the device) only at the next creation of a C++
         workspace, a call that makes synchronous CUDA calls anyway and never runs during capture,
         and only once no call is running on it."""
-        key = _layout_key(shape, config)
+        fp8 = fp8 and shape.device.type == "cuda"
+        key = _layout_key(shape, config, fp8)
         capturing = _capturing(shape.device)
         with self._cores_lock:
             core = self._cores.get(key)
@@ -245,7 +248,7 @@ class Workspace:
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
                 activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
-                device_index=d.index if d.index is not None else 0, **extra)
+                device_index=d.index if d.index is not None else 0, fp8=fp8, **extra)
             if symmetric is not None:
                 # Every rank's team exists (its flags zeroed) before any rank's first signal.
                 group_barrier(self.group, d)

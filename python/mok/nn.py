@@ -37,10 +37,10 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
 
     precision="fp8": the FP8 layer (docs/architecture.md, "The FP8 layer"): every routed-expert
     GEMM on e4m3 operands with power-of-two block scales, the rest as in bf16; bf16 x and weights,
-    H and I multiples of 128, CPU tensors for now (CUDA: not yet on the CUDA backend). The routed
+    H and I multiples of 128, CPU or CUDA tensors (CUDA: the launches' forward path). The routed
     weights stay the bf16 parameters (their gradients are returned); each is quantized when it
-    changed since its last use (its version counter: an optimizer step), not per call
-    (mok/_fp8_layer.py).
+    changed since its last use (its version counter: an optimizer step), not per call, and on
+    every call inside a CUDA graph capture (mok/_fp8_layer.py).
     """
     if workspace is not None and not isinstance(workspace, _workspace.Workspace):
         _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
@@ -137,9 +137,10 @@ class MoE(torch.nn.Module):
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
     precision="fp8": the FP8 layer (mok.moe's precision; bf16 dtype, H and I multiples of 128,
-    CPU tensors for now). The routed weights stay bf16 parameters, quantized again whenever they
-    changed (an optimizer step); after a change PyTorch's version counter cannot see (through
-    `.data`), call quantize_weights().
+    CPU or CUDA). The routed weights stay bf16 parameters, quantized again whenever they changed
+    (an optimizer step), and in every call a CUDA graph captures; after a change PyTorch's version
+    counter cannot see (through `.data`, or graph replays that stepped the optimizer), call
+    quantize_weights().
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.

@@ -83,10 +83,11 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
   impl_->config = config;
   impl_->options = options;
   impl_->backend = backend;
-  impl_->layer = backend == Backend::cpu
-                     ? make_cpu_backend(problem, options.activation_dtype, options.num_threads)
-                     : make_cuda_backend(problem, config, options.device_index,
-                                         options.symmetric_bases, options.barrier_timeout_ms);
+  impl_->layer =
+      backend == Backend::cpu
+          ? make_cpu_backend(problem, options.activation_dtype, options.num_threads)
+          : make_cuda_backend(problem, config, options.device_index, options.symmetric_bases,
+                              options.barrier_timeout_ms, options.fp8);
 }
 
 Workspace::~Workspace() = default;
@@ -299,7 +300,13 @@ void check_context(const Workspace& ws_, const ForwardContext& c) {
 }
 
 void check_fp8_call(const Workspace::Impl& ws, const Fp8Weights& q, InputUse use) {
-  if (ws.backend != Backend::cpu) throw fp8_layer_not_here();
+  if (ws.backend == Backend::cuda) {
+    if (!ws.options.fp8) {
+      throw Error("WorkspaceOptions.fp8",
+                  "true for the FP8 layer on the cuda backend (it reserves the FP8 scratch)",
+                  "false");
+    }
+  }
   check_fp8_layer(ws.problem, ws.options.activation_dtype, device_of(ws), q, use);
 }
 

@@ -25,12 +25,12 @@ class LayerBackend {
                         const TensorView& d_out, const Grads& grads, const BackwardOptions& options,
                         void* stream) = 0;
   // The FP8 layer (api.hpp, Fp8Weights; validated likewise): the routed GEMMs on `q`, `w`'s routed
-  // views not read. Only the CPU reference has it so far; the defaults say so.
+  // views not read.
   virtual void forward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
-                           const TensorView* out, const ForwardContext& ctx, void* stream);
+                           const TensorView* out, const ForwardContext& ctx, void* stream) = 0;
   virtual void backward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
                             const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
-                            const BackwardOptions& options, void* stream);
+                            const BackwardOptions& options, void* stream) = 0;
   // Raises the errors a device found since the last call (bad expert ids, timed-out waits); the
   // device-side clear is ordered on `stream`. The CPU checks before it computes: nothing to raise.
   virtual void check_errors(void* stream) = 0;
@@ -63,19 +63,17 @@ class LayerBackend {
                                       const Grads& grads, const BackwardOptions& options);
 };
 
-// What a backend without the FP8 layer raises (the API layer raises it first, naming the
-// backend).
-Error fp8_layer_not_here();
-
 // The CPU reference: `act` bf16 (the GPU's precision model) or f64 (exact); `num_threads` 0: all.
 std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int num_threads);
 
 // The CUDA layer on `device`: the whole layer (ep_size 1), or with `symmetric_bases` (ep_size
 // entries) rank p.ep_rank of a team across processes. A build without CUDA throws
 // (src/cuda/no_cuda.cpp).
+// `fp8`: with the FP8 layer's scratch (WorkspaceOptions::fp8).
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
                                                 const std::vector<void*>& symmetric_bases = {},
-                                                std::uint64_t barrier_timeout_ms = 10000);
+                                                std::uint64_t barrier_timeout_ms = 10000,
+                                                bool fp8 = false);
 
 // The CUDA runtime facts core and the CLI need, in every build (src/cuda/runtime.cu, or
 // src/cuda/no_cuda.cpp without CUDA).

@@ -198,6 +198,10 @@ static void check_quantized(const std::string& name, const QuantizedWeights& q, 
   check_view((name + ".scales").c_str(), q.scales, DType::f32, {E, N / B, K / B}, device);
   check_view((name + ".data_t").c_str(), q.data_t, DType::fp8_e4m3, {E, K, N}, device);
   check_view((name + ".scales_t").c_str(), q.scales_t, DType::f32, {E, K / B, N / B}, device);
+  if (device.kind == DeviceKind::cuda) {  // the GEMMs read the bytes through tensor maps (TMA)
+    check_aligned_16((name + ".data").c_str(), q.data);
+    check_aligned_16((name + ".data_t").c_str(), q.data_t);
+  }
 }
 
 void check_fp8_layer(const Problem& p, DType act, Device device, const Fp8Weights& q,

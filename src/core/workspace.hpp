@@ -26,8 +26,9 @@ void check_context(const Workspace& ws, const ForwardContext& c);
 // Throws unless the workspace runs its calls by itself: one rank, or a cuda rank of a team across
 // processes (`call` names the entry point refused; the cpu backend's ranks go through host_ep).
 void require_one_rank(const Workspace::Impl& ws, const char* call);
-// The FP8 layer's own requirements beside the bf16 layer's checks: the CPU backend for now (else
-// mok::Error: not yet on the CUDA backend), then validate.hpp's check_fp8_layer.
+// The FP8 layer's own requirements beside the bf16 layer's checks: on the cuda backend a workspace
+// made with WorkspaceOptions::fp8 (else mok::Error naming it), then validate.hpp's
+// check_fp8_layer.
 void check_fp8_call(const Workspace::Impl& ws, const Fp8Weights& q, InputUse use);
 
 }  // namespace mok

@@ -242,6 +242,45 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
   return p;
 }
 
+// The FP8 layer's scratch (docs/architecture.md, "The FP8 layer"), per rank, in an allocation of
+// its own that only a workspace made for the FP8 layer has (WorkspaceOptions::fp8): the e4m3
+// operands of a pass, quantized from the bf16 rows the layer keeps anyway. R = ring_rows, a
+// multiple of 128; M = max(H, I).
+//   rows_a, rows_a_scales   e4m3 [R, M], f32 [M/128, R]  1x128 along K: forward x, then h;
+//                                                        backward d_out, then dg
+//   rows_b, rows_b_scales   e4m3 [R, I], f32 [I/128, R]  backward du (dx reads dg and du at once)
+//   t_x, t_dy               e4m3 [H, R], scales f32 [R/128, H]  token-axis copies (the pass's rows
+//   t_dg, t_du, t_h         e4m3 [I, R], scales f32 [R/128, I]  as columns), the weight gradients'
+// The five token-axis copies exist at once: the three weight gradients run at the same time.
+struct Fp8Plan {
+  Buffer rows_a, rows_a_scales, rows_b, rows_b_scales;
+  Buffer t_x, t_x_scales, t_dy, t_dy_scales, t_dg, t_dg_scales, t_du, t_du_scales, t_h, t_h_scales;
+  std::int64_t bytes = 0;
+};
+
+constexpr Fp8Plan make_fp8_plan(const PlanShape& s) {
+  const std::int64_t R = ring_rows(s), H = s.hidden_size, I = s.intermediate_size;
+  const std::int64_t M = H > I ? H : I, blocks = R / 128, f32 = 4;
+  Fp8Plan p;
+  std::int64_t end = 0;
+  p.rows_a = carve(end, R * M);
+  p.rows_a_scales = carve(end, M / 128 * R * f32);
+  p.rows_b = carve(end, R * I);
+  p.rows_b_scales = carve(end, I / 128 * R * f32);
+  p.t_x = carve(end, H * R);
+  p.t_x_scales = carve(end, blocks * H * f32);
+  p.t_dy = carve(end, H * R);
+  p.t_dy_scales = carve(end, blocks * H * f32);
+  p.t_dg = carve(end, I * R);
+  p.t_dg_scales = carve(end, blocks * I * f32);
+  p.t_du = carve(end, I * R);
+  p.t_du_scales = carve(end, blocks * I * f32);
+  p.t_h = carve(end, I * R);
+  p.t_h_scales = carve(end, blocks * I * f32);
+  p.bytes = end;
+  return p;
+}
+
 enum class Region : std::uint8_t { symmetric, local, layer };
 
 constexpr const char* region_name(Region r) {

@@ -153,10 +153,10 @@ std::optional<Fp8Weights> fp8_weights_of(nb::handle h) {
                 to_text(t.size()) + " views");
   }
   static const char* const kNames[12] = {
-      "fp8_weights.gate.data", "fp8_weights.gate.scales", "fp8_weights.gate.data_t",
-      "fp8_weights.gate.scales_t", "fp8_weights.up.data", "fp8_weights.up.scales",
-      "fp8_weights.up.data_t", "fp8_weights.up.scales_t", "fp8_weights.down.data",
-      "fp8_weights.down.scales", "fp8_weights.down.data_t", "fp8_weights.down.scales_t"};
+      "fp8_weights.gate.data",     "fp8_weights.gate.scales", "fp8_weights.gate.data_t",
+      "fp8_weights.gate.scales_t", "fp8_weights.up.data",     "fp8_weights.up.scales",
+      "fp8_weights.up.data_t",     "fp8_weights.up.scales_t", "fp8_weights.down.data",
+      "fp8_weights.down.scales",   "fp8_weights.down.data_t", "fp8_weights.down.scales_t"};
   auto one = [&](int i) {
     const int j = 4 * i;
     return QuantizedWeights{view_of(t[j], kNames[j]), view_of(t[j + 1], kNames[j + 1]),
@@ -380,10 +380,10 @@ NB_MODULE(_C, m) {
              std::int64_t k, std::int64_t S, int ep_size, int ep_rank, int fwd_sms, int bwd_sms,
              std::int64_t mini, std::int64_t macro, double mult, const std::string& backend,
              const std::string& activation_dtype, int num_threads, int device_index,
-             const std::vector<std::uintptr_t>& symmetric_bases,
-             std::uint64_t barrier_timeout_ms, const std::string& forward_path,
-             std::int64_t fused_stage_rows) {
+             const std::vector<std::uintptr_t>& symmetric_bases, std::uint64_t barrier_timeout_ms,
+             const std::string& forward_path, std::int64_t fused_stage_rows, bool fp8) {
             WorkspaceOptions o;
+            o.fp8 = fp8;
             o.backend = parse_backend(backend);
             o.activation_dtype = parse_dtype(activation_dtype, "activation");
             o.num_threads = num_threads;
@@ -394,8 +394,7 @@ NB_MODULE(_C, m) {
             o.barrier_timeout_ms = barrier_timeout_ms;
             new (self) Workspace(
                 problem_of(T, H, I, E, k, S, ep_size, ep_rank),
-                config_of(fwd_sms, bwd_sms, mini, macro, mult, forward_path, fused_stage_rows),
-                o);
+                config_of(fwd_sms, bwd_sms, mini, macro, mult, forward_path, fused_stage_rows), o);
           },
           nb::kw_only(), nb::arg("num_tokens"), nb::arg("hidden_size"),
           nb::arg("intermediate_size"), nb::arg("num_experts"), nb::arg("topk"),
@@ -405,7 +404,7 @@ NB_MODULE(_C, m) {
           nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"),
           nb::arg("symmetric_bases") = std::vector<std::uintptr_t>{},
           nb::arg("barrier_timeout_ms") = 10000, nb::arg("forward_path") = "launches",
-          nb::arg("fused_stage_rows") = 0)
+          nb::arg("fused_stage_rows") = 0, nb::arg("fp8") = false)
       .def_prop_ro("backend",
                    [](const Workspace& ws) { return std::string(backend_name(ws.backend())); })
       .def_prop_ro(
@@ -492,8 +491,8 @@ NB_MODULE(_C, m) {
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView o = view_of(out, "out");
-        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
-                                      gate_shared, up_shared, hidden_shared);
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+                                      up_shared, hidden_shared);
         const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
         if (q) {
@@ -546,8 +545,7 @@ NB_MODULE(_C, m) {
          nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out, nb::handle d_x,
          nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
          nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
-         bool accumulate_weight_grads, std::optional<double> swiglu_limit,
-         nb::handle fp8_weights) {
+         bool accumulate_weight_grads, std::optional<double> swiglu_limit, nb::handle fp8_weights) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
@@ -629,8 +627,8 @@ NB_MODULE(_C, m) {
         const TensorView v = view_of(topk_experts_all, "topk_experts_all");
         if (v.ndim != 2) throw Error("topk_experts_all.ndim", "2", to_text(v.ndim));
         if (ep_size < 1 || v.shape[0] % ep_size != 0) {
-          throw Error("topk_experts_all.shape[0]",
-                      "a multiple of ep_size = " + to_text(ep_size), to_text(v.shape[0]));
+          throw Error("topk_experts_all.shape[0]", "a multiple of ep_size = " + to_text(ep_size),
+                      to_text(v.shape[0]));
         }
         check_view("topk_experts_all", v, DType::i64, {v.shape[0], v.shape[1]}, Device{});
         Problem p;
@@ -667,8 +665,8 @@ NB_MODULE(_C, m) {
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
         const TensorView send = view_of(combine_send, "combine_send");
-        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed,
-                                      gate_shared, up_shared, hidden_shared);
+        ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+                                      up_shared, hidden_shared);
         nb::gil_scoped_release release;
         host_ep::expert_forward(ws, in, w, send, c);
       },
@@ -736,11 +734,10 @@ NB_MODULE(_C, m) {
       nb::arg("topk_weights_all"), nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
       nb::arg("routed_down_weights"), nb::arg("shared_gate_weights").none(),
       nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
-      nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
-      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
-      nb::arg("hidden_shared").none(), nb::arg("d_out_all"), nb::arg("dx_send"),
-      nb::arg("dw_send"), nb::arg("d_x"), nb::arg("d_topk_weights"),
-      nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
+      nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"), nb::arg("hidden_routed"),
+      nb::arg("gate_shared").none(), nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
+      nb::arg("d_out_all"), nb::arg("dx_send"), nb::arg("dw_send"), nb::arg("d_x"),
+      nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
       nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
       nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
       nb::arg("accumulate_weight_grads") = false, nb::arg("swiglu_limit").none() = nb::none());
@@ -770,13 +767,12 @@ NB_MODULE(_C, m) {
         host_ep::home_backward(ws, in, w, c, g_out, dx, dw, g, options);
       },
       nb::arg("workspace"), nb::arg("x"), nb::arg("topk_experts"), nb::arg("topk_weights"),
-      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
-      nb::arg("routed_down_weights"), nb::arg("shared_gate_weights").none(),
-      nb::arg("shared_up_weights").none(), nb::arg("shared_down_weights").none(),
-      nb::arg("x_routed"), nb::arg("gate_routed"), nb::arg("up_routed"),
-      nb::arg("hidden_routed"), nb::arg("gate_shared").none(), nb::arg("up_shared").none(),
-      nb::arg("hidden_shared").none(), nb::arg("d_out"), nb::arg("dx_received"),
-      nb::arg("dw_received"), nb::arg("d_x"), nb::arg("d_topk_weights"),
+      nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"), nb::arg("routed_down_weights"),
+      nb::arg("shared_gate_weights").none(), nb::arg("shared_up_weights").none(),
+      nb::arg("shared_down_weights").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
+      nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
+      nb::arg("up_shared").none(), nb::arg("hidden_shared").none(), nb::arg("d_out"),
+      nb::arg("dx_received"), nb::arg("dw_received"), nb::arg("d_x"), nb::arg("d_topk_weights"),
       nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
       nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
       nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),

@@ -218,7 +218,7 @@ TEST(HostEp, ErrorsNameTheRankAndTheBuffer) {
                {"topk_experts[1, 1] of rank 1", "[-1, 4)", "got 9"});
   g.topk_experts.set(4 * 2 + 3, 0);
   HostContext ctx(ws);
-  HostTensor wrong(DType::bf16, {3, 64});
+  HostTensor wrong(DType::bf16, {3, 32});  // never [rows sent, H]: its width is not H
   Weights w = g.weights();
   w.gate = rows_of(w.gate, 2, 2);
   w.up = rows_of(w.up, 2, 2);

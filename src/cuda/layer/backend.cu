@@ -10,8 +10,8 @@ namespace {
 
 class SingleRank final : public LayerBackend {
  public:
-  SingleRank(const Problem& p, const Config& c, int device, const ExternalRank& external)
-      : layer_(p, c, device, external) {}
+  SingleRank(const Problem& p, const Config& c, int device, const ExternalRank& external, bool fp8)
+      : layer_(p, c, device, external, fp8) {}
 
   void forward(const Inputs& in, const Weights& w, const TensorView* out, const ForwardContext& ctx,
                void* stream) override {
@@ -24,6 +24,19 @@ class SingleRank final : public LayerBackend {
                 void* stream) override {
     const std::array<RankTensors, 1> ranks{RankTensors{in, w, {}, d_out, grads, ctx}};
     layer_.backward(ranks, options, static_cast<cudaStream_t>(stream));
+  }
+  void forward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q, const TensorView* out,
+                   const ForwardContext& ctx, void* stream) override {
+    RankTensors t{in, w, out ? *out : TensorView{}, {}, {}, ctx};
+    t.q = &q;
+    layer_.forward({&t, 1}, out != nullptr, static_cast<cudaStream_t>(stream));
+  }
+  void backward_fp8(const Inputs& in, const Weights& w, const Fp8Weights& q,
+                    const ForwardContext& ctx, const TensorView& d_out, const Grads& grads,
+                    const BackwardOptions& options, void* stream) override {
+    RankTensors t{in, w, {}, d_out, grads, ctx};
+    t.q = &q;
+    layer_.backward({&t, 1}, options, static_cast<cudaStream_t>(stream));
   }
   void check_errors(void* stream) override {
     layer_.check_errors(static_cast<cudaStream_t>(stream));
@@ -48,9 +61,9 @@ namespace mok {
 
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
                                                 const std::vector<void*>& symmetric_bases,
-                                                std::uint64_t barrier_timeout_ms) {
+                                                std::uint64_t barrier_timeout_ms, bool fp8) {
   return std::make_unique<cuda::SingleRank>(
-      p, config, device, cuda::ExternalRank{symmetric_bases, barrier_timeout_ms});
+      p, config, device, cuda::ExternalRank{symmetric_bases, barrier_timeout_ms}, fp8);
 }
 
 }  // namespace mok

@@ -7,8 +7,10 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "core/schedule_check.hpp"
 #include "core/schedule_layout.hpp"
 #include "cuda/comm/team.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
@@ -16,6 +18,7 @@
 #include "cuda/kernels/fused_forward.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
+#include "cuda/kernels/quantize_pass_fp8.hpp"
 #include "cuda/kernels/router_grad.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "mok/schedule.hpp"
@@ -28,6 +31,15 @@ using bf16 = __nv_bfloat16;
 void check(cudaError_t e, const char* what) {
   mok::cuda_check(e, what);
 }
+
+// One rank's FP8 scratch (plan::Fp8Plan; null without it): the e4m3 operands of a pass.
+struct Fp8Buffers {
+  std::uint8_t *rows_a = nullptr, *rows_b = nullptr;  // 1x128 along K
+  float *rows_a_scales = nullptr, *rows_b_scales = nullptr;
+  std::uint8_t *t_x = nullptr, *t_dy = nullptr, *t_dg = nullptr, *t_du = nullptr, *t_h = nullptr;
+  float *t_x_scales = nullptr, *t_dy_scales = nullptr, *t_dg_scales = nullptr,
+        *t_du_scales = nullptr, *t_h_scales = nullptr;
+};
 
 // One rank's buffers of the plan's layer region (plan::WorkspacePlan): scratch only (the forward
 // context is the caller's, RankTensors::ctx).
@@ -52,6 +64,7 @@ struct RankBuffers {
   // fp32 sums of the experts whose rows span passes (passes > 1): carry_slots [I, H] / [H, I]
   float *carry_gate = nullptr, *carry_up = nullptr, *carry_down = nullptr;
   std::uint32_t* fused_counters = nullptr;  // the forward megakernel's (zero between launches)
+  Fp8Buffers fp8;                           // its own allocation (Layer made with `fp8`)
 };
 
 // One family of SwiGLU experts over a row buffer: the routed experts over a ring pass (grouped
@@ -70,6 +83,10 @@ struct ExpertRows {
   // Routed gate and up may be row-strided views (core/validate.cpp), e.g. of one packed [G, 2N, H]
   // tensor, read in place through the tensor maps; default: contiguous.
   gemm::WeightStrides gate_up_strides = {};
+  // The FP8 layer (routed experts only): the quantized weights the GEMMs read instead of w_gate,
+  // w_up and w_down, and the scratch their e4m3 row operands are quantized into. Null: bf16.
+  const Fp8Weights* q = nullptr;
+  const Fp8Buffers* fp8 = nullptr;
 };
 
 // The tensor-map strides of a routed gate/up weight view [G, N, H] (validated: unit column stride,
@@ -187,16 +204,13 @@ struct GradTarget {
   bool later_pass;        // a pass after the first: some experts may continue a carried sum
 };
 
-// out[G, m, n] = a[rows]^T b[rows] per group, on e.stream. `tickets`: that stream's ticket
-// counter pair (zero between launches; the launches that use a pair are ordered on its stream).
-void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
-                 const GradTarget& t, unsigned* tickets) {
+// The arguments of a weight gradient [G, m, n] into `t` on e.stream, its operands unset.
+// `tickets`: that stream's ticket counter pair (zero between launches; the launches that use a
+// pair are ordered on its stream).
+gemm::WeightGradArgs weight_grad_args(const ExpertRows& e, std::int64_t m, std::int64_t n,
+                                      const GradTarget& t, unsigned* tickets) {
   gemm::WeightGradArgs w;
   w.segments = e.segments;
-  w.a = a;
-  w.ld_a = m;
-  w.b = b;
-  w.ld_b = n;
   w.out = t.view->data;
   w.ld_out = n;
   w.out_fp32 = t.view->dtype == DType::f32;
@@ -207,14 +221,165 @@ void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16*
   w.stream = e.stream;
   w.waits = e.waits;
   w.passes = t.passes;
-  gemm::weight_grad(w);  // one pass: every expert; else the kWhole and kOpen ones
+  return w;
+}
+
+// `launch(w)` for one pass: every expert; else the kWhole and kOpen ones, and then the experts
+// that continue a carried sum (kCarry, kClose: at most the one expert whose rows cross into this
+// pass) in a launch of their own. NOTES: seeding the accumulators makes ptxas serialize the wgmma
+// pipeline of the whole kernel (forms.cuh), so only that launch has it.
+template <class Launch>
+void run_weight_grad(gemm::WeightGradArgs w, const GradTarget& t, Launch&& launch) {
+  launch(w);
   if (t.passes.steps != nullptr && t.later_pass) {
-    // NOTES: the experts that continue a carried sum (kCarry, kClose: at most the one expert
-    // whose rows cross into this pass) run in a launch of their own, because seeding the
-    // accumulators makes ptxas serialize the wgmma pipeline of the whole kernel (forms.cuh).
     w.continue_reduction = true;
-    gemm::weight_grad(w);
+    launch(w);
   }
+}
+
+// out[G, m, n] = a[rows]^T b[rows] per group, on e.stream.
+void weight_grad(const ExpertRows& e, const bf16* a, std::int64_t m, const bf16* b, std::int64_t n,
+                 const GradTarget& t, unsigned* tickets) {
+  gemm::WeightGradArgs w = weight_grad_args(e, m, n, t, tickets);
+  w.a = a;
+  w.ld_a = m;
+  w.b = b;
+  w.ld_b = n;
+  run_weight_grad(w, t, [](const gemm::WeightGradArgs& args) { gemm::weight_grad(args); });
+}
+
+// ---- The FP8 forms (docs/architecture.md, "The FP8 layer"): each routed GEMM on e4m3 operands,
+// its rows quantized from the bf16 rows just before it, on the stream that then reads them, into
+// the rank's FP8 scratch (e.fp8); the weights from e.q. Outputs and epilogues as the bf16 forms'.
+
+gemm::Fp8Weight fp8_weight(const QuantizedWeights& q) {
+  return {q.data.ptr<const std::uint8_t>(), q.scales.ptr<const float>()};
+}
+gemm::Fp8Weight fp8_weight_t(const QuantizedWeights& q) {  // the transposed copy (the dgrads')
+  return {q.data_t.ptr<const std::uint8_t>(), q.scales_t.ptr<const float>()};
+}
+
+// The pass's rows x [R, K] -> 1x128 blocks along K (the M-grouped forms' A operand), on e.stream,
+// for the rows of the pass's segments only (R = the segments' capacity: the ring).
+gemm::Fp8Rows quantize_rows(const ExpertRows& e, const bf16* x, std::int64_t K, std::uint8_t* data,
+                            float* scales) {
+  QuantizePassRowsParams p;
+  p.x = reinterpret_cast<const std::uint16_t*>(x);
+  p.ld_x = K;
+  p.rows = e.segments.capacity_rows;
+  p.K = K;
+  p.row_end = e.segments.starts + e.segments.num_groups;
+  p.data = data;
+  p.ld = K;
+  p.scales = scales;
+  p.scale_ld = e.segments.capacity_rows;
+  check(launch_quantize_pass_rows(p, e.stream), "FP8 quantization of a pass's rows");
+  return {data, K, scales, e.segments.capacity_rows};
+}
+
+// The token-axis copy of the pass's rows x [R, K] (a weight gradient's operand): 128-row blocks
+// of each expert's rows from its first, scales from its rows only; on e.stream.
+gemm::Fp8TokenAxis quantize_token_axis(const ExpertRows& e, const bf16* x, std::int64_t K,
+                                       std::uint8_t* data, float* scales) {
+  QuantizePassTokenAxisParams p;
+  p.x = reinterpret_cast<const std::uint16_t*>(x);
+  p.ld_x = K;
+  p.rows = e.segments.capacity_rows;
+  p.K = K;
+  p.starts = e.segments.starts;
+  p.counts = e.segments.rows;
+  p.groups = e.segments.num_groups;
+  p.data = data;
+  p.ld = e.segments.capacity_rows;
+  p.scales = scales;
+  p.scale_ld = K;
+  check(launch_quantize_pass_token_axis(p, e.stream), "FP8 token-axis quantization of a pass");
+  return {data, e.segments.capacity_rows, scales, K};
+}
+
+// g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (x quantized here).
+void gate_up_forward_fp8(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
+  gemm::GateUpForwardFp8Args a;
+  a.segments = e.segments;
+  a.x = quantize_rows(e, x, e.hidden, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.w_gate = fp8_weight(e.q->gate);
+  a.w_up = fp8_weight(e.q->up);
+  a.hidden = h;
+  a.gate = g;
+  a.up = u;
+  a.ld_out = e.width;
+  a.hidden_size = static_cast<int>(e.hidden);
+  a.intermediate_size = static_cast<int>(e.width);
+  a.swiglu_limit = e.swiglu_limit;
+  a.stream = e.stream;
+  a.waits = e.waits;
+  gemm::gate_up_forward_fp8(a);
+}
+
+// y = bf16(q(h).W_down), its rows to their home slots (the combine).
+void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter& to) {
+  gemm::RowsTimesWeightTFp8Args a;
+  a.segments = e.segments;
+  a.a = quantize_rows(e, h, e.width, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.w = fp8_weight(e.q->down);
+  a.scatter = to;
+  a.ld_out = e.hidden;
+  a.n = static_cast<int>(e.hidden);
+  a.k = static_cast<int>(e.width);
+  a.stream = e.stream;
+  a.waits = e.waits;
+  gemm::rows_times_weight_t_fp8(a);
+}
+
+// down_dgrad_swiglu from q(d_out) and the transposed W_down copy (no scaled_hidden: dW_down takes
+// the reference's operands, dy and h).
+void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* d_out, const bf16* g, const bf16* u,
+                           bf16* dg, bf16* du, const float* row_weights, float* dot) {
+  gemm::RowsTimesWeightFp8Args a;
+  a.segments = e.segments;
+  a.a = quantize_rows(e, d_out, e.hidden, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.w_t = fp8_weight_t(e.q->down);
+  a.swiglu.gate = g;
+  a.swiglu.up = u;
+  a.swiglu.d_gate = dg;
+  a.swiglu.d_up = du;
+  a.swiglu.row_scale = row_weights;
+  a.swiglu.dot = dot;
+  a.swiglu.limit = e.swiglu_limit;
+  a.ld_out = e.width;
+  a.n = static_cast<int>(e.width);
+  a.k = static_cast<int>(e.hidden);
+  a.stream = e.stream;
+  a.waits = e.waits;
+  gemm::rows_times_weight_fp8(a);
+}
+
+// dx = bf16(q(dg).W_gate^T + q(du).W_up^T), one accumulator, rows to their home slots; dg and du
+// come quantized (rows_a, rows_b).
+void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm::Fp8Rows& du,
+                       const gemm::RowScatter& to) {
+  gemm::RowsTimesWeightFp8Args a;
+  a.segments = e.segments;
+  a.a = dg;
+  a.w_t = fp8_weight_t(e.q->gate);
+  a.a2 = du;
+  a.w2_t = fp8_weight_t(e.q->up);
+  a.scatter = to;
+  a.ld_out = e.hidden;
+  a.n = static_cast<int>(e.hidden);
+  a.k = static_cast<int>(e.width);
+  a.stream = e.stream;
+  a.waits = e.waits;
+  gemm::rows_times_weight_fp8(a);
+}
+
+// weight_grad from token-axis copies.
+void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int64_t m,
+                     const gemm::Fp8TokenAxis& b, std::int64_t n, const GradTarget& t,
+                     unsigned* tickets) {
+  run_weight_grad(weight_grad_args(e, m, n, t, tickets), t, [&](const gemm::WeightGradArgs& args) {
+    gemm::weight_grad_fp8({args, a, b});
+  });
 }
 
 // Backward through one expert family, given the output gradient rows (and x, g, u, h of the
@@ -286,6 +451,35 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
 }
 
+// expert_backward in FP8 (routed experts; b.scaled_hidden null): the same GEMMs on the same
+// streams in the same order. Each e4m3 operand is quantized from the bf16 rows on the stream that
+// reads it, after what wrote them: q(d_out) before the down dgrad; q(dg), q(du) and the token-axis
+// copies of x, dg, du and h after it, before the fork; dy's on side stream 0 after `between`
+// scaled the rows. Scratch: rows_a holds q(d_out), then q(dg) (the down dgrad has read it by
+// then: one stream); the join before the next pass orders the next pass's writes.
+template <class Between>
+void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
+                         Between&& between) {
+  const Fp8Buffers& f = *e.fp8;
+  const std::int64_t H = e.hidden, I = e.width;
+  down_dgrad_swiglu_fp8(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+  const gemm::Fp8Rows dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
+  const gemm::Fp8Rows du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
+  const gemm::Fp8TokenAxis t_x = quantize_token_axis(e, b.x, H, f.t_x, f.t_x_scales);
+  const gemm::Fp8TokenAxis t_dg = quantize_token_axis(e, b.dg, I, f.t_dg, f.t_dg_scales);
+  const gemm::Fp8TokenAxis t_du = quantize_token_axis(e, b.du, I, f.t_du, f.t_du_scales);
+  const gemm::Fp8TokenAxis t_h = quantize_token_axis(e, b.hidden, I, f.t_h, f.t_h_scales);
+  w.fork(e.stream);
+  ExpertRows on[plan::kWgradStreams] = {e, e, e};
+  for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
+  between(w.side[0]);  // d_out rows -> dy = bf16(w d_out), in place
+  const gemm::Fp8TokenAxis t_dy = quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales);
+  weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
+  weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
+  weight_grad_fp8(on[2], t_du, I, t_x, H, b.d_up, w.tickets + 4);
+  gate_up_dgrad_fp8(e, dg, du, b.dx_to);
+}
+
 }  // namespace
 
 struct Layer::Impl {
@@ -316,6 +510,9 @@ struct Layer::Impl {
   std::int64_t layer_bytes = 0;
   std::int32_t* dense_rows = nullptr;  // device scalar T: the shared expert's row count
   WgradStreams wgrad;                  // its ticket counter pairs are zeroed once
+  // The FP8 layer's scratch (Layer made with `fp8`): every rank's, one allocation.
+  void* fp8_region = nullptr;
+  std::int64_t fp8_bytes = 0;
   // Peer-address arrays (device), one entry per rank.
   const void** x_peers = nullptr;
   const void** d_out_peers = nullptr;
@@ -356,6 +553,7 @@ struct Layer::Impl {
     if (wgrad.forked != nullptr) cudaEventDestroy(wgrad.forked);
     if (call_done != nullptr) cudaEventDestroy(call_done);
     cudaFree(layer);
+    cudaFree(fp8_region);
   }
 
   const plan::WorkspacePlan& plan() const { return team.impl().plan; }
@@ -432,7 +630,35 @@ struct Layer::Impl {
             s,
             t.w.swiglu_limit,
             waits(),
-            weight_strides(t.w.gate)};
+            weight_strides(t.w.gate),
+            t.q,
+            t.q != nullptr ? &buffers(r).fp8 : nullptr};
+  }
+
+  // Whether a call runs the FP8 layer: every rank's tensors with quantized weights, or none. The
+  // FP8 scratch must be there, and the forward megakernel runs bf16 GEMMs only.
+  bool fp8_call(std::span<const RankTensors> ranks_in, bool fused_forward) const {
+    const bool fp8 = ranks_in[0].q != nullptr;
+    for (const RankTensors& t : ranks_in) {
+      if ((t.q != nullptr) != fp8) {
+        throw Error("RankTensors.q", "quantized weights for every rank of the call, or for none",
+                    "some ranks with, some without");
+      }
+    }
+    if (fp8 && fp8_region == nullptr) {
+      throw Error("WorkspaceOptions.fp8",
+                  "true for the FP8 layer on the CUDA backend (it reserves the FP8 scratch)",
+                  "false");
+    }
+    // NOTES: the megakernel gains about 1% over the launches on one GPU; its FP8 form (e4m3
+    // descriptors, the row quantization in its pulls and epilogues) waits until the FP8 launches
+    // have been measured, and until then it refuses FP8 instead of running the launches unasked.
+    if (fp8 && fused_forward) {
+      throw Error("config.forward_path",
+                  "launches for the FP8 layer (the forward megakernel has bf16 GEMMs only)",
+                  "fused");
+    }
+    return fp8;
   }
   ExpertRows shared(const RankTensors& t, cudaStream_t s) const {
     return {dense_segments(),
@@ -560,7 +786,12 @@ struct Layer::Impl {
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
     check(launch_pull_tokens(pull, row_of_slot(r), s), "dispatch of x");
-    gate_up_forward(routed(r, t, s), set.x, set.gate, set.up, set.hidden);
+    const ExpertRows e = routed(r, t, s);
+    if (e.q != nullptr) {
+      gate_up_forward_fp8(e, set.x, set.gate, set.up, set.hidden);
+    } else {
+      gate_up_forward(e, set.x, set.gate, set.up, set.hidden);
+    }
   }
 };
 
@@ -603,7 +834,8 @@ class CallOrder {
 
 }  // namespace
 
-Layer::Layer(const Problem& p, const Config& config, int device, const ExternalRank& external)
+Layer::Layer(const Problem& p, const Config& config, int device, const ExternalRank& external,
+             bool fp8)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
   set_forward_path(config.forward_path);
@@ -651,6 +883,35 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
     check(cudaMemset(b.fused_counters, 0, static_cast<std::size_t>(pl.fused_counters.bytes)),
           "cudaMemset of the megakernel counters");
   }
+  if (fp8) {
+    for (const auto& [name, size] :
+         {std::pair{"hidden_size", p.hidden_size}, {"intermediate_size", p.intermediate_size}}) {
+      if (size % 128 != 0) {
+        throw Error(name, "a multiple of 128 for the FP8 layer (128 x 128 weight blocks)",
+                    to_text(size));
+      }
+    }
+    const plan::Fp8Plan fp = plan::make_fp8_plan(plan_shape_of(p, config));
+    m.fp8_bytes = fp.bytes;
+    check(cudaMalloc(&m.fp8_region, static_cast<std::size_t>(m.count * m.fp8_bytes)),
+          "cudaMalloc of the FP8 scratch");
+    for (int i = 0; i < m.count; ++i) {
+      std::uint8_t* base = static_cast<std::uint8_t*>(m.fp8_region) + i * m.fp8_bytes;
+      auto at = [&](auto*& ptr, const plan::Buffer& b) {
+        using V = std::remove_reference_t<decltype(*ptr)>;
+        ptr = reinterpret_cast<V*>(base + b.offset);
+      };
+      Fp8Buffers& f = m.ranks[i].fp8;
+      at(f.rows_a, fp.rows_a), at(f.rows_a_scales, fp.rows_a_scales);
+      at(f.rows_b, fp.rows_b), at(f.rows_b_scales, fp.rows_b_scales);
+      at(f.t_x, fp.t_x), at(f.t_x_scales, fp.t_x_scales);
+      at(f.t_dy, fp.t_dy), at(f.t_dy_scales, fp.t_dy_scales);
+      at(f.t_dg, fp.t_dg), at(f.t_dg_scales, fp.t_dg_scales);
+      at(f.t_du, fp.t_du), at(f.t_du_scales, fp.t_du_scales);
+      at(f.t_h, fp.t_h), at(f.t_h_scales, fp.t_h_scales);
+    }
+  }
+
   // Team-wide scalars and peer arrays: the first local rank's copies.
   auto* base0 = static_cast<std::uint8_t*>(m.layer);
   m.dense_rows = reinterpret_cast<std::int32_t*>(base0 + pl.dense_rows.offset);
@@ -740,9 +1001,13 @@ std::int64_t Layer::ring_rows() const {
 int Layer::max_passes() const {
   return impl_->passes;
 }
+bool Layer::has_fp8() const {
+  return impl_->fp8_region != nullptr;
+}
 std::size_t Layer::bytes() const {
   const auto& t = impl_->team.impl();
-  return static_cast<std::size_t>(impl_->count * impl_->layer_bytes + t.allocation_bytes);
+  return static_cast<std::size_t>(impl_->count * (impl_->layer_bytes + impl_->fp8_bytes) +
+                                  t.allocation_bytes);
 }
 void Layer::check_errors(cudaStream_t stream) {
   const CallOrder order(*impl_, stream);
@@ -759,13 +1024,15 @@ void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaS
                      S = p.shared_intermediate_size;
   const plan::WorkspacePlan& pl = m.plan();
 
+  const bool fused = write_output && m.path == ForwardPath::fused;
+  m.fp8_call(ranks, fused);  // refuses what it cannot run before any work is queued
+
   // The schedule first: its team barrier is where every peer has finished its previous call.
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
 
   // Shared expert first (DESIGN.md section 4: it hides the first dispatch): in pass 0's megakernel
   // launch, or as two dense launches before the passes.
-  const bool fused = write_output && m.path == ForwardPath::fused;
   for (int r = m.first; r < m.first + m.count && S > 0 && !fused; ++r) {
     const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);
@@ -787,8 +1054,13 @@ void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaS
       m.gate_up_pass(r, pass, ranks[r - m.first], set, s);
       // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
       if (write_output) {
-        down_forward(m.routed(r, ranks[r - m.first], s), set.hidden, nullptr,
-                     m.to_home_slots(r, pass, m.combine_peers));
+        const ExpertRows e = m.routed(r, ranks[r - m.first], s);
+        const gemm::RowScatter to = m.to_home_slots(r, pass, m.combine_peers);
+        if (e.q != nullptr) {
+          down_forward_fp8(e, set.hidden, to);
+        } else {
+          down_forward(e, set.hidden, nullptr, to);
+        }
       }
     }
   }
@@ -817,6 +1089,7 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
                      S = p.shared_intermediate_size;
   const plan::WorkspacePlan& pl = m.plan();
   const std::int64_t dot_chunks = (p.intermediate_size + gemm::kDotColumns - 1) / gemm::kDotColumns;
+  const bool fp8 = m.fp8_call(ranks, false);
 
   // x only for the replays of later passes; the router weights scale the pulled rows. The
   // schedule first, as in forward.
@@ -868,6 +1141,8 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       }
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
+      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h).
+      bf16* const wh = fp8 ? nullptr : b.wh;
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
         // the dgrad did not write bf16(w h), dy = bf16(w d_out) in place for the down weight
@@ -875,7 +1150,7 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
         check(launch_router_grad_push(push, on), "router weight gradient");
-        if (b.wh == nullptr) {
+        if (wh == nullptr) {
           ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
           check(launch_scale_rows(scale, on), "scaling of d_out rows");
         }
@@ -894,8 +1169,13 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
                         {&t.grads.d_up, add, m.pass_plan(r, b.carry_up), !first},
                         {&t.grads.d_down, add, m.pass_plan(r, b.carry_down), !first},
                         m.to_home_slots(r, pass, m.dx_peers),  // the backward combine
-                        b.wh};
-      expert_backward(m.routed(r, t, s), eb, m.wgrad, between);
+                        wh};
+      const ExpertRows e = m.routed(r, t, s);
+      if (fp8) {
+        expert_backward_fp8(e, eb, m.wgrad, between);
+      } else {
+        expert_backward(e, eb, m.wgrad, between);
+      }
     }
   }
 

@@ -29,7 +29,9 @@ struct FusedForwardParams;  // kernels/fused_forward.hpp
 using FusedLauncher = void (*)(const FusedForwardParams& p, bool clamped, cudaStream_t stream);
 
 // One rank's tensors for a call (CUDA views; `out`, `d_out` and `grads` only where the call uses
-// them). `ctx` is the rank's forward context: forward writes it, backward reads it.
+// them). `ctx` is the rank's forward context: forward writes it, backward reads it. With `q`, the
+// FP8 layer (docs/architecture.md, "The FP8 layer"): the routed GEMMs run on these quantized
+// weights and `w`'s routed views are not read; every rank of a call alike.
 struct RankTensors {
   Inputs in;
   Weights w;
@@ -37,6 +39,7 @@ struct RankTensors {
   TensorView d_out;
   Grads grads;
   ForwardContext ctx;
+  const Fp8Weights* q = nullptr;
 };
 
 // This process's one rank of a team across processes: every rank's symmetric region (ep_size
@@ -52,8 +55,11 @@ class Layer {
   // `p.ep_size` ranks, all in this process on `device` (a local virtual team); or, with
   // `external.symmetric_bases`, rank p.ep_rank of a team whose other ranks are other processes.
   // Every rank of an external team must construct its layer before any rank calls it (a host
-  // barrier between construction and the first call: the team's flags start at zero).
-  Layer(const Problem& p, const Config& config, int device, const ExternalRank& external = {});
+  // barrier between construction and the first call: the team's flags start at zero). `fp8`:
+  // also hold the FP8 layer's scratch (plan::Fp8Plan; H and I multiples of 128), without which a
+  // call with RankTensors::q throws mok::Error.
+  Layer(const Problem& p, const Config& config, int device, const ExternalRank& external = {},
+        bool fp8 = false);
   ~Layer();
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -97,6 +103,7 @@ class Layer {
 
   std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;
+  bool has_fp8() const;  // made with `fp8`
   std::size_t bytes() const;
 
   struct Impl;

@@ -1,0 +1,104 @@
+// The FP8 layer's quantizers of a ring pass (quantize_pass_fp8.hpp): the kernels of
+// quantize_rows_fp8.cu and quantize_token_axis_fp8.cu with the pass's extent and groups read on
+// the device.
+#include "core/fp8.hpp"
+#include "cuda/kernels/fp8_quantize.cuh"
+#include "cuda/kernels/quantize_pass_fp8.hpp"
+
+namespace mok::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCols = 32;  // token axis: columns of a CTA's tile
+constexpr int kPad = 1;    // an odd row stride (in words): column reads hit 32 banks
+
+// One warp per 1x128 block, blocks in scale order (kb * rows + m) over the rows that exist.
+__global__ void __launch_bounds__(kThreads) quantize_pass_rows_kernel(QuantizePassRowsParams p) {
+  std::int64_t rows = p.rows;
+  if (p.row_end != nullptr) rows = min(rows, static_cast<std::int64_t>(max(*p.row_end, 0)));
+  const int lane = threadIdx.x % 32;
+  const std::int64_t blocks = rows * (p.K / fp8::kBlock);
+  for (std::int64_t b = blockIdx.x * std::int64_t{kWarps} + threadIdx.x / 32; b < blocks;
+       b += std::int64_t{gridDim.x} * kWarps) {
+    const std::int64_t m = b % rows, kb = b / rows;
+    const std::int64_t col = kb * fp8::kBlock + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(p.x + m * p.ld_x + col);
+    const float v[4] = {bf16_bits_to_float(raw.x & 0xffffu), bf16_bits_to_float(raw.x >> 16),
+                        bf16_bits_to_float(raw.y & 0xffffu), bf16_bits_to_float(raw.y >> 16)};
+    float scale;
+    const std::uint32_t q = warp_quantize_block128(v, &scale);
+    *reinterpret_cast<std::uint32_t*>(p.data + m * p.ld + col) = q;
+    if (lane == 0) p.scales[kb * p.scale_ld + m] = scale;
+  }
+}
+
+// The group holding row m0 (the last g whose start is at or before it), or -1 when m0 is past
+// every group. Empty groups start where the next one does and are passed over.
+__device__ int group_of(const std::int32_t* starts, int groups, std::int64_t m0) {
+  if (m0 < starts[0] || m0 >= starts[groups]) return -1;
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= m0) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// A CTA per 128 x 32 tile (a 128-row block of one group, 32 columns): coalesced loads into shared
+// memory, then a warp per column quantizes its 128 rows (lane l holds rows l, l+32, l+64, l+96).
+__global__ void __launch_bounds__(kThreads)
+    quantize_pass_token_axis_kernel(QuantizePassTokenAxisParams p) {
+  __shared__ float tile[fp8::kBlock][kCols + kPad];
+  const std::int64_t col_tiles = (p.K + kCols - 1) / kCols;
+  const std::int64_t mb = blockIdx.x / col_tiles, k0 = (blockIdx.x % col_tiles) * kCols;
+  const std::int64_t m0 = mb * fp8::kBlock;
+  const int g = group_of(p.starts, p.groups, m0);
+  if (g < 0) return;  // the same for the whole CTA
+  const std::int64_t end = std::int64_t{p.starts[g]} + max(p.counts[g], 0);
+  const std::int64_t valid = max(std::int64_t{0}, min(std::int64_t{fp8::kBlock}, end - m0));
+  for (int idx = threadIdx.x; idx < fp8::kBlock * kCols; idx += kThreads) {
+    const int r = idx / kCols, c = idx % kCols;
+    float v = 0.0f;  // rows past the group's count, and columns past K (never stored)
+    if (r < valid && k0 + c < p.K) v = bf16_bits_to_float(p.x[(m0 + r) * p.ld_x + k0 + c]);
+    tile[r][c] = v;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int c = warp; c < kCols; c += kWarps) {
+    const std::int64_t k = k0 + c;
+    if (k >= p.K) break;  // the same for the whole warp
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = tile[lane + 32 * i][c];
+    float scale;
+    const std::uint32_t q = warp_quantize_block128(v, &scale);
+    std::uint8_t* row = p.data + k * p.ld + m0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) row[lane + 32 * i] = static_cast<std::uint8_t>(q >> (8 * i));
+    if (lane == 0) p.scales[mb * p.scale_ld + k] = scale;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_pass_rows(const QuantizePassRowsParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.K <= 0) return cudaSuccess;
+  const unsigned grid = grid_for(p.rows * (p.K / fp8::kBlock), kWarps);
+  quantize_pass_rows_kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p,
+                                            cudaStream_t stream) {
+  if (p.rows <= 0 || p.K <= 0 || p.groups <= 0) return cudaSuccess;
+  const std::int64_t tiles = (p.rows / fp8::kBlock) * ((p.K + kCols - 1) / kCols);
+  quantize_pass_token_axis_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace mok::cuda

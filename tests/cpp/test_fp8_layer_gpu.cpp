@@ -1,0 +1,428 @@
+// The FP8 layer on the CUDA backend (docs/architecture.md, "The FP8 layer") end to end: every
+// output and gradient against the CPU FP8 reference and against the f64 layer of the unquantized
+// bf16 values (MoK's MXFP8 bounds, mok's errors printed), bitwise across runs, ring sizes and W
+// virtual ranks, the shared expert bitwise the bf16 layer's, a captured step (weight quantization
+// included) replayed with new inputs, and the calls it refuses. Skipped without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/layer/layer.hpp"
+#include "fp8_layer_helpers.hpp"
+#include "gpu_buffer.hpp"
+#include "layer_gpu_helpers.hpp"
+#include "layer_helpers.hpp"
+#include "mok/fp8.hpp"
+#include "synthetic/device_layer.hpp"
+
+namespace mok::test {
+namespace {
+
+using cuda::DeviceContext;
+using cuda::DeviceLayer;
+using cuda::DeviceTensor;
+
+// A routed weight [E, N, K] quantized on the device (mok::quantize_weights on CUDA views, on the
+// legacy default stream), as a training step quantizes it.
+class DeviceQuantized {
+ public:
+  explicit DeviceQuantized(const TensorView& w)
+      : layout_(quantized_weights_layout(w.shape[0], w.shape[1], w.shape[2])),
+        buffer_(layout_.bytes),
+        q_(quantized_weights_views(layout_, buffer_.get(), w.device)) {
+    quantize(w);
+  }
+  void quantize(const TensorView& w, cudaStream_t stream = nullptr) const {
+    quantize_weights(w, q_, stream);
+  }
+  const QuantizedWeights& get() const { return q_; }
+  // Its four tensors' bytes (data, scales, data_t, scales_t), without the padding between them.
+  std::vector<std::uint8_t> bytes() const {
+    const std::vector<std::uint8_t> all = buffer_.download();
+    return fields_of(q_, buffer_.get(), all.data());
+  }
+  static std::vector<std::uint8_t> fields_of(const QuantizedWeights& q, const void* base,
+                                             const std::uint8_t* bytes) {
+    std::vector<std::uint8_t> out;
+    for (const TensorView* v : {&q.data, &q.scales, &q.data_t, &q.scales_t}) {
+      const auto at =
+          static_cast<const std::uint8_t*>(v->data) - static_cast<const std::uint8_t*>(base);
+      out.insert(out.end(), bytes + at, bytes + at + v->numel() * dtype_size(v->dtype));
+    }
+    return out;
+  }
+
+ private:
+  QuantizedWeightsLayout layout_;
+  DeviceBuffer<std::uint8_t> buffer_;
+  QuantizedWeights q_;
+};
+
+struct DeviceFp8Weights {
+  explicit DeviceFp8Weights(const DeviceLayer& g)
+      : gate(g.gate.view()), up(g.up.view()), down(g.down.view()) {}
+  Fp8Weights get() const { return {gate.get(), up.get(), down.get()}; }
+  void quantize(const DeviceLayer& g, cudaStream_t stream) const {
+    gate.quantize(g.gate.view(), stream);
+    up.quantize(g.up.view(), stream);
+    down.quantize(g.down.view(), stream);
+  }
+  DeviceQuantized gate, up, down;
+};
+
+WorkspaceOptions fp8_options() {
+  return {.backend = Backend::cuda, .fp8 = true};
+}
+
+// One FP8 training step of `d` on the GPU through the public API, weights quantized on the
+// device; every output and gradient back in `d`.
+void run_fp8_gpu(LayerData& d, const Config& config = {}) {
+  DeviceLayer g(d);
+  const DeviceFp8Weights q(g);
+  Workspace ws(d.problem, config, fp8_options());
+  DeviceContext ctx(ws);
+  forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get());
+  backward(ws, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  g.download(d);
+}
+
+struct Fp8Case {
+  const char* name;
+  Problem problem;
+  Routing routing;
+  bool drop_slots;
+};
+void PrintTo(const Fp8Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+LayerData make_case(const Fp8Case& c, std::uint64_t seed) {
+  LayerData d = make_layer_data(c.problem, DType::bf16, seed, c.routing);
+  if (c.drop_slots) {
+    for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5) {
+      d.topk_experts.set(s, -1);
+    }
+  }
+  d.poison_outputs();
+  return d;
+}
+
+using Field = HostTensor LayerData::*;
+struct NamedField {
+  const char* name;
+  Field field;
+  std::int64_t row;  // elements of a row: the per-row check's unit
+};
+std::vector<NamedField> routed_fields(const Problem& p) {
+  return {{"out", &LayerData::out, p.hidden_size},
+          {"d_x", &LayerData::d_x, p.hidden_size},
+          {"d_topk_weights", &LayerData::d_topk_weights, p.topk},
+          {"d_routed_gate_weights", &LayerData::d_gate, p.hidden_size},
+          {"d_routed_up_weights", &LayerData::d_up, p.hidden_size},
+          {"d_routed_down_weights", &LayerData::d_down, p.intermediate_size}};
+}
+
+// The GPU's FP8 layer against the CPU's. They differ where wgmma's sum of a K block's e4m3
+// products (fp32, with Hopper's truncation: mok's GEMM tests bound it by 2^-9 of the block's sum
+// of |products|) and the reference's exact one fall on two sides of a bf16 rounding: that value
+// then differs by one bf16 ulp (2^-8 relative), and an operand quantized from it may round to the
+// neighbouring e4m3 value, 2^-3 of one term of the next GEMM. Such flips are scattered, so whole
+// tensors agree far better than either agrees with the f64 layer (about 5%): sum|diff| / sum|ref|
+// within 2^-5. And no row strays: a row of the wrong expert, a missing block scale or a block
+// read from the wrong place is off by 50% or more; flips move a row by a few percent at most, so
+// every row within 2^-3, and a row the reference leaves at zero (unused slots) is zero here too.
+void expect_close_to_reference(const HostTensor& got, const HostTensor& ref, std::int64_t row,
+                               const std::string& name) {
+  ASSERT_EQ(got.numel(), ref.numel()) << name;
+  double diff = 0, sum = 0, worst = 0;
+  std::int64_t worst_row = -1, bad_rows = 0;
+  for (std::int64_t r0 = 0; r0 < got.numel(); r0 += row) {
+    double d = 0, s = 0;
+    for (std::int64_t i = r0; i < r0 + row; ++i) {
+      d += std::fabs(got.get(i) - ref.get(i));  // NaN: the comparisons below fail
+      s += std::fabs(ref.get(i));
+    }
+    diff += d, sum += s;
+    const double rel = s > 0 ? d / s : (d == 0 ? 0.0 : INFINITY);
+    if (!(rel <= 0.125)) ++bad_rows;
+    if (!(rel <= worst)) worst = rel, worst_row = r0 / row;
+  }
+  const double rel = diff / sum;
+  std::printf("[ mok ]   %-22s gpu vs cpu fp8: rel %.3e, worst row %lld at %.3e\n", name.c_str(),
+              rel, static_cast<long long>(worst_row), worst);
+  EXPECT_LE(rel, 1.0 / 32) << name;
+  EXPECT_EQ(bad_rows, 0) << name << ": rows off by more than 1/8 (worst row " << worst_row << ", "
+                         << worst << ")";
+}
+
+class Fp8LayerGpu : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(Fp8LayerGpu, MatchesTheCpuFp8LayerAndTheF64BoundsAndRepeatsBitwise) {
+  MOK_REQUIRE_HOPPER();
+  const Fp8Case& c = GetParam();
+  const std::uint64_t seed = test_seed();
+  LayerData gpu = make_case(c, seed);
+  run_fp8_gpu(gpu);
+  // The CPU FP8 layer over host-quantized weights (the same bits as the device's: checked here).
+  LayerData cpu = make_case(c, seed);
+  const HostFp8Weights hq(cpu);
+  {
+    DeviceLayer g(cpu);
+    const DeviceFp8Weights dq(g);
+    const std::pair<const HostQuantized*, const DeviceQuantized*> pairs[] = {
+        {&hq.gate, &dq.gate}, {&hq.up, &dq.up}, {&hq.down, &dq.down}};
+    for (const auto& [h, d] : pairs) {
+      const QuantizedWeights& v = h->get();
+      const auto* base = static_cast<const std::uint8_t*>(v.data.data);  // the layout's first
+      EXPECT_TRUE(d->bytes() == DeviceQuantized::fields_of(v, base, base))
+          << "the device's quantized weights differ from the host's";
+    }
+  }
+  run_fp8(cpu, hq.get());
+  LayerData bf16 = make_case(c, seed);
+  run_gpu(bf16);
+  LayerData f64 = convert_layer_data(make_case(c, seed), DType::f64);
+  run_layer(f64);
+  const Problem& p = c.problem;
+  std::printf("[ mok ] %s (T %lld H %lld I %lld E %lld k %lld S %lld)\n", c.name,
+              static_cast<long long>(p.num_tokens), static_cast<long long>(p.hidden_size),
+              static_cast<long long>(p.intermediate_size), static_cast<long long>(p.num_experts),
+              static_cast<long long>(p.topk), static_cast<long long>(p.shared_intermediate_size));
+  for (const auto& [name, field, row] : routed_fields(p)) {
+    expect_close_to_reference(gpu.*field, cpu.*field, row, name);
+    const Errors e = errors_of(gpu.*field, f64.*field), b = errors_of(bf16.*field, f64.*field);
+    std::printf("[ mok ]   %-22s vs f64: fp8 abs max %.3e rel %.3e cos %.6f | bf16 rel %.3e\n",
+                name, e.abs_max, e.rel_sum, e.cosine, b.rel_sum);
+    if (field == &LayerData::out || field == &LayerData::d_x) EXPECT_LE(e.abs_max, 1.0) << name;
+    EXPECT_LE(e.rel_sum, 0.1) << name;
+    EXPECT_GE(e.cosine, 0.996) << name;
+  }
+  // The FP8 GEMMs ran (the bf16 layer's output is other numbers), and the shared expert is the
+  // bf16 layer's, bit for bit.
+  if (cpu.topk_experts.numel() > 0) EXPECT_FALSE(same_bits(gpu.out, bf16.out));
+  EXPECT_TRUE(same_bits(gpu.d_shared_gate, bf16.d_shared_gate));
+  EXPECT_TRUE(same_bits(gpu.d_shared_up, bf16.d_shared_up));
+  EXPECT_TRUE(same_bits(gpu.d_shared_down, bf16.d_shared_down));
+  for (int run = 1; run < std::min(3, test_runs()); ++run) {
+    LayerData again = make_case(c, seed);
+    run_fp8_gpu(again);
+    EXPECT_TRUE(all_outputs_same(gpu, again)) << "run " << run << " differs";
+  }
+}
+
+// Skewed routing gives expert 0 several 128-row token blocks (the last partial); odd token counts;
+// unused slots; one token; the wide case has 8 K blocks per GEMM.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8LayerGpu,
+    ::testing::Values(
+        Fp8Case{"uniform_shared", layer_shape(257, 256, 384, 8, 2, 128), Routing::softmax, false},
+        Fp8Case{"skewed_no_shared", layer_shape(131, 128, 256, 6, 3, 0), Routing::skewed, false},
+        Fp8Case{"one_expert", layer_shape(64, 128, 128, 5, 2, 64), Routing::one_expert, false},
+        Fp8Case{"unused_slots", layer_shape(97, 128, 128, 4, 4, 128), Routing::softmax, true},
+        Fp8Case{"one_token", layer_shape(1, 128, 128, 3, 1, 128), Routing::softmax, false},
+        Fp8Case{"wide", layer_shape(512, 1024, 512, 16, 4, 256), Routing::softmax, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Several ring passes (backward replays every pass but the first, and carries the weight
+// gradients of experts that span passes in fp32) give the bits of one pass.
+TEST(Fp8LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
+  MOK_REQUIRE_HOPPER();
+  const Fp8Case c{"passes", layer_shape(300, 128, 128, 5, 3, 64), Routing::skewed, false};
+  const std::uint64_t seed = test_seed();
+  LayerData one = make_case(c, seed);
+  Config one_pass;
+  one_pass.minibatch_size = 128;
+  one_pass.macrobatch_size = 4096;
+  run_fp8_gpu(one, one_pass);
+  for (std::int64_t macro : {128, 256, 384, 640}) {
+    Config small;
+    small.minibatch_size = 128;
+    small.macrobatch_size = macro;
+    LayerData many = make_case(c, seed);
+    run_fp8_gpu(many, small);
+    EXPECT_TRUE(all_outputs_same(one, many)) << "macrobatch_size " << macro;
+  }
+}
+
+// Experts [first, first + count) of a quantized weight (views into it).
+QuantizedWeights experts_of(const QuantizedWeights& q, std::int64_t first, std::int64_t count) {
+  auto rows = [&](TensorView v) {
+    v.data = static_cast<char*>(v.data) + first * v.strides[0] * dtype_size(v.dtype);
+    v.shape[0] = count;
+    return v;
+  };
+  return {rows(q.data), rows(q.scales), rows(q.data_t), rows(q.scales_t)};
+}
+
+// W virtual ranks on one GPU, each rank's experts' quantized weights a slice of the whole layer's:
+// every routed output and gradient is bitwise one GPU running the whole layer (each expert sees
+// its rows in the same order, so the same 128-row token blocks).
+TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
+  MOK_REQUIRE_HOPPER();
+  const std::int64_t T = 64, H = 128, I = 128, E = 16, k = 4, S = 64;
+  const std::uint64_t seed = test_seed();
+  for (int W : {2, 4, 8}) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      const Problem global = layer_shape(W * T, H, I, E, k, S);
+      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
+      for (std::int64_t s = 3; s < W * T * k; s += 11) one.topk_experts.set(s, -1);
+      LayerData many = one;
+      run_fp8_gpu(one);
+      Problem p = global;
+      p.num_tokens = T;
+      p.ep_size = W;
+      DeviceLayer g(many);
+      const DeviceFp8Weights q(g);
+      cuda::Layer layer(p, Config{}, 0, {}, /*fp8=*/true);
+      ASSERT_TRUE(layer.has_fp8());
+      std::vector<std::unique_ptr<DeviceTensor>> scratch;
+      std::vector<std::unique_ptr<DeviceContext>> contexts;
+      std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+      const std::int64_t E_l = E / W;
+      std::vector<Fp8Weights> local(W);
+      for (int r = 0; r < W; ++r) {
+        local[r] = {experts_of(q.gate.get(), r * E_l, E_l), experts_of(q.up.get(), r * E_l, E_l),
+                    experts_of(q.down.get(), r * E_l, E_l)};
+        ranks[r].q = &local[r];
+      }
+      layer.forward(ranks, true, nullptr);
+      layer.backward(ranks, BackwardOptions{}, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      layer.check_errors(nullptr);
+      g.download(many);
+      const std::string what =
+          "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
+      EXPECT_TRUE(same_bits(one.out, many.out)) << what << ": out";
+      EXPECT_TRUE(same_bits(one.d_x, many.d_x)) << what << ": d_x";
+      EXPECT_TRUE(same_bits(one.d_topk_weights, many.d_topk_weights)) << what << ": d_w";
+      EXPECT_TRUE(same_bits(one.d_gate, many.d_gate)) << what << ": d_gate";
+      EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << what << ": d_up";
+      EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << what << ": d_down";
+      // A call with quantized weights for some ranks only is refused before any work.
+      ranks[W - 1].q = nullptr;
+      expect_error([&] { layer.forward(ranks, true, nullptr); }, {"RankTensors.q"});
+    }
+  }
+}
+
+// With every slot unused only the shared expert remains: the FP8 layer is the bf16 layer's bits.
+TEST(Fp8LayerGpuSharedExpert, IsTheBf16LayersBitForBit) {
+  MOK_REQUIRE_HOPPER();
+  const Problem p = layer_shape(33, 128, 128, 3, 2, 64);
+  LayerData a = make_layer_data(p, DType::bf16, test_seed());
+  a.topk_experts.fill(-1);
+  LayerData b = a;
+  run_fp8_gpu(a);
+  run_gpu(b);
+  EXPECT_TRUE(all_outputs_same(a, b));
+}
+
+// recompute_forward_context (no router weights, no down weights) writes the FP8 forward's context
+// bytes, and a bf16 backward refuses that context.
+TEST(Fp8LayerGpuRecompute, SameContextAsTheForward) {
+  MOK_REQUIRE_HOPPER();
+  const Problem p = layer_shape(150, 256, 128, 6, 2, 64);
+  LayerData d = make_layer_data(p, DType::bf16, test_seed(), Routing::skewed);
+  DeviceLayer g(d);
+  const DeviceFp8Weights q(g);
+  Workspace ws(p, Config{}, fp8_options());
+  DeviceContext a(ws), b(ws);
+  forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), a.get());
+  Inputs in = g.inputs();
+  in.topk_weights = TensorView{};
+  Fp8Weights no_down = q.get();
+  no_down.down = QuantizedWeights{};
+  recompute_forward_context(ws, in, Weights{}, no_down, b.get());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(a.download() == b.download());
+  expect_error([&] { backward(ws, g.inputs(), g.weights(), a.get(), g.d_out.view(), g.grads()); },
+               {"forward context", "bf16 layer's forward", "recorded by the FP8 layer"});
+}
+
+// A whole FP8 step, the weights' quantization included (a training step changes the weights), in
+// a CUDA graph: replays with new inputs, weights and routings give an eager step's bits.
+TEST(Fp8LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
+  MOK_REQUIRE_HOPPER();
+  const Fp8Case c{"graph", layer_shape(150, 128, 256, 6, 2, 64), Routing::softmax, false};
+  const std::uint64_t seed = test_seed();
+  LayerData first = make_case(c, seed);
+  DeviceLayer g(first);
+  const DeviceFp8Weights q(g);
+  cudaStream_t stream;
+  MOK_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Workspace ws(c.problem, Config{}, fp8_options());
+  DeviceContext ctx(ws);
+  ws.set_stream(stream);
+  auto step = [&] {
+    q.quantize(g, stream);
+    forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get());
+    backward(ws, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads());
+  };
+  step();
+  MOK_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  step();
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const Routing routings[] = {Routing::softmax, Routing::skewed, Routing::one_expert};
+  for (int i = 0; i < 3; ++i) {
+    const Fp8Case replay{c.name, c.problem, routings[i], i == 1};
+    LayerData d = make_case(replay, seed + 1 + i);
+    g.upload_inputs(d);
+    g.poison();
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MOK_CUDA_OK(cudaStreamSynchronize(stream));
+    g.download(d);
+    LayerData eager = make_case(replay, seed + 1 + i);
+    run_fp8_gpu(eager);
+    EXPECT_TRUE(all_outputs_same(d, eager)) << "replay " << i << " differs from an eager step";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// What the CUDA backend refuses, by name, before any work; the next good call works.
+TEST(Fp8LayerGpuValidation, RefusalsNameTheOptionAndTheNextCallWorks) {
+  MOK_REQUIRE_HOPPER();
+  const Problem p = layer_shape(40, 128, 128, 4, 2, 64);
+  LayerData d = make_layer_data(p, DType::bf16, test_seed());
+  DeviceLayer g(d);
+  const DeviceFp8Weights q(g);
+  {  // a workspace made without the FP8 scratch
+    Workspace ws(p, Config{}, {.backend = Backend::cuda});
+    DeviceContext ctx(ws);
+    expect_error([&] { forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get()); },
+                 {"WorkspaceOptions.fp8", "false"});
+    forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());  // bf16 still runs
+  }
+  {  // the forward megakernel has no FP8 form
+    Config fused;
+    fused.forward_path = ForwardPath::fused;
+    Workspace ws(p, fused, fp8_options());
+    DeviceContext ctx(ws);
+    expect_error([&] { forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get()); },
+                 {"config.forward_path", "fused"});
+    // recompute_forward_context runs the launches' gate/up on any path.
+    recompute_forward_context(ws, g.inputs(), g.weights(), q.get(), ctx.get());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // H not a multiple of 128: the FP8 scratch cannot be made.
+  expect_error([&] { Workspace ws(layer_shape(40, 192, 128, 4, 2, 0), Config{}, fp8_options()); },
+               {"hidden_size", "multiple of 128", "192"});
+  // And the next good call works.
+  LayerData good = make_layer_data(p, DType::bf16, test_seed());
+  good.poison_outputs();
+  run_fp8_gpu(good);
+  EXPECT_TRUE(all_finite(good.out));
+  EXPECT_TRUE(all_finite(good.d_gate));
+}
+
+}  // namespace
+}  // namespace mok::test
