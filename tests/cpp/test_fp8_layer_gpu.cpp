@@ -133,8 +133,10 @@ std::vector<NamedField> routed_fields(const Problem& p) {
 // neighbouring e4m3 value, 2^-3 of one term of the next GEMM. Such flips are scattered, so whole
 // tensors agree far better than either agrees with the f64 layer (about 5%): sum|diff| / sum|ref|
 // within 2^-5. And no row strays: a row of the wrong expert, a missing block scale or a block
-// read from the wrong place is off by 50% or more; flips move a row by a few percent at most, so
-// every row within 2^-3, and a row the reference leaves at zero (unused slots) is zero here too.
+// read from the wrong place is off by 50% or more, while a flip moves an element by at most one
+// e4m3 step (2^-3 of it) and a row holds many: every row within 1/4 (a weight gradient's row of
+// an expert with one token is one product per element), and a row the reference leaves at zero
+// (unused slots) is zero here too.
 void expect_close_to_reference(const HostTensor& got, const HostTensor& ref, std::int64_t row,
                                const std::string& name) {
   ASSERT_EQ(got.numel(), ref.numel()) << name;
@@ -148,14 +150,14 @@ void expect_close_to_reference(const HostTensor& got, const HostTensor& ref, std
     }
     diff += d, sum += s;
     const double rel = s > 0 ? d / s : (d == 0 ? 0.0 : INFINITY);
-    if (!(rel <= 0.125)) ++bad_rows;
+    if (!(rel <= 0.25)) ++bad_rows;
     if (!(rel <= worst)) worst = rel, worst_row = r0 / row;
   }
   const double rel = diff / sum;
   std::printf("[ mok ]   %-22s gpu vs cpu fp8: rel %.3e, worst row %lld at %.3e\n", name.c_str(),
               rel, static_cast<long long>(worst_row), worst);
   EXPECT_LE(rel, 1.0 / 32) << name;
-  EXPECT_EQ(bad_rows, 0) << name << ": rows off by more than 1/8 (worst row " << worst_row << ", "
+  EXPECT_EQ(bad_rows, 0) << name << ": rows off by more than 1/4 (worst row " << worst_row << ", "
                          << worst << ")";
 }
 
