@@ -119,38 +119,69 @@ def _quantize_into(w, q):
     _native.launch(lib.quantize_weights, w.device, *views(w, *q))
 
 
-def quantized(w):
-    """The cached quantization of `w`, made again when `w` changed since (version, data pointer,
+def packed_halves(gate_up, interleaved):
+    """The gate and up halves (views) of packed gate/up weights [E, 2I, H]: rows [0, I) and
+    [I, 2I), or with `interleaved` the even and the odd rows (mok.moe_packed's layouts)."""
+    I = gate_up.shape[1] // 2
+    if interleaved:
+        return gate_up[:, 0::2], gate_up[:, 1::2]
+    return gate_up[:, :I], gate_up[:, I:]
+
+
+def _quantizations(owner, tag, sources):
+    """The cached quantizations of the weights sources(owner) (owner itself, or views of it), kept
+    under owner's identity and `tag`, made again when owner changed since (version, data pointer,
     layout); inside a CUDA graph capture and in a compiled graph made again every time (the
     module docstring says why)."""
-    if torch.compiler.is_compiling():
-        return quantize_weights_op(w.detach())  # each run of the compiled graph quantizes
-    entry = _CACHE.get(w)
-    state = _state(w)
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+    if torch.compiler.is_compiling():  # each run of the compiled graph quantizes
+        return tuple(quantize_weights_op(w.detach()) for w in sources(owner))
+    entries = _CACHE.get(owner)
+    if entries is None:
+        entries = _CACHE[owner] = {}
+    entry = entries.get(tag)
+    state = _state(owner)
+    if owner.is_cuda and torch.cuda.is_current_stream_capturing():
         if entry is not None and entry[0][2:] == state[2:]:
-            _quantize_into(w, entry[1])  # no allocation: the graph writes the cached tensors
-            _CACHE[w] = (state, entry[1])
+            for w, q in zip(sources(owner), entry[1]):
+                _quantize_into(w, q)  # no allocation: the graph writes the cached tensors
+            entries[tag] = (state, entry[1], sources)
             return entry[1]
-        return quantize_weights(w)  # the graph's memory: not cached for eager calls
+        # The graph's memory: not cached for eager calls.
+        return tuple(quantize_weights(w) for w in sources(owner))
     if entry is not None and entry[0] == state:
         return entry[1]
-    q = quantize_weights(w)
-    _CACHE[w] = (state, q)
-    return q
+    qs = tuple(quantize_weights(w) for w in sources(owner))
+    entries[tag] = (state, qs, sources)
+    return qs
+
+
+def quantized(w):
+    """The cached quantization of `w` (_quantizations)."""
+    return _quantizations(w, "whole", lambda t: (t,))[0]
+
+
+def quantized_halves(gate_up, interleaved):
+    """The cached quantizations of the gate and up halves of packed weights (packed_halves), kept
+    with the packed tensor: its views are new tensors on every call."""
+    return _quantizations(gate_up, ("halves", interleaved),
+                          lambda t: packed_halves(t, interleaved))
 
 
 def requantize(*weights):
     """Quantizes the given weights now (None entries skipped), whatever the cache holds: after a
-    change their version counter cannot see."""
+    change their version counter cannot see. Packed weights: each of their cached forms."""
     for w in weights:
-        if w is not None:
-            _CACHE[w] = (_state(w), quantize_weights(w))
+        if w is None:
+            continue
+        entries = _CACHE.get(w) or {"whole": (None, None, lambda t: (t,))}
+        _CACHE[w] = {tag: (_state(w), tuple(quantize_weights(s) for s in sources(w)), sources)
+                     for tag, (_state_then, _q, sources) in entries.items()}
 
 
 def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
-        handle, swiglu_limit):
-    """mok.moe's body for precision='fp8' (its arguments checked there)."""
+        handle, swiglu_limit, quantize_routed=None):
+    """mok.moe's body for precision='fp8' (its arguments checked there). `quantize_routed`:
+    a function returning the quantizations of gate, up and down (default: quantized() of each)."""
     check_device("x", x)
     for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up),
                     ("routed_down_weights", down)):
@@ -177,10 +208,25 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
     for name, size in (("hidden_size", hidden), ("intermediate_size", intermediate)):
         if size % 128:
             _checks.fail(name, "a multiple of 128 for precision='fp8'", size)
-    fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
+    if quantize_routed is None:
+        fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
+    else:
+        fp8_weights = [t for q in quantize_routed() for t in q]
     out, *_context = call(forward_fp8, x, topk_experts, topk_weights, gate, up, down, shared_gate,
                           shared_up, shared_down, *fp8_weights, handle, swiglu_limit)
     return out
+
+
+def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle, swiglu_limit):
+    """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
+    weights (their gradients flow back into the packed tensor), the halves' quantizations cached
+    with the packed tensor."""
+    if gate_up.dim() != 3 or gate_up.shape[1] % 2:
+        _checks.fail("gate_up_weights.shape", "[E, 2I, H]", _checks.shape_text(gate_up.shape))
+    gate, up = packed_halves(gate_up, interleaved)
+    return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
+               swiglu_limit,
+               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)))
 
 
 def _check_one_rank(ws, x):

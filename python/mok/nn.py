@@ -72,13 +72,15 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
 
 
 def moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *,
-               interleaved=False, workspace=None, swiglu_limit=None):
+               interleaved=False, workspace=None, swiglu_limit=None, precision="bf16"):
     """mok.moe on packed gate/up weights: `gate_up_weights` [E, 2I, H] holds each expert's W_gate
     and W_up, concatenated (rows [0, I) gate, [I, 2I) up) or, with `interleaved`, in alternate
     rows (even gate, odd up); `down_weights` [E, H, I]. The halves are read in place (row-strided
     views: no copy of the weights per call), and the weights' gradient comes back packed the same
     way, [E, 2I, H]. Routed experts only (no shared expert), one rank. The form Hugging Face
-    Transformers stores its experts in (mok.integrations.transformers)."""
+    Transformers stores its experts in (mok.integrations.transformers). precision="fp8": mok.moe's
+    FP8 layer over the two halves (views), each half quantized once per version of the packed
+    tensor."""
     if workspace is not None and not isinstance(workspace, _workspace.Workspace):
         _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
                      type(workspace).__name__, TypeError)
@@ -88,6 +90,9 @@ def moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *,
     if not isinstance(interleaved, bool):
         _checks.fail("interleaved", "a bool", type(interleaved).__name__, TypeError)
     handle = 0 if workspace is None else workspace.handle
+    if _fp8_layer.check_precision(precision) == "fp8":
+        return _fp8_layer.moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
+                                     interleaved, handle, _checks.check_swiglu_limit(swiglu_limit))
     out, *_context = _layer_ops.call(_layer_ops.forward_packed, x, topk_experts, topk_weights,
                                      gate_up_weights, down_weights, handle, interleaved,
                                      _checks.check_swiglu_limit(swiglu_limit))

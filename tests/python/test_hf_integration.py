@@ -45,7 +45,9 @@ if HAVE_TRANSFORMERS:
     import transformers.models
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    import mok
     import mok.integrations.transformers as mok_hf
+    from mok import _fp8_layer
 else:  # the parametrizations below stay empty
     mok_hf = None
 
@@ -422,9 +424,9 @@ def test_fp32_weights_refused():
 
 @requires_transformers
 def test_configure():
-    with pytest.raises(ValueError, match=r"mok: invalid precision: expected 'bf16' \(FP8 comes "
-                       r"with mok's FP8 layer\), got 'fp8'"):
-        mok_hf.configure(precision="fp8")
+    with pytest.raises(ValueError, match=r"mok: invalid precision: expected 'bf16' or 'fp8', "
+                       r"got 'fp4'"):
+        mok_hf.configure(precision="fp4")
     with pytest.raises(TypeError, match="mok: invalid config: expected None"):
         mok_hf.configure(config=3)
     import mok.functional as mf
@@ -532,3 +534,38 @@ def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, eager)
+
+
+@requires_transformers
+def test_fp8_precision_runs_moks_fp8_layer_on_the_halves():
+    """configure(precision="fp8"): each experts call is mok's FP8 layer over views of gate_up_proj
+    (the same bits as mok.moe's on its halves), gradients land in the model's own parameters, and
+    an intermediate size that is not a multiple of 128 is refused naming it."""
+    mok_hf.configure(precision="fp8")
+    try:
+        model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok",
+                           moe_intermediate_size=128)
+        logits = model(torch.randint(0, 128, (2, 9))).logits
+        logits.float().square().mean().backward()
+        for name, module in experts_modules(model):
+            for p in (module.gate_up_proj, module.down_proj):
+                assert p.grad is not None and torch.isfinite(p.grad.float()).all(), name
+        _, module = experts_modules(model)[0]
+        gen = torch.Generator().manual_seed(SEED % 2**31)
+        E, I2, H = module.gate_up_proj.shape
+        x = torch.randn(11, H, generator=gen).bfloat16()
+        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(11)])
+        w = torch.rand(11, 2, generator=gen)
+        with torch.no_grad():
+            got = module(x, ids, w.to(x.dtype))
+            gate, up = _fp8_layer.packed_halves(module.gate_up_proj,
+                                                mok_hf.plan(module).interleaved)
+            want = mok.moe(x, ids, w.to(x.dtype).float(), gate.contiguous(), up.contiguous(),
+                           module.down_proj, precision="fp8")
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        small = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+        with pytest.raises(ValueError, match="intermediate_size: expected a multiple of 128 for "
+                           "precision='fp8', got 64"):
+            small(torch.randint(0, 128, (1, 5)))
+    finally:
+        mok_hf.configure()

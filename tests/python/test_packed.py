@@ -9,6 +9,7 @@ import torch
 from conftest import DEVICES, make_layer
 
 import mok
+from mok import _fp8_layer
 
 
 def split(gate_up, interleaved):
@@ -90,3 +91,35 @@ def test_packed_compiles(gen):
     assert torch.equal(loss, eager_loss)
     for a, b in zip(grads, eager_grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_packed_fp8_is_bitwise_the_dense_fp8_layer(gen, device, interleaved):
+    """precision="fp8": the FP8 layer over the halves (views), the same bits as mok.moe's FP8
+    layer on dense copies of them; the halves' quantizations are cached with the packed tensor
+    (its views are new tensors each call) and made again after an in-place change."""
+    T, H, I, E, k = 37, 128, 128, 5, 3
+    d = make_layer(gen, T, H, I, E, k, 0).to(device)
+    gate, up, down = d.weights[:3]
+    gate_up = pack(gate, up, interleaved).requires_grad_()
+    x, w, down_p = (t.clone().requires_grad_() for t in (d.x, d.topk_weights, down))
+    out = mok.moe_packed(x, d.topk_experts, w, gate_up, down_p, interleaved=interleaved,
+                         precision="fp8")
+    out.backward(d.d_out)
+    leaves = [t.clone().requires_grad_() for t in (d.x, d.topk_weights, gate, up, down)]
+    ref = mok.moe(leaves[0], d.topk_experts, leaves[1], *leaves[2:], precision="fp8")
+    ref.backward(d.d_out)
+    assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.equal(x.grad.view(torch.uint8), leaves[0].grad.view(torch.uint8))
+    assert torch.equal(w.grad, leaves[1].grad)
+    assert torch.equal(gate_up.grad.view(torch.uint8),
+                       pack(leaves[2].grad, leaves[3].grad, interleaved).view(torch.uint8))
+    assert torch.equal(down_p.grad.view(torch.uint8), leaves[4].grad.view(torch.uint8))
+    halves = _fp8_layer.quantized_halves(gate_up, interleaved)
+    assert _fp8_layer.quantized_halves(gate_up, interleaved) is halves  # reused
+    with torch.no_grad():
+        gate_up.mul_(0.5)  # in place: a new version of the packed tensor
+    again = _fp8_layer.quantized_halves(gate_up, interleaved)
+    assert again is not halves
+    assert not torch.equal(again[0][1], halves[0][1])  # the gate half's scales halved

@@ -39,7 +39,7 @@ from mok import _checks, _workspace, nn
 from mok._config import MoKConfig
 
 NAME = "mok"  # the experts_implementation this module registers
-PRECISIONS = ("bf16",)  # configure(precision=...); "fp8" once mok's FP8 layer has landed
+PRECISIONS = ("bf16", "fp8")  # configure(precision=...)
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,16 @@ _settings = _Settings("bf16", _workspace.for_config(None))
 
 
 def configure(config=None, *, precision="bf16"):
-    """The MoKConfig every "mok" experts call uses (None: the default) and the precision ("bf16";
-    "fp8" is refused until mok's FP8 layer has landed). Experts of one shape share the config's
+    """The MoKConfig every "mok" experts call uses (None: the default) and the precision: "bf16",
+    or "fp8", mok's FP8 layer (bf16 weights, H and I multiples of 128; each weight quantized once
+    per version, docs/architecture.md "The FP8 layer"). Experts of one shape share the config's
     workspace."""
     global _settings
     if config is not None and not isinstance(config, MoKConfig):
         _checks.fail("config", "None (the default MoKConfig) or a MoKConfig",
                      type(config).__name__, TypeError)
     if precision not in PRECISIONS:
-        _checks.fail("precision", " or ".join(repr(p) for p in PRECISIONS)
-                     + " (FP8 comes with mok's FP8 layer)", repr(precision))
+        _checks.fail("precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision))
     _settings = _Settings(precision, _workspace.for_config(config))
 
 
@@ -221,7 +221,8 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     weights = top_k_weights.reshape(-1, k).to(_checks.router_dtype(x.dtype))
     out = nn.moe_packed(x, ids.contiguous(), weights.contiguous(), self.gate_up_proj,
                         self.down_proj, interleaved=p.interleaved,
-                        workspace=_settings.workspace, swiglu_limit=p.swiglu_limit)
+                        workspace=_settings.workspace, swiglu_limit=p.swiglu_limit,
+                        precision=_settings.precision)
     return out.reshape(shape)
 
 
