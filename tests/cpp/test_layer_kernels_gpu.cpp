@@ -12,10 +12,12 @@
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/home_reduce.hpp"
 #include "cuda/kernels/pass_segments.hpp"
+#include "cuda/kernels/quantize_pass_fp8.hpp"
 #include "cuda/kernels/router_grad.hpp"
 #include "cuda/kernels/transfer.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_helpers.hpp"
+#include "mok/fp8.hpp"
 #include "schedule_test_helpers.hpp"
 #include "support/transfers.hpp"
 
@@ -545,6 +547,173 @@ TEST(PassSegmentsGpu, ClipsTheScheduleToEachPassAndPlansTheCarries) {
         open_slot_pass[slot] = active.back();
       }
     }
+  }
+}
+
+// ---- The FP8 layer's quantization of a pass (fused into the pull, and the pass quantizers) ----
+
+// Bytes of a device buffer and of the host reference compared one by one; the first mismatch
+// named by `what` and its index.
+template <typename T>
+void expect_same_bytes(const std::vector<T>& got, const std::vector<T>& want, std::size_t n,
+                       const std::string& what) {
+  ASSERT_GE(got.size(), n);
+  ASSERT_GE(want.size(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " differs";
+      return;
+    }
+  }
+}
+
+// The token-order pull with p.fp8_rows writes the ring the plain pull writes, bit for bit, and
+// beside it each row's 1x128 blocks along H with the CPU reference's bits (mok::quantize_rows over
+// the ring's rows of the pass), padding rows as zero blocks; rows past the pass untouched; and
+// the pass quantizer (launch_quantize_pass_rows, the FP8 layer's rows form of h, dg and du) gives
+// the same bytes from the plain ring. H of one and of more than one warp batch (with a partial
+// one), W 1 and 3, every slot or 80% kept, several passes and one past the end.
+TEST(TransferGpu, TokenOrderPullWithFp8RowsQuantizesAsTheReference) {
+  MOK_REQUIRE_HOPPER();
+  for (int W : {1, 3})
+    for (std::int64_t hidden : {256, 2176})
+      for (double keep : {1.0, 0.8}) {
+        std::mt19937_64 rng(test_seed() + 29 * W + hidden);
+        const RowGeometry g{.tokens = 45, .topk = 4, .hidden = hidden, .ranks = W};
+        const std::vector<std::int32_t> table = random_table(g, keep, 128, rng);
+        const std::int64_t total = static_cast<std::int64_t>(table.size());
+        const std::int64_t R = 128 * 3, H = hidden, KB = hidden / 128;
+        const std::int64_t slots = W * g.tokens * g.topk;
+        Ranks x(W, g.tokens * g.hidden, rng);
+        DeviceBuffer<std::int32_t> d_table(table),
+            d_total(std::vector<std::int32_t>{std::int32_t(total)}),
+            row_of_slot(inverse_of(table, slots));
+        DeviceBuffer<bf16_t> plain(R * H), fused(R * H);
+        DeviceBuffer<std::uint8_t> q_fused(R * H), q_pass(R * H);
+        DeviceBuffer<float> s_fused(KB * R), s_pass(KB * R);
+        const std::string what = "W " + std::to_string(W) + ", H " + std::to_string(hidden) +
+                                 ", keep " + std::to_string(keep);
+        for (std::int64_t offset = 0; offset < total + R; offset += R) {
+          for (auto* b : {&q_fused, &q_pass}) b->poison();
+          for (auto* b : {&s_fused, &s_pass}) b->poison();
+          plain.poison();
+          fused.poison();
+          PullParams pull{{d_table.get(), d_total.get(), offset, R},
+                          g,
+                          reinterpret_cast<const void* const*>(x.peers.get()),
+                          nullptr,
+                          plain.get(),
+                          nullptr};
+          MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
+          pull.ring = fused.get();
+          pull.fp8_rows = q_fused.get();
+          pull.fp8_scales = s_fused.get();
+          MOK_CUDA_OK(cuda::launch_pull_tokens(pull, row_of_slot.get(), nullptr));
+          const std::int64_t n = std::max<std::int64_t>(0, std::min(total - offset, R));
+          DeviceBuffer<std::int32_t> row_end(std::vector<std::int32_t>{std::int32_t(n)});
+          cuda::QuantizePassRowsParams qp;
+          qp.x = reinterpret_cast<const std::uint16_t*>(plain.get());
+          qp.ld_x = H;
+          qp.rows = R;
+          qp.K = H;
+          qp.row_end = row_end.get();
+          qp.data = q_pass.get();
+          qp.ld = H;
+          qp.scales = s_pass.get();
+          qp.scale_ld = R;
+          MOK_CUDA_OK(cuda::launch_quantize_pass_rows(qp, nullptr));
+          MOK_CUDA_OK(cudaDeviceSynchronize());
+          const std::string at = what + ", pass at " + std::to_string(offset);
+          const auto ring = plain.download();
+          expect_same_bytes(fused.download(), ring, ring.size(), at + ": the bf16 ring");
+          // The reference over the pass's rows, laid out as the layer's buffers (scale ld R).
+          std::vector<std::uint8_t> q_want(R * H, 0xff);
+          std::vector<float> s_want(KB * R);
+          std::memset(s_want.data(), 0xff, s_want.size() * sizeof(float));
+          if (n > 0) {
+            std::vector<bf16_t> rows(ring.begin(), ring.begin() + n * H);
+            std::vector<float> s(KB * n);
+            quantize_rows(TensorView::contiguous(rows.data(), DType::bf16, {n, H}),
+                          TensorView::contiguous(q_want.data(), DType::fp8_e4m3, {n, H}),
+                          TensorView::contiguous(s.data(), DType::f32, {KB, n}));
+            for (std::int64_t kb = 0; kb < KB; ++kb) {
+              for (std::int64_t i = 0; i < n; ++i) s_want[kb * R + i] = s[kb * n + i];
+            }
+          }
+          expect_same_bytes(q_fused.download(), q_want, q_want.size(), at + ": fused e4m3");
+          expect_same_bytes(s_fused.download(), s_want, s_want.size(), at + ": fused scales");
+          expect_same_bytes(q_pass.download(), q_want, q_want.size(), at + ": pass e4m3");
+          expect_same_bytes(s_pass.download(), s_want, s_want.size(), at + ": pass scales");
+        }
+      }
+  PullParams half{};  // the FP8 outputs come both or neither, and need H a multiple of 128
+  half.pass.ring_rows = 128;
+  half.geo.hidden = 128;
+  half.fp8_rows = reinterpret_cast<std::uint8_t*>(16);
+  EXPECT_EQ(cuda::launch_pull_tokens(half, nullptr, nullptr), cudaErrorInvalidValue);
+  half.fp8_scales = reinterpret_cast<float*>(16);
+  half.geo.hidden = 192;
+  EXPECT_EQ(cuda::launch_pull_tokens(half, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// The token-axis quantizer of a pass: each group's rows [start, start + count) in 128-row blocks
+// from its start, each block's scales from its real rows (the rest as zeros, whatever the ring
+// holds there), the CPU reference's bits (mok::quantize_token_axis over the group's rows padded
+// with zero rows); blocks past the last group untouched. Groups of 0, 1, 128, 129 and more rows,
+// K of one and of several 32-column tiles.
+TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
+  MOK_REQUIRE_HOPPER();
+  for (std::int64_t K : {128, 2176}) {
+    std::mt19937_64 rng(test_seed() + K);
+    const std::vector<std::int32_t> counts = {0, 1, 129, 0, 128, 300, 37};
+    const int G = static_cast<int>(counts.size());
+    std::vector<std::int32_t> starts(G + 1, 0);
+    for (int gi = 0; gi < G; ++gi) starts[gi + 1] = starts[gi] + (counts[gi] + 127) / 128 * 128;
+    const std::int64_t R = starts[G] + 256;                 // two blocks past the last group
+    const std::vector<bf16_t> x = random_bf16(R * K, rng);  // padding rows hold values too
+    DeviceBuffer<bf16_t> d_x(x);
+    DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts);
+    DeviceBuffer<std::uint8_t> data(K * R);
+    DeviceBuffer<float> scales(R / 128 * K);
+    data.poison();
+    scales.poison();
+    cuda::QuantizePassTokenAxisParams p;
+    p.x = reinterpret_cast<const std::uint16_t*>(d_x.get());
+    p.ld_x = K;
+    p.rows = R;
+    p.K = K;
+    p.starts = d_starts.get();
+    p.counts = d_counts.get();
+    p.groups = G;
+    p.data = data.get();
+    p.ld = R;
+    p.scales = scales.get();
+    p.scale_ld = K;
+    MOK_CUDA_OK(cuda::launch_quantize_pass_token_axis(p, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<std::uint8_t> q_want(K * R, 0xff);
+    std::vector<float> s_want(R / 128 * K);
+    std::memset(s_want.data(), 0xff, s_want.size() * sizeof(float));
+    for (int gi = 0; gi < G; ++gi) {
+      const std::int64_t c = counts[gi], Mp = (c + 127) / 128 * 128, s0 = starts[gi];
+      if (c == 0) continue;
+      std::vector<bf16_t> rows(Mp * K, float_to_bf16(0.0f));
+      std::copy(x.begin() + s0 * K, x.begin() + (s0 + c) * K, rows.begin());
+      std::vector<std::uint8_t> q(K * Mp);
+      std::vector<float> s(Mp / 128 * K);
+      quantize_token_axis(TensorView::contiguous(rows.data(), DType::bf16, {Mp, K}),
+                          TensorView::contiguous(q.data(), DType::fp8_e4m3, {K, Mp}),
+                          TensorView::contiguous(s.data(), DType::f32, {Mp / 128, K}));
+      for (std::int64_t k = 0; k < K; ++k) {
+        for (std::int64_t m = 0; m < Mp; ++m) q_want[k * R + s0 + m] = q[k * Mp + m];
+      }
+      for (std::int64_t mb = 0; mb < Mp / 128; ++mb) {
+        for (std::int64_t k = 0; k < K; ++k) s_want[(s0 / 128 + mb) * K + k] = s[mb * K + k];
+      }
+    }
+    const std::string what = "K " + std::to_string(K);
+    expect_same_bytes(data.download(), q_want, q_want.size(), what + ": e4m3");
+    expect_same_bytes(scales.download(), s_want, s_want.size(), what + ": scales");
   }
 }
 

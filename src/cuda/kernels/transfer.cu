@@ -1,5 +1,7 @@
 // The standalone row-transfer kernels: a grid-stride loop of warps over the rows of a pass, each
 // row moved by transfer.cuh's device function.
+#include "core/fp8.hpp"
+#include "cuda/kernels/fp8_quantize.cuh"
 #include "cuda/kernels/transfer.cuh"
 
 namespace mok::cuda {
@@ -24,11 +26,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRo
   });
 }
 
+// The FP8 rows form of one 16-byte vector per lane, the 16 lanes of a half-warp holding one
+// 1x128 block (vectors 16 kb .. 16 kb + 15 of the row): the lane's 8 bytes, and the block's
+// scale in *scale. Every lane of the warp calls it (the amax crosses lanes within each half).
+__device__ inline uint2 quantize_vector(const uint4& v, float* scale) {
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bf16_bits_to_float(words[i] & 0xffffu);
+    f[2 * i + 1] = bf16_bits_to_float(words[i] >> 16);
+  }
+  std::uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fp8::amax_update(amax, f[i]);
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  const int e = fp8::scale_exponent(amax);
+  *scale = fp8::scale_of(e);
+  const float inverse = fp8::inverse_scale_of(e);
+  return make_uint2(quantize4(f[0], f[1], f[2], f[3], inverse),
+                    quantize4(f[4], f[5], f[6], f[7], inverse));
+}
+
 // Warps over the source tokens (every rank's T): lane j < k reads slot j's row, the warp keeps
 // those in the pass, and copies the token's row to each, kTokenBatch vectors a lane at a time
-// (read once, written once per row). Then warps over the pass's rows, 32 at a time: pull_row
-// writes the padding rows among them.
+// (read once, written once per row; with p.fp8_rows quantized once and written beside it). Then
+// warps over the pass's rows, 32 at a time: pull_row writes the padding rows among them (and
+// their FP8 form here).
+// kFp8: p.fp8_rows set (a kernel of its own: the bf16 pull keeps its registers).
 constexpr int kTokenBatch = 4;
+template <bool kFp8>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     pull_tokens_kernel(PullParams p, const std::int32_t* row_of_slot) {
   const std::int64_t rows = transfer::rows_in_pass(p.pass);
@@ -62,6 +93,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int b = 0; b < kTokenBatch; ++b) {
         const std::int64_t v = v0 + 32 * b + lane;
         if (v < vectors) held[b] = from[v];
+        if constexpr (kFp8) {  // a half-warp past the row quantizes zeros (and stores nothing)
+          if (v >= vectors) held[b] = make_uint4(0, 0, 0, 0);
+        }
+      }
+      uint2 q[kTokenBatch];
+      float scale[kTokenBatch];
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int b = 0; b < kTokenBatch; ++b) q[b] = quantize_vector(held[b], &scale[b]);
       }
       for (unsigned left = kept; left != 0u; left &= left - 1u) {
         const int j = __ffs(left) - 1;
@@ -70,16 +110,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
         for (int b = 0; b < kTokenBatch; ++b) {
           const std::int64_t v = v0 + 32 * b + lane;
-          if (v < vectors) dst[v] = held[b];
+          if (v >= vectors) continue;
+          dst[v] = held[b];
+          if constexpr (kFp8) {
+            reinterpret_cast<uint2*>(p.fp8_rows + i * p.geo.hidden)[v] = q[b];
+            if (lane % 16 == 0) p.fp8_scales[(v / 16) * p.pass.ring_rows + i] = scale[b];
+          }
         }
       }
     }
   }
-  // Padding rows, found 32 at a time: pull_row writes them (zeros, and weight 0).
+  // Padding rows, found 32 at a time: pull_row writes them (zeros, and weight 0), and here their
+  // FP8 form: zero bytes, each block's scale that of an all-zero block.
   for (std::int64_t base = 32 * warp; base < rows; base += 32 * warps) {
     const bool padding = base + lane < rows && p.pass.table[first + base + lane] < 0;
     for (unsigned pad = __ballot_sync(0xffffffffu, padding); pad != 0u; pad &= pad - 1u) {
-      transfer::pull_row(p, base + __ffs(pad) - 1, lane, vectors);
+      const std::int64_t i = base + __ffs(pad) - 1;
+      transfer::pull_row(p, i, lane, vectors);
+      if constexpr (!kFp8) continue;
+      uint4* q = reinterpret_cast<uint4*>(p.fp8_rows + i * p.geo.hidden);
+      for (std::int64_t v = lane; v < p.geo.hidden / 16; v += 32) q[v] = make_uint4(0, 0, 0, 0);
+      for (std::int64_t kb = lane; kb < p.geo.hidden / fp8::kBlock; kb += 32) {
+        p.fp8_scales[kb * p.pass.ring_rows + i] = fp8::scale_of(fp8::scale_exponent(0u));
+      }
     }
   }
 }
@@ -103,9 +156,17 @@ cudaError_t launch_pull_tokens(const PullParams& p, const std::int32_t* row_of_s
   if (weights != (p.row_weights != nullptr)) {
     return cudaErrorInvalidValue;  // rows are copied as they are: weights go beside them or not
   }
+  if ((p.fp8_rows != nullptr) != (p.fp8_scales != nullptr) ||
+      (p.fp8_rows != nullptr && p.geo.hidden % fp8::kBlock != 0)) {
+    return cudaErrorInvalidValue;
+  }
   const std::int64_t tokens = p.geo.tokens * p.geo.ranks;
   const std::int64_t work = tokens > p.pass.ring_rows / 32 ? tokens : p.pass.ring_rows / 32;
-  pull_tokens_kernel<<<grid_for(work), kWarpsPerBlock * 32, 0, stream>>>(p, row_of_slot);
+  if (p.fp8_rows != nullptr) {
+    pull_tokens_kernel<true><<<grid_for(work), kWarpsPerBlock * 32, 0, stream>>>(p, row_of_slot);
+  } else {
+    pull_tokens_kernel<false><<<grid_for(work), kWarpsPerBlock * 32, 0, stream>>>(p, row_of_slot);
+  }
   return cudaGetLastError();
 }
 

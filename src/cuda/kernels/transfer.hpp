@@ -42,6 +42,12 @@ struct PullParams {
   float* row_weights = nullptr;  // [ring_rows] fp32, with scale_peers (or scale_own) only
   const void* src_own = nullptr;
   const float* scale_own = nullptr;
+  // Optional, the token-order pull only (the FP8 layer): each kept row also quantized in 1x128
+  // blocks along H (core/fp8.hpp's bits, those of kernels/quantize_pass_fp8.hpp's rows form)
+  // into fp8_rows [ring_rows, H] e4m3 with fp8_scales [H / 128, ring_rows], padding rows as
+  // zeros (scale 2^-39); H a multiple of 128. Both or neither.
+  std::uint8_t* fp8_rows = nullptr;
+  float* fp8_scales = nullptr;
 };
 
 // In place, for the pass's kept rows: ring[i] = bf16(row_weights[i] * ring[i]) (the same

@@ -297,11 +297,23 @@ gemm::Fp8TokenAxis quantize_token_axis(const ExpertRows& e, const bf16* x, std::
   return {data, e.segments.capacity_rows, scales, K};
 }
 
-// g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (x quantized here).
-void gate_up_forward_fp8(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
+// The rows a pull quantized as they landed (PullParams::fp8_rows into rows_a: forward x, backward
+// d_out), as the M-grouped forms' A operand.
+gemm::Fp8Rows pulled_rows(const ExpertRows& e) {
+  return {e.fp8->rows_a, e.hidden, e.fp8->rows_a_scales, e.segments.capacity_rows};
+}
+
+// The pull quantizes its rows as they land (1x128 along H) into rows_a.
+void pull_fp8(PullParams& pull, const ExpertRows& e) {
+  pull.fp8_rows = e.fp8->rows_a;
+  pull.fp8_scales = e.fp8->rows_a_scales;
+}
+
+// g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
+void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   gemm::GateUpForwardFp8Args a;
   a.segments = e.segments;
-  a.x = quantize_rows(e, x, e.hidden, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.x = pulled_rows(e);
   a.w_gate = fp8_weight(e.q->gate);
   a.w_up = fp8_weight(e.q->up);
   a.hidden = h;
@@ -331,13 +343,13 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   gemm::rows_times_weight_t_fp8(a);
 }
 
-// down_dgrad_swiglu from q(d_out) and the transposed W_down copy (no scaled_hidden: dW_down takes
-// the reference's operands, dy and h).
-void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* d_out, const bf16* g, const bf16* u,
-                           bf16* dg, bf16* du, const float* row_weights, float* dot) {
+// down_dgrad_swiglu from q(d_out) (pulled_rows) and the transposed W_down copy (no
+// scaled_hidden: dW_down takes the reference's operands, dy and h).
+void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf16* dg, bf16* du,
+                           const float* row_weights, float* dot) {
   gemm::RowsTimesWeightFp8Args a;
   a.segments = e.segments;
-  a.a = quantize_rows(e, d_out, e.hidden, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.a = pulled_rows(e);
   a.w_t = fp8_weight_t(e.q->down);
   a.swiglu.gate = g;
   a.swiglu.up = u;
@@ -452,17 +464,18 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 }
 
 // expert_backward in FP8 (routed experts; b.scaled_hidden null): the same GEMMs on the same
-// streams in the same order. Each e4m3 operand is quantized from the bf16 rows on the stream that
-// reads it, after what wrote them: q(d_out) before the down dgrad; q(dg), q(du) and the token-axis
-// copies of x, dg, du and h after it, before the fork; dy's on side stream 0 after `between`
-// scaled the rows. Scratch: rows_a holds q(d_out), then q(dg) (the down dgrad has read it by
-// then: one stream); the join before the next pass orders the next pass's writes.
+// streams in the same order. q(d_out) comes from the pull (rows_a); every other e4m3 operand is
+// quantized from the bf16 rows on the stream that reads it, after what wrote them: q(dg), q(du)
+// and the token-axis copies of x, dg, du and h after the down dgrad, before the fork; dy's on side
+// stream 0 after `between` scaled the rows. Scratch: rows_a holds q(d_out), then q(dg) (the down
+// dgrad has read it by then: one stream); the join before the next pass orders the next pass's
+// writes.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
   const Fp8Buffers& f = *e.fp8;
   const std::int64_t H = e.hidden, I = e.width;
-  down_dgrad_swiglu_fp8(e, b.d_out, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+  down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
   const gemm::Fp8Rows dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
   const gemm::Fp8Rows du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
   const gemm::Fp8TokenAxis t_x = quantize_token_axis(e, b.x, H, f.t_x, f.t_x_scales);
@@ -783,12 +796,13 @@ struct Layer::Impl {
   // row: 8 times on qwen3-30b-a3b, mostly from DRAM).
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
                     cudaStream_t s) {
+    const ExpertRows e = routed(r, t, s);
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
+    if (e.q != nullptr) pull_fp8(pull, e);
     check(launch_pull_tokens(pull, row_of_slot(r), s), "dispatch of x");
-    const ExpertRows e = routed(r, t, s);
     if (e.q != nullptr) {
-      gate_up_forward_fp8(e, set.x, set.gate, set.up, set.hidden);
+      gate_up_forward_fp8(e, set.gate, set.up, set.hidden);
     } else {
       gate_up_forward(e, set.x, set.gate, set.up, set.hidden);
     }
@@ -1139,6 +1153,8 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
         pull.src_own = t.d_out.data;
         pull.scale_own = t.in.topk_weights.ptr<const float>();
       }
+      const ExpertRows e = m.routed(r, t, s);
+      if (fp8) pull_fp8(pull, e);  // q(d_out), the down dgrad's operand
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
       // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h).
@@ -1170,7 +1186,6 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
                         {&t.grads.d_down, add, m.pass_plan(r, b.carry_down), !first},
                         m.to_home_slots(r, pass, m.dx_peers),  // the backward combine
                         wh};
-      const ExpertRows e = m.routed(r, t, s);
       if (fp8) {
         expert_backward_fp8(e, eb, m.wgrad, between);
       } else {
