@@ -513,3 +513,64 @@ def test_constants_match_the_issue():
                                    "mixtral-8x7b": (1.5, 1.4), "dsv3-ep1": (1.6, 1.0)}
     assert set(fp8_bars.CASE_ORDER) == set(bl.CASES)
     assert math.isclose(MOK_BOUNDS["cosine"], 0.996) and MOK_BOUNDS["rel_l1"] == 0.1
+
+
+def test_bench_gemm_merges_solo_runs_and_tables_the_fp8_forms(tmp_path):
+    """bench_gemm.py with --baselines-from (no GPU): the interleaved mok rows and a solo run's
+    rows (suite gemm-solo) beside torch's, and README-gemm.md's FP8 tables with the bars."""
+    import subprocess
+    inter = _gemm_records("gemm")
+    old = {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "2026-12-06",
+           "cases": [dict(r, floor_ms=0.1) if r["impl"] == "torch-fp8" and r["pass"] == "gemm1"
+                     else r for r in inter if r["impl"] == "torch-fp8"]
+           + [{"suite": "gemm", "case": "dense-8192", "routing": "none", "pass": "mm",
+               "impl": "cublas-fp8-dense", "median_ms": 0.8, "tflops": 1377.0}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    mok = tmp_path / "mok.jsonl"
+    mok.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "suite"}) + "\n"
+                           for r in inter if r["impl"] != "torch-fp8"))
+    solo = tmp_path / "solo.jsonl"
+    solo.write_text("".join(json.dumps(dict(r, median_ms=r["median_ms"] * 0.98)) + "\n"
+                            for r in _gemm_records("x") if r["impl"] == "mok-fp8"))
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, str(BENCH / "bench_gemm.py"), str(mok), str(out),
+                        "--baselines-from", str(tmp_path / "old.json"), "--commit", "abc1234",
+                        "--solo", str(solo)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "gemm.json").read_text())
+    suites = {(c.get("suite"), c["impl"]) for c in doc["cases"]}
+    assert ("gemm-solo", "mok-fp8") in suites and ("gemm", "torch-fp8") in suites
+    readme = (out / "README-gemm.md").read_text()
+    assert "## FP8 GEMM forms against bf16, the forms interleaved round by round" in readme
+    assert "## FP8 GEMM forms against bf16, each form alone" in readme
+    assert "| dsv3-ep8slice | uniform | gemm1 | 1.0000 | 0.6000 | 1.67x | 1.60 | pass |" in readme
+
+
+def test_bench_gemm_fp8_forms_are_valid_calls(gen):
+    """bench_gemm.py's torch-fp8 forms through the emulation of torch._scaled_grouped_mm (torch's
+    own argument checks first): every form is a call the GPU accepts, and its product is right."""
+    import bench_gemm
+
+    class EmulatedTorch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def _scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=None,
+                               use_fast_accum=False):
+            return t8.emulated_scaled_grouped_mm(a, b, scale_a, scale_b, offs, out_dtype)
+
+    counts = [40, 7, 0, 33]  # skewed-like: groups the 2-D x 2-D form must pad
+    e, h, i = len(counts), 256, 128
+    rows = sum(counts)
+    r = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)  # noqa: E731
+    x, hid, dy = r(rows, h), r(rows, i), r(rows, h)
+    w13, wd = r(e, 2 * i, h) * h ** -0.5, r(e, h, i) * i ** -0.5
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    forms = bench_gemm.fp8_forms(EmulatedTorch(), x, hid, dy, w13, wd, offs, counts[0], counts)
+    assert set(forms) == {"gemm1", "gemm2", "dgrad", "wgrad"}
+    for name, (flops, fn, check) in forms.items():
+        err = check(fn())
+        print(name, err)
+        assert err < 0.06, (name, err)  # e4m3 on both operands: a few percent, not a wrong call
