@@ -34,6 +34,7 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 EPS = 1e-12  # amax floor (torchao's): an all-zero row gets a finite scale
 ALIGN = 16  # rows per group: torch._scaled_grouped_mm's FP8 groups (torchao's assertion)
+CHUNK = 1 << 28  # elements per fp32 temporary of a cast (1 GiB): dsv3-ep1's gate/up is 7.5 G
 
 
 # ---- quantization -------------------------------------------------------------------------------
@@ -45,14 +46,28 @@ def pow2_scale(amax):
 
 
 def to_e4m3(t, scale):
-    """e4m3(t * scale), saturating at +-448 (a plain cast turns larger values into NaN)."""
-    return (t.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    """e4m3(t * scale) in t's layout, saturating at +-448 (a plain cast turns larger values into
+    NaN); `scale` broadcasts against t. Cast in slices along the first dimension of at most CHUNK
+    elements, so the fp32 temporaries stay bounded whatever the size of t."""
+    out = torch.empty_like(t, dtype=E4M3)
+    step = max(1, CHUNK // max(1, t[0].numel())) if t.dim() else 1
+    for i in range(0, max(1, t.shape[0] if t.dim() else 1), step):
+        part = slice(i, i + step)
+        s = scale[part] if scale.dim() == t.dim() and scale.shape[0] > 1 else scale
+        out[part].copy_((t[part].float() * s).clamp_(-E4M3_MAX, E4M3_MAX))
+    return out
+
+
+def amax_along(t, dim):
+    """max |t| over `dim` (kept), fp32, without a copy of |t|."""
+    lo, hi = torch.aminmax(t, dim=dim, keepdim=True)
+    return torch.maximum(-lo, hi).float()
 
 
 def quantize_along(t, dim):
     """t's e4m3 values with one scale per slice along `dim` (amax over `dim`), and the reciprocal
     scales (fp32, `dim` kept as size 1)."""
-    scale = pow2_scale(t.abs().amax(dim=dim, keepdim=True).float())
+    scale = pow2_scale(amax_along(t, dim))
     return to_e4m3(t, scale), scale.reciprocal()
 
 
@@ -68,7 +83,7 @@ def quantize_group_columns(t, offs):
     if M % ALIGN:
         raise ValueError(f"rows {M}: a multiple of {ALIGN} expected")
     blocks = t.view(M // ALIGN, ALIGN, C)
-    block_amax = blocks.abs().amax(dim=1).float()  # [M / ALIGN, C]
+    block_amax = amax_along(blocks, 1).squeeze(1)  # [M / ALIGN, C]
     starts = torch.arange(0, M, ALIGN, device=t.device)
     group = torch.searchsorted(offs.to(torch.int64), starts, right=True)  # G: past the groups
     amax = torch.zeros(G + 1, C, dtype=torch.float32, device=t.device)
