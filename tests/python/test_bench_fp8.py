@@ -65,6 +65,15 @@ def test_rowwise_quantization_is_e4m3_with_power_of_two_scales(gen):
     assert not q.float().isnan().any()
 
 
+def test_the_cast_in_slices_is_the_whole_cast(monkeypatch, gen):
+    w = wide_range(gen, 5, 48, 32).to(torch.bfloat16).transpose(-2, -1)  # a column-major view
+    whole, inv = t8.quantize_along(w, -2)
+    monkeypatch.setattr(t8, "CHUNK", 1000)  # slices of 1 expert (1536 elements each)
+    sliced, inv2 = t8.quantize_along(w, -2)
+    assert torch.equal(inv, inv2) and whole.stride() == w.stride() == sliced.stride()
+    assert torch.equal(whole.view(torch.uint8), sliced.view(torch.uint8))
+
+
 def test_group_column_quantization_takes_each_groups_amax(gen):
     C, align = 48, t8.ALIGN
     sizes = [32, 0, 16, 48]  # an empty group too
@@ -574,3 +583,18 @@ def test_bench_gemm_fp8_forms_are_valid_calls(gen):
         err = check(fn())
         print(name, err)
         assert err < 0.06, (name, err)  # e4m3 on both operands: a few percent, not a wrong call
+
+
+def test_gpu_fp8_bench_says_it_needs_a_gpu(tmp_path):
+    """scripts/gpu-fp8-bench on a machine without a GPU: fails at its first step, says why, and
+    leaves its summary line."""
+    import shutil
+    import subprocess
+    if shutil.which("nvidia-smi"):
+        pytest.skip("nvidia-smi is here: the script would run the benchmarks")
+    script = BENCH.parent / "scripts" / "gpu-fp8-bench"
+    r = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "FAIL: machine" in r.stdout
+    assert (tmp_path / "out" / "summary.txt").read_text().startswith("gpu-fp8-bench FAIL (machine)")
