@@ -341,14 +341,16 @@ def test_a_wrong_layer_is_not_timed(monkeypatch, gen):
     assert isinstance(outcome, str) and outcome.startswith("WRONG") and "d_down" in outcome
 
 
+@pytest.mark.slow
 def test_fp8_suite_end_to_end_on_cpu(tmp_path, gen, capsys):
     """bench_layer --suite fp8 on a tiny case: every implementation checked against the f64 layer
     and timed alone and interleaved (wall clock here), its errors and memory recorded, and the
     summary's FP8 tables printed."""
     bl.DEVICE = "cpu"
-    bl.SHAPES["tiny-fp8"] = (96, 256, 128, 4, 2, 128)
+    bl.SHAPES["tiny-fp8"] = (64, 128, 128, 4, 2, 128)
     out = tmp_path / "layer_fp8.json"
-    impls = ["mok", "mok-fp8", "mok-fp8-quant", "torch", "torch-fp8"]
+    # torch-fp8 (slow through the emulation) has its own tests above.
+    impls = ["mok", "mok-fp8", "mok-fp8-quant", "torch"]
     rc = bl.main(["--suite", "fp8", "--cases", "tiny-fp8", "--impls", ",".join(impls),
                   "--routings", "uniform", "--reps", "2", "--warmup-s", "0", "--out", str(out)])
     doc = json.loads(out.read_text())
@@ -365,8 +367,8 @@ def test_fp8_suite_end_to_end_on_cpu(tmp_path, gen, capsys):
     fwd = recs[("layer-fp8", "fwd", "mok-fp8")]
     assert set(fwd["f64_errors"]) >= {"out", "d_x", "d_topk_weights", "d_gate", "d_up", "d_down"}
     assert fwd["f64_within_mok_bounds"] is True
-    E, blocks = 4, (128 // 128) * (256 // 128)  # gate, up [E, 128, 256], down [E, 256, 128]
-    data, scales = 2 * E * 3 * 128 * 256, 2 * E * 3 * blocks * 4  # both orientations
+    E, blocks = 4, 1  # gate, up, down [E, 128, 128]: one 128 x 128 block each
+    data, scales = 2 * E * 3 * 128 * 128, 2 * E * 3 * blocks * 4  # both orientations
     assert fwd["memory"]["fp8_weight_bytes"] == data + scales
     assert "floor_fp8_ms" in fwd and "floor_fp8_ms" not in recs[("layer-fp8", "fwd", "torch")]
     inter = recs[("layer-fp8-interleaved", "fwdbwd", "mok-fp8")]
@@ -375,8 +377,7 @@ def test_fp8_suite_end_to_end_on_cpu(tmp_path, gen, capsys):
     assert "## FP8 layer against mok bf16, each path alone" in printed
     assert "## FP8 layer against mok bf16, interleaved" in printed
     assert "Distance from the f64 layer" in printed and "Memory per layer" in printed
-    if rc != 0:  # only a torch-fp8 check outside the peer's bounds may fail, and it says so
-        assert "torch-fp8" in printed and "not timed" in printed, printed[-2000:]
+    assert rc == 0, printed[-3000:]
 
 
 # ---- the bars, fed synthetic results ------------------------------------------------------------
