@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fp8_bars  # noqa: E402
+import timing  # noqa: E402
 from f64_layer import BOUNDS, f64_errors, within_bounds  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 from timing import event_ms, median_ms, synchronize  # noqa: E402
@@ -535,7 +536,7 @@ def memory_record(impl):
     the start through the backward (torch.cuda.max_memory_allocated), and what the
     implementation says of itself (mok: its workspace, outside torch's allocator, and its forward
     context; FP8: the weight copies). No GPU: the implementation's own numbers only."""
-    cuda = torch.cuda.is_available()
+    cuda = DEVICE == "cuda"
     if cuda:
         synchronize()
         before = torch.cuda.memory_allocated()
@@ -800,12 +801,13 @@ def parse_args(argv=None):
 
 
 def device_name():
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
 
 
 def main(argv=None):
     global BF16_TFLOPS, HBM_TBPS, FP8_TFLOPS
     args = parse_args(argv)
+    timing.WALL_CLOCK = DEVICE != "cuda"  # a check of this script's logic on CPU tensors
     ceil = pathlib.Path("docs/perf/ceilings.json")
     if ceil.exists():
         c = json.loads(ceil.read_text())["ceilings"]

@@ -1,20 +1,23 @@
 """CUDA-event timing shared by the Python benchmarks (PERF.md's method).
 
-Without a GPU (a check of a benchmark's logic on a CPU) the same calls time wall clock instead."""
+With WALL_CLOCK (no GPU here, or a caller checking a benchmark's logic on CPU tensors sets it) the
+same calls time wall clock instead."""
 import time
 
 import torch
 
+WALL_CLOCK = not torch.cuda.is_available()
+
 
 def synchronize():
-    """torch.cuda.synchronize() where there is a GPU; nothing otherwise."""
-    if torch.cuda.is_available():
+    """torch.cuda.synchronize(), unless WALL_CLOCK."""
+    if not WALL_CLOCK:
         torch.cuda.synchronize()
 
 
 def event_ms(fn):
     """One call of fn() between two CUDA events, in ms (waits for the second)."""
-    if not torch.cuda.is_available():
+    if WALL_CLOCK:
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3

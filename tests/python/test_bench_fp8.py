@@ -24,6 +24,15 @@ from torch_moe import prepare_weights, torch_moe  # noqa: E402
 MOK_BOUNDS = f64_layer.BOUNDS
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    """bench_layer's data on CPU tensors, timed by wall clock, whatever machine runs the tests;
+    the shapes a test adds go with it."""
+    monkeypatch.setattr(bl, "DEVICE", "cpu")
+    monkeypatch.setattr(bl.timing, "WALL_CLOCK", True)
+    monkeypatch.setattr(bl, "SHAPES", dict(bl.SHAPES))
+
+
 def seed_from(gen):
     return int(torch.randint(1 << 30, (1,), generator=gen))
 
@@ -181,7 +190,6 @@ def test_padded_routing_puts_every_slot_in_its_experts_aligned_group(gen):
 
 
 def _layer_inputs(gen, T, H, I, E, k, S, skewed=False):
-    bl.DEVICE = "cpu"
     bl.SHAPES["test-fp8"] = (T, H, I, E, k, S)
     seed = seed_from(gen)
     weights = bl.make_weights("test-fp8", seed)
@@ -346,7 +354,6 @@ def test_fp8_suite_end_to_end_on_cpu(tmp_path, gen, capsys):
     """bench_layer --suite fp8 on a tiny case: every implementation checked against the f64 layer
     and timed alone and interleaved (wall clock here), its errors and memory recorded, and the
     summary's FP8 tables printed."""
-    bl.DEVICE = "cpu"
     bl.SHAPES["tiny-fp8"] = (64, 128, 128, 4, 2, 128)
     out = tmp_path / "layer_fp8.json"
     # torch-fp8 (slow through the emulation) has its own tests above.
