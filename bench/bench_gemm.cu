@@ -12,9 +12,13 @@
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
 // the same with bf16(w h) stored too (the backward's form where I <= H). Before timing, both
 // forms must write every kept row of dg, du and dot with the same bits.
-// "mok-fp8": the e4m3 forms of gemm1 (gate/up with SwiGLU) and gemm2 (down) on FP8 operands with
-// 1 x 128 row scales and 128 x 128 weight-block scales; checked before timing on a sampled row of
-// the first and last expert against an fp32 model of the block-scaled product.
+// "mok-fp8": the e4m3 forms of gemm1 (gate/up with SwiGLU), gemm2 (down), dgrad (dy W_down from the
+// weight's transposed copy), dgrad-swiglu (the same with the SwiGLU-backward epilogue, as the
+// layer runs it) and wgrad (the k-grouped dW_down = dy^T h from token-axis copies, 1 x 128 along
+// the tokens), on FP8 operands with 1 x 128 scales and 128 x 128 weight-block scales; gemm1,
+// gemm2, dgrad and wgrad checked before timing on a sampled row of the first and last expert
+// against an fp32 model of the block-scaled product (dgrad-swiglu's epilogue values are
+// test_gemm_fp8.cu's).
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -163,6 +167,32 @@ __global__ void ref_fp8_kernel(const std::uint8_t* a, int lda, const float* a_sc
     }
     const float s = a_scale[size_t(kb) * a_ld + row] *
                     w_scale[(size_t(g) * (n_cols / 128) + n / 128) * kbs + kb];
+    acc = fmaf(block, s, acc);
+  }
+  out[n] = acc;
+}
+
+// Row m_row of the k-grouped e4m3 product dw[g] = a^T b over the group's rows [start, start +
+// count), from token-axis copies a [m_dim, ld], b [n_cols, ld] with scales per 128 tokens
+// ([capacity / 128, m_dim], [capacity / 128, n_cols]): per 128-token block the decoded products
+// summed in fp32, times both scales, blocks in token order.
+__global__ void ref_wgrad_fp8_kernel(const std::uint8_t* a, const float* a_scale, int m_dim,
+                                     const std::uint8_t* b, const float* b_scale, int n_cols,
+                                     long long ld, int start, int count, int m_row, float* out) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= n_cols) return;
+  float acc = 0.0f;
+  for (int t0 = start; t0 < start + count; t0 += 128) {
+    const int t1 = min(t0 + 128, start + count);
+    float block = 0.0f;
+    for (int t = t0; t < t1; ++t) {
+      __nv_fp8_e4m3 x, y;
+      x.__x = a[size_t(m_row) * ld + t];
+      y.__x = b[size_t(n) * ld + t];
+      block = fmaf(float(x), float(y), block);
+    }
+    const float s =
+        a_scale[size_t(t0 / 128) * m_dim + m_row] * b_scale[size_t(t0 / 128) * n_cols + n];
     acc = fmaf(block, s, acc);
   }
   out[n] = acc;
@@ -474,6 +504,58 @@ int main(int argc, char** argv) {
                                               c.i, out_y, c.h));
         }
       }
+      // The e4m3 backward operands: dy rows with 1 x 128 scales along H ([H / 128, capacity]);
+      // W_down's transposed copy [G, I, H] (the quantized weight's second orientation) with its
+      // block scales; the token-axis copies of dy [H, capacity] and h [I, capacity] with scales
+      // per 128 tokens ([capacity / 128, H], [capacity / 128, I]).
+      std::uint8_t* dy8 = alloc_e4m3(size_t(capacity) * c.h, 21);
+      float* dy8s = alloc_scales(size_t(c.h / 128) * capacity, 22);
+      std::uint8_t* wdt8 = alloc_e4m3(size_t(G) * c.i * c.h, 23);
+      float* wdt8s = alloc_scales(size_t(G) * (c.i / 128) * (c.h / 128), 24);
+      std::uint8_t* dy8t = alloc_e4m3(size_t(c.h) * capacity, 25);
+      std::uint8_t* hid8t = alloc_e4m3(size_t(c.i) * capacity, 26);
+      float* dy8ts = alloc_scales(size_t(capacity / 128) * c.h, 27);
+      float* hid8ts = alloc_scales(size_t(capacity / 128) * c.i, 28);
+      mok::gemm::RowsTimesWeightFp8Args dgrad8;
+      dgrad8.segments = seg;
+      dgrad8.a = {dy8, c.h, dy8s, capacity};
+      dgrad8.w_t = {wdt8, wdt8s};
+      dgrad8.out = out_dh;
+      dgrad8.ld_out = c.i;
+      dgrad8.n = c.i;
+      dgrad8.k = c.h;
+      mok::gemm::RowsTimesWeightFp8Args dgrad8_swiglu = dgrad8;
+      dgrad8_swiglu.out = nullptr;
+      dgrad8_swiglu.swiglu = {sg, su, out_dg, out_du, row_w, out_dot, nullptr, std::nullopt};
+      mok::gemm::WeightGradFp8Args wgrad8;
+      wgrad8.grad.segments = seg;
+      wgrad8.grad.out = out_dw;
+      wgrad8.grad.ld_out = c.i;
+      wgrad8.grad.m = c.h;
+      wgrad8.grad.n = c.i;
+      wgrad8.grad.tickets = tickets;
+      wgrad8.a = {dy8t, capacity, dy8ts, c.h};
+      wgrad8.b = {hid8t, capacity, hid8ts, c.i};
+      {
+        CHECK_CUDA(cudaMemset(out_dh, 0xff, size_t(capacity) * c.i * 2));
+        CHECK_CUDA(cudaMemset(out_dw, 0xff, size_t(G) * c.h * c.i * 2));
+        mok::gemm::rows_times_weight_fp8(dgrad8);
+        mok::gemm::weight_grad_fp8(wgrad8);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (int g : {0, G - 1}) {
+          if (counts[g] == 0) continue;
+          const int row = starts[g] + counts[g] - 1;
+          err = std::max(err, rel_err_row_fp8(dy8, c.h, dy8s, capacity, wdt8, wdt8s, row, g, c.i,
+                                              c.h, out_dh, c.i));
+          const int m_row = c.h - 1;
+          float* ref = nullptr;
+          CHECK_CUDA(cudaMalloc(&ref, c.i * 4));
+          ref_wgrad_fp8_kernel<<<(c.i + 127) / 128, 128>>>(dy8t, dy8ts, c.h, hid8t, hid8ts, c.i,
+                                                           capacity, starts[g], counts[g], m_row,
+                                                           ref);
+          err = std::max(err, rel_err_against(ref, c.i, out_dw + (size_t(g) * c.h + m_row) * c.i));
+        }
+      }
       if (!(err < 1.0 / 128)) {  // 2 bf16 ulps relative: a wrong kernel, not rounding
         std::fprintf(stderr, "%s: relative error %.3g on a checked row; not timing\n", c.name, err);
         return 1;
@@ -501,6 +583,11 @@ int main(int argc, char** argv) {
       items.push_back({"dgrad-swiglu-wh", "mok", flops,
                        [=] { mok::gemm::rows_times_weight(dgrad_swiglu_wh); }});
       items.push_back({"wgrad", "mok", flops, [=] { mok::gemm::weight_grad(wgrad); }});
+      items.push_back(
+          {"dgrad", "mok-fp8", flops, [=] { mok::gemm::rows_times_weight_fp8(dgrad8); }});
+      items.push_back({"dgrad-swiglu", "mok-fp8", flops,
+                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8_swiglu); }});
+      items.push_back({"wgrad", "mok-fp8", flops, [=] { mok::gemm::weight_grad_fp8(wgrad8); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
@@ -540,7 +627,9 @@ int main(int argc, char** argv) {
             (void*)out_du,   (void*)out_wh,  (void*)out_dot, (void*)row_w,  (void*)d_starts,
             (void*)d_counts, (void*)tickets, (void*)x8,      (void*)hid8,   (void*)wg8,
             (void*)wu8,      (void*)wd8,     (void*)x8s,     (void*)hid8s,  (void*)wg8s,
-            (void*)wu8s,     (void*)wd8s,    (void*)out_g8,  (void*)out_u8}) {
+            (void*)wu8s,     (void*)wd8s,    (void*)out_g8,  (void*)out_u8, (void*)dy8,
+            (void*)dy8s,     (void*)wdt8,    (void*)wdt8s,   (void*)dy8t,   (void*)hid8t,
+            (void*)dy8ts,    (void*)hid8ts}) {
         cudaFree(p);
       }
     }

@@ -1,18 +1,33 @@
 """torch._grouped_mm and dense cuBLAS baselines for the grouped GEMM benchmark, and the merge.
 
 Usage: python3 bench/bench_gemm.py MOK_JSONL OUT_DIR [--baselines-from GEMM_JSON] [--commit TEXT]
-                                    [--note TEXT]
+                                    [--note TEXT] [--solo JSONL ...]
 Runs the same problems as bench_gemm.cu (same cases, same per-expert row counts), times them the
 same way (CUDA events, 5 warm-ups, median of 20 runs, 256 MB L2 flush before each, ROUNDS rounds
 over all problems of a case and routing, the median of the rounds' medians and their spread),
 merges the mok results, and writes OUT_DIR/gemm.json (PERF.md's schema, suite "gemm") and README-gemm.md.
 --baselines-from takes the torch and dense rows of an earlier gemm.json instead of timing them
 (to merge another mok build measured in that same run); it needs no GPU.
+
+FP8 (issue 42): "torch-fp8" rows are torch._scaled_grouped_mm with rowwise e4m3 scales, fast
+accumulation, bf16 out, operands quantized outside the timing, as torchao's FP8 MoE recipe calls
+it: gemm1, gemm2 and dgrad (2-D x 3-D, one scale per row of the left operand and per output
+column of each expert's weight) and wgrad (2-D x 2-D, groups along the tokens, one scale per
+group and column of both operands: bench/torch_fp8_moe.py; its groups must be 16-row multiples,
+so a skewed routing's groups are padded with rows of data, whose extra products it pays for and
+the FLOPs leave out). --solo JSONL (repeatable): bench_gemm.cu runs filtered to one impl (each
+form alone at the power limit); their rows become suite "gemm-solo". README-gemm.md ends with the
+FP8 forms against their bf16 forms and torch-fp8 under issue 42's bars (bench/fp8_bars.py).
 """
 import argparse
 import datetime
 import json
+import pathlib
 import subprocess
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import fp8_bars  # noqa: E402
 
 CASES = [("dsv3-ep8slice", 4096, 7168, 2048, 32, 8), ("dsv3-ep1", 4096, 7168, 2048, 256, 8),
          ("qwen3-30b-a3b", 16384, 2048, 768, 128, 8), ("mixtral-8x7b", 8192, 4096, 14336, 8, 2)]
@@ -134,7 +149,8 @@ def time_baselines():
             # torch's FP8 on Hopper: torch._scaled_grouped_mm with rowwise scales (one per row of
             # x and per output column of each expert's weight), e4m3, bf16 output (impl "torch-fp8").
             fp8_timed = []
-            for pss, (flops, fn, check) in fp8_forms(torch, x, hid, w13, wd, offs, g0).items():
+            for pss, (flops, fn, check) in fp8_forms(torch, x, hid, dy, w13, wd, offs, g0,
+                                                     counts).items():
                 try:
                     out = fn()
                     torch.cuda.synchronize()
@@ -173,24 +189,44 @@ def fp8_rowwise(torch, t):
     return (t.float() / s).to(torch.float8_e4m3fn), s.squeeze(-1)
 
 
-def fp8_forms(torch, x, hid, w13, wd, offs, g0):
-    """pass -> (flops, fn, check): the forward GEMMs through torch._scaled_grouped_mm."""
+def fp8_forms(torch, x, hid, dy, w13, wd, offs, g0, counts):
+    """pass -> (flops, fn, check): torch._scaled_grouped_mm on the layer's GEMM shapes."""
+    from torch_fp8_moe import ALIGN, quantize_group_columns
     x8, xs = fp8_rowwise(torch, x)
     h8, hs = fp8_rowwise(torch, hid)
+    dy8, dys = fp8_rowwise(torch, dy)
     w13_8, w13s = fp8_rowwise(torch, w13)  # [e, 2i, h], scales [e, 2i]
     wd8, wds = fp8_rowwise(torch, wd)      # [e, h, i], scales [e, h]
+    # dgrad's weight: per expert and output column i (amax along h), as W_down^T [e, i, h].
+    wdt8, wdts = fp8_rowwise(torch, wd.transpose(-2, -1).contiguous())
     rows, h = x.shape
     i = hid.shape[1]
     flops1 = 2.0 * rows * h * i
 
     def mm(a8, a_s, b8, b_s):
         return lambda: torch._scaled_grouped_mm(a8, b8.transpose(-2, -1), a_s, b_s, offs=offs,
-                                                out_dtype=torch.bfloat16)
+                                                out_dtype=torch.bfloat16, use_fast_accum=True)
+    # wgrad: dW_down[e] = dy[rows of e]^T h[rows of e], groups along the tokens, 16-row aligned.
+    padded = [-(-c // ALIGN) * ALIGN for c in counts]
+    offs_p = torch.tensor(padded, device=x.device).cumsum(0).to(torch.int32)
+    dy_p = torch.randn(sum(padded), h, device=x.device, dtype=torch.bfloat16)
+    h_p = torch.randn(sum(padded), i, device=x.device, dtype=torch.bfloat16)
+    go8, go_inv = quantize_group_columns(dy_p, offs_p)
+    hp8, hp_inv = quantize_group_columns(h_p, offs_p)
+    p0 = padded[0]
+
+    def wgrad():
+        return torch._scaled_grouped_mm(go8.t(), hp8, go_inv, hp_inv, offs=offs_p,
+                                        out_dtype=torch.bfloat16, use_fast_accum=True)
     return {
         "gemm1": (2 * flops1, mm(x8, xs, w13_8, w13s),
                   lambda out: rel_err(out[:g0], x[:g0].float() @ w13[0].float().t())),
         "gemm2": (flops1, mm(h8, hs, wd8, wds),
                   lambda out: rel_err(out[:g0], hid[:g0].float() @ wd[0].float().t())),
+        "dgrad": (flops1, mm(dy8, dys, wdt8, wdts),
+                  lambda out: rel_err(out[:g0], dy[:g0].float() @ wd[0].float())),
+        "wgrad": (flops1, wgrad,
+                  lambda out: rel_err(out[0], dy_p[:p0].float().t() @ h_p[:p0].float())),
     }
 
 
@@ -221,6 +257,8 @@ def main():
     ap.add_argument("--baselines-from")
     ap.add_argument("--commit")
     ap.add_argument("--note", help="a sentence for the README, under the generated-by line")
+    ap.add_argument("--solo", action="append", default=[],
+                    help="bench_gemm.cu's rows of a run filtered to one impl (suite gemm-solo)")
     cli = ap.parse_args()
     mok_path, out_dir = cli.mok_jsonl, cli.out_dir
     if cli.baselines_from:
@@ -232,12 +270,20 @@ def main():
         rows_out, gpu, torch_version = time_baselines()
         date = datetime.date.today().isoformat()
 
-    floors = {(r["case"], r["routing"], r["pass"]): r["floor_ms"] for r in rows_out}
+    floors = {(r["case"], r["routing"], r["pass"]): r["floor_ms"] for r in rows_out
+              if r.get("floor_ms") is not None}  # torch-fp8 and the dense FP8 row have none
     with open(mok_path) as f:
         for line in f:
             r = json.loads(line)
+            r.setdefault("suite", "gemm")
             r["floor_ms"] = floors.get((r["case"], r["routing"], r["pass"]))
             rows_out.append(r)
+    for path in cli.solo:
+        with open(path) as f:
+            for line in f:
+                r = dict(json.loads(line), suite="gemm-solo")
+                r["floor_ms"] = floors.get((r["case"], r["routing"], r["pass"]))
+                rows_out.append(r)
     commit = cli.commit
     if commit is None:
         try:
@@ -254,7 +300,8 @@ def main():
         json.dump(doc, f, indent=1)
 
     # Table: TFLOP/s per case, routing and pass; mok / torch ratio.
-    idx = {(r["case"], r["routing"], r["pass"], r["impl"]): r for r in rows_out}
+    idx = {(r["case"], r["routing"], r["pass"], r["impl"]): r for r in rows_out
+           if r.get("suite", "gemm") == "gemm"}
     def spread(r):
         lo, hi = r.get("round_min_ms"), r.get("round_max_ms")
         return f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else ""
@@ -262,6 +309,10 @@ def main():
     lines = ["| case | routing | pass | floor ms | mok ms (rounds) | mok TFLOP/s | torch ms (rounds) | "
              "torch._grouped_mm TFLOP/s | mok / torch | dense cuBLAS TFLOP/s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def num(r, key):  # a missing or None value prints as nan
+        v = r.get(key)
+        return v if isinstance(v, (int, float)) else float("nan")
 
     def ratio(a, b):
         return f"{a['tflops'] / b['tflops']:.2f}x" if a.get("tflops") and b.get("tflops") else "n/a"
@@ -273,11 +324,11 @@ def main():
                 tr = idx.get((name, routing, pss, "torch"), {})
                 d = idx.get((name, routing, pss, "cublas-dense"), idx.get((name, "uniform", pss, "cublas-dense"), {}))
                 label = pss + (" (SwiGLU)" if pss == "gemm1" else "")
-                lines.append(f"| {name} | {routing} | {label} | {m.get('floor_ms', float('nan')):.3f} | "
-                             f"{m.get('median_ms', float('nan')):.3f} ({spread(m)}) | {m.get('tflops', float('nan')):.0f} | "
-                             f"{tr.get('median_ms', float('nan')):.3f} ({spread(tr)}) | "
-                             f"{tr.get('tflops', float('nan')):.0f} | {ratio(m, tr)} | "
-                             f"{d.get('tflops', float('nan')):.0f} |")
+                lines.append(f"| {name} | {routing} | {label} | {num(m, 'floor_ms'):.3f} | "
+                             f"{num(m, 'median_ms'):.3f} ({spread(m)}) | {num(m, 'tflops'):.0f} | "
+                             f"{num(tr, 'median_ms'):.3f} ({spread(tr)}) | "
+                             f"{num(tr, 'tflops'):.0f} | {ratio(m, tr)} | "
+                             f"{num(d, 'tflops'):.0f} |")
             u = idx.get((name, routing, "gemm1", "mok-unfused"))
             m = idx.get((name, routing, "gemm1", "mok"))
             if u and m:
@@ -290,7 +341,10 @@ def main():
         if cli.note:
             f.write(cli.note + "\n\n")
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        fp8 = fp8_bars.gemm_lines(rows_out)
+        if fp8:
+            f.write("\n" + "\n".join(fp8) + "\n")
+    print("\n".join(lines + [""] + fp8_bars.gemm_lines(rows_out)))
 
 
 if __name__ == "__main__":

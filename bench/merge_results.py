@@ -4,14 +4,23 @@ docs/perf/method.md describes), render the tables in docs/perf/README.md and dra
 against its baselines in docs/perf/layer.png (matplotlib, optional: without it the PNG is left as
 it is and the script says so).
 
-Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small,layer_ep,layer_fused}.json, whichever exist) holds
+Each part file (docs/perf/{ceilings,schedule,gemm,layer,layer_small,layer_ep,layer_fused,
+layer_fp8}.json, whichever exist) holds
 {"gpu", "commit", "date", "cases": [...]} (ceilings.json: {"gpu", "commit", "date", "ceilings"}).
 A case keeps the commit and date of the run that measured it, since suites are measured at
 different times; the top-level commit and date are those of the newest part.
+
+The FP8 suites (issues 42 and 43: layer_fp8.json's "layer-fp8" and "layer-fp8-interleaved",
+gemm.json's FP8 forms) get their tables against the issues' bars with pass/FAIL
+(bench/fp8_bars.py) and their own plot, docs/perf/layer_fp8.png: mok bf16, mok's FP8 paths, the
+FP8 peer and torch, each alone at the power limit, labelled with the speedup over mok bf16.
 """
 import json
 import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import fp8_bars  # noqa: E402
 
 try:  # optional: only the plot needs it
     import matplotlib
@@ -21,14 +30,18 @@ except ImportError:
     plt = None
 
 PERF = pathlib.Path(__file__).resolve().parent.parent / "docs" / "perf"
-PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep", "layer_fused"]
+PARTS = ["ceilings", "schedule", "gemm", "layer", "layer_small", "layer_ep", "layer_fused",
+         "layer_fp8"]
 PLOT = "layer.png"
+PLOT_FP8 = "layer_fp8.png"
 # The standard suite (docs/perf/method.md), in the plot's order.
 STANDARD_CASES = ["dsv3-ep8slice", "dsv3-ep1", "qwen3-30b-a3b", "mixtral-8x7b"]
 # The layer suite's implementations as the plot names them; any other impl that is not a mok
 # variant is a peer and is plotted too, under its own name.
 IMPL_LABELS = {"torch": "PyTorch baseline", "mok-unfused": "mok (launches, default)",
-               "mok-fused": "mok (forward megakernel)"}
+               "mok-fused": "mok (forward megakernel)", "mok-fp8": "mok FP8 (weights quantized)",
+               "mok-fp8-quant": "mok FP8 (with the weight quantization)",
+               "torchao-fp8": "torchao FP8 rowwise", "torch-fp8": "FP8 rowwise recipe (torch)"}
 MOK_VARIANTS = ("mok-unfused-1pass", "mok-unfused-2pass")  # ring experiments, not plotted
 # layer_fused.json holds both bench_virtual_ranks suites: layer-fused (pairs) and layer-fused-solo.
 
@@ -137,25 +150,28 @@ def fused_solo_summary(cases):
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + rows + [""]
 
 
-def plot_layer(cases, gpu, path):
-    """The standard suite's layer times (suite "layer"): per case, forward and forward+backward,
-    uniform and skewed routing, mok's paths, the PyTorch baseline and any peer in the file, from
-    one run (the newest commit that measured torch); the roofline floor as a dotted line. Returns
-    a line saying what was drawn, or why not."""
+def plot_layer(cases, gpu, path, suite="layer", base="torch"):
+    """The standard suite's layer times (suite "layer", or the FP8 suite "layer-fp8"): per case,
+    forward and forward+backward, uniform and skewed routing, mok's paths, the PyTorch baseline
+    and any peer in the file, from one run (the newest commit that measured `base`); the roofline
+    floor as a dotted line; each bar labelled with `base`'s time over its. Returns a line saying
+    what was drawn, or why not."""
     if plt is None:
         return (f"matplotlib is not installed: {path} was NOT redrawn "
                 "(python3 -m pip install matplotlib, then run this script again)")
-    layer = [c for c in cases if c.get("suite") == "layer" and c.get("case") in STANDARD_CASES
+    layer = [c for c in cases if c.get("suite") == suite and c.get("case") in STANDARD_CASES
              and isinstance(c.get("median_ms"), (int, float)) and c.get("impl") not in MOK_VARIANTS]
-    torch_runs = sorted({(c["date"], c["commit"]) for c in layer if c["impl"] == "torch"})
-    if not torch_runs:
-        return f"no layer results with the PyTorch baseline: {path} not drawn"
-    date, commit = torch_runs[-1]
+    base_runs = sorted({(c["date"], c["commit"]) for c in layer if c["impl"] == base})
+    if not base_runs:
+        return f"no {suite} results with {IMPL_LABELS.get(base, base)}: {path} not drawn"
+    date, commit = base_runs[-1]
     layer = [c for c in layer if c["commit"] == commit]
     have = {c["impl"] for c in layer}
-    impls = ["torch"] + [i for i in ("mok-unfused", "mok-fused") if i in have]
+    order = ("torch", "mok-unfused", "mok-fused", "mok-fp8", "mok-fp8-quant")
+    impls = [i for i in order if i in have]
     impls += sorted(have - set(impls))  # peers
-    colors = {"torch": "#8c8c8c", "mok-unfused": "#1f5fa8", "mok-fused": "#7fb0e0"}
+    colors = {"torch": "#8c8c8c", "mok-unfused": "#1f5fa8", "mok-fused": "#7fb0e0",
+              "mok-fp8": "#b2182b", "mok-fp8-quant": "#ef8a62"}
     peer_colors = iter(["#d95f02", "#1b9e77", "#7570b3", "#e7298a"])
     colors.update({i: next(peer_colors, "#666666") for i in impls if i not in colors})
     by_key = {(c["case"], c["pass"], c["routing"], c["impl"]): c for c in layer}
@@ -179,10 +195,10 @@ def plot_layer(cases, gpu, path):
                     bar = ax.bar(pos, c["median_ms"], width * 0.92, color=colors[impl])
                     handles.setdefault(IMPL_LABELS.get(impl, impl), bar)
                     top = max(top, c["median_ms"])
-                    base = by_key.get((case, pss, routing, "torch"))
-                    if impl != "torch" and base is not None:
+                    ref = by_key.get((case, pss, routing, base))
+                    if impl != base and ref is not None:
                         ax.text(pos, c["median_ms"] * 0.97,
-                                f"{base['median_ms'] / c['median_ms']:.2f}x", ha="center",
+                                f"{ref['median_ms'] / c['median_ms']:.2f}x", ha="center",
                                 va="top", fontsize=7, rotation=90,
                                 color="#0b2545" if impl == "mok-fused" else "white",
                                 fontweight="bold")
@@ -199,8 +215,10 @@ def plot_layer(cases, gpu, path):
                 ax.set_ylabel("ms per call (lower is better)", fontsize=8)
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
                ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, bf16 (commit {commit}, {date}); "
-                 "labels: speedup over the PyTorch baseline", fontsize=9.5)
+    what = ("bf16" if suite == "layer" else "FP8 against bf16, each path alone")
+    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, {what} (commit {commit}, "
+                 f"{date}); labels: speedup over the {IMPL_LABELS.get(base, base)}",
+                 fontsize=9.5)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
@@ -248,6 +266,13 @@ def main() -> int:
             merged["cases"].append(case)
     write_results(merged, PERF / "results.json")
     plotted = plot_layer(merged["cases"], merged["gpu"], PERF / PLOT)
+    fp8 = (fp8_bars.layer_lines(merged["cases"], "layer-fp8")
+           + fp8_bars.interleaved_lines(merged["cases"], "layer-fp8-interleaved")
+           + fp8_bars.gemm_lines(merged["cases"]))
+    plotted_fp8 = None
+    if any(c.get("suite") == "layer-fp8" for c in merged["cases"]):
+        plotted_fp8 = plot_layer(merged["cases"], merged["gpu"], PERF / PLOT_FP8,
+                                 suite="layer-fp8", base="mok-unfused")
 
     lines = ["# mok measurements", "",
              f"GPU: {merged['gpu']}. Ceilings measured: "
@@ -256,7 +281,10 @@ def main() -> int:
              "every row names the commit and date it was measured at. How each suite measures: "
              "[method.md](method.md); what the numbers mean over time: [NOTES.md](NOTES.md).", "",
              f"![the layer suite against the PyTorch baseline]({PLOT})", ""]
+    if plotted_fp8 is not None and (PERF / PLOT_FP8).exists():
+        lines += [f"![the FP8 layer against mok bf16 and the FP8 peer]({PLOT_FP8})", ""]
     lines += layer_summary(merged["cases"], merged["ceilings"])
+    lines += fp8
     lines += fused_summary(merged["cases"])
     lines += fused_solo_summary(merged["cases"])
     lines += ["## All measurements", "",
@@ -272,6 +300,8 @@ def main() -> int:
     (PERF / "README.md").write_text("\n".join(lines) + "\n")
     print(f"{len(merged['cases'])} cases -> {PERF / 'results.json'}")
     print(plotted, file=sys.stderr if plt is None else sys.stdout)
+    if plotted_fp8 is not None:
+        print(plotted_fp8, file=sys.stderr if plt is None else sys.stdout)
     return 0
 
 

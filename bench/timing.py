@@ -1,11 +1,26 @@
-"""CUDA-event timing shared by the Python benchmarks (PERF.md's method)."""
+"""CUDA-event timing shared by the Python benchmarks (PERF.md's method).
+
+With WALL_CLOCK (no GPU here, or a caller checking a benchmark's logic on CPU tensors sets it) the
+same calls time wall clock instead."""
 import time
 
 import torch
 
+WALL_CLOCK = not torch.cuda.is_available()
+
+
+def synchronize():
+    """torch.cuda.synchronize(), unless WALL_CLOCK."""
+    if not WALL_CLOCK:
+        torch.cuda.synchronize()
+
 
 def event_ms(fn):
     """One call of fn() between two CUDA events, in ms (waits for the second)."""
+    if WALL_CLOCK:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     fn()
@@ -25,6 +40,6 @@ def median_ms(fn, reps=20, warmup=5, warmup_s=0.0):
     start = time.perf_counter()
     while time.perf_counter() - start < warmup_s:
         fn()
-        torch.cuda.synchronize()
+        synchronize()
     times = sorted(event_ms(fn) for _ in range(reps))
     return times[len(times) // 2]
