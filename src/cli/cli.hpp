@@ -26,6 +26,13 @@ struct Preset {
 const Preset* find_preset(const std::string& name);
 std::string preset_list();
 
+// --precision: the bf16 layer, or the FP8 layer (api.hpp, Fp8Weights: routed GEMMs in e4m3).
+enum class Precision : std::uint8_t { bf16, fp8 };
+const char* precision_name(Precision p);
+
+// --check: compare everything, a sample of tokens and weight slices, or decide by cost.
+enum class CheckSize : std::uint8_t { automatic, full, sampled };
+
 struct RunArgs {
   std::string preset = "tiny";
   Problem problem;  // the preset with any --tokens/--hidden/... applied
@@ -37,6 +44,8 @@ struct RunArgs {
   Config config;      // --minibatch / --macrobatch / --forward / --stage-rows
   std::optional<float> swiglu_limit;  // --swiglu-limit: clamped SwiGLU (Weights::swiglu_limit)
   bool plan = false;  // --plan: print the workspace plan instead of running
+  Precision precision = Precision::bf16;
+  CheckSize check = CheckSize::automatic;
 };
 
 int run(const RunArgs& args);

@@ -79,8 +79,18 @@ run options:
   --threads N           CPU threads (default: all)
   --seed N              seed of the synthetic inputs, weights and router (default 1)
   --json                print one JSON object instead of text
+  --precision P         bf16 (default) | fp8: the FP8 layer, every routed-expert GEMM on e4m3
+                        operands with block scales (H and I multiples of 128); the routed weights
+                        are quantized first, timed on their own. Checked against the CPU FP8 layer
+                        (bitwise on the CPU backend; on CUDA sum|diff|/sum|ref| <= 2^-5 and every
+                        row <= 1/8) and against the f64 layer of the unquantized bf16 values with
+                        MoK's MXFP8 bounds (abs max <= 1 on out and d_x, sum|diff|/sum|ref| <= 0.1,
+                        cosine >= 0.996), both errors printed per output and gradient
+  --check C             auto (default: a sample where the f64 layer costs over 2e10 FLOPs) | full |
+                        sampled: what the checks compare
   --plan                print the workspace plan (every buffer's bytes: symmetric, local and layer) for
-                        the shape and config, and exit
+                        the shape and config, and exit; with --precision fp8 also the FP8 scratch,
+                        the quantized weights and the forward context: the memory per layer
   --ep-size W           ranks in the expert-parallel group (default 1; the CPU run needs 1)
   --minibatch N         config.minibatch_size, rows (default 4096)
   --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 0: automatic, 131072
@@ -95,8 +105,9 @@ run options:
                         of the clamp than in the f64 layer and the gradient check can fail
 
 The check compares every output and gradient with the exact f64 layer on the same bf16 inputs
-(relative Frobenius error, tolerances derived from bf16 rounding); large layers are checked on a
-sample of tokens and weight slices. Exit status: 0 passed, 1 check failed, 2 bad arguments.
+(relative Frobenius error, tolerances derived from bf16 rounding; with --precision fp8 as above);
+large layers are checked on a sample of tokens and weight slices. Exit status: 0 passed, 1 check
+failed, 2 bad arguments.
 )";
 
 std::int64_t parse_int(const std::string& flag, const std::string& value) {
@@ -161,6 +172,22 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
         a.config.forward_path = ForwardPath::fused;
       else
         throw UsageError("--forward: expected launches or fused, got '" + value + "'");
+    } else if (flag == "--precision") {
+      if (value == "bf16")
+        a.precision = Precision::bf16;
+      else if (value == "fp8")
+        a.precision = Precision::fp8;
+      else
+        throw UsageError("--precision: expected bf16 or fp8, got '" + value + "'");
+    } else if (flag == "--check") {
+      if (value == "auto")
+        a.check = CheckSize::automatic;
+      else if (value == "full")
+        a.check = CheckSize::full;
+      else if (value == "sampled")
+        a.check = CheckSize::sampled;
+      else
+        throw UsageError("--check: expected auto, full or sampled, got '" + value + "'");
     } else if (flag == "--stage-rows") {
       a.config.fused_stage_rows = parse_int(flag, value);
     } else if (flag == "--swiglu-limit") {
@@ -203,6 +230,10 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
 }
 
 }  // namespace
+
+const char* precision_name(Precision p) {
+  return p == Precision::fp8 ? "fp8" : "bf16";
+}
 
 const Preset* find_preset(const std::string& name) {
   for (const Preset& p : kPresets) {

@@ -74,9 +74,35 @@ std::vector<double> all_values(const HostTensor& t) {
   return v;
 }
 
+// An entry whose rel_err is `rel_err`, with MoK's measures of got against ref.
+ErrorEntry measured(const char* name, const std::vector<double>& got,
+                    const std::vector<double>& ref, double rel_err, double tolerance) {
+  ErrorEntry e{name, rel_err, tolerance, static_cast<std::int64_t>(got.size())};
+  double diff = 0, sum_ref = 0, dot = 0, norm_got = 0, norm_ref = 0, abs_max = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(got[i] - ref[i]);
+    abs_max = std::isnan(d) ? NAN : std::max(abs_max, d);  // max() drops a NaN second argument
+    diff += d;
+    sum_ref += std::fabs(ref[i]);
+    dot += got[i] * ref[i];
+    norm_got += got[i] * got[i];
+    norm_ref += ref[i] * ref[i];
+  }
+  e.abs_max = abs_max;
+  e.rel_sum = sum_ref > 0 ? diff / sum_ref : (diff == 0 ? 0.0 : diff / sum_ref);
+  const double norms = std::sqrt(norm_got * norm_ref);
+  e.cosine = norms > 0 ? dot / norms : (norm_got == norm_ref ? 1.0 : dot / norms);
+  return e;
+}
+
+ErrorEntry compared(const char* name, const std::vector<double>& got,
+                    const std::vector<double>& ref, double tolerance) {
+  return measured(name, got, ref, relative_error(got, ref), tolerance);
+}
+
 ErrorEntry compare_full(const char* name, const HostTensor& got, const HostTensor& ref,
                         double tolerance) {
-  return {name, relative_error(all_values(got), all_values(ref)), tolerance, got.numel()};
+  return compared(name, all_values(got), all_values(ref), tolerance);
 }
 
 double dw_scale_norm(const LayerData& d, const std::vector<std::int64_t>& tokens, int threads);
@@ -96,10 +122,10 @@ CheckReport check_full(const LayerData& got, const CheckOptions& o) {
   r.entries.push_back(compare_full("d_x", got.d_x, ref.d_x, tol));
   std::vector<std::int64_t> all_tokens(got.problem.num_tokens);
   std::iota(all_tokens.begin(), all_tokens.end(), 0);
-  r.entries.push_back({"d_topk_weights",
-                       scaled_error(all_values(got.d_topk_weights), all_values(ref.d_topk_weights),
-                                    dw_scale_norm(got, all_tokens, o.num_threads)),
-                       tol, got.d_topk_weights.numel()});
+  const auto dw_got = all_values(got.d_topk_weights), dw_ref = all_values(ref.d_topk_weights);
+  r.entries.push_back(
+      measured("d_topk_weights", dw_got, dw_ref,
+               scaled_error(dw_got, dw_ref, dw_scale_norm(got, all_tokens, o.num_threads)), tol));
   r.entries.push_back(compare_full("d_routed_gate_weights", got.d_gate, ref.d_gate, tol));
   r.entries.push_back(compare_full("d_routed_up_weights", got.d_up, ref.d_up, tol));
   r.entries.push_back(compare_full("d_routed_down_weights", got.d_down, ref.d_down, tol));
@@ -239,7 +265,9 @@ double dw_scale_norm(const LayerData& d, const std::vector<std::int64_t>& tokens
   return std::sqrt(sum);
 }
 
-std::vector<std::int64_t> pick(std::int64_t n, std::int64_t count, std::uint64_t seed) {
+}  // namespace
+
+std::vector<std::int64_t> sample_indices(std::int64_t n, std::int64_t count, std::uint64_t seed) {
   std::vector<std::int64_t> out;
   if (n <= 0) return out;
   out.push_back(0);
@@ -254,12 +282,39 @@ std::vector<std::int64_t> pick(std::int64_t n, std::int64_t count, std::uint64_t
   return out;
 }
 
+std::vector<std::vector<std::int64_t>> slots_by_local_expert(const LayerData& d) {
+  const Problem& p = d.problem;
+  std::vector<std::vector<std::int64_t>> slots_of(p.num_local_experts());
+  for (std::int64_t s = 0; s < p.num_tokens * p.topk; ++s) {
+    const auto e = static_cast<std::int64_t>(d.topk_experts.get(s)) - p.first_local_expert();
+    if (d.topk_experts.get(s) >= 0 && e >= 0 && e < p.num_local_experts()) slots_of[e].push_back(s);
+  }
+  return slots_of;
+}
+
+std::vector<std::int64_t> sampled_experts(const std::vector<std::vector<std::int64_t>>& slots_of,
+                                          const CheckOptions& o) {
+  const auto E = static_cast<std::int64_t>(slots_of.size());
+  std::vector<std::int64_t> experts = sample_indices(E, o.sample_experts, o.seed + 1);
+  const auto busiest = std::max_element(slots_of.begin(), slots_of.end(),
+                                        [](auto& a, auto& b) { return a.size() < b.size(); });
+  const auto idlest = std::min_element(slots_of.begin(), slots_of.end(),
+                                       [](auto& a, auto& b) { return a.size() < b.size(); });
+  for (auto it : {busiest, idlest}) {
+    const std::int64_t e = it - slots_of.begin();
+    if (std::find(experts.begin(), experts.end(), e) == experts.end()) experts.push_back(e);
+  }
+  return experts;
+}
+
+namespace {
+
 CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
   const Problem& p = d.problem;
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size, k = p.topk,
-                     S = p.shared_intermediate_size, E = p.num_local_experts();
+                     S = p.shared_intermediate_size;
   ThreadPool pool(o.num_threads);
-  const auto tokens = pick(T, o.sample_tokens, o.seed);
+  const auto tokens = sample_indices(T, o.sample_tokens, o.seed);
   const auto n_tok = static_cast<std::int64_t>(tokens.size());
   auto row_of = [](const HostTensor& t, std::int64_t offset, std::int64_t n) {
     std::vector<double> v(n);
@@ -303,7 +358,7 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
       g.insert(g.end(), row.begin(), row.end());
       f.insert(f.end(), ref[i].begin(), ref[i].end());
     }
-    r.entries.push_back({name, relative_error(g, f), tol, static_cast<std::int64_t>(g.size())});
+    r.entries.push_back(compared(name, g, f, tol));
   };
   add_tokens("out", d.out, out_ref, H, kForwardTolerance);
   if (!o.check_backward) return r;
@@ -315,27 +370,15 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
       g.insert(g.end(), row.begin(), row.end());
       f.insert(f.end(), dw_ref[i].begin(), dw_ref[i].end());
     }
-    r.entries.push_back({"d_topk_weights",
-                         scaled_error(g, f, dw_scale_norm(d, tokens, o.num_threads)),
-                         kGradientTolerance, static_cast<std::int64_t>(g.size())});
+    r.entries.push_back(measured("d_topk_weights", g, f,
+                                 scaled_error(g, f, dw_scale_norm(d, tokens, o.num_threads)),
+                                 kGradientTolerance));
   }
 
   // Weight gradients: for sampled (expert, column i): dW_gate[e][i, :], dW_up[e][i, :] and
   // dW_down[e][:, i], reduced over all of the expert's rows.
-  std::vector<std::vector<std::int64_t>> slots_of(E);
-  for (std::int64_t s = 0; s < T * k; ++s) {
-    const auto e = static_cast<std::int64_t>(d.topk_experts.get(s)) - p.first_local_expert();
-    if (e >= 0 && e < E) slots_of[e].push_back(s);
-  }
-  std::vector<std::int64_t> experts = pick(E, o.sample_experts, o.seed + 1);
-  const auto busiest = std::max_element(slots_of.begin(), slots_of.end(),
-                                        [](auto& a, auto& b) { return a.size() < b.size(); });
-  const auto idlest = std::min_element(slots_of.begin(), slots_of.end(),
-                                       [](auto& a, auto& b) { return a.size() < b.size(); });
-  for (auto it : {busiest, idlest}) {
-    const std::int64_t e = it - slots_of.begin();
-    if (std::find(experts.begin(), experts.end(), e) == experts.end()) experts.push_back(e);
-  }
+  const std::vector<std::vector<std::int64_t>> slots_of = slots_by_local_expert(d);
+  const std::vector<std::int64_t> experts = sampled_experts(slots_of, o);
 
   struct Slice {  // one (expert, column) sample; expert -1 = shared
     std::int64_t expert, column;
@@ -343,10 +386,14 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
   };
   std::vector<Slice> slices;
   for (std::int64_t e : experts) {
-    for (std::int64_t i : pick(I, o.sample_columns, o.seed + 2 + e)) slices.push_back({e, i});
+    for (std::int64_t i : sample_indices(I, o.sample_columns, o.seed + 2 + e)) {
+      slices.push_back({e, i});
+    }
   }
   if (S > 0) {
-    for (std::int64_t i : pick(S, o.sample_columns, o.seed + 3)) slices.push_back({-1, i});
+    for (std::int64_t i : sample_indices(S, o.sample_columns, o.seed + 3)) {
+      slices.push_back({-1, i});
+    }
   }
   pool.run(static_cast<std::int64_t>(slices.size()), [&](std::int64_t n) {
     Slice& sl = slices[n];
@@ -411,8 +458,7 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
         {"d_routed_gate_weights", "d_routed_up_weights", "d_routed_down_weights"},
         {"d_shared_gate_weights", "d_shared_up_weights", "d_shared_down_weights"}};
     for (int n = 0; n < 3; ++n) {
-      r.entries.push_back({names[shared][n], relative_error(g[n], f[n]), kGradientTolerance,
-                           static_cast<std::int64_t>(g[n].size())});
+      r.entries.push_back(compared(names[shared][n], g[n], f[n], kGradientTolerance));
     }
   }
   return r;
@@ -420,11 +466,13 @@ CheckReport check_sampled(const LayerData& d, const CheckOptions& o) {
 
 }  // namespace
 
-CheckReport check_against_f64(const LayerData& got, const CheckOptions& options) {
-  const Problem& p = got.problem;
+bool uses_sample(const Problem& p, const CheckOptions& options) {
   const double f64_flops = 3.0 * p.forward_flops(p.num_tokens * p.topk);
-  if (f64_flops <= options.max_full_flops) return check_full(got, options);
-  return check_sampled(got, options);
+  return !(f64_flops <= options.max_full_flops);
+}
+
+CheckReport check_against_f64(const LayerData& got, const CheckOptions& options) {
+  return uses_sample(got.problem, options) ? check_sampled(got, options) : check_full(got, options);
 }
 
 }  // namespace mok

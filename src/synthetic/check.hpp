@@ -35,6 +35,10 @@ struct ErrorEntry {
   double tolerance = 0;
   std::int64_t compared = 0;                            // elements compared
   bool passed() const { return rel_err <= tolerance; }  // false for NaN
+  // MoK's measures of the same values (its tests' tolerances are in these terms; the FP8 layer is
+  // checked with them: `mok run --precision fp8`): max |got - ref|, sum |got - ref| / sum |ref|,
+  // and the cosine of got and ref. NaN in either makes them NaN.
+  double abs_max = 0, rel_sum = 0, cosine = 1;
 };
 
 struct CheckReport {
@@ -60,6 +64,18 @@ struct CheckOptions {
 
 // `got` holds bf16 inputs and the outputs a backend produced (forward and, if asked, backward).
 CheckReport check_against_f64(const LayerData& got, const CheckOptions& options = {});
+// Whether the checks of this problem compare a sample (the f64 layer would cost more than
+// options.max_full_flops).
+bool uses_sample(const Problem& p, const CheckOptions& options);
+
+// Which tokens and experts a sampled check compares (the f64 check and the FP8 reference check
+// sample the same ones): `count` distinct indices of [0, n), 0 and n - 1 among them, sorted.
+std::vector<std::int64_t> sample_indices(std::int64_t n, std::int64_t count, std::uint64_t seed);
+// The slots (t*k + j, increasing) of each local expert.
+std::vector<std::vector<std::int64_t>> slots_by_local_expert(const LayerData& d);
+// The sampled local experts: sample_experts of them, and the busiest and the idlest.
+std::vector<std::int64_t> sampled_experts(const std::vector<std::vector<std::int64_t>>& slots_of,
+                                          const CheckOptions& options);
 
 // Relative Frobenius error of two equally long sequences.
 double relative_error(const std::vector<double>& got, const std::vector<double>& ref);

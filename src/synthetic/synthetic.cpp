@@ -111,6 +111,14 @@ void HostTensor::fill_bytes(unsigned char byte) {
   std::memset(storage_.data(), byte, storage_.size() * sizeof(std::uint64_t));
 }
 
+HostQuantizedWeights::HostQuantizedWeights(const TensorView& w) {
+  const QuantizedWeightsLayout layout =
+      quantized_weights_layout(w.shape[0], w.shape[1], w.shape[2]);
+  storage_.assign(layout.bytes / 8 + 1, 0);
+  q_ = quantized_weights_views(layout, storage_.data());
+  quantize_weights(w, q_);
+}
+
 const char* routing_name(Routing r) {
   switch (r) {
     case Routing::softmax:

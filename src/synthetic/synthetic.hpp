@@ -77,6 +77,28 @@ LayerData make_layer_data(const Problem& p, DType act, std::uint64_t seed,
 // The same numbers in another dtype (bf16 -> f64 is exact); outputs are allocated, not copied.
 LayerData convert_layer_data(const LayerData& src, DType act);
 
+// A routed weight [E, N, K] quantized into host memory by mok::quantize_weights (mok/fp8.hpp):
+// what the CPU FP8 layer reads. Not copyable (its views point into its storage).
+class HostQuantizedWeights {
+ public:
+  explicit HostQuantizedWeights(const TensorView& w);
+  HostQuantizedWeights(const HostQuantizedWeights&) = delete;
+  HostQuantizedWeights& operator=(const HostQuantizedWeights&) = delete;
+  const QuantizedWeights& get() const { return q_; }
+
+ private:
+  std::vector<std::uint64_t> storage_;
+  QuantizedWeights q_;
+};
+
+// A layer's routed gate, up and down quantized on the host (H and I multiples of 128).
+struct HostFp8Weights {
+  explicit HostFp8Weights(const LayerData& d)
+      : gate(d.gate.view()), up(d.up.view()), down(d.down.view()) {}
+  Fp8Weights get() const { return {gate.get(), up.get(), down.get()}; }
+  HostQuantizedWeights gate, up, down;
+};
+
 // A forward context in host memory, laid out as forward_context_layout(ws) says (CPU backend).
 class HostContext {
  public:

@@ -8,4 +8,8 @@ StepTimes run_synthetic_step(LayerData&, const Config&, int, int, int) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 
+StepTimes run_synthetic_step_fp8(LayerData&, const Config&, int, int, int) {
+  throw Error("the CUDA backend is not available (this build has no CUDA support)");
+}
+
 }  // namespace mok::cuda

@@ -51,6 +51,18 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   else
     fail "run --backend cuda: $out"
   fi
+  # The FP8 layer on the GPU: within the bounds against the CPU FP8 layer and MoK's against f64,
+  # compared in full and on a sample.
+  for check in full sampled; do
+    out=$("$mok" run --backend cuda --precision fp8 --routing skewed --tokens 300 --check $check --json 2>&1)
+    if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); c=j["check"]; r=c["fp8_reference"]; assert j["backend"]=="cuda" and j["precision"]=="fp8" and c["passed"] is True and r["bitwise"] is False and r["passed"] is True and j["quant_ms"] > 0, j' 2>/dev/null; then
+      pass "run --backend cuda --precision fp8 --check $check --json"
+    else
+      fail "run --backend cuda --precision fp8 --check $check: $out"
+    fi
+  done
+  # The megakernel has no FP8 form: refused with the option's name.
+  expect_usage "forward_path" run --backend cuda --precision fp8 --forward fused
   # The forward megakernel: the same check.
   out=$("$mok" run --backend cuda --forward fused --tokens 300 --json 2>&1)
   if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["backend"]=="cuda" and j["check"]["passed"] is True, j' 2>/dev/null; then
@@ -94,6 +106,98 @@ fi
 for bad in 0 -1 nan inf abc; do
   expect_usage "--swiglu-limit: expected a finite positive number, got '$bad'" run --swiglu-limit "$bad"
 done
+
+# 4c. The FP8 layer (--precision fp8) on the CPU backend: bitwise the CPU FP8 layer (it is that
+#     layer: the check runs it again, or in a sampled check repeats its arithmetic on the sampled
+#     rows and columns), and within MoK's MXFP8 bounds of the f64 layer of the bf16 values, with
+#     errors of FP8's size (bf16 gives about 0.003: a run that fell back to bf16 fails here).
+for args in "" "--routing skewed --tokens 131 --shared 0 --check sampled" \
+  "--routing one-expert --topk 1 --swiglu-limit 5 --check sampled" "--tokens 1 --threads 1"; do
+  # shellcheck disable=SC2086
+  out=$("$mok" run --backend cpu --precision fp8 --json $args 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ] && python3 - "$out" <<'PY'
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["precision"] == "fp8" and j["quant_ms"] > 0 and j["fwd_ms"] > 0, j
+c = j["check"]
+assert c["passed"] is True, c
+assert c["mxfp8_bounds"] == {"abs_max": 1.0, "rel_sum": 0.1, "cosine": 0.996}, c
+names = [e["name"] for e in c["entries"]]
+assert names[:6] == ["out", "d_x", "d_topk_weights", "d_routed_gate_weights",
+                     "d_routed_up_weights", "d_routed_down_weights"], names
+for e in c["entries"]:
+    assert e["passed"] is True and e["rel_sum"] <= 0.1 and e["cosine"] >= 0.996, e
+    if e["name"] in ("out", "d_x"):
+        assert e["abs_max"] <= 1.0, e
+    if e["name"].startswith("d_routed") or e["name"] == "out":
+        assert e["rel_sum"] > 0.01, e  # the routed GEMMs ran in FP8
+r = c["fp8_reference"]
+assert r["bitwise"] is True and r["passed"] is True and r["sampled"] == c["sampled"], r
+ref = {e["name"]: e for e in r["entries"]}
+assert set(names[:6]) <= set(ref), ref
+for e in r["entries"]:
+    assert e["differing"] == 0 and e["rel_sum"] == 0 and e["compared"] > 0, e
+PY
+  then pass "run --precision fp8 $args"; else fail "run --precision fp8 $args (rc=$rc): $out"; fi
+done
+# The text names both references and prints both errors on each line, beside the bounds.
+out=$("$mok" run --backend cpu --precision fp8 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "check against the CPU FP8 layer (bitwise" &&
+  printf '%s' "$out" | grep -q "f64 layer of the unquantized bf16 values (MoK's MXFP8 bounds: abs max <= 1 on out and d_x, sum|diff|/sum|ref| <= 0.1, cosine >= 0.996)" &&
+  printf '%s' "$out" | grep -Eq "^  out +\| identical +\| [0-9.e+-]+  [0-9.e+-]+  0\.99[0-9]+  ok$" &&
+  printf '%s' "$out" | grep -Eq "^  d_routed_down_weights +\| identical +\| - +[0-9.e+-]+  0\.99[0-9]+  ok$" &&
+  printf '%s' "$out" | grep -q "quantize " && printf '%s' "$out" | grep -q "check passed"; then
+  pass "run --precision fp8 (text)"
+else
+  fail "run --precision fp8 (text): $out"
+fi
+expect_usage "--precision: expected bf16 or fp8, got 'fp16'" run --precision fp16
+expect_usage "--check: expected auto, full or sampled, got 'some'" run --check some
+expect_usage "hidden_size: expected a multiple of 128 for --precision fp8, got 192" run --precision fp8 --hidden 192
+expect_usage "intermediate_size: expected a multiple of 128 for --precision fp8, got 64" run --precision fp8 --intermediate 64
+expect_usage "hidden_size: expected a multiple of 128 for --precision fp8, got 320" run --plan --precision fp8 --hidden 320
+# bf16 has no such rule.
+if "$mok" run --backend cpu --hidden 192 >/dev/null 2>&1; then pass "run --hidden 192 (bf16)"; else fail "run --hidden 192 (bf16)"; fi
+
+# 4d. The FP8 layer's memory: the bf16 plan, the FP8 scratch buffer by buffer (plan::Fp8Plan, from
+#     the ring's R rows), the quantized weights, the forward context (the bf16 layer's), checked
+#     against the shapes docs/architecture.md gives them.
+plan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8 2>&1)
+json=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8 --json 2>&1)
+if [ $? -eq 0 ] && python3 - "$plan" "$json" <<'PY'
+import json, re, sys
+text, j = sys.argv[1], json.loads(sys.argv[2])
+R = int(re.search(r"a ring of (\d+) rows", text).group(1))
+H, I, T, S = 7168, 2048, 4096, 2048
+f32 = 4
+want = {"rows_a": R * max(H, I), "rows_a_scales": max(H, I) // 128 * R * f32,
+        "rows_b": R * I, "rows_b_scales": I // 128 * R * f32,
+        "t_x": H * R, "t_x_scales": R // 128 * H * f32, "t_dy": H * R,
+        "t_dy_scales": R // 128 * H * f32}
+for t in ("t_dg", "t_du", "t_h"):
+    want[t], want[t + "_scales"] = I * R, R // 128 * I * f32
+got = {b["name"]: b["bytes"] for b in j["fp8_buffers"]}
+assert got == want, (got, want)
+assert j["fp8_scratch_bytes"] == sum(want.values()), j["fp8_scratch_bytes"]  # all 256-aligned
+assert j["workspace_bytes"] == j["total_bytes"] + j["fp8_scratch_bytes"]
+w = j["fp8_weights"]
+assert w["gate"] == w["up"] == w["down"] and sum(w.values()) == j["fp8_weight_bytes"] == 352407552
+assert j["forward_context_bytes"] == 2 * (R * H + 3 * R * I + 3 * T * S), j["forward_context_bytes"]
+assert j["per_layer_bytes"] == j["fp8_weight_bytes"] + j["forward_context_bytes"]
+for name in want:
+    assert re.search(r"^  fp8 +%s +.* %d +[0-9.]+$" % (name, want[name]), text, re.M), name
+for line in ("fp8 scratch      %d bytes" % j["fp8_scratch_bytes"],
+             "workspace        %d bytes" % j["workspace_bytes"],
+             "FP8 weights      352407552 bytes", "forward context  %d bytes" % j["forward_context_bytes"],
+             "schedule_table", "pass_x", "layer region"):
+    assert line in text, line
+PY
+then
+  pass "run --plan --precision fp8"
+else
+  fail "run --plan --precision fp8: $plan $json"
+fi
 
 # 5. Help.
 if "$mok" --help | grep -q "usage:"; then pass "--help"; else fail "--help"; fi
