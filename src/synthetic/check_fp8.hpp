@@ -7,9 +7,10 @@
 //    K block's e4m3 products and the reference's exact one fall on two sides of a bf16 rounding:
 //    that value moves by one bf16 ulp, and an operand quantized from it may move to the next e4m3
 //    value (2^-3 of one term of the next GEMM). Such flips are scattered, so whole tensors agree
-//    within sum|diff| / sum|ref| <= 2^-5, and no row strays by more than 1/8 (a row of the wrong
-//    expert, a missing block scale or a block read from the wrong place is off by 50% or more).
-//    The bounds are tests/cpp/test_fp8_layer_gpu.cpp's.
+//    within sum|diff| / sum|ref| <= 2^-5, and no row strays by more than 1/4 (a flip moves one
+//    element by at most an e4m3 step, 2^-3 of it, while a row of the wrong expert, a missing
+//    block scale or a block read from the wrong place is off by 50% or more). The bounds are
+//    tests/cpp/test_fp8_layer_gpu.cpp's.
 // 2. Against the f64 layer of the unquantized bf16 values (check.hpp's check_against_f64, whose
 //    entries carry MoK's measures) with MoK's MXFP8 bounds: abs max 1.0 on out and d_x (a weight
 //    gradient's size grows with its expert's rows, so an absolute bound says nothing there), sum
@@ -44,7 +45,7 @@ bool within_mxfp8_bounds(const CheckReport& r);
 
 // The CUDA FP8 layer against the CPU FP8 layer.
 inline constexpr double kFp8ReferenceRelSum = 0x1.0p-5;
-inline constexpr double kFp8ReferenceRowRelSum = 0.125;
+inline constexpr double kFp8ReferenceRowRelSum = 0.25;
 inline constexpr std::int64_t kFp8SampleColumns = 4;
 
 struct Fp8ReferenceEntry {
