@@ -43,8 +43,8 @@ What differs from MoK, and why:
   - `swiglu_limit` (clamped SwiGLU, MoK's semantics) is carried to mok's layer ops; mok refuses 0,
     inf and NaN, which MoK lets through.
   - `mxfp8_quantize` is MoK's, bit for bit (mok/_fp8.py). The MXFP8 layer ops
-    (`dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming Hopper's FP8 mode, not yet
-    supported.
+    (`dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`) are composed the same way of mok's FP8 layer,
+    MoK's MX weights converted to mok's blocks: mok/_mx_calls.py.
 
 What the dispatch ops trust of a schedule (the four tensors MoK code may build or edit itself:
 schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert). The rows that count
@@ -531,18 +531,3 @@ def _schedule_fake(topk_all, num_local_experts, schedule_capacity, rank):
     W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
     new = lambda *s: topk_all.new_empty(s, dtype=torch.int32)  # noqa: E731
     return new(rows), new(rows), new(1), new(num_local_experts)
-
-
-def _fp8_not_yet(op):
-    def raise_not_yet(*args, **kwargs):
-        raise NotImplementedError(
-            f"mok: {op} is MoK's MXFP8 path, and mok's FP8 mode for Hopper (e4m3 with 1x128 "
-            f"activation and 128x128 weight block scales; Hopper has no MXFP8 tensor cores) is "
-            f"not yet supported: pass bf16 weights")
-    raise_not_yet.__name__ = op
-    raise_not_yet.__doc__ = f"MoK's {op}: raises (Hopper's FP8 mode is not yet supported)."
-    return raise_not_yet
-
-
-dispatch_mlp_swiglu_combine_fwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_fwd_mxfp8")
-dispatch_mlp_swiglu_combine_bwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_bwd_mxfp8")

@@ -216,10 +216,10 @@ def test_unsupported_mok_features(data):
                                   topk=K)
     schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
     g, u, d, sg, su, sd = data.weights
-    with raises(TypeError, "mok: invalid routed_gate_weights: expected a tensor (mok has no "
-                           "MXFP8 weights yet), got a tuple"):
-        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g), u,
-                           d)
+    # MXFP8 tuples (mok/_mx_calls.py: forward and backward) in recompute_forward_context.
+    with raises(TypeError, "mok: invalid routed_gate_weights: expected a tensor (MXFP8 tuples: "
+                           "forward and backward, not yet recompute_forward_context), got a tuple"):
+        functional.recompute_forward_context(config, ws, schedule, data.x, sg, su, (g, g), (u, u))
 
 
 def test_cuda_workspace_without_cuda_backend():
