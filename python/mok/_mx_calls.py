@@ -8,8 +8,9 @@
     MoK's argument lists, composed of mok's FP8 layer as the bf16 ones are of the bf16 layer
     (mok/_kittens_compat.py);
   - mok::mx_weights_to_blocks, the conversion as an op (a fake implementation, so that a traced
-    call converts inside its graph), and mok::backward_main_grad_fp8, the FP8 layer's backward
-    adding the weight gradients into fp32 main grads (functional.backward's main_grads).
+    call converts inside its graph); and two FP8 layer ops mok/_fp8_layer.py lacks:
+    mok::recompute_forward_context_fp8 and mok::backward_main_grad_fp8 (the backward adding the
+    weight gradients into fp32 main grads: functional.backward's main_grads).
 
 Hopper has no block-scaled MMA, so mok computes in its 128x128 weight blocks: each MX weight is
 converted once per version (mok::mx_weights_to_blocks, include/mok/fp8.hpp: a block's scale is its
@@ -44,12 +45,14 @@ have no master weights, so that slot gets a bf16 view of the converted blocks' o
 data_t are allocated together: 2 * E * N * K bytes, exactly a bf16 [E, N, K]): the shape and dtype
 the ops check, at no memory.
 
+recompute_forward_context with gate and up as (fp8, sc) gives forward's context again, bit for bit
+(mok::recompute_forward_context_fp8, the FP8 layer's recompute).
+
 With `main_grads` (fp32, MoK's order), backward adds the routed and shared weight gradients into
 them in fp32, unrounded (mok::backward_main_grad_fp8: the FP8 layer's backward accumulating, as
 mok::backward_main_grad is the bf16 layer's), and returns them in the gradients' places.
 
-Not yet with MX tuples: recompute_forward_context, and expert parallelism across processes (mok's
-errors say so).
+Not yet with MX tuples: expert parallelism across processes (mok's error says so).
 """
 
 import dataclasses
@@ -62,9 +65,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from mok import _checks, _fp8_layer, _layer_tensors, _native, _workspace
 from mok._kittens_compat import (_check_schedule, _one_rank, _ring_knobs, _rows_of,
                                  _slot_experts)
-from mok._layer_ops import call
-from mok._layer_tensors import (CONTEXT_ARGS, LAYER_ARGS, SWIGLU_LIMIT_ARG, check_context,
-                                check_layer_call, context_shapes, context_views)
+from mok._layer_ops import call, keep_body
+from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
+                                check_context, check_layer_call, context_shapes, context_views)
 
 B = 128  # mok's weight block (and MoK's scale-layout tile)
 MX_DTYPE, SCALE_DTYPE = torch.float8_e4m3fn, torch.uint8
@@ -263,6 +266,72 @@ def forward(schedule, handle, x, router_weights, shared, routed, limit):
     origin = functional._origin("forward", schedule, limit, _origin_inputs(
         x, schedule, router_weights, gate, up, shared), ctx, weights="mxfp8")
     return out, dataclasses.replace(ctx, origin=origin)
+
+
+def recompute_forward_context(schedule, handle, x, shared, routed, limit):
+    """mok.functional.recompute_forward_context's body for MX tuples (gate and up (fp8, sc)):
+    forward's context again, bit for bit (the same conversions: the cache's)."""
+    from mok import functional  # here: functional imports this module
+    gate, up = (_unpack(n, w, 2) for n, w in zip(("routed_gate_weights", "routed_up_weights"),
+                                                  routed))
+    E, I, H = _layer_sizes(x, "routed_gate_weights[0]", gate[0], schedule.num_local_experts)
+    _check_tuple("routed_gate_weights", [gate], [(E, I, H)], x.device)
+    _check_tuple("routed_up_weights", [up], [(E, I, H)], x.device)
+    q = [converted(*gate), converted(*up)]
+    context = call(recompute_forward_context_fp8, x, schedule.topk_experts,
+                   *(c.stand_in for c in q), *shared, *(t for c in q for t in c.blocks), handle,
+                   limit)
+    ctx = functional.MoKForwardContext._from_ops(context, shared[0] is not None)
+    sg, su = shared
+    inputs = _origin_inputs(x, schedule, None, gate, up, (sg, su, None))
+    del inputs["router_weights"], inputs["shared_down_weights"]  # not read
+    origin = functional._origin("recompute_forward_context", schedule, limit, inputs, ctx,
+                                weights="mxfp8")
+    return dataclasses.replace(ctx, origin=origin)
+
+
+_GATE_UP_FP8_NAMES = _fp8_layer.FP8_NAMES[:8]
+
+
+@keep_body(torch.library.custom_op(
+    "mok::recompute_forward_context_fp8", mutates_args=(),
+    schema="(Tensor x, Tensor topk_experts, Tensor routed_gate_weights, "
+           "Tensor routed_up_weights, Tensor? shared_gate_weights, Tensor? shared_up_weights, "
+           + ", ".join(f"Tensor {n}" for n in _GATE_UP_FP8_NAMES) + ", "
+           f"int workspace, {SWIGLU_LIMIT_ARG}) -> ({CONTEXT_OUT})"))
+def recompute_forward_context_fp8(x, topk_experts, routed_gate_weights, routed_up_weights,
+                                  shared_gate_weights, shared_up_weights, gate_fp8, gate_scales,
+                                  gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                                  up_scales_t, workspace, swiglu_limit=None):
+    """The FP8 layer's forward context again (mok::recompute_forward_context with the gate's
+    and up's blocks; the down weights are not read)."""
+    ws, _config = _workspace.resolve(workspace)
+    _fp8_layer._check_one_rank(ws, x)
+    weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
+               shared_up_weights, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
+                                         with_topk_weights=False, with_down=False)
+    context = _layer_tensors.new_context(ws, config, shape)
+    blocks = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+              up_scales_t, None, None, None, None)  # down absent: all four views
+    ws.core(shape, config).run(_native.lib.recompute_forward_context, x.device,
+                               *_native.views(x, topk_experts, routed_gate_weights,
+                                              routed_up_weights, shared_gate_weights,
+                                              shared_up_weights),
+                               *context_views(context), swiglu_limit=swiglu_limit,
+                               fp8_weights=tuple(_native.views(*blocks)))
+    return context
+
+
+@recompute_forward_context_fp8.register_fake
+def _(x, topk_experts, gate, up, shared_gate, shared_up, *rest, swiglu_limit=None):
+    # rest: the gate's and up's eight FP8 tensors, the workspace (and swiglu_limit, by position)
+    workspace, *limit = rest[8:]
+    _checks.check_swiglu_limit(limit[0] if limit else swiglu_limit)
+    weights = (gate, up, None, shared_gate, shared_up, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
+                                         with_topk_weights=False, with_down=False)
+    return tuple(x.new_empty(s) for s in context_shapes(ws, config, shape))
 
 
 def backward(schedule, handle, forward_context, grad_output, x, router_weights, shared,

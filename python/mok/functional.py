@@ -21,8 +21,10 @@ holding every expert. On CUDA tensors a group of several ranks is not supported 
 
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
 expert's weights may be None (its gradients and context tensors are then None); any number of
-tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported
-yet: MXFP8 weight tuples (they raise). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
+tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). MXFP8 weight
+tuples (MoK's: forward (fp8, sc), backward (fp8, sc, fp8_t, sc_t) for gate and up and (fp8_t, sc_t)
+for down) run mok's FP8 layer on the MX weights converted to its 128x128 blocks, at one rank; the
+context stays bf16 tensors (mok/_mx_calls.py). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
 silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK also accepts 0
 (which zeroes the layer) and lets inf and NaN through; mok raises for them.
 
@@ -359,15 +361,6 @@ def _common(config, workspace, schedule, swiglu_limit, x=None):
     return workspace.handle_for(config)
 
 
-def _weights(routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down):
-    for name, w in (("routed_gate_weights", routed_gate), ("routed_up_weights", routed_up),
-                    ("routed_down_weights", routed_down)):
-        if isinstance(w, (tuple, list)):
-            _checks.fail(name, "a tensor (MXFP8 tuples: forward and backward, not yet "
-                         "recompute_forward_context)", "a tuple", TypeError)
-    return routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down
-
-
 def _check_experts(schedule, routed_gate):
     if isinstance(routed_gate, torch.Tensor) and routed_gate.dim() == 3 \
             and routed_gate.shape[0] != schedule.num_local_experts:
@@ -524,8 +517,8 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             schedule, handle, x, router_weights,
             (shared_gate_weights, shared_up_weights, shared_down_weights),
             (routed_gate_weights, routed_up_weights, routed_down_weights), limit)
-    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
-                       shared_gate_weights, shared_up_weights, shared_down_weights)
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
     out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
                                     router_weights, *weights, handle, limit)
@@ -544,10 +537,12 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     """The forward context again, bit for bit (activation checkpointing): gate/up only, no down
     projection and no router weights, as MoK's signature says."""
     handle = _common(config, workspace, schedule, swiglu_limit, x)
-    _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
-             shared_up_weights, None)
-    _check_experts(schedule, routed_gate_weights)
     limit = _checks.check_swiglu_limit(swiglu_limit)
+    if _mx_calls.is_mx(routed_gate_weights, routed_up_weights):
+        return _mx_calls.recompute_forward_context(
+            schedule, handle, x, (shared_gate_weights, shared_up_weights),
+            (routed_gate_weights, routed_up_weights), limit)
+    _check_experts(schedule, routed_gate_weights)
     context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
                               routed_gate_weights, routed_up_weights, shared_gate_weights,
                               shared_up_weights, handle, limit)
@@ -581,8 +576,8 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
             schedule, handle, forward_context, grad_output, x, router_weights,
             (shared_gate_weights, shared_up_weights, shared_down_weights),
             (routed_gate_weights, routed_up_weights, routed_down_weights), limit, main_grads)
-    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
-                       shared_gate_weights, shared_up_weights, shared_down_weights)
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
     _check_origin(forward_context, schedule, limit, {
         "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,

@@ -216,10 +216,11 @@ def test_unsupported_mok_features(data):
                                   topk=K)
     schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
     g, u, d, sg, su, sd = data.weights
-    # MXFP8 tuples (mok/_mx_calls.py: forward and backward) in recompute_forward_context.
-    with raises(TypeError, "mok: invalid routed_gate_weights: expected a tensor (MXFP8 tuples: "
-                           "forward and backward, not yet recompute_forward_context), got a tuple"):
-        functional.recompute_forward_context(config, ws, schedule, data.x, sg, su, (g, g), (u, u))
+    # MXFP8 tuples run the FP8 layer (mok/_mx_calls.py): H and I multiples of 128 (here H = 64).
+    with raises(ValueError, "mok: invalid hidden_size: expected a multiple of 128 with MXFP8 "
+                            "weights, got 64"):
+        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g),
+                           (u, u), (d, d))
 
 
 def test_cuda_workspace_without_cuda_backend():

@@ -1,6 +1,6 @@
 """MoK's MXFP8 calling forms on mok's FP8 layer (mok/_mx_calls.py): mok.functional.forward with
 MoK's MX tuples (fp8, sc), backward with (fp8, sc, fp8_t, sc_t) for gate and up and (fp8_t, sc_t)
-for down, and MoK's ops dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8 (also under
+for down, recompute_forward_context, main_grads, and MoK's ops dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8 (also under
 torch.compile(fullgraph=True)), the tuples made by mok.ops.mxfp8_quantize as MoK's tests make them.
 
 Every output and gradient is checked (a) bitwise against the FP8 layer's ops
@@ -272,6 +272,41 @@ def test_functional_mx_forms_are_bitwise_run_to_run(gen, limit):
     assert_bitwise("out", a[0], b[0])
     for name, x, y in zip(RESULTS[1:], a[2], b[2]):
         assert_bitwise(name, x, y)
+
+
+@pytest.mark.parametrize("S", [0, 128], ids=["no-shared", "shared"])
+def test_recompute_forward_context_is_forwards_context(gen, S):
+    """recompute_forward_context with MX tuples (gate and up (fp8, sc)): forward's context bit for
+    bit (the rows forward writes), and backward from it gives the same gradients."""
+    data = make_data(gen, 61, 256, 128, 4, 3, S)
+    mx = mx_tuples(data)
+    (g, gs, gt, gts), (u, us, ut, uts), (d, ds, dt, dts) = mx
+    sg, su, sd = data.weights[3:]
+    config, ws, schedule = setup(data)
+    limit = LIMIT
+    out, ctx = functional.forward(config, ws, schedule, data.x, data.router_weights, sg, su, sd,
+                                  (g, gs), (u, us), (d, ds), limit)
+    again = functional.recompute_forward_context(config, ws, schedule, data.x, sg, su, (g, gs),
+                                                 (u, us), limit)
+    used = data.ids.reshape(-1) >= 0
+    for name in ("gate_routed", "up_routed", "hidden_routed"):
+        assert_bitwise(name, getattr(again, name)[used], getattr(ctx, name)[used])
+    for name in ("gate_shared", "up_shared", "hidden_shared"):
+        assert_bitwise(name, getattr(again, name), getattr(ctx, name))
+    assert again.origin.call == "recompute_forward_context"
+
+    def grads(context):
+        return functional.backward(config, ws, schedule, context, data.d_out, data.x,
+                                   data.router_weights, sg, su, sd, (g, gs, gt, gts),
+                                   (u, us, ut, uts), (dt, dts), swiglu_limit=limit)
+
+    for name, x, y in zip(RESULTS[1:], grads(again), grads(ctx)):
+        assert_bitwise(name, x, y)
+    with pytest.raises(ValueError, match=r"invalid swiglu_limit: expected 2.0 \(the swiglu_limit "
+                                         r"of the recompute_forward_context"):
+        functional.backward(config, ws, schedule, again, data.d_out, data.x,
+                            data.router_weights, sg, su, sd, (g, gs, gt, gts), (u, us, ut, uts),
+                            (dt, dts))
 
 
 def test_main_grads_are_the_gradients_in_fp32(gen):
@@ -568,8 +603,8 @@ def test_bad_mx_tuples_name_the_argument(gen):
          r"invalid routed_gate_weights\[0\]: expected the routed_gate_weights\[0\] of the "
          r"forward"),
         (lambda: functional.recompute_forward_context(config, ws, schedule, data.x, None, None,
-                                                      (g, gs), (u, us)), TypeError,
-         r"invalid routed_gate_weights: expected a tensor \(MXFP8 tuples: forward and backward"),
+                                                      (g, gs, gt, gts), (u, us)), ValueError,
+         r"invalid len\(routed_gate_weights\): expected 2"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
