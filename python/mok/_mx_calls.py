@@ -55,7 +55,6 @@ mok::backward_main_grad is the bf16 layer's), and returns them in the gradients'
 Not yet with MX tuples: expert parallelism across processes (mok's error says so).
 """
 
-import dataclasses
 import weakref
 from typing import NamedTuple
 
@@ -63,8 +62,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mok import _checks, _fp8_layer, _layer_tensors, _native, _workspace
-from mok._kittens_compat import (_check_schedule, _one_rank, _ring_knobs, _rows_of,
-                                 _slot_experts)
+from mok._kittens_compat import check_schedule, one_rank, ring_knobs, rows_of, slot_experts
 from mok._layer_ops import call, keep_body
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                 check_context, check_layer_call, context_shapes, context_views)
@@ -171,8 +169,13 @@ def _convert(data, scales, transposed):
 _CACHE = WeakIdKeyDictionary()
 
 
+def _tensor_state(t):
+    """What _fp8_layer's cache checks of a weight: version counter, data pointer, layout."""
+    return (t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
 def _state(data, scales, transposed):
-    return (_fp8_layer._state(data), _fp8_layer._state(scales), transposed)
+    return (_tensor_state(data), _tensor_state(scales), transposed)
 
 
 def converted(data, scales, transposed=False):
@@ -235,23 +238,24 @@ def _check_tuple(name, pairs, shapes, device):
         _check_pair(f"{name}[{2 * p}]", data, f"{name}[{2 * p + 1}]", scales, shape, device)
 
 
-def _origin_inputs(x, schedule, router_weights, gate, up, shared):
-    """What a context made with MX weights records (ContextOrigin.inputs): gate's and up's normal
-    pairs, which forward and backward both take. Down is not recorded: forward takes (fp8, sc),
-    backward (fp8_t, sc_t), and nothing ties the two tensors together."""
-    sg, su, sd = shared
-    return {"x": x, "schedule.topk_experts": schedule.topk_experts,
-            "router_weights": router_weights, "routed_gate_weights[0]": gate[0],
-            "routed_gate_weights[1]": gate[1], "routed_up_weights[0]": up[0],
-            "routed_up_weights[1]": up[1], "shared_gate_weights": sg,
-            "shared_up_weights": su, "shared_down_weights": sd}
+def origin_inputs(x, schedule, router_weights, gate, up, shared):
+    """What a context made with MX weights records (functional's ContextOrigin.inputs): gate's and
+    up's normal pairs, which forward, recompute_forward_context and backward all take (None
+    entries, e.g. recompute's router_weights, are left out). Down is not recorded: forward takes
+    (fp8, sc), backward (fp8_t, sc_t), and nothing ties the two tensors together."""
+    named = {"x": x, "schedule.topk_experts": schedule.topk_experts,
+             "router_weights": router_weights, "routed_gate_weights[0]": gate[0],
+             "routed_gate_weights[1]": gate[1], "routed_up_weights[0]": up[0],
+             "routed_up_weights[1]": up[1]}
+    named = {n: t for n, t in named.items() if t is not None}
+    return {**named, **dict(zip(("shared_gate_weights", "shared_up_weights",
+                                 "shared_down_weights"), shared))}
 
 
 def forward(schedule, handle, x, router_weights, shared, routed, limit):
     """mok.functional.forward's body for MX tuples (its config, workspace, schedule, x and limit
-    checked there): (out, MoKForwardContext). The context is the FP8 layer's (bf16 g, u, h, as
-    the bf16 layer's), not MoK's FP8 copies: pass it to backward unchanged."""
-    from mok import functional  # here: functional imports this module
+    checked there): (out, the seven context tensors, origin_inputs). The context is the FP8
+    layer's (bf16 g, u, h, as the bf16 layer's), not MoK's FP8 copies: pass it to backward."""
     gate, up, down = (_unpack(n, w, 2) for n, w in zip(
         ("routed_gate_weights", "routed_up_weights", "routed_down_weights"), routed))
     E, I, H = _layer_sizes(x, "routed_gate_weights[0]", gate[0], schedule.num_local_experts)
@@ -262,16 +266,12 @@ def forward(schedule, handle, x, router_weights, shared, routed, limit):
     out, *context = call(_fp8_layer.forward_fp8, x, schedule.topk_experts, router_weights,
                          *(c.stand_in for c in q), *shared,
                          *(t for c in q for t in c.blocks), handle, limit)
-    ctx = functional.MoKForwardContext._from_ops(context, shared[0] is not None)
-    origin = functional._origin("forward", schedule, limit, _origin_inputs(
-        x, schedule, router_weights, gate, up, shared), ctx, weights="mxfp8")
-    return out, dataclasses.replace(ctx, origin=origin)
+    return out, context, origin_inputs(x, schedule, router_weights, gate, up, shared)
 
 
 def recompute_forward_context(schedule, handle, x, shared, routed, limit):
     """mok.functional.recompute_forward_context's body for MX tuples (gate and up (fp8, sc)):
-    forward's context again, bit for bit (the same conversions: the cache's)."""
-    from mok import functional  # here: functional imports this module
+    (forward's context again, bit for bit, from the same conversions; origin_inputs)."""
     gate, up = (_unpack(n, w, 2) for n, w in zip(("routed_gate_weights", "routed_up_weights"),
                                                   routed))
     E, I, H = _layer_sizes(x, "routed_gate_weights[0]", gate[0], schedule.num_local_experts)
@@ -281,13 +281,7 @@ def recompute_forward_context(schedule, handle, x, shared, routed, limit):
     context = call(recompute_forward_context_fp8, x, schedule.topk_experts,
                    *(c.stand_in for c in q), *shared, *(t for c in q for t in c.blocks), handle,
                    limit)
-    ctx = functional.MoKForwardContext._from_ops(context, shared[0] is not None)
-    sg, su = shared
-    inputs = _origin_inputs(x, schedule, None, gate, up, (sg, su, None))
-    del inputs["router_weights"], inputs["shared_down_weights"]  # not read
-    origin = functional._origin("recompute_forward_context", schedule, limit, inputs, ctx,
-                                weights="mxfp8")
-    return dataclasses.replace(ctx, origin=origin)
+    return context, origin_inputs(x, schedule, None, gate, up, shared)
 
 
 _GATE_UP_FP8_NAMES = _fp8_layer.FP8_NAMES[:8]
@@ -305,8 +299,7 @@ def recompute_forward_context_fp8(x, topk_experts, routed_gate_weights, routed_u
                                   up_scales_t, workspace, swiglu_limit=None):
     """The FP8 layer's forward context again (mok::recompute_forward_context with the gate's
     and up's blocks; the down weights are not read)."""
-    ws, _config = _workspace.resolve(workspace)
-    _fp8_layer._check_one_rank(ws, x)
+    _check_one_rank(workspace, x)
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
@@ -334,11 +327,9 @@ def _(x, topk_experts, gate, up, shared_gate, shared_up, *rest, swiglu_limit=Non
     return tuple(x.new_empty(s) for s in context_shapes(ws, config, shape))
 
 
-def backward(schedule, handle, forward_context, grad_output, x, router_weights, shared,
-             routed, limit, main_grads):
-    """mok.functional.backward's body for MX tuples: gate and up (fp8, sc, fp8_t, sc_t), down
-    (fp8_t, sc_t). MoK's 8 gradients; the routed weights' are bf16 (module docstring)."""
-    from mok import functional  # here: functional imports this module
+def backward_tuples(schedule, x, routed):
+    """mok.functional.backward's MX tuples, checked: gate and up (fp8, sc, fp8_t, sc_t), down
+    (fp8_t, sc_t)."""
     gate = _unpack("routed_gate_weights", routed[0], 4)
     up = _unpack("routed_up_weights", routed[1], 4)
     down = _unpack("routed_down_weights", routed[2], 2, "(fp8_t, sc_t) of the down weights")
@@ -346,16 +337,23 @@ def backward(schedule, handle, forward_context, grad_output, x, router_weights, 
     for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up)):
         _check_tuple(name, [w[:2], w[2:]], [(E, I, H), (E, H, I)], x.device)
     _check_tuple("routed_down_weights", [down], [(E, I, H)], x.device)
-    functional._check_origin(forward_context, schedule, limit, _origin_inputs(
-        x, schedule, router_weights, gate, up, shared), weights="mxfp8")
+    return gate, up, down
+
+
+def backward(schedule, handle, context, grad_output, x, router_weights, shared, tuples, limit,
+             main_grads):
+    """mok.functional.backward's body for MX tuples (backward_tuples; the context's origin and
+    main_grads checked by functional): MoK's 8 gradients, the routed weights' bf16 (module
+    docstring); with main_grads (MoK's order: shared gate, routed gate, shared up, routed up,
+    shared down, routed down), those tensors in the weight gradients' places."""
+    gate, up, down = tuples
     # Gate and up: their normal pairs, the blocks forward read (module docstring); down: its
     # transposed pair, converted and swapped.
     q = [converted(*gate[:2]), converted(*up[:2]), converted(*down, transposed=True)]
     layer = (grad_output, x, schedule.topk_experts, router_weights, *(c.stand_in for c in q),
              *shared, *(t for c in q for t in c.blocks))
-    context = forward_context._ops_args()
-    if main_grads is not None:  # MoK's order: shared gate, routed gate, shared up, routed up, ...
-        msg, mrg, msu, mru, msd, mrd = functional._main_grads(main_grads)
+    if main_grads is not None:
+        msg, mrg, msu, mru, msd, mrd = main_grads
         d_x, d_w = backward_main_grad_fp8(*layer, mrg, mru, mrd, msg, msu, msd, *context, handle,
                                           limit)
         return d_x, d_w, mrg, mru, mrd, msg, msu, msd
@@ -396,8 +394,7 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
             main_shared_down)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
-    ws, _config = _workspace.resolve(workspace)
-    _fp8_layer._check_one_rank(ws, x)
+    _check_one_rank(workspace, x)
     shape, ws, config = _main_grad_call(d_out, x, topk_experts, topk_weights, weights, main,
                                         context, workspace)
     for name, g in zip(_MAIN_NAMES, main):
@@ -409,6 +406,14 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
                                accumulate_weight_grads=True, swiglu_limit=swiglu_limit,
                                fp8_weights=tuple(_native.views(*fp8_weights)))
     return d_x, d_w
+
+
+def _check_one_rank(workspace, x):
+    """The FP8 layer's device (_fp8_layer.check_device) and one rank, as its ops check them."""
+    _fp8_layer.check_device("x", x)
+    ws, _config = _workspace.resolve(workspace)
+    if ws.ep_size > 1:
+        _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
 
 
 def _main_grad_call(d_out, x, topk_experts, topk_weights, weights, main, context, workspace):
@@ -436,7 +441,7 @@ def _(d_out, x, topk_experts, topk_weights, *rest, swiglu_limit=None):
 
 def _op_sizes(x, w_shared_gate, w_routed_gate):
     """(E, I, H) of an MXFP8 op call, read off x and the gate's data (checked enough for that)."""
-    _rows_of("x", x)
+    rows_of("x", x)
     _checks.require_tensor("w_shared_gate", w_shared_gate)
     return _layer_sizes(x, "w_routed_gate", w_routed_gate)
 
@@ -467,10 +472,10 @@ def _fwd(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed
          w_routed_down, w_routed_down_sc, schedule_peer_rank, schedule_peer_token_idx,
          num_tokens, tokens_per_expert, topk, swiglu_limit, num_comm_sms, macrobatch_size,
          minibatch_size, *, fake):
-    _one_rank("x_ptrs", x_ptrs)
-    _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
+    one_rank("x_ptrs", x_ptrs)
+    one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
-    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     topk = _checks.check_int("topk", topk, minimum=1)
     E, I, H = _op_sizes(x, w_shared_gate, w_routed_gate)
     T, dev = x.shape[0], x.device
@@ -482,10 +487,10 @@ def _fwd(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed
                                     ((w_routed_down, "w_routed_down"),
                                      (w_routed_down_sc, "w_routed_down_sc"), (E, H, I))):
         _check_pair(dn, d, sn, s, shape, dev)
-    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    E, dev, T * topk, fake)
-    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
-                                    tokens_per_expert, T * topk)
+    check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                   E, dev, T * topk, fake)
+    ids, slot, used = slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                   tokens_per_expert, T * topk)
     q = _converted_for_op([(w_routed_gate, w_routed_gate_sc, False),
                            (w_routed_up, w_routed_up_sc, False),
                            (w_routed_down, w_routed_down_sc, False)], fake)
@@ -558,9 +563,9 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
                        ("router_weight_buffer_ptrs", router_weight_buffer_ptrs),
                        ("d_router_weight_buffer_ptrs", d_router_weight_buffer_ptrs),
                        ("x_ptrs", x_ptrs)):
-        _one_rank(name, ptrs)
+        one_rank(name, ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
-    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     topk = _checks.check_int("topk", topk, minimum=1)
     E, I, H = _op_sizes(x, w_shared_gate, w_routed_gate)
     T, dev = x.shape[0], x.device
@@ -582,10 +587,10 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
             ((w_routed_down_T, "w_routed_down_T"), (w_routed_down_T_sc, "w_routed_down_T_sc"),
              (E, I, H))):
         _check_pair(dn, d, sn, s, shape, dev)
-    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    E, dev, slots, fake)
-    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
-                                    tokens_per_expert, slots)
+    check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                   E, dev, slots, fake)
+    ids, slot, used = slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                   tokens_per_expert, slots)
     q = _converted_for_op([(w_routed_gate, w_routed_gate_sc, False),
                            (w_routed_up, w_routed_up_sc, False),
                            (w_routed_down_T, w_routed_down_T_sc, True)], fake)

@@ -503,6 +503,13 @@ def _main_grads(main_grads):
     return tuple(main_grads)
 
 
+def _mx_context(call, context, shared_gate_weights, schedule, limit, inputs):
+    """The MoKForwardContext of `call` with MX tuples (mok/_mx_calls.py), its origin recorded."""
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    return dataclasses.replace(ctx, origin=_origin(call, schedule, limit, inputs, ctx,
+                                                   weights="mxfp8"))
+
+
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             shared_up_weights, shared_down_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, swiglu_limit=None):
@@ -513,10 +520,11 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     handle = _common(config, workspace, schedule, swiglu_limit, x)
     limit = _checks.check_swiglu_limit(swiglu_limit)
     if _mx_calls.is_mx(routed_gate_weights, routed_up_weights, routed_down_weights):
-        return _mx_calls.forward(
+        out, context, inputs = _mx_calls.forward(
             schedule, handle, x, router_weights,
             (shared_gate_weights, shared_up_weights, shared_down_weights),
             (routed_gate_weights, routed_up_weights, routed_down_weights), limit)
+        return out, _mx_context("forward", context, shared_gate_weights, schedule, limit, inputs)
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)
@@ -539,9 +547,11 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     handle = _common(config, workspace, schedule, swiglu_limit, x)
     limit = _checks.check_swiglu_limit(swiglu_limit)
     if _mx_calls.is_mx(routed_gate_weights, routed_up_weights):
-        return _mx_calls.recompute_forward_context(
+        context, inputs = _mx_calls.recompute_forward_context(
             schedule, handle, x, (shared_gate_weights, shared_up_weights),
             (routed_gate_weights, routed_up_weights), limit)
+        return _mx_context("recompute_forward_context", context, shared_gate_weights, schedule,
+                           limit, inputs)
     _check_experts(schedule, routed_gate_weights)
     context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
                               routed_gate_weights, routed_up_weights, shared_gate_weights,
@@ -572,10 +582,14 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     _require("forward_context", forward_context, MoKForwardContext)
     limit = _checks.check_swiglu_limit(swiglu_limit)
     if _mx_calls.is_mx(routed_gate_weights, routed_up_weights, routed_down_weights):
-        return _mx_calls.backward(
-            schedule, handle, forward_context, grad_output, x, router_weights,
-            (shared_gate_weights, shared_up_weights, shared_down_weights),
-            (routed_gate_weights, routed_up_weights, routed_down_weights), limit, main_grads)
+        shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+        tuples = _mx_calls.backward_tuples(
+            schedule, x, (routed_gate_weights, routed_up_weights, routed_down_weights))
+        _check_origin(forward_context, schedule, limit, _mx_calls.origin_inputs(
+            x, schedule, router_weights, *tuples[:2], shared), weights="mxfp8")
+        return _mx_calls.backward(schedule, handle, forward_context._ops_args(), grad_output, x,
+                                  router_weights, shared, tuples, limit,
+                                  None if main_grads is None else _main_grads(main_grads))
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     _check_experts(schedule, routed_gate_weights)

@@ -1,7 +1,8 @@
 """MoK's MXFP8 calling forms on mok's FP8 layer (mok/_mx_calls.py): mok.functional.forward with
 MoK's MX tuples (fp8, sc), backward with (fp8, sc, fp8_t, sc_t) for gate and up and (fp8_t, sc_t)
-for down, recompute_forward_context, main_grads, and MoK's ops dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8 (also under
-torch.compile(fullgraph=True)), the tuples made by mok.ops.mxfp8_quantize as MoK's tests make them.
+for down, recompute_forward_context, main_grads, and MoK's ops
+dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8 (also under torch.compile(fullgraph=True)), the tuples
+made by mok.ops.mxfp8_quantize as MoK's tests make them.
 
 Every output and gradient is checked (a) bitwise against the FP8 layer's ops
 (_fp8_layer.forward_fp8 / backward_fp8) called directly with the converted blocks, the orientation
@@ -429,7 +430,7 @@ def test_ops_mx_forms_match_the_functional_mx_forms(gen, limit):
     out_f, _, grads_f = functional_mx(data, mx, limit)
     b = OneRankBuffers(data)
     schedule = moks_schedule(data)
-    out, outs = ops_forward(b, data, mx, schedule, limit)
+    out, outs = ops_forward(b, data, mx, schedule, limit, ops=mok.ops)  # mok.ops: the same ops
     raw, grads = ops_backward(b, data, mx, schedule, outs, limit)
     for name, got, want in zip(RESULTS[2:], grads[1:], grads_f[1:]):
         assert_bitwise(name, got, want)
