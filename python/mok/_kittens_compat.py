@@ -43,8 +43,8 @@ What differs from MoK, and why:
   - `swiglu_limit` (clamped SwiGLU, MoK's semantics) is carried to mok's layer ops; mok refuses 0,
     inf and NaN, which MoK lets through.
   - `mxfp8_quantize` is MoK's, bit for bit (mok/_fp8.py). The MXFP8 layer ops
-    (`dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`): mok's error naming Hopper's FP8 mode, not yet
-    supported.
+    (`dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8`) are composed the same way of mok's FP8 layer,
+    MoK's MX weights converted to mok's blocks: mok/_mx_calls.py.
 
 What the dispatch ops trust of a schedule (the four tensors MoK code may build or edit itself:
 schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert). The rows that count
@@ -77,7 +77,7 @@ from mok._fp8 import mxfp8_quantize  # noqa: F401  (MoK's MX quantizer, mok.ops.
 _EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
 
 
-def _one_rank(name, pointers):
+def one_rank(name, pointers):
     if not isinstance(pointers, (list, tuple)) or any(
             not isinstance(p, int) or p <= 0 for p in pointers):
         _checks.fail(name, "a list of positive ints (peer addresses)", repr(pointers), TypeError)
@@ -86,7 +86,7 @@ def _one_rank(name, pointers):
                      "through mok.functional on the workspace's group)", len(pointers))
 
 
-def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
+def ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
     if num_comm_sms <= 0 or num_comm_sms % 2:
         _checks.fail("num_comm_sms", "a positive even int (MoK's rule)", num_comm_sms)
     if minibatch_size <= 0 or minibatch_size % 256:
@@ -96,7 +96,7 @@ def _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size):
                      f"{minibatch_size} (MoK's rule)", macrobatch_size)
 
 
-def _slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots):
+def slot_experts(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots):
     """int64 [slots, 1]: each slot's local expert (-1: not routed here), read off the schedule:
     a row's expert is the segment it lies in; with each row's slot (`slots` for a row that
     computes nothing) and whether it is used. Fixed-size device operations, no host sync; every
@@ -166,8 +166,8 @@ def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down, swiglu_
                                       shared_down, 0, swiglu_limit=swiglu_limit)
 
 
-def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
-                    device, slots, fake):
+def check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
+                   device, slots, fake):
     """The schedule's tensors; on the CPU (real tensors) their values too."""
     _checks.require_tensor("schedule_peer_rank", peer_rank)
     rows = peer_rank.shape[0] if peer_rank.dim() == 1 else -1
@@ -180,7 +180,7 @@ def _check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, nu
         _check_schedule_values(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, slots)
 
 
-def _rows_of(name, t):
+def rows_of(name, t):
     """(T, H) of a [T, H] tensor argument."""
     _checks.require_tensor(name, t)
     if t.dim() != 2:
@@ -193,19 +193,19 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
          w_routed_gate, w_shared_up, w_routed_up, w_shared_down, w_routed_down,
          schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert, topk,
          swiglu_limit, num_comm_sms, macrobatch_size, minibatch_size, *, fake):
-    _one_rank("x_buffer_ptrs", x_buffer_ptrs)
-    _one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
+    one_rank("x_buffer_ptrs", x_buffer_ptrs)
+    one_rank("combine_buffer_ptrs", combine_buffer_ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
-    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     topk = _checks.check_int("topk", topk, minimum=1)
-    T, H = _rows_of("x_buffer", x_buffer)
+    T, H = rows_of("x_buffer", x_buffer)
     _checks.check_tensor("combine_buffer", combine_buffer, x_buffer.dtype, (T * topk, H),
                          x_buffer.device)
     _checks.require_tensor("w_routed_gate", w_routed_gate)
-    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    w_routed_gate.shape[0], x_buffer.device, T * topk, fake)
-    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
-                                    tokens_per_expert, T * topk)
+    check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                   w_routed_gate.shape[0], x_buffer.device, T * topk, fake)
+    ids, slot, used = slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                   tokens_per_expert, T * topk)
     x_slots = x_buffer.repeat_interleave(topk, dim=0)
     ones = torch.ones((T * topk, 1), dtype=_checks.router_dtype(x_buffer.dtype),
                       device=x_buffer.device)
@@ -261,11 +261,11 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
                        ("router_weight_buffer_ptrs", router_weight_buffer_ptrs),
                        ("d_router_weight_buffer_ptrs", d_router_weight_buffer_ptrs),
                        ("x_ptrs", x_ptrs)):
-        _one_rank(name, ptrs)
+        one_rank(name, ptrs)
     limit = _checks.check_swiglu_limit(swiglu_limit)
-    _ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
+    ring_knobs(num_comm_sms, macrobatch_size, minibatch_size)
     topk = _checks.check_int("topk", topk, minimum=1)
-    T, H = _rows_of("x", x)
+    T, H = rows_of("x", x)
     slots = T * topk
     dev = x.device
     _checks.check_tensor("d_x_routed_buffer", d_x_routed_buffer, x.dtype, (slots, H), dev)
@@ -274,10 +274,10 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
     _checks.check_tensor("d_router_weight_buffer", d_router_weight_buffer,
                          _checks.router_dtype(x.dtype), (T, topk), dev)
     _checks.require_tensor("w_routed_gate", w_routed_gate)
-    _check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
-                    w_routed_gate.shape[0], dev, slots, fake)
-    ids, slot, used = _slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
-                                    tokens_per_expert, slots)
+    check_schedule(schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert,
+                   w_routed_gate.shape[0], dev, slots, fake)
+    ids, slot, used = slot_experts(schedule_peer_rank, schedule_peer_token_idx, num_tokens,
+                                   tokens_per_expert, slots)
     x_slots = x.repeat_interleave(topk, dim=0)
     d_y_slots = d_y_buffer.repeat_interleave(topk, dim=0)
     w_slots = router_weight_buffer.reshape(slots, 1)
@@ -483,7 +483,7 @@ def _barrier_checks(barrier_buffer, barrier_buffer_ptrs, target):
     _checks.check_tensor("barrier_buffer", barrier_buffer, torch.int32, (1,),
                          barrier_buffer.device)
     _checks.check_tensor("target", target, torch.int32, (1,), barrier_buffer.device)
-    _one_rank("barrier_buffer_ptrs", barrier_buffer_ptrs)
+    one_rank("barrier_buffer_ptrs", barrier_buffer_ptrs)
 
 
 @barrier_all.register_fake
@@ -531,18 +531,3 @@ def _schedule_fake(topk_all, num_local_experts, schedule_capacity, rank):
     W, T, k, rows = _schedule_shapes(topk_all, num_local_experts, schedule_capacity, rank)
     new = lambda *s: topk_all.new_empty(s, dtype=torch.int32)  # noqa: E731
     return new(rows), new(rows), new(1), new(num_local_experts)
-
-
-def _fp8_not_yet(op):
-    def raise_not_yet(*args, **kwargs):
-        raise NotImplementedError(
-            f"mok: {op} is MoK's MXFP8 path, and mok's FP8 mode for Hopper (e4m3 with 1x128 "
-            f"activation and 128x128 weight block scales; Hopper has no MXFP8 tensor cores) is "
-            f"not yet supported: pass bf16 weights")
-    raise_not_yet.__name__ = op
-    raise_not_yet.__doc__ = f"MoK's {op}: raises (Hopper's FP8 mode is not yet supported)."
-    return raise_not_yet
-
-
-dispatch_mlp_swiglu_combine_fwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_fwd_mxfp8")
-dispatch_mlp_swiglu_combine_bwd_mxfp8 = _fp8_not_yet("dispatch_mlp_swiglu_combine_bwd_mxfp8")

@@ -21,8 +21,10 @@ holding every expert. On CUDA tensors a group of several ranks is not supported 
 
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
 expert's weights may be None (its gradients and context tensors are then None); any number of
-tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). Not supported
-yet: MXFP8 weight tuples (they raise). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
+tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). MXFP8 weight
+tuples (MoK's: forward (fp8, sc), backward (fp8, sc, fp8_t, sc_t) for gate and up and (fp8_t, sc_t)
+for down) run mok's FP8 layer on the MX weights converted to its 128x128 blocks, at one rank; the
+context stays bf16 tensors (mok/_mx_calls.py). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
 silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK also accepts 0
 (which zeroes the layer) and lets inf and NaN through; mok raises for them.
 
@@ -42,8 +44,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from mok import (_checks, _host_ep, _layer_ops, _layer_tensors, _native, _schedule_terms,
-                 _workspace)
+from mok import (_checks, _host_ep, _layer_ops, _layer_tensors, _mx_calls, _native,
+                 _schedule_terms, _workspace)
 from mok._config import FORWARD_PATHS, MoKConfig  # noqa: F401  (mok.functional's names)
 
 Workspace = _workspace.Workspace
@@ -174,6 +176,7 @@ class ContextOrigin:
     swiglu_limit: "float | None"
     inputs: tuple
     fields: tuple
+    weights: str = "bf16"  # or "mxfp8": MoK's MX tuples (mok/_mx_calls.py)
 
     def __reduce__(self):
         # A pickled context comes back with other memory: nothing recorded holds for it.
@@ -358,14 +361,6 @@ def _common(config, workspace, schedule, swiglu_limit, x=None):
     return workspace.handle_for(config)
 
 
-def _weights(routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down):
-    for name, w in (("routed_gate_weights", routed_gate), ("routed_up_weights", routed_up),
-                    ("routed_down_weights", routed_down)):
-        if isinstance(w, tuple):
-            _checks.fail(name, "a tensor (mok has no MXFP8 weights yet)", "a tuple", TypeError)
-    return routed_gate, routed_up, routed_down, shared_gate, shared_up, shared_down
-
-
 def _check_experts(schedule, routed_gate):
     if isinstance(routed_gate, torch.Tensor) and routed_gate.dim() == 3 \
             and routed_gate.shape[0] != schedule.num_local_experts:
@@ -431,18 +426,20 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
     return schedule
 
 
-def _origin(call, schedule, swiglu_limit, inputs, ctx):
-    """The ContextOrigin of the context `ctx` that `call` returned; None while torch.compile
-    traces (fake tensors have no data pointer), so that such a context is not checked."""
+def _origin(call, schedule, swiglu_limit, inputs, ctx, weights="bf16"):
+    """The ContextOrigin of the context `ctx` that `call` returned (`weights`: "bf16" tensors or
+    "mxfp8" tuples); None while torch.compile traces (fake tensors have no data pointer), so that
+    such a context is not checked."""
     if torch.compiler.is_compiling():
         return None
     return ContextOrigin(call, weakref.ref(schedule), swiglu_limit,
                          tuple((name, _stamp(t)) for name, t in inputs.items()),
                          tuple((name, _stamp(t))
-                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, ctx._ops_args())))
+                               for name, t in zip(_layer_tensors.CONTEXT_NAMES, ctx._ops_args())),
+                         weights)
 
 
-def _check_origin(forward_context, schedule, swiglu_limit, inputs):
+def _check_origin(forward_context, schedule, swiglu_limit, inputs, weights="bf16"):
     """backward's arguments against what its context was computed from (ContextOrigin). An
     argument whose metadata (dtype, shape, strides, device) differs from the recorded one, or that
     is absent on one side, is left to the op's checks, which name the exact defect. NOTES: skipped
@@ -451,6 +448,9 @@ def _check_origin(forward_context, schedule, swiglu_limit, inputs):
     origin = forward_context.origin
     if origin is None or torch.compiler.is_compiling():
         return
+    if origin.weights != weights:  # the bf16 layer's context and the FP8 layer's
+        _checks.fail("forward_context", f"the context of a forward with {weights} weights",
+                     f"the context of a {origin.call} with {origin.weights} weights")
     if origin.swiglu_limit != swiglu_limit:
         _checks.fail("swiglu_limit", f"{origin.swiglu_limit} (the swiglu_limit of the "
                      f"{origin.call} that made the forward context)", swiglu_limit)
@@ -488,6 +488,28 @@ def _check_stamp(name, recorded, t, expected, another=None):
                      f"since (version {version} then, {t._version} now)")
 
 
+def _main_grads(main_grads):
+    """backward's `main_grads`, checked as a tuple of 6 (MoK's order: shared gate, routed gate,
+    shared up, routed up, shared down, routed down) that backward may write in place."""
+    if not isinstance(main_grads, (tuple, list)) or len(main_grads) != 6:
+        _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
+                     "routed up, shared down, routed down)", repr(type(main_grads).__name__))
+    for name, g in zip(("main_shared_gate", "main_routed_gate", "main_shared_up",
+                        "main_routed_up", "main_shared_down", "main_routed_down"), main_grads):
+        if isinstance(g, torch.Tensor) and (g.is_neg() or g.is_conj()):  # written in place
+            _checks.fail(name, "a tensor whose memory holds its values (backward adds into it: "
+                         "a view with torch's negation or conjugation bit cannot take that)",
+                         "a negated view" if g.is_neg() else "a conjugated view")
+    return tuple(main_grads)
+
+
+def _mx_context(call, context, shared_gate_weights, schedule, limit, inputs):
+    """The MoKForwardContext of `call` with MX tuples (mok/_mx_calls.py), its origin recorded."""
+    ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
+    return dataclasses.replace(ctx, origin=_origin(call, schedule, limit, inputs, ctx,
+                                                   weights="mxfp8"))
+
+
 def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
             shared_up_weights, shared_down_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, swiglu_limit=None):
@@ -496,10 +518,16 @@ def forward(config, workspace, schedule, x, router_weights, shared_gate_weights,
     Returns (out, forward_context): a MoKForwardContext of tensors the caller owns, which records
     what it was computed from (its origin)."""
     handle = _common(config, workspace, schedule, swiglu_limit, x)
-    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
-                       shared_gate_weights, shared_up_weights, shared_down_weights)
-    _check_experts(schedule, routed_gate_weights)
     limit = _checks.check_swiglu_limit(swiglu_limit)
+    if _mx_calls.is_mx(routed_gate_weights, routed_up_weights, routed_down_weights):
+        out, context, inputs = _mx_calls.forward(
+            schedule, handle, x, router_weights,
+            (shared_gate_weights, shared_up_weights, shared_down_weights),
+            (routed_gate_weights, routed_up_weights, routed_down_weights), limit)
+        return out, _mx_context("forward", context, shared_gate_weights, schedule, limit, inputs)
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    _check_experts(schedule, routed_gate_weights)
     out, *context = _layer_ops.call(_layer_ops.forward, x, schedule.topk_experts,
                                     router_weights, *weights, handle, limit)
     ctx = MoKForwardContext._from_ops(context, shared_gate_weights is not None)
@@ -517,10 +545,14 @@ def recompute_forward_context(config, workspace, schedule, x, shared_gate_weight
     """The forward context again, bit for bit (activation checkpointing): gate/up only, no down
     projection and no router weights, as MoK's signature says."""
     handle = _common(config, workspace, schedule, swiglu_limit, x)
-    _weights(routed_gate_weights, routed_up_weights, None, shared_gate_weights,
-             shared_up_weights, None)
-    _check_experts(schedule, routed_gate_weights)
     limit = _checks.check_swiglu_limit(swiglu_limit)
+    if _mx_calls.is_mx(routed_gate_weights, routed_up_weights):
+        context, inputs = _mx_calls.recompute_forward_context(
+            schedule, handle, x, (shared_gate_weights, shared_up_weights),
+            (routed_gate_weights, routed_up_weights), limit)
+        return _mx_context("recompute_forward_context", context, shared_gate_weights, schedule,
+                           limit, inputs)
+    _check_experts(schedule, routed_gate_weights)
     context = _layer_ops.call(_layer_ops.recompute_forward_context, x, schedule.topk_experts,
                               routed_gate_weights, routed_up_weights, shared_gate_weights,
                               shared_up_weights, handle, limit)
@@ -548,10 +580,19 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
     None when absent) are accumulated into in place and returned in the weight-gradient places."""
     handle = _common(config, workspace, schedule, swiglu_limit, x)
     _require("forward_context", forward_context, MoKForwardContext)
-    weights = _weights(routed_gate_weights, routed_up_weights, routed_down_weights,
-                       shared_gate_weights, shared_up_weights, shared_down_weights)
-    _check_experts(schedule, routed_gate_weights)
     limit = _checks.check_swiglu_limit(swiglu_limit)
+    if _mx_calls.is_mx(routed_gate_weights, routed_up_weights, routed_down_weights):
+        shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+        tuples = _mx_calls.backward_tuples(
+            schedule, x, (routed_gate_weights, routed_up_weights, routed_down_weights))
+        _check_origin(forward_context, schedule, limit, _mx_calls.origin_inputs(
+            x, schedule, router_weights, *tuples[:2], shared), weights="mxfp8")
+        return _mx_calls.backward(schedule, handle, forward_context._ops_args(), grad_output, x,
+                                  router_weights, shared, tuples, limit,
+                                  None if main_grads is None else _main_grads(main_grads))
+    weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
+               shared_up_weights, shared_down_weights)
+    _check_experts(schedule, routed_gate_weights)
     _check_origin(forward_context, schedule, limit, {
         "x": x, "schedule.topk_experts": schedule.topk_experts, "router_weights": router_weights,
         "routed_gate_weights": routed_gate_weights, "routed_up_weights": routed_up_weights,
@@ -566,16 +607,7 @@ def backward(config, workspace, schedule, forward_context, grad_output, x, route
         if not has_shared:
             dsg = dsu = dsd = None
         return d_x, d_w, dg, du, dd, dsg, dsu, dsd
-    if not isinstance(main_grads, (tuple, list)) or len(main_grads) != 6:
-        _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
-                     "routed up, shared down, routed down)", repr(type(main_grads).__name__))
-    msg, mrg, msu, mru, msd, mrd = main_grads
-    for name, g in zip(("main_shared_gate", "main_routed_gate", "main_shared_up",
-                        "main_routed_up", "main_shared_down", "main_routed_down"), main_grads):
-        if isinstance(g, torch.Tensor) and (g.is_neg() or g.is_conj()):  # written in place
-            _checks.fail(name, "a tensor whose memory holds its values (backward adds into it: "
-                         "a view with torch's negation or conjugation bit cannot take that)",
-                         "a negated view" if g.is_neg() else "a conjugated view")
+    msg, mrg, msu, mru, msd, mrd = _main_grads(main_grads)
     d_x, d_w = _layer_ops.backward_main_grad(grad_output, x, schedule.topk_experts,
                                              router_weights, *weights, mrg, mru, mrd, msg, msu,
                                              msd, *context, handle, limit)

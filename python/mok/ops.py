@@ -32,6 +32,12 @@ come from the workspace (CUDA: the rows of one ring pass; CPU: one row per slot,
 backward reads them and never recomputes them; recompute_forward_context writes the same bits as
 forward (activation checkpointing).
 
+MoK's MXFP8 forms (mok/_mx_calls.py), wherever mok's FP8 layer runs:
+dispatch_mlp_swiglu_combine_{fwd,bwd}_mxfp8 with MoK's argument lists, on mok's FP8 layer;
+mx_weights_to_blocks(data float8_e4m3fn [E, N, K], scales uint8 [E*N/128, K/128, 32, 16])
+    -> (blocks [2, E*N*K]: data then data_t; scales; scales_t; inexact_count)
+    MoK's MX weight in mok's 128x128 blocks, what those ops and mok.functional convert.
+
 The grouped GEMM forms the layer is built from, on CUDA tensors (mok/_grouped_gemm.py has the
 details): grouped_gate_up, grouped_rows_times_weight_t, grouped_rows_times_weight,
 grouped_weight_grad; rows in groups given by int32 device tensors (starts [G + 1], rows [G]).
@@ -53,17 +59,19 @@ from mok._grouped_gemm import (  # noqa: F401
     grouped_gate_up, grouped_rows_times_weight, grouped_rows_times_weight_t, grouped_weight_grad)
 # MoK's ops layer, same names and schemas (issue 17): mok.ops.schedule, all_gather_top_experts,
 # barrier_all, dispatch_mlp_swiglu_combine_{fwd,bwd}_bf16, fwd_epilogue, bwd_epilogue,
-# mxfp8_quantize (MoK's, bit for bit: mok/_fp8.py), and the MXFP8 layer ops, which raise (see
-# mok/_kittens_compat.py).
+# mxfp8_quantize (MoK's, bit for bit: mok/_fp8.py) (see mok/_kittens_compat.py); the MXFP8 layer
+# ops on mok's FP8 layer, MoK's MX weights converted to mok's blocks (mok/_mx_calls.py).
 from mok._kittens_compat import (  # noqa: F401
     all_gather_top_experts, barrier_all, bwd_epilogue, dispatch_mlp_swiglu_combine_bwd_bf16,
-    dispatch_mlp_swiglu_combine_bwd_mxfp8, dispatch_mlp_swiglu_combine_fwd_bf16,
-    dispatch_mlp_swiglu_combine_fwd_mxfp8, fwd_epilogue, mxfp8_quantize, schedule)
+    dispatch_mlp_swiglu_combine_fwd_bf16, fwd_epilogue, mxfp8_quantize, schedule)
+from mok._mx_calls import (  # noqa: F401
+    dispatch_mlp_swiglu_combine_bwd_mxfp8, dispatch_mlp_swiglu_combine_fwd_mxfp8,
+    mx_weights_to_blocks)
 
 __all__ = [
     "all_gather_top_experts", "backward", "backward_main_grad", "barrier_all", "build_schedule",
     "bwd_epilogue", "dispatch_mlp_swiglu_combine_bwd_bf16", "dispatch_mlp_swiglu_combine_bwd_mxfp8",
     "dispatch_mlp_swiglu_combine_fwd_bf16", "dispatch_mlp_swiglu_combine_fwd_mxfp8", "forward",
     "fwd_epilogue", "grouped_gate_up", "grouped_rows_times_weight", "grouped_rows_times_weight_t",
-    "grouped_weight_grad", "mxfp8_quantize", "recompute_forward_context", "schedule",
-    "schedule_table"]
+    "grouped_weight_grad", "mx_weights_to_blocks", "mxfp8_quantize", "recompute_forward_context",
+    "schedule", "schedule_table"]

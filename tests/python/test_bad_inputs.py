@@ -466,7 +466,7 @@ def test_hand_edited_schedule_never_indexes_out_of_bounds(gen, kind):
     layer = KittensLayer(make_layer(gen, T, H, I, E, K, S, unused_fraction=0.0))
     slots = T * K
     bad, change, _ = _corrupt(layer.schedule, kind, slots)
-    ids, slot, used = _kittens_compat._slot_experts(*bad, slots)
+    ids, slot, used = _kittens_compat.slot_experts(*bad, slots)
     assert ((slot >= 0) & (slot <= slots)).all() and ((ids >= -1) & (ids < E)).all()
     assert (slot[~used] == slots).all()
     if change is not None:

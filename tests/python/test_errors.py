@@ -216,10 +216,11 @@ def test_unsupported_mok_features(data):
                                   topk=K)
     schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
     g, u, d, sg, su, sd = data.weights
-    with raises(TypeError, "mok: invalid routed_gate_weights: expected a tensor (mok has no "
-                           "MXFP8 weights yet), got a tuple"):
-        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g), u,
-                           d)
+    # MXFP8 tuples run the FP8 layer (mok/_mx_calls.py): H and I multiples of 128 (here H = 64).
+    with raises(ValueError, "mok: invalid hidden_size: expected a multiple of 128 with MXFP8 "
+                            "weights, got 64"):
+        functional.forward(config, ws, schedule, data.x, data.topk_weights, sg, su, sd, (g, g),
+                           (u, u), (d, d))
 
 
 def test_cuda_workspace_without_cuda_backend():
