@@ -307,12 +307,12 @@ def recompute_forward_context_fp8(x, topk_experts, routed_gate_weights, routed_u
     context = _layer_tensors.new_context(ws, config, shape)
     blocks = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
               up_scales_t, None, None, None, None)  # down absent: all four views
-    ws.core(shape, config).run(_native.lib.recompute_forward_context, x.device,
-                               *_native.views(x, topk_experts, routed_gate_weights,
-                                              routed_up_weights, shared_gate_weights,
-                                              shared_up_weights),
-                               *context_views(context), swiglu_limit=swiglu_limit,
-                               fp8_weights=tuple(_native.views(*blocks)))
+    ws.core(shape, config, fp8=True).run(
+        _native.lib.recompute_forward_context, x.device,
+        *_native.views(x, topk_experts, routed_gate_weights, routed_up_weights,
+                       shared_gate_weights, shared_up_weights),
+        *context_views(context), swiglu_limit=swiglu_limit,
+        fp8_weights=tuple(_native.views(*blocks)))
     return context
 
 
@@ -400,11 +400,11 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
     for name, g in zip(_MAIN_NAMES, main):
         _checks.check_aligned(name, g)
     d_x, d_w = _layer_tensors.grad_buffers(shape, None)
-    ws.core(shape, config).run(_native.lib.backward, x.device,
-                               *_native.views(x, topk_experts, topk_weights, *weights),
-                               *context_views(context), *_native.views(d_out, d_x, d_w, *main),
-                               accumulate_weight_grads=True, swiglu_limit=swiglu_limit,
-                               fp8_weights=tuple(_native.views(*fp8_weights)))
+    ws.core(shape, config, fp8=True).run(
+        _native.lib.backward, x.device, *_native.views(x, topk_experts, topk_weights, *weights),
+        *context_views(context), *_native.views(d_out, d_x, d_w, *main),
+        accumulate_weight_grads=True, swiglu_limit=swiglu_limit,
+        fp8_weights=tuple(_native.views(*fp8_weights)))
     return d_x, d_w
 
 

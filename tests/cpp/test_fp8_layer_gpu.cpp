@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "cuda/layer/layer.hpp"
 #include "fp8_layer_helpers.hpp"
 #include "gpu_buffer.hpp"
@@ -77,16 +79,22 @@ WorkspaceOptions fp8_options() {
   return {.backend = Backend::cuda, .fp8 = true};
 }
 
-// One FP8 training step of `d` on the GPU through the public API, weights quantized on the
-// device; every output and gradient back in `d`.
-void run_fp8_gpu(LayerData& d, const Config& config = {}) {
-  DeviceLayer g(d);
+// One FP8 training step on the GPU through the public API over `g`'s tensors, the weights
+// quantized on the device.
+void run_fp8_step(DeviceLayer& g, const Problem& p, const Config& config = {},
+                  BackwardOptions options = {}) {
   const DeviceFp8Weights q(g);
-  Workspace ws(d.problem, config, fp8_options());
+  Workspace ws(p, config, fp8_options());
   DeviceContext ctx(ws);
   forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get());
-  backward(ws, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads());
+  backward(ws, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads(), options);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// One FP8 training step of `d`; every output and gradient back in `d`.
+void run_fp8_gpu(LayerData& d, const Config& config = {}) {
+  DeviceLayer g(d);
+  run_fp8_step(g, d.problem, config);
   g.download(d);
 }
 
@@ -100,8 +108,8 @@ void PrintTo(const Fp8Case& c, std::ostream* os) {
   *os << c.name;
 }
 
-LayerData make_case(const Fp8Case& c, std::uint64_t seed) {
-  LayerData d = make_layer_data(c.problem, DType::bf16, seed, c.routing);
+LayerData make_case(const Fp8Case& c, std::uint64_t seed, DType grad_dtype = DType::bf16) {
+  LayerData d = make_layer_data(c.problem, DType::bf16, seed, c.routing, grad_dtype);
   if (c.drop_slots) {
     for (std::int64_t s = 0; s < c.problem.num_tokens * c.problem.topk; s += 5) {
       d.topk_experts.set(s, -1);
@@ -388,6 +396,46 @@ TEST(Fp8LayerGpuGraph, CapturedStepReplaysWithNewInputsAndRoutings) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// fp32 weight gradients of the FP8 layer, written and accumulated (main grads): written, they
+// round to the bf16 gradients' bits; accumulated, old + fresh exactly; over one pass and several
+// (the carried experts' sums too).
+TEST(Fp8LayerGpuGrads, Fp32MainGradAccumulation) {
+  MOK_REQUIRE_HOPPER();
+  const Fp8Case c{"fp32", layer_shape(200, 128, 256, 4, 2, 64), Routing::skewed, false};
+  const std::uint64_t seed = test_seed();
+  for (std::int64_t macro : {4096, 128}) {
+    Config config;
+    config.minibatch_size = 128;
+    config.macrobatch_size = macro;
+    LayerData bf16 = make_case(c, seed);
+    run_fp8_gpu(bf16, config);
+    LayerData fresh = make_case(c, seed, DType::f32);
+    run_fp8_gpu(fresh, config);
+    LayerData acc = make_case(c, seed, DType::f32);
+    DeviceLayer g(acc);
+    for (HostTensor* t : {&acc.d_gate, &acc.d_up, &acc.d_down, &acc.d_shared_gate, &acc.d_shared_up,
+                          &acc.d_shared_down}) {
+      for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * (i % 5) - 1.0);
+    }
+    g.d_gate.upload(acc.d_gate), g.d_up.upload(acc.d_up), g.d_down.upload(acc.d_down);
+    g.d_sg.upload(acc.d_shared_gate), g.d_su.upload(acc.d_shared_up),
+        g.d_sd.upload(acc.d_shared_down);
+    run_fp8_step(g, c.problem, config, {.accumulate_weight_grads = true});
+    g.download(acc);
+    const std::string at = "macrobatch " + std::to_string(macro);
+    for (auto [b, f, a] : {std::tuple{&bf16.d_gate, &fresh.d_gate, &acc.d_gate},
+                           {&bf16.d_up, &fresh.d_up, &acc.d_up},
+                           {&bf16.d_down, &fresh.d_down, &acc.d_down}}) {
+      for (std::int64_t i = 0; i < f->numel(); ++i) {
+        const float v = static_cast<float>(f->get(i));
+        ASSERT_EQ(static_cast<double>(round_to_bf16(v)), b->get(i)) << at << ", element " << i;
+        const float want = static_cast<float>(0.5 * (i % 5) - 1.0) + v;
+        ASSERT_EQ(static_cast<float>(a->get(i)), want) << at << ", element " << i;
+      }
+    }
+  }
 }
 
 // What the CUDA backend refuses, by name, before any work; the next good call works.
