@@ -6,6 +6,8 @@
 //                           caller's choice: the maths is elementwise after the warp's amax)
 //   quantize4               four values of a block of known inverse scale, packed
 //   store_block_transposed  a 128x128 block of bytes from shared memory into a transposed copy
+//   quantize_token_tile     a 128-row x 32-column tile in the token-axis form (the weight
+//                           gradients' operands), from any source the caller reads
 // Every value goes through the same instruction as fp8::e4m3_from_float on the device, so all of
 // them give the CPU reference's bits.
 #pragma once
@@ -80,6 +82,41 @@ __device__ inline void store_block_transposed(const std::uint8_t* q, int q_strid
       w[word] = packed;
     }
     *reinterpret_cast<uint4*>(out + j * ld + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The token-axis form of one tile of 128 rows (one block along the tokens) and kTokenTileCols
+// columns from k0: `value(r, c)` is the source element at row r of the block and column k0 + c
+// (called for c < K - k0 only; it gives 0 for rows the block leaves out). A CTA of
+// kTokenTileThreads threads stages the tile in shared memory with coalesced loads, then each warp
+// quantizes columns, one 128-row block each (lane l holds rows l, l+32, l+64, l+96: conflict-free
+// reads of a column), into data[k * ld + r] (data at the block's first row, the transpose) and
+// scales[k] (the block's row of scales). Every thread of the CTA calls it.
+inline constexpr int kTokenTileCols = 32;
+inline constexpr int kTokenTileThreads = 256;
+
+template <class Value>
+__device__ inline void quantize_token_tile(Value value, std::int64_t k0, std::int64_t K,
+                                           std::uint8_t* data, std::int64_t ld, float* scales) {
+  __shared__ float tile[fp8::kBlock][kTokenTileCols + 1];  // an odd row stride: 32 banks a column
+  for (int idx = threadIdx.x; idx < fp8::kBlock * kTokenTileCols; idx += kTokenTileThreads) {
+    const int r = idx / kTokenTileCols, c = idx % kTokenTileCols;
+    tile[r][c] = k0 + c < K ? value(r, c) : 0.0f;  // columns past K are never stored
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int c = warp; c < kTokenTileCols; c += kTokenTileThreads / 32) {
+    const std::int64_t k = k0 + c;
+    if (k >= K) break;  // the same for the whole warp
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = tile[lane + 32 * i][c];
+    float scale;
+    const std::uint32_t q = warp_quantize_block128(v, &scale);
+    std::uint8_t* column = data + k * ld;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) column[lane + 32 * i] = static_cast<std::uint8_t>(q >> (8 * i));
+    if (lane == 0) scales[k] = scale;
   }
 }
 

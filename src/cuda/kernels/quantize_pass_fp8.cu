@@ -10,8 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCols = 32;  // token axis: columns of a CTA's tile
-constexpr int kPad = 1;    // an odd row stride (in words): column reads hit 32 banks
 
 // One warp per 1x128 block, blocks in scale order (kb * rows + m) over the rows that exist.
 __global__ void __launch_bounds__(kThreads) quantize_pass_rows_kernel(QuantizePassRowsParams p) {
@@ -49,39 +47,22 @@ __device__ int group_of(const std::int32_t* starts, int groups, std::int64_t m0)
   return lo;
 }
 
-// A CTA per 128 x 32 tile (a 128-row block of one group, 32 columns): coalesced loads into shared
-// memory, then a warp per column quantizes its 128 rows (lane l holds rows l, l+32, l+64, l+96).
-__global__ void __launch_bounds__(kThreads)
+// A CTA per 128-row block of one group and kTokenTileCols columns (fp8_quantize.cuh's
+// quantize_token_tile), rows past the group's count read as 0.
+__global__ void __launch_bounds__(kTokenTileThreads)
     quantize_pass_token_axis_kernel(QuantizePassTokenAxisParams p) {
-  __shared__ float tile[fp8::kBlock][kCols + kPad];
-  const std::int64_t col_tiles = (p.K + kCols - 1) / kCols;
-  const std::int64_t mb = blockIdx.x / col_tiles, k0 = (blockIdx.x % col_tiles) * kCols;
+  const std::int64_t col_tiles = (p.K + kTokenTileCols - 1) / kTokenTileCols;
+  const std::int64_t mb = blockIdx.x / col_tiles, k0 = (blockIdx.x % col_tiles) * kTokenTileCols;
   const std::int64_t m0 = mb * fp8::kBlock;
   const int g = group_of(p.starts, p.groups, m0);
   if (g < 0) return;  // the same for the whole CTA
   const std::int64_t end = std::int64_t{p.starts[g]} + max(p.counts[g], 0);
   const std::int64_t valid = max(std::int64_t{0}, min(std::int64_t{fp8::kBlock}, end - m0));
-  for (int idx = threadIdx.x; idx < fp8::kBlock * kCols; idx += kThreads) {
-    const int r = idx / kCols, c = idx % kCols;
-    float v = 0.0f;  // rows past the group's count, and columns past K (never stored)
-    if (r < valid && k0 + c < p.K) v = bf16_bits_to_float(p.x[(m0 + r) * p.ld_x + k0 + c]);
-    tile[r][c] = v;
-  }
-  __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int c = warp; c < kCols; c += kWarps) {
-    const std::int64_t k = k0 + c;
-    if (k >= p.K) break;  // the same for the whole warp
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = tile[lane + 32 * i][c];
-    float scale;
-    const std::uint32_t q = warp_quantize_block128(v, &scale);
-    std::uint8_t* row = p.data + k * p.ld + m0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) row[lane + 32 * i] = static_cast<std::uint8_t>(q >> (8 * i));
-    if (lane == 0) p.scales[mb * p.scale_ld + k] = scale;
-  }
+  quantize_token_tile(
+      [&](int r, int c) {
+        return r < valid ? bf16_bits_to_float(p.x[(m0 + r) * p.ld_x + k0 + c]) : 0.0f;
+      },
+      k0, p.K, p.data + m0, p.ld, p.scales + mb * p.scale_ld);
 }
 
 }  // namespace
@@ -96,8 +77,9 @@ cudaError_t launch_quantize_pass_rows(const QuantizePassRowsParams& p, cudaStrea
 cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p,
                                             cudaStream_t stream) {
   if (p.rows <= 0 || p.K <= 0 || p.groups <= 0) return cudaSuccess;
-  const std::int64_t tiles = (p.rows / fp8::kBlock) * ((p.K + kCols - 1) / kCols);
-  quantize_pass_token_axis_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+  const std::int64_t tiles = (p.rows / fp8::kBlock) * ((p.K + kTokenTileCols - 1) / kTokenTileCols);
+  quantize_pass_token_axis_kernel<<<static_cast<unsigned>(tiles), kTokenTileThreads, 0, stream>>>(
+      p);
   return cudaGetLastError();
 }
 
