@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -49,5 +50,21 @@ struct Layout {
     poison_rows(b, cols, starts.back(), capacity);
   }
 };
+
+// The pass plan of a group whose rows are [start, start + count) in pass `pass` of `passes` of
+// `pass_rows` rows each, and its slot: the rule pass_segments.cu applies on the device, written
+// out again here from PassPlan's definition (grouped_gemm.hpp).
+inline int host_pass_step(int start, int count, int g, int groups, int pass, int passes,
+                          int pass_rows) {
+  auto pass_of = [&](int row) { return std::min(row / pass_rows, passes - 1); };
+  const int first = pass_of(start), last = count > 0 ? pass_of(start + count - 1) : first;
+  if (pass < first || pass > last) return mok::gemm::kSkip;
+  if (first == last) return mok::gemm::kWhole;
+  const int slot = passes - 1 <= groups ? first : g;
+  const int step = pass == first  ? mok::gemm::kOpen
+                   : pass == last ? mok::gemm::kClose
+                                  : mok::gemm::kCarry;
+  return step | slot << mok::gemm::kPassSlotShift;
+}
 
 }  // namespace mok::test

@@ -47,6 +47,7 @@ using mok::test::next_seed;
 
 using mok::bf16_t;
 using mok::gemm::RowSegments;
+using mok::test::host_pass_step;
 using mok::test::Layout;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 
@@ -1578,21 +1579,6 @@ TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {
   for (std::size_t i = std::size_t(1) * m * n; i < std::size_t(2) * m * n; ++i) {
     ASSERT_EQ(w[i], 0.0f) << "empty group";
   }
-}
-
-// The pass plan of a group whose rows are [start, start + count) in pass `pass` of `passes` of
-// `pass_rows` rows each, and its slot: the rule pass_segments.cu applies on the device, written
-// out again here from PassPlan's definition (grouped_gemm.hpp).
-int host_pass_step(int start, int count, int g, int groups, int pass, int passes, int pass_rows) {
-  auto pass_of = [&](int row) { return std::min(row / pass_rows, passes - 1); };
-  const int first = pass_of(start), last = count > 0 ? pass_of(start + count - 1) : first;
-  if (pass < first || pass > last) return mok::gemm::kSkip;
-  if (first == last) return mok::gemm::kWhole;
-  const int slot = passes - 1 <= groups ? first : g;
-  const int step = pass == first  ? mok::gemm::kOpen
-                   : pass == last ? mok::gemm::kClose
-                                  : mok::gemm::kCarry;
-  return step | slot << mok::gemm::kPassSlotShift;
 }
 
 // A wgrad split over ring passes with a pass plan (every group: skipped, whole, or opened,

@@ -36,6 +36,7 @@
 namespace {
 
 using mok::test::DeviceBuffer;
+using mok::test::host_pass_step;
 using mok::test::Layout;
 using mok::test::next_seed;
 
@@ -449,6 +450,18 @@ TEST(GemmFp8InputGrad, TwoProductsAndOneHeavyGroup) {
   run_input_grad_fp8({1000, 0, 2, 1}, 256, 512, true);
 }
 
+// A token-axis operand [cols, capacity] of `l`'s rows: random finite bytes on each group's rows,
+// NaN bytes past a group's end; random power-of-two scales [blocks, cols].
+void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
+                        std::vector<std::uint8_t>& q, std::vector<float>& sc) {
+  q.assign(std::size_t(cols) * l.capacity, 0xff);
+  sc.resize(std::size_t((l.capacity + 127) / 128) * cols);
+  for (auto& v : sc) v = random_scale(rng);
+  for (int g = 0; g < l.groups(); ++g)
+    for (int t = l.starts[g]; t < l.starts[g] + l.counts[g]; ++t)
+      for (int c = 0; c < cols; ++c) q[std::size_t(c) * l.capacity + t] = random_e4m3(rng);
+}
+
 // The K-grouped e4m3 form (weight gradients) over token-axis copies: dw[g] = a^T b over group g's
 // rows, each 128-row token block's product times its row's and column's scales. Tokens past a
 // group's end inside its last block hold NaN bytes (the GEMM must zero them); every token block's
@@ -457,20 +470,11 @@ TEST(GemmFp8InputGrad, TwoProductsAndOneHeavyGroup) {
 void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
   Layout l(counts);
   const int G = l.groups();
-  const int blocks = (l.capacity + 127) / 128;
   std::mt19937_64 rng(next_seed());
-  auto token_axis = [&](int cols, std::vector<std::uint8_t>& q, std::vector<float>& sc) {
-    q.assign(std::size_t(cols) * l.capacity, 0xff);
-    sc.resize(std::size_t(blocks) * cols);
-    for (auto& v : sc) v = random_scale(rng);
-    for (int g = 0; g < G; ++g)
-      for (int t = l.starts[g]; t < l.starts[g] + l.counts[g]; ++t)
-        for (int c = 0; c < cols; ++c) q[std::size_t(c) * l.capacity + t] = random_e4m3(rng);
-  };
   std::vector<std::uint8_t> qa, qb;
   std::vector<float> sa, sb;
-  token_axis(M, qa, sa);
-  token_axis(N, qb, sb);
+  token_axis_operand(l, M, rng, qa, sa);
+  token_axis_operand(l, N, rng, qb, sb);
   DeviceBuffer<std::uint8_t> d_qa(qa.size()), d_qb(qb.size());
   DeviceBuffer<float> d_sa(sa.size()), d_sb(sb.size());
   d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
@@ -547,6 +551,93 @@ TEST(GemmFp8WeightGrad, SmallOddAndEmptyGroups) {
 TEST(GemmFp8WeightGrad, OneHeavyGroup) {
   MOK_REQUIRE_HOPPER();
   run_weight_grad_fp8({1000, 0, 2, 1}, 128, 256);
+}
+
+// The e4m3 weight gradient split over ring passes with a pass plan (each group skipped, whole, or
+// opened, carried and closed through an fp32 slot; a pass's operands are the token-axis copies
+// from its first row on, their scales from its first block) gives the bits of the unsplit launch,
+// for bf16, fp32 and accumulated fp32 outputs, as the bf16 form's PassPlan test checks.
+TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
+  const int G = l.groups(), M = 128, N = 256;
+  std::mt19937_64 rng(next_seed());
+  std::vector<std::uint8_t> qa, qb;
+  std::vector<float> sa, sb;
+  token_axis_operand(l, M, rng, qa, sa);
+  token_axis_operand(l, N, rng, qb, sb);
+  const DeviceBuffer<std::uint8_t> d_qa(qa), d_qb(qb);
+  const DeviceBuffer<float> d_sa(sa), d_sb(sb);
+  const std::size_t elems = std::size_t(G) * M * N;
+  std::vector<float> base(elems);
+  for (std::size_t i = 0; i < elems; ++i) base[i] = 0.25f * float(i % 13) - 1.0f;
+  DeviceBuffer<unsigned> tickets(2);
+  MOK_CUDA_OK(cudaMemset(tickets.get(), 0, 2 * sizeof(unsigned)));
+  enum class Out { bf16, fp32, fp32_accumulate };
+  // The operands of the rows from r0 on.
+  auto args_at = [&](Out o, void* out, int r0) {
+    mok::gemm::WeightGradFp8Args args;
+    args.grad.m = M;
+    args.grad.n = N;
+    args.grad.ld_out = N;
+    args.grad.out = out;
+    args.grad.out_fp32 = o != Out::bf16;
+    args.grad.accumulate = o == Out::fp32_accumulate;
+    args.grad.tickets = tickets.get();
+    args.a = {d_qa.get() + r0, l.capacity, d_sa.get() + std::size_t(r0 / 128) * M, M};
+    args.b = {d_qb.get() + r0, l.capacity, d_sb.get() + std::size_t(r0 / 128) * N, N};
+    return args;
+  };
+  for (Out o : {Out::bf16, Out::fp32, Out::fp32_accumulate}) {
+    const std::size_t bytes = elems * (o == Out::bf16 ? 2 : 4);
+    DeviceBuffer<unsigned char> whole(bytes), parts(bytes);
+    auto reset = [&](DeviceBuffer<unsigned char>& out) {
+      if (o == Out::fp32_accumulate) {
+        MOK_CUDA_OK(cudaMemcpy(out.get(), base.data(), bytes, cudaMemcpyHostToDevice));
+      } else {
+        MOK_CUDA_OK(cudaMemset(out.get(), 0xff, bytes));
+      }
+    };
+    reset(whole);
+    mok::gemm::WeightGradFp8Args one = args_at(o, whole.get(), 0);
+    one.grad.segments = l.segments();
+    mok::gemm::weight_grad_fp8(one);
+    for (int pass_rows : {640, 256, 128}) {
+      const int passes = (l.starts.back() + pass_rows - 1) / pass_rows;
+      const int slots = std::min(passes - 1, G);
+      DeviceBuffer<float> carry(std::size_t(std::max(slots, 1)) * M * N);
+      MOK_CUDA_OK(cudaMemset(carry.get(), 0xff, carry.size() * 4));
+      reset(parts);
+      for (int pass = 0; pass < passes; ++pass) {
+        const int r0 = pass * pass_rows;
+        std::vector<int> starts(G + 1), rows(G), steps(G);
+        for (int g = 0; g <= G; ++g) {
+          starts[g] = std::clamp(l.starts[g] - r0, 0, pass_rows);
+          if (g == G) break;
+          rows[g] = std::clamp(l.starts[g] + l.counts[g] - r0, 0, pass_rows) - starts[g];
+          steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
+        }
+        const DeviceBuffer<int> d_starts(starts), d_rows(rows), d_steps(steps);
+        mok::gemm::WeightGradFp8Args args = args_at(o, parts.get(), r0);
+        args.grad.segments = {d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
+        args.grad.passes = {d_steps.get(), carry.get(), slots};
+        mok::gemm::weight_grad_fp8(args);
+        if (pass > 0) {
+          args.grad.continue_reduction = true;
+          mok::gemm::weight_grad_fp8(args);
+        }
+        MOK_CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
+      }
+      MOK_CUDA_OK(cudaGetLastError());
+      std::vector<unsigned char> w(bytes), p(bytes);
+      MOK_CUDA_OK(cudaMemcpy(w.data(), whole.get(), bytes, cudaMemcpyDeviceToHost));
+      MOK_CUDA_OK(cudaMemcpy(p.data(), parts.get(), bytes, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(w.data(), p.data(), bytes), 0)
+          << "output " << static_cast<int>(o) << ", pass rows " << pass_rows
+          << ": the split reduction differs from the unsplit one";
+    }
+  }
+  EXPECT_EQ(tickets.download(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
 }
 
 TEST(GemmFp8GateUp, SmallOddAndEmptyGroups) {
