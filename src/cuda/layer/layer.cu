@@ -465,11 +465,12 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 
 // expert_backward in FP8 (routed experts; b.scaled_hidden null): the same GEMMs on the same
 // streams in the same order. q(d_out) comes from the pull (rows_a); every other e4m3 operand is
-// quantized from the bf16 rows on the stream that reads it, after what wrote them: q(dg), q(du)
-// and the token-axis copies of x, dg, du and h after the down dgrad, before the fork; dy's on side
-// stream 0 after `between` scaled the rows. Scratch: rows_a holds q(d_out), then q(dg) (the down
-// dgrad has read it by then: one stream); the join before the next pass orders the next pass's
-// writes.
+// quantized from the bf16 rows on the stream that reads it, after what wrote them: on the
+// caller's stream after the down dgrad, q(dg) and q(du) (dx reads them there) and t(x) (both
+// side streams 1 and 2 read it); after the fork, t(h) and, once `between` scaled the rows, t(dy)
+// on side stream 0, t(dg) on 1, t(du) on 2, each before its weight gradient, so dx starts as soon
+// as its operands are there. Scratch: rows_a holds q(d_out), then q(dg) (the down dgrad has read
+// it by then: one stream); the join before the next pass orders the next pass's writes.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
@@ -479,16 +480,16 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const gemm::Fp8Rows dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
   const gemm::Fp8Rows du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
   const gemm::Fp8TokenAxis t_x = quantize_token_axis(e, b.x, H, f.t_x, f.t_x_scales);
-  const gemm::Fp8TokenAxis t_dg = quantize_token_axis(e, b.dg, I, f.t_dg, f.t_dg_scales);
-  const gemm::Fp8TokenAxis t_du = quantize_token_axis(e, b.du, I, f.t_du, f.t_du_scales);
-  const gemm::Fp8TokenAxis t_h = quantize_token_axis(e, b.hidden, I, f.t_h, f.t_h_scales);
   w.fork(e.stream);
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
+  const gemm::Fp8TokenAxis t_h = quantize_token_axis(on[0], b.hidden, I, f.t_h, f.t_h_scales);
   between(w.side[0]);  // d_out rows -> dy = bf16(w d_out), in place
   const gemm::Fp8TokenAxis t_dy = quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales);
   weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
+  const gemm::Fp8TokenAxis t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
+  const gemm::Fp8TokenAxis t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
   weight_grad_fp8(on[2], t_du, I, t_x, H, b.d_up, w.tickets + 4);
   gate_up_dgrad_fp8(e, dg, du, b.dx_to);
 }
