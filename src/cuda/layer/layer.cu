@@ -853,6 +853,15 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
              bool fp8)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
+  if (fp8) {  // before any allocation
+    for (const auto& [name, size] :
+         {std::pair{"hidden_size", p.hidden_size}, {"intermediate_size", p.intermediate_size}}) {
+      if (size % 128 != 0) {
+        throw Error(name, "a multiple of 128 for the FP8 layer (128 x 128 weight blocks)",
+                    to_text(size));
+      }
+    }
+  }
   set_forward_path(config.forward_path);
   check(cudaSetDevice(device), "cudaSetDevice");
   const plan::WorkspacePlan& pl = m.plan();
@@ -899,13 +908,6 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
           "cudaMemset of the megakernel counters");
   }
   if (fp8) {
-    for (const auto& [name, size] :
-         {std::pair{"hidden_size", p.hidden_size}, {"intermediate_size", p.intermediate_size}}) {
-      if (size % 128 != 0) {
-        throw Error(name, "a multiple of 128 for the FP8 layer (128 x 128 weight blocks)",
-                    to_text(size));
-      }
-    }
     const plan::Fp8Plan fp = plan::make_fp8_plan(plan_shape_of(p, config));
     m.fp8_bytes = fp.bytes;
     check(cudaMalloc(&m.fp8_region, static_cast<std::size_t>(m.count * m.fp8_bytes)),
