@@ -207,6 +207,11 @@ TEST_P(Fp8LayerGpu, MatchesTheCpuFp8LayerAndTheF64BoundsAndRepeatsBitwise) {
     const Errors e = errors_of(gpu.*field, f64.*field), b = errors_of(bf16.*field, f64.*field);
     std::printf("[ mok ]   %-22s vs f64: fp8 abs max %.3e rel %.3e cos %.6f | bf16 rel %.3e\n",
                 name, e.abs_max, e.rel_sum, e.cosine, b.rel_sum);
+    // MoK's bounds are statistical (sums over many elements): on a tensor of a few rows one
+    // element's FP8 rounding decides them (one token's d_topk_weights is one sum of 128 products
+    // of either sign, its relative error about Cauchy with scale 0.05: over 10% on about a third
+    // of draws). They apply from 16 rows on; the CPU FP8 layer bounds every tensor above.
+    if (c.problem.num_tokens < 16) continue;
     if (field == &LayerData::out || field == &LayerData::d_x) EXPECT_LE(e.abs_max, 1.0) << name;
     EXPECT_LE(e.rel_sum, 0.1) << name;
     EXPECT_GE(e.cosine, 0.996) << name;
@@ -346,7 +351,11 @@ TEST(Fp8LayerGpuRecompute, SameContextAsTheForward) {
   in.topk_weights = TensorView{};
   Fp8Weights no_down = q.get();
   no_down.down = QuantizedWeights{};
-  recompute_forward_context(ws, in, Weights{}, no_down, b.get());
+  // No bf16 routed weights (the FP8 layer reads its blocks), no down projections; the shared
+  // expert's gate and up are read.
+  Weights w = g.weights();
+  w.gate = w.up = w.down = w.shared_down = TensorView{};
+  recompute_forward_context(ws, in, w, no_down, b.get());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(a.download() == b.download());
   expect_error([&] { backward(ws, g.inputs(), g.weights(), a.get(), g.d_out.view(), g.grads()); },

@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kTokenTileThreads)
 
 cudaError_t launch_quantize_pass_rows(const QuantizePassRowsParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.K <= 0) return cudaSuccess;
+  if (p.K % fp8::kBlock != 0) return cudaErrorInvalidValue;  // whole 1x128 blocks per row
   const unsigned grid = grid_for(p.rows * (p.K / fp8::kBlock), kWarps);
   quantize_pass_rows_kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
@@ -77,6 +78,7 @@ cudaError_t launch_quantize_pass_rows(const QuantizePassRowsParams& p, cudaStrea
 cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p,
                                             cudaStream_t stream) {
   if (p.rows <= 0 || p.K <= 0 || p.groups <= 0) return cudaSuccess;
+  if (p.rows % fp8::kBlock != 0) return cudaErrorInvalidValue;  // whole 128-token blocks
   const std::int64_t tiles = (p.rows / fp8::kBlock) * ((p.K + kTokenTileCols - 1) / kTokenTileCols);
   quantize_pass_token_axis_kernel<<<static_cast<unsigned>(tiles), kTokenTileThreads, 0, stream>>>(
       p);

@@ -853,7 +853,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
              bool fp8)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
-  if (fp8) {  // before any allocation
+  if (fp8) {  // before the layer buffers are allocated
     for (const auto& [name, size] :
          {std::pair{"hidden_size", p.hidden_size}, {"intermediate_size", p.intermediate_size}}) {
       if (size % 128 != 0) {
