@@ -26,7 +26,8 @@ enum class Operand { bf16, e4m3 };
 // e4m3: kTileN 128 (wgmma m64n128k32) and K blocks of 128 elements, one scale block each: a K
 // block's product (4 k32 steps) goes to a second set of accumulators, which is then added into
 // the first times the row's and the weight block's scales (mainloop.cuh, mma_tile_fp8). Two sets
-// of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 32 KiB, so 6 stages.
+// of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 32 KiB (the K-grouped
+// form's 33 KiB: its two token blocks' scales ride along), so 6 stages.
 template <FormKind kKind, Operand kOperand = Operand::bf16>
 struct Form {
   static constexpr FormKind kind = kKind;

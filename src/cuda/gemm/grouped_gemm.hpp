@@ -341,9 +341,11 @@ struct WeightGradArgs {
 
 // The token-axis copy of a row buffer [capacity_rows, cols] in e4m3 (what the K-grouped forms
 // read: K runs along the tokens, and wgmma reads e4m3 K-major only): data [cols, ld] (the
-// transpose; ld >= capacity_rows, a multiple of 16), scales fp32 [capacity_rows / 128, scale_ld]
-// per 128 rows (1 x 128 along the tokens; scale_ld >= cols, a multiple of 4, 16-byte aligned).
-// Rows of a 128-row block past its group's end may hold anything: the GEMM zeroes them.
+// transpose; ld >= capacity_rows, a multiple of 16), scales fp32 [ceil(capacity_rows / 128),
+// scale_ld] per 128 rows (1 x 128 along the tokens; scale_ld >= cols, a multiple of 4, 16-byte
+// aligned): the scales are read by bulk copies, which have no bounds, so a last partial block
+// needs its row. Rows of a 128-row block past its group's end may hold anything: the GEMM zeroes
+// them.
 struct Fp8TokenAxis {
   const std::uint8_t* data = nullptr;
   std::int64_t ld = 0;
@@ -352,7 +354,10 @@ struct Fp8TokenAxis {
 };
 
 // WeightGradArgs over e4m3 operands: dw[e] = a[rows of e]^T b[rows of e] from the token-axis
-// copies of a [rows, m] and b [rows, n]; m and n multiples of 128. Each 128-row token block's
+// copies of a [rows, m] and b [rows, n]; m and n multiples of 128. Every group starts on a
+// multiple of 128 rows (kExpertSegmentAlignment; the schedule's segments and the ring's passes
+// do): a token block's scales belong to one group. The starts live on the device, so this is the
+// caller's guarantee, not checked. Each 128-row token block's
 // product is promoted into fp32 times its row's and column's scales, in row order; outputs,
 // passes and tile order as `grad` says (grad.a and grad.b null).
 struct WeightGradFp8Args {

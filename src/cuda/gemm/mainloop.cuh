@@ -1,6 +1,6 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
 // F::kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on
-// its 64-row half of a 128 x 256 tile). Full barriers: one arrival from the Producer + the stage's
+// its 64-row half of a 128 x 256 tile; e4m3 forms m64n128k32 on a 128 x 128 tile). Full barriers: one arrival from the Producer + the stage's
 // TMA bytes. Empty barriers: one arrival per reading consumer warp (F::kReaders) once its wgmma
 // have read the stage.
 // The tile queue (K-grouped forms): the Producer draws a ticket, publishes it in a slot and
