@@ -166,6 +166,7 @@ def plot_layer(cases, gpu, path, suite="layer", base="torch"):
         return f"no {suite} results with {IMPL_LABELS.get(base, base)}: {path} not drawn"
     date, commit = base_runs[-1]
     layer = [c for c in layer if c["commit"] == commit]
+    gpu = " / ".join(sorted({str(c.get("gpu", gpu)) for c in layer}))  # the drawn run's card
     have = {c["impl"] for c in layer}
     order = ("torch", "mok-unfused", "mok-fused", "mok-fp8", "mok-fp8-quant")
     impls = [i for i in order if i in have]
@@ -263,6 +264,7 @@ def main() -> int:
             case = dict(case)
             case.setdefault("commit", part["commit"])
             case.setdefault("date", part["date"])
+            case.setdefault("gpu", part["gpu"])  # parts may come from different cards
             merged["cases"].append(case)
     write_results(merged, PERF / "results.json")
     plotted = plot_layer(merged["cases"], merged["gpu"], PERF / PLOT)
