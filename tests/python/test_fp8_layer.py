@@ -18,11 +18,12 @@ from conftest import DEVICES, make_layer, requires_cuda
 from mok import _fp8_layer
 
 
-def grads_of(data, precision):
+def grads_of(data, precision, swiglu_limit=None):
     """(out, d_x, d_topk_weights, d_gate, d_up, d_down, d_shared...) of one call (autograd)."""
     leaves = data.requiring_grad()
     x, tw, *weights = leaves
-    out = mok.moe(x, data.topk_experts, tw, *weights, precision=precision)
+    out = mok.moe(x, data.topk_experts, tw, *weights, precision=precision,
+                  swiglu_limit=swiglu_limit)
     out.backward(data.d_out.to(out.dtype))
     return [out.detach()] + [t.grad for t in leaves if t is not None]
 
@@ -160,6 +161,26 @@ def test_cuda_matches_the_cpu_fp8_layer_and_repeats_bitwise(gen, S):
             assert ge[0] <= 1.0, name
         assert ge[1] <= 0.1, name
         assert ge[2] >= 0.996, name
+
+
+@requires_cuda
+def test_cuda_clamped_swiglu_matches_the_cpu_fp8_layer(gen):
+    """swiglu_limit on the CUDA FP8 layer, at a limit that binds (the clamped outputs differ from
+    the unclamped ones): each tensor within 2^-5 of the CPU FP8 layer's, as above (a pre-
+    activation the two round to sides of the kink moves one row of a weight gradient: a small
+    share of the tensor's sum), and bitwise run to run. Against the f64 layer: test_mx_calls.py,
+    whose references take the tested layer's side of the kink."""
+    data = make_layer(gen, 150, 256, 128, 6, 2, 128)
+    limit = 1.0  # g, u have a standard deviation of about 0.6 here
+    cpu = grads_of(data, "fp8", limit)
+    assert not torch.equal(cpu[0], grads_of(data, "fp8")[0]), "the limit binds on none"
+    cuda = grads_of(data.to("cuda"), "fp8", limit)
+    again = grads_of(data.to("cuda"), "fp8", limit)
+    for name, c, g, a in zip(NAMES, cpu, cuda, again):
+        assert torch.equal(g, a), f"{name}: two runs differ"
+        rel_cpu = errors(g.cpu(), c)[1]
+        print(f"{name:16s} cuda vs cpu fp8 rel {rel_cpu:.3e}")
+        assert rel_cpu <= 2**-5, name
 
 
 @requires_cuda

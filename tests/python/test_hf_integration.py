@@ -499,7 +499,7 @@ def test_gpu_experts_module(family):
     compare_module(module, torch.bfloat16, device="cuda")
     model = tiny_model(family, torch.bfloat16, hidden_size=1024, moe_intermediate_size=512,
                        intermediate_size=512, num_experts=32, num_local_experts=32,
-                       n_routed_experts=32, num_hidden_layers=1)
+                       n_routed_experts=32, num_hidden_layers=2)  # = len(layer_types)
     module = next(m for _, m in experts_modules(model))
     compare_module(module, torch.bfloat16, device="cuda", T=1001)
 
@@ -523,8 +523,11 @@ def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
     layer = model.model.layers[0].mlp
     x = torch.randn(2, 17, 128, device="cuda", dtype=torch.bfloat16)
     eager = layer(x)
-    compiled = torch.compile(layer, fullgraph=True)
-    assert torch.equal(compiled(x), eager)
+    # aot_eager: mok's op traced into one graph gives eager's bits. Inductor (the default backend)
+    # fuses the router's cast of its top-k weights to bf16 into fp32 code without the rounding
+    # (unless emulate_precision_casts), so mok receives other routing weights: close, not equal.
+    assert torch.equal(torch.compile(layer, fullgraph=True, backend="aot_eager")(x), eager)
+    assert rel_error(torch.compile(layer, fullgraph=True)(x), eager) <= OUT_TOLERANCE
     static_x = x.clone()
     layer(static_x)  # the shape's workspace exists before capture
     graph = torch.cuda.CUDAGraph()

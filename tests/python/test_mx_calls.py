@@ -716,10 +716,13 @@ GPU_SHAPES = {
 }
 
 
+# No swiglu_limit here: MoK's 7.0 is 12 standard deviations of these pre-activations and never
+# binds (a case that cannot fail); the CUDA FP8 layer's clamp at a binding limit is
+# test_fp8_layer.py's test_cuda_clamped_swiglu_matches_the_cpu_fp8_layer.
 @requires_cuda
-@pytest.mark.parametrize("limit", [None, 7.0], ids=["swiglu", "swiglu_limit"])
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
-def test_cuda_functional_mx_forms(gen, shape, limit):
+def test_cuda_functional_mx_forms(gen, shape):
+    limit = None
     T, H, I, E, k, S = GPU_SHAPES[shape]
     data = make_data(gen, T, H, I, E, k, S).to("cuda")
     mx = mx_tuples(data)
