@@ -67,4 +67,21 @@ inline int host_pass_step(int start, int count, int g, int groups, int pass, int
   return step | slot << mok::gemm::kPassSlotShift;
 }
 
+// Pass `pass` of `l`'s rows cut into passes of `pass_rows`: each group's start and row count
+// clipped to the pass (relative to its first row), and its pass-plan step.
+struct HostPass {
+  std::vector<int> starts, rows, steps;
+};
+inline HostPass host_pass(const Layout& l, int pass, int passes, int pass_rows) {
+  const int G = l.groups(), r0 = pass * pass_rows;
+  HostPass h{std::vector<int>(G + 1), std::vector<int>(G), std::vector<int>(G)};
+  for (int g = 0; g <= G; ++g) {
+    h.starts[g] = std::clamp(l.starts[g] - r0, 0, pass_rows);
+    if (g == G) break;
+    h.rows[g] = std::clamp(l.starts[g] + l.counts[g] - r0, 0, pass_rows) - h.starts[g];
+    h.steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
+  }
+  return h;
+}
+
 }  // namespace mok::test

@@ -47,7 +47,8 @@ using mok::test::next_seed;
 
 using mok::bf16_t;
 using mok::gemm::RowSegments;
-using mok::test::host_pass_step;
+using mok::test::host_pass;
+using mok::test::HostPass;
 using mok::test::Layout;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 
@@ -1638,18 +1639,9 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
       std::vector<int> steps_seen;
       for (int pass = 0; pass < passes; ++pass) {
         const int r0 = pass * pass_rows;
-        std::vector<int> starts(G + 1), rows(G), steps(G);
-        for (int g = 0; g <= G; ++g) {
-          starts[g] = std::clamp(l.starts[g] - r0, 0, pass_rows);
-          if (g == G) break;
-          rows[g] = std::clamp(l.starts[g] + l.counts[g] - r0, 0, pass_rows) - starts[g];
-          steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
-          steps_seen.push_back(steps[g] & 0xff);
-        }
-        DeviceBuffer<int> d_starts(G + 1), d_rows(G), d_steps(G);
-        d_starts.upload(starts);
-        d_rows.upload(rows);
-        d_steps.upload(steps);
+        const HostPass h = host_pass(l, pass, passes, pass_rows);
+        for (int step : h.steps) steps_seen.push_back(step & 0xff);
+        const DeviceBuffer<int> d_starts(h.starts), d_rows(h.rows), d_steps(h.steps);
         // The pass's rows: the row buffers from row r0 on (as the ring holds them).
         mok::gemm::WeightGradArgs args = args_for(o, parts.get());
         args.a = a.get() + std::size_t(r0) * m;

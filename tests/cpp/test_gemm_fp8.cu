@@ -36,7 +36,8 @@
 namespace {
 
 using mok::test::DeviceBuffer;
-using mok::test::host_pass_step;
+using mok::test::host_pass;
+using mok::test::HostPass;
 using mok::test::Layout;
 using mok::test::next_seed;
 
@@ -610,14 +611,8 @@ TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
       reset(parts);
       for (int pass = 0; pass < passes; ++pass) {
         const int r0 = pass * pass_rows;
-        std::vector<int> starts(G + 1), rows(G), steps(G);
-        for (int g = 0; g <= G; ++g) {
-          starts[g] = std::clamp(l.starts[g] - r0, 0, pass_rows);
-          if (g == G) break;
-          rows[g] = std::clamp(l.starts[g] + l.counts[g] - r0, 0, pass_rows) - starts[g];
-          steps[g] = host_pass_step(l.starts[g], l.counts[g], g, G, pass, passes, pass_rows);
-        }
-        const DeviceBuffer<int> d_starts(starts), d_rows(rows), d_steps(steps);
+        const HostPass h = host_pass(l, pass, passes, pass_rows);
+        const DeviceBuffer<int> d_starts(h.starts), d_rows(h.rows), d_steps(h.steps);
         mok::gemm::WeightGradFp8Args args = args_at(o, parts.get(), r0);
         args.grad.segments = {d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.grad.passes = {d_steps.get(), carry.get(), slots};
