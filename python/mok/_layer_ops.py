@@ -239,22 +239,14 @@ def backward_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, down_
     act, device = shape.activation_dtype, shape.device
     d_gate_up = _native.new_output(tuple(gate_up_weights.shape), act, device)
     d_down = _native.new_output(tuple(down_weights.shape), act, device)
-    packed = split_gate_up(d_gate_up, interleaved)
-    # NOTES: the CPU backend writes d_gate and d_up straight into the halves of d_gate_up; the
-    # CUDA backend's weight-gradient epilogue stores experts I rows apart (dense), so there they
-    # land in dense buffers first and are copied into the halves (one pass over the gradient,
-    # none over the weights).
-    d_gate, d_up = packed if device.type == "cpu" else (
-        _native.new_output(tuple(gate.shape), act, device),
-        _native.new_output(tuple(up.shape), act, device))
+    # Both backends store d_gate and d_up straight into the halves of d_gate_up (row-strided
+    # views, as the weights are read): no copy of the gradient.
+    d_gate, d_up = split_gate_up(d_gate_up, interleaved)
     ws.core(shape, config).run(lib.backward, x.device,
                                *views(x, topk_experts, topk_weights, *weights),
                                *context_views(context),
                                *views(d_out, d_x, d_w, d_gate, d_up, d_down, None, None, None),
                                swiglu_limit=swiglu_limit)
-    if device.type != "cpu":
-        packed[0].copy_(d_gate)
-        packed[1].copy_(d_up)
     return d_x, d_w, d_gate_up, d_down
 
 

@@ -259,12 +259,12 @@ void check_grads(const Problem& p, DType act, Device device, const Grads& g,
   check_view("d_topk_weights", g.d_topk_weights, router_dtype(act), {T, k}, device);
   // Weight gradients: the activation dtype, or f32 for fp32 main-grad accumulation.
   const DType wide = act == DType::f64 ? DType::f64 : DType::f32;
-  // Row-strided routed gradients on the CPU backend (e.g. views of one [E, 2I, H] gradient); the
-  // CUDA backend's weight-gradient epilogue stores experts R rows apart: dense there.
-  const bool cpu = device.kind == DeviceKind::cpu;
-  check_weight_view("d_routed_gate_weights", g.d_gate, act, wide, {E, I, H}, device, cpu);
-  check_weight_view("d_routed_up_weights", g.d_up, act, wide, {E, I, H}, device, cpu);
-  check_weight_view("d_routed_down_weights", g.d_down, act, wide, {E, H, I}, device, cpu);
+  // Routed gradients may be row-strided (e.g. the halves of one [E, 2I, H] gradient): every
+  // backend stores them in place (the CUDA weight-gradient epilogues through the row and expert
+  // strides, its TMA store through a map of expert stride / row stride rows per expert).
+  check_weight_view("d_routed_gate_weights", g.d_gate, act, wide, {E, I, H}, device, true);
+  check_weight_view("d_routed_up_weights", g.d_up, act, wide, {E, I, H}, device, true);
+  check_weight_view("d_routed_down_weights", g.d_down, act, wide, {E, H, I}, device, true);
   if (S > 0) {
     check_view_either("d_shared_gate_weights", g.d_shared_gate, act, wide, {S, H}, device);
     check_view_either("d_shared_up_weights", g.d_shared_up, act, wide, {S, H}, device);

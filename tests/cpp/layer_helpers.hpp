@@ -72,6 +72,55 @@ inline Problem layer_shape(std::int64_t T, std::int64_t H, std::int64_t I, std::
           .shared_intermediate_size = S};
 }
 
+// ---- row-strided routed weights and gradients (core/validate.cpp)
+
+// gate and up packed in one [E, 2I, H] tensor, concatenated (rows [0, I) gate, [I, 2I) up) or
+// interleaved (even rows gate, odd rows up): the two row-strided views of it.
+struct Packed {
+  HostTensor storage;
+  TensorView gate, up;
+};
+
+inline Packed pack(const HostTensor& gate, const HostTensor& up, bool interleaved) {
+  const TensorView& g = gate.view();
+  const std::int64_t E = g.shape[0], I = g.shape[1], H = g.shape[2];
+  Packed p{HostTensor(g.dtype, {E, 2 * I, H}), g, g};
+  p.gate.strides = {2 * I * H, interleaved ? 2 * H : H, 1, 0};
+  p.up.strides = p.gate.strides;
+  const std::int64_t up_offset = interleaved ? H : I * H;
+  p.gate.data = p.storage.view().data;
+  p.up.data = static_cast<char*>(p.storage.view().data) + up_offset * dtype_size(g.dtype);
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (std::int64_t i = 0; i < I * H; ++i) {
+      const std::int64_t row = interleaved ? 2 * (i / H) : i / H;
+      const std::int64_t at = e * 2 * I * H + row * H + i % H;
+      p.storage.set(at, gate.get(e * I * H + i));
+      p.storage.set(at + up_offset, up.get(e * I * H + i));
+    }
+  }
+  return p;
+}
+
+// `dense` [E, R, C] in rows padded to C + pad columns: the padded storage (the padding `fill`)
+// and the [E, R, C] row-strided view of it.
+struct Padded {
+  HostTensor storage;
+  TensorView view;
+};
+
+inline Padded pad_rows(const HostTensor& dense, std::int64_t pad, double fill) {
+  const TensorView& d = dense.view();
+  const std::int64_t E = d.shape[0], R = d.shape[1], C = d.shape[2], ld = C + pad;
+  Padded p{HostTensor(d.dtype, {E, R, ld}), d};
+  p.storage.fill(fill);
+  p.view.data = p.storage.view().data;
+  p.view.strides = {R * ld, ld, 1, 0};
+  for (std::int64_t row = 0; row < E * R; ++row) {
+    for (std::int64_t c = 0; c < C; ++c) p.storage.set(row * ld + c, dense.get(row * C + c));
+  }
+  return p;
+}
+
 inline bool all_finite(const HostTensor& t) {
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     if (!std::isfinite(t.get(i))) return false;

@@ -1528,6 +1528,68 @@ struct WgradOperands {
   }
 };
 
+// A strided output (WeightGradArgs::out_group_stride): each group's [m, n] in the second half of
+// a [G, 2m, n + 64] buffer (the up half of a packed gradient, rows padded), through the TMA store
+// (bf16) and the plain one (fp32), is bitwise the dense output, and no other byte of the buffer
+// changes. A group stride that is not a multiple of ld_out, or below m * ld_out, is refused by
+// name.
+TEST(GemmWgrad, StridedOutputIsBitwiseTheDenseAndLeavesTheRestAlone) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({0, 1, 130, 77, 0, 300, 64});
+  const int G = l.groups(), m = 192, n = 320, ld = n + 64;
+  const long long stride = 2LL * m * ld;  // a group's 2m rows of ld
+  WgradOperands ops(l, m, n);
+  for (const bool fp32 : {false, true}) {
+    SCOPED_TRACE(fp32 ? "fp32" : "bf16");
+    const std::size_t bytes = fp32 ? 4 : 2;
+    DeviceBuffer<std::uint8_t> dense(std::size_t(G) * m * n * bytes);
+    DeviceBuffer<std::uint8_t> strided(std::size_t(G) * stride * bytes);
+    auto launch = [&](void* out, long long ld_out, long long group_stride) {
+      mok::gemm::WeightGradArgs args = ops.args(out, fp32);
+      args.segments = l.segments();
+      args.order = mok::gemm::TileOrder::fixed;
+      args.ld_out = ld_out;
+      args.out_group_stride = group_stride;
+      run_form(mok::gemm::weight_grad, args);
+    };
+    dense.poison();
+    strided.poison();
+    launch(dense.get(), n, 0);
+    launch(strided.get() + std::size_t(m) * ld * bytes, ld, stride);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<std::uint8_t> want = dense.download(), got = strided.download();
+    std::vector<std::uint8_t> expected(got.size(), 0xff);
+    for (int g = 0; g < G; ++g) {
+      for (int r = 0; r < m; ++r) {
+        const std::size_t to = std::size_t(g) * stride + std::size_t(m + r) * ld;
+        const std::size_t from = (std::size_t(g) * m + r) * n;
+        std::memcpy(&expected[to * bytes], &want[from * bytes], n * bytes);
+      }
+    }
+    long long wrong = 0, first = -1;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != expected[i] && wrong++ == 0) first = static_cast<long long>(i);
+    }
+    EXPECT_EQ(wrong, 0) << "bytes differ from the dense output (or the untouched rest), the first "
+                        << "at byte " << first;
+  }
+  for (const long long bad : {2LL * m * ld + 8, (m - 1LL) * ld}) {
+    try {
+      mok::gemm::WeightGradArgs args = ops.args(nullptr, false);
+      DeviceBuffer<__nv_bfloat16> out(std::size_t(G) * 2 * m * ld);
+      args.out = out.get();
+      args.segments = l.segments();
+      args.order = mok::gemm::TileOrder::fixed;
+      args.ld_out = ld;
+      args.out_group_stride = bad;
+      run_form(mok::gemm::weight_grad, args);
+      ADD_FAILURE() << "out_group_stride " << bad << " was accepted";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), "out_group_stride") << e.what();
+    }
+  }
+}
+
 // A wgrad split over two row ranges (two ring passes), the second continuing the first's fp32
 // sums, gives the bits of the unsplit reduction; `accumulate` adds the fresh sum to the output.
 TEST(GemmWgrad, ContinuedReductionIsBitwiseTheUnsplitOneAndAccumulateAdds) {

@@ -225,6 +225,98 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
   }
 }
 
+// `v`, a view into `host`'s storage, moved to the same place in `dev` (a copy of that storage).
+TensorView on_device(TensorView v, const HostTensor& host, const DeviceTensor& dev) {
+  const std::ptrdiff_t offset =
+      static_cast<const char*>(v.data) - static_cast<const char*>(host.view().data);
+  v.data = static_cast<char*>(dev.view().data) + offset;
+  v.device = dev.view().device;
+  return v;
+}
+
+// Row-strided routed weight gradients (core/validate.cpp) on the CUDA backend: the gate and up
+// halves of one packed [E, 2I, H] gradient (concatenated or interleaved rows, Hugging Face's
+// gate_up_proj) and W_down's gradient in rows padded by 64 columns, stored in place through their
+// strides. In one ring pass and in several (experts whose sums are carried across passes are
+// stored at their last), bf16 (every element written over NaN) and fp32 added to (main-grad
+// accumulation): bitwise the dense gradients, the padding untouched.
+TEST(LayerGpuGrads, RowStridedWeightGradsAreBitwiseTheDense) {
+  MOK_REQUIRE_HOPPER();
+  const GpuCase c{"strided", layer_shape(300, 128, 192, 5, 3, 64), Routing::skewed, false};
+  const std::uint64_t seed = test_seed();
+  constexpr std::int64_t kPad = 64;
+  constexpr double kPadding = 3.0;  // no gradient of the case is exactly 3
+  for (const bool fp32 : {false, true}) {
+    for (const std::int64_t macro : {4096, 128}) {
+      for (const bool interleaved : {false, true}) {
+        SCOPED_TRACE(std::string(fp32 ? "fp32 accumulated" : "bf16") + ", macrobatch " +
+                     std::to_string(macro) + (interleaved ? ", interleaved" : ", concatenated"));
+        Config config;
+        config.minibatch_size = 128;
+        config.macrobatch_size = macro;
+        const BackwardOptions options{.accumulate_weight_grads = fp32};
+        // Each gradient before the call: NaN (bf16), or values the fp32 accumulation adds to.
+        auto start = [&](LayerData& d) {
+          for (HostTensor* t : {&d.d_gate, &d.d_up, &d.d_down, &d.d_shared_gate, &d.d_shared_up,
+                                &d.d_shared_down}) {
+            if (!fp32) {
+              t->fill_bytes(0xff);
+              continue;
+            }
+            for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.5 * (i % 5) - 1.0);
+          }
+        };
+        auto step = [&](DeviceLayer& g, const Grads& grads) {
+          Workspace ws(c.problem, config, {.backend = Backend::cuda});
+          DeviceContext ctx(ws);
+          forward(ws, g.inputs(), g.weights(), g.out.view(), ctx.get());
+          backward(ws, g.inputs(), g.weights(), ctx.get(), g.d_out.view(), grads, options);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        };
+        LayerData dense = make_case(c, seed, fp32 ? DType::f32 : DType::bf16);
+        start(dense);
+        DeviceLayer gd(dense);
+        gd.d_gate.upload(dense.d_gate), gd.d_up.upload(dense.d_up), gd.d_down.upload(dense.d_down);
+        gd.d_sg.upload(dense.d_shared_gate), gd.d_su.upload(dense.d_shared_up);
+        gd.d_sd.upload(dense.d_shared_down);
+        step(gd, gd.grads());
+        gd.download(dense);
+
+        LayerData strided = make_case(c, seed, fp32 ? DType::f32 : DType::bf16);
+        start(strided);
+        Packed gate_up = pack(strided.d_gate, strided.d_up, interleaved);
+        if (!fp32) gate_up.storage.fill_bytes(0xff);
+        Padded down = pad_rows(strided.d_down, kPad, kPadding);
+        DeviceTensor gate_up_dev(gate_up.storage), down_dev(down.storage);
+        DeviceLayer gs(strided);
+        gs.d_sg.upload(strided.d_shared_gate), gs.d_su.upload(strided.d_shared_up);
+        gs.d_sd.upload(strided.d_shared_down);
+        Grads grads = gs.grads();
+        grads.d_gate = on_device(gate_up.gate, gate_up.storage, gate_up_dev);
+        grads.d_up = on_device(gate_up.up, gate_up.storage, gate_up_dev);
+        grads.d_down = on_device(down.view, down.storage, down_dev);
+        step(gs, grads);
+        gs.download(strided);
+        gate_up_dev.download(gate_up.storage);
+        down_dev.download(down.storage);
+
+        EXPECT_TRUE(same_bits(dense.out, strided.out));
+        EXPECT_TRUE(same_bits(dense.d_x, strided.d_x));
+        EXPECT_TRUE(same_bits(dense.d_topk_weights, strided.d_topk_weights));
+        EXPECT_TRUE(same_bits(dense.d_shared_gate, strided.d_shared_gate));
+        EXPECT_TRUE(same_bits(dense.d_shared_up, strided.d_shared_up));
+        EXPECT_TRUE(same_bits(dense.d_shared_down, strided.d_shared_down));
+        EXPECT_TRUE(same_bits(pack(dense.d_gate, dense.d_up, interleaved).storage,
+                              gate_up.storage))
+            << "the packed gate/up gradient";
+        EXPECT_TRUE(same_bits(pad_rows(dense.d_down, kPad, kPadding).storage, down.storage))
+            << "the padded down gradient (or its padding)";
+        if (!fp32) EXPECT_TRUE(all_finite(dense.d_gate) && all_finite(dense.d_down));
+      }
+    }
+  }
+}
+
 // A whole step (schedule, forward, backward) captured once, replayed with new inputs and
 // routings: proves that nothing in the step synchronizes with the host.
 // A whole step of case `c` under `config`, captured once in a CUDA graph (after an eager warm-up:

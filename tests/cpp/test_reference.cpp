@@ -325,33 +325,6 @@ TEST(ReferenceGemm, Avx2PathIsBitwiseTheBaseline) {
 
 // ---- row-strided routed weights (validate.cpp: e.g. the halves of one packed [E, 2I, H] tensor)
 
-// gate and up packed in one [E, 2I, H] tensor, concatenated (rows [0, I) gate, [I, 2I) up) or
-// interleaved (even rows gate, odd rows up): the two row-strided views of it.
-struct Packed {
-  HostTensor storage;
-  TensorView gate, up;
-};
-
-Packed pack(const HostTensor& gate, const HostTensor& up, bool interleaved) {
-  const TensorView& g = gate.view();
-  const std::int64_t E = g.shape[0], I = g.shape[1], H = g.shape[2];
-  Packed p{HostTensor(g.dtype, {E, 2 * I, H}), g, g};
-  p.gate.strides = {2 * I * H, interleaved ? 2 * H : H, 1, 0};
-  p.up.strides = p.gate.strides;
-  const std::int64_t up_offset = interleaved ? H : I * H;
-  p.gate.data = p.storage.view().data;
-  p.up.data = static_cast<char*>(p.storage.view().data) + up_offset * dtype_size(g.dtype);
-  for (std::int64_t e = 0; e < E; ++e) {
-    for (std::int64_t i = 0; i < I * H; ++i) {
-      const std::int64_t row = interleaved ? 2 * (i / H) : i / H;
-      const std::int64_t at = e * 2 * I * H + row * H + i % H;
-      p.storage.set(at, gate.get(e * I * H + i));
-      p.storage.set(at + up_offset, up.get(e * I * H + i));
-    }
-  }
-  return p;
-}
-
 TEST(ReferenceStrides, PackedGateUpViewsAreBitwiseTheContiguousLayer) {
   const Problem p = layer_shape(37, 128, 64, 5, 3, 64);
   for (DType act : {DType::bf16, DType::f64}) {

@@ -90,6 +90,9 @@ struct GemmParams {
   // SwigluBackward<true, true, *, true>: bf16(row_scale h) [rows, n], ld_out (after the limit for
   // the same reason: the other kernels' fields keep their offsets).
   __nv_bfloat16* scaled_hidden;
+  // The bf16 wgrad's TMA store (F::kTmaStore): rows of the output's tensor map per group
+  // (out_group_stride / ld_out; m when dense). Last, for the same reason.
+  int out_map_group_rows;
 };
 
 struct GemmDescriptor {

@@ -534,9 +534,10 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
 // owns half of the staging tile: its 64 x 256 accumulators as four 64 x 64 boxes in the 128-byte
 // swizzled layout the tensor map expects (16-byte piece k of row r at piece k ^ (r % 8)), written
 // 16 x 16 per warp instruction (stmatrix); then one thread of the warpgroup stores the boxes that
-// lie inside the group's [m, n] output (a 2-D map over [G m, n], box 64 x 64) as one bulk group,
-// and the Consumers go on with the next tile while the copy engine writes. The half is written
-// again only after that group has been read out of shared memory (the wait at the start).
+// lie inside the group's [m, n] output (a 2-D map over the groups' rows, out_map_group_rows per
+// group, box 64 x 64) as one bulk group, and the Consumers go on with the next tile while the copy
+// engine writes. The half is written again only after that group has been read out of shared
+// memory (the wait at the start).
 template <class F>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmParams& p, int wg, int warp, int lane,
@@ -571,7 +572,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], cons
 #pragma unroll
       for (int b = 0; b < F::kTileN / 64; ++b) {
         const int c0 = t.n0 * F::kTileN + b * 64;
-        if (c0 < p.n) ptx::tma_store_2d(map_out, half + b * kBoxBytes, c0, t.group * p.m + r0);
+        if (c0 < p.n) {
+          ptx::tma_store_2d(map_out, half + b * kBoxBytes, c0, t.group * p.out_map_group_rows + r0);
+        }
       }
     }
     ptx::tma_store_commit();

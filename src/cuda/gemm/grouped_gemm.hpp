@@ -320,8 +320,11 @@ struct WeightGradArgs {
   std::int64_t ld_a = 0;
   const __nv_bfloat16* b = nullptr;  // [capacity_rows, n], ld_b
   std::int64_t ld_b = 0;
-  void* out = nullptr;
+  void* out = nullptr;    // [G, m, n]: group g's row r at out + g * out_group_stride + r * ld_out
   std::int64_t ld_out = 0;
+  // Elements between groups' outputs: 0 for m * ld_out (dense); else a multiple of ld_out, at
+  // least m * ld_out (e.g. the gate or up half of one packed [G, 2m, n] gradient).
+  std::int64_t out_group_stride = 0;
   bool out_fp32 = false;
   // fp32 output only. accumulate: out = out + (a^T b), the sum formed first, then one fp32 add
   // (fp32 main-grad accumulation). continue_reduction: the values in `out` seed the accumulators,

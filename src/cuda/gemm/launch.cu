@@ -597,7 +597,17 @@ GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensor
   check_aligned(args.out, "out");
   check(args.ld_out % 8 == 0 && args.ld_out >= args.n, "ld_out", "a multiple of 8 and >= n",
         to_text(args.ld_out));
+  const long long dense = static_cast<long long>(args.m) * args.ld_out;
+  const long long group_stride = args.out_group_stride == 0 ? dense : args.out_group_stride;
+  check(group_stride >= dense && group_stride % args.ld_out == 0, "out_group_stride",
+        "0, or a multiple of ld_out (" + to_text(args.ld_out) + ") >= m * ld_out (" +
+            to_text(dense) + ")",
+        to_text(args.out_group_stride));
   const RowSegments& s = args.segments;
+  // The TMA store's row coordinate, group * (group_stride / ld_out) + row, is a 32-bit integer.
+  const long long map_rows = static_cast<long long>(s.num_groups) * (group_stride / args.ld_out);
+  check(map_rows < (1LL << 31), "out_group_stride",
+        "num_groups * out_group_stride / ld_out below 2^31", to_text(map_rows));
   GemmDescriptor d = base_descriptor(s, args.waits);
   d.a = d.a2 = d.out = a;
   d.b = d.b2 = b;
@@ -608,7 +618,8 @@ GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensor
   p.n = args.n;
   p.out = args.out;
   p.ld_out = args.ld_out;
-  p.out_group_stride = static_cast<long long>(args.m) * args.ld_out;
+  p.out_group_stride = group_stride;
+  p.out_map_group_rows = static_cast<int>(group_stride / args.ld_out);
   check(!args.accumulate || args.out_fp32, "accumulate", "an fp32 output (out_fp32)",
         "a bf16 output");
   const PassPlan& plan = args.passes;
@@ -642,9 +653,10 @@ GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensor
   p.tile_order = static_cast<int>(args.tickets == nullptr ? TileOrder::fixed : args.order);
   if constexpr (F::kTmaStore) {
     if (!args.out_fp32) {
-      // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are m rows apart.
-      d.out = make_tensor_map_bf16(args.out, static_cast<long long>(s.num_groups) * args.m, args.n,
-                                   args.ld_out, 64, "out");
+      // NOTES: 64 x 64 boxes (epilogue.cuh, store_tile_tma); groups are out_map_group_rows rows
+      // apart (m when dense). No box reaches past its group's m rows (m is a multiple of 64), so
+      // the rows between groups (the other half of a packed gradient) are never written.
+      d.out = make_tensor_map_bf16(args.out, map_rows, args.n, args.ld_out, 64, "out");
     }
   }
   return d;

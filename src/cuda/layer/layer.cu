@@ -213,6 +213,13 @@ gemm::WeightGradArgs weight_grad_args(const ExpertRows& e, std::int64_t m, std::
   w.segments = e.segments;
   w.out = t.view->data;
   w.ld_out = n;
+  // Routed gradients may be row-strided views (core/validate.cpp), e.g. the halves of one packed
+  // [G, 2m, n] gradient: stored in place through their strides.
+  const TensorView& v = *t.view;
+  if (v.ndim == 3) {
+    w.ld_out = v.strides[1];
+    w.out_group_stride = v.shape[0] > 1 ? v.strides[0] : 0;
+  }
   w.out_fp32 = t.view->dtype == DType::f32;
   w.accumulate = t.add_to_view;  // out + the fresh sum
   w.m = static_cast<int>(m);
