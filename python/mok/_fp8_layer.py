@@ -33,7 +33,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mok import _checks, _layer_tensors, _native, _workspace
-from mok._layer_ops import call, keep_body
+from mok._layer_ops import call, keep_body, split_gate_up
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                  check_context, check_layer_call, context_shapes, context_views)
 from mok._native import lib, views
@@ -120,12 +120,10 @@ def _quantize_into(w, q):
 
 
 def packed_halves(gate_up, interleaved):
-    """The gate and up halves (views) of packed gate/up weights [E, 2I, H]: rows [0, I) and
-    [I, 2I), or with `interleaved` the even and the odd rows (mok.moe_packed's layouts)."""
-    I = gate_up.shape[1] // 2
-    if interleaved:
-        return gate_up[:, 0::2], gate_up[:, 1::2]
-    return gate_up[:, :I], gate_up[:, I:]
+    """The gate and up halves (views) of packed gate/up weights [E, 2I, H] (checked first): rows
+    [0, I) and [I, 2I), or with `interleaved` the even and the odd rows (mok.moe_packed's
+    layouts)."""
+    return split_gate_up(gate_up, interleaved)
 
 
 def _quantizations(owner, tag, sources):
@@ -179,9 +177,10 @@ def requantize(*weights):
 
 
 def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
-        handle, swiglu_limit, quantize_routed=None):
+        handle, swiglu_limit, quantize_routed=None, packed=None):
     """mok.moe's body for precision='fp8' (its arguments checked there). `quantize_routed`:
-    a function returning the quantizations of gate, up and down (default: quantized() of each)."""
+    a function returning the quantizations of gate, up and down (default: quantized() of each).
+    `packed`: (gate_up, interleaved) when gate and up are its halves (moe_packed)."""
     check_device("x", x)
     for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up),
                     ("routed_down_weights", down)):
@@ -212,6 +211,11 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
         fp8_weights = [*quantized(gate), *quantized(up), *quantized(down)]
     else:
         fp8_weights = [t for q in quantize_routed() for t in q]
+    if packed is not None:
+        gate_up, interleaved = packed
+        out, *_context = call(forward_fp8_packed, x, topk_experts, topk_weights, gate_up, down,
+                              *fp8_weights, handle, interleaved, swiglu_limit)
+        return out
     out, *_context = call(forward_fp8, x, topk_experts, topk_weights, gate, up, down, shared_gate,
                           shared_up, shared_down, *fp8_weights, handle, swiglu_limit)
     return out
@@ -219,20 +223,56 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
 
 def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle, swiglu_limit):
     """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
-    weights (their gradients flow back into the packed tensor), the halves' quantizations cached
-    with the packed tensor."""
-    if gate_up.dim() != 3 or gate_up.shape[1] % 2:
-        _checks.fail("gate_up_weights.shape", "[E, 2I, H]", _checks.shape_text(gate_up.shape))
+    weights (forward_fp8_packed: their gradient comes back packed), the halves' quantizations
+    cached with the packed tensor."""
     gate, up = packed_halves(gate_up, interleaved)
     return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
                swiglu_limit,
-               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)))
+               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)),
+               packed=(gate_up, interleaved))
 
 
 def _check_one_rank(ws, x):
     check_device("x", x)
     if ws.ep_size > 1:
         _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
+
+
+def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit):
+    """forward_fp8's body over the six weights (routed ones possibly row-strided views)."""
+    ws, _config = _workspace.resolve(workspace)
+    _check_one_rank(ws, x)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
+                             shape.device)
+    context = _layer_tensors.new_context(ws, config, shape)
+    ws.core(shape, config, fp8=True).run(lib.forward, x.device,
+                                         *views(x, topk_experts, topk_weights, *weights, out),
+                                         *context_views(context), swiglu_limit=swiglu_limit,
+                                         fp8_weights=tuple(views(*fp8_weights)))
+    return (out, *context)
+
+
+def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, context, workspace,
+              swiglu_limit, routed_grads=None):
+    """backward_fp8's body: (d_x, d_topk_weights, d_gate, d_up, d_down, *shared gradients), the
+    routed ones into `routed_grads` where given (views, e.g. the halves of a packed gradient)."""
+    ws, _config = _workspace.resolve(workspace)
+    _check_one_rank(ws, x)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    check_context(context, context_shapes(ws, config, shape), shape)
+    if routed_grads is None:
+        d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, shape.activation_dtype)
+    else:  # the packed form: no shared expert
+        (d_x, d_w), routed, shared = _layer_tensors.grad_buffers(shape, None), routed_grads, \
+            (None, None, None)
+    ws.core(shape, config, fp8=True).run(
+        lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
+        *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
+        swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
+    shared = [g if g is not None else x.new_empty(0) for g in shared]
+    return (d_x, d_w, *routed, *shared)
 
 
 @keep_body(torch.library.custom_op(
@@ -248,17 +288,7 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
-    ws, _config = _workspace.resolve(workspace)
-    _check_one_rank(ws, x)
-    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
-    out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
-                             shape.device)
-    context = _layer_tensors.new_context(ws, config, shape)
-    ws.core(shape, config, fp8=True).run(lib.forward, x.device,
-                                         *views(x, topk_experts, topk_weights, *weights, out),
-                                         *context_views(context), swiglu_limit=swiglu_limit,
-                                         fp8_weights=tuple(views(*fp8_weights)))
-    return (out, *context)
+    return _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit)
 
 
 @keep_body(torch.library.custom_op(
@@ -278,18 +308,59 @@ def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, rout
                shared_up_weights, shared_down_weights)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
-    ws, _config = _workspace.resolve(workspace)
-    _check_one_rank(ws, x)
-    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
-    _checks.check_d_out(d_out, shape)
-    check_context(context, context_shapes(ws, config, shape), shape)
-    d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, shape.activation_dtype)
-    ws.core(shape, config, fp8=True).run(
-        lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
-        *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
-        swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
-    shared = [g if g is not None else x.new_empty(0) for g in shared]
-    return (d_x, d_w, *routed, *shared)
+    return _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, context,
+                     workspace, swiglu_limit)
+
+
+# The FP8 layer on packed gate/up weights [E, 2I, H] (mok.moe_packed with precision='fp8'; the
+# layouts of mok/_layer_ops.py's forward_packed): the halves read in place as row-strided views,
+# their quantizations passed in (quantized_halves), and the gradient comes back packed, each half
+# written in place by the backward (no copy, no scatter of two half-gradients by autograd). One
+# rank, no shared expert.
+_PACKED_SCHEMA_ARGS = f"Tensor gate_up_weights, Tensor down_weights, {_FP8_ARGS}"
+_PACKED_SCHEMA_FLAGS = f"int workspace, bool interleaved, {SWIGLU_LIMIT_ARG}"
+
+
+@keep_body(torch.library.custom_op(
+    "mok::forward_fp8_packed", mutates_args=(),
+    schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {_PACKED_SCHEMA_ARGS}, "
+           f"{_PACKED_SCHEMA_FLAGS}) -> (Tensor, {CONTEXT_OUT})"))
+def forward_fp8_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, gate_fp8,
+                       gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                       up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
+                       interleaved, swiglu_limit=None):
+    fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                   up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
+    gate, up = packed_halves(gate_up_weights, interleaved)
+    return _forward(x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
+                    fp8_weights, workspace, swiglu_limit)
+
+
+@keep_body(torch.library.custom_op(
+    "mok::backward_fp8_packed", mutates_args=(),
+    schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, "
+           f"{_PACKED_SCHEMA_ARGS}, {CONTEXT_ARGS}, {_PACKED_SCHEMA_FLAGS}) -> "
+           "(Tensor, Tensor, Tensor, Tensor)"))
+def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, down_weights,
+                        gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales,
+                        up_fp8_t, up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t,
+                        x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+                        hidden_shared, workspace, interleaved, swiglu_limit=None):
+    """(d_x, d_topk_weights, d_gate_up [E, 2I, H] packed as gate_up_weights, d_down)."""
+    fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                   up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    gate, up = packed_halves(gate_up_weights, interleaved)
+    act, device = x.dtype, x.device
+    d_gate_up = _native.new_output(tuple(gate_up_weights.shape), act, device)
+    d_down = _native.new_output(tuple(down_weights.shape), act, device)
+    d_gate, d_up = packed_halves(d_gate_up, interleaved)
+    d_x, d_w, *_routed = _backward(d_out, x, topk_experts, topk_weights,
+                                   (gate, up, down_weights, None, None, None), fp8_weights,
+                                   context, workspace, swiglu_limit,
+                                   routed_grads=(d_gate, d_up, d_down))
+    return d_x, d_w, d_gate_up, d_down
 
 
 @torch.library.register_fake("mok::forward_fp8")
@@ -318,6 +389,38 @@ def _backward_fp8_fake(d_out, x, topk_experts, topk_weights, gate, up, down, sha
             *shared)
 
 
+@torch.library.register_fake("mok::forward_fp8_packed")
+def _forward_fp8_packed_fake(x, topk_experts, topk_weights, gate_up, down, gate_fp8, gate_scales,
+                             gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t, up_scales_t,
+                             down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
+                             interleaved, swiglu_limit=None):
+    _checks.check_swiglu_limit(swiglu_limit)
+    gate, up = packed_halves(gate_up, interleaved)
+    weights = (gate, up, down, None, None, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    return (x.new_empty((shape.num_tokens, shape.hidden_size)),
+            *(x.new_empty(s) for s in context_shapes(ws, config, shape)))
+
+
+@torch.library.register_fake("mok::backward_fp8_packed")
+def _backward_fp8_packed_fake(d_out, x, topk_experts, topk_weights, gate_up, down, gate_fp8,
+                              gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+                              up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t,
+                              x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
+                              up_shared, hidden_shared, workspace, interleaved,
+                              swiglu_limit=None):
+    context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
+               hidden_shared)
+    _checks.check_swiglu_limit(swiglu_limit)
+    gate, up = packed_halves(gate_up, interleaved)
+    weights = (gate, up, down, None, None, None)
+    shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
+    _checks.check_d_out(d_out, shape)
+    check_context(context, context_shapes(ws, config, shape), shape)
+    return (x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape),
+            gate_up.new_empty(gate_up.shape), down.new_empty(down.shape))
+
+
 def _setup_context(ctx, inputs, output):
     *tensors, workspace, swiglu_limit = inputs
     ctx.save_for_backward(*tensors, *output[1:])
@@ -338,3 +441,23 @@ def _backward_formula(ctx, d_out, *_d_context):
 
 torch.library.register_autograd("mok::forward_fp8", _backward_formula,
                                 setup_context=_setup_context)
+
+
+def _setup_packed_context(ctx, inputs, output):
+    *tensors, workspace, interleaved, swiglu_limit = inputs
+    ctx.save_for_backward(*tensors, *output[1:])
+    ctx.workspace, ctx.interleaved, ctx.swiglu_limit = workspace, interleaved, swiglu_limit
+
+
+def _packed_backward_formula(ctx, d_out, *_d_context):
+    saved = ctx.saved_tensors
+    x, topk_experts, topk_weights, gate_up, down = saved[:5]
+    fp8_weights, context = saved[5:5 + len(FP8_NAMES)], saved[5 + len(FP8_NAMES):]
+    d_x, d_w, d_gate_up, d_down = call(backward_fp8_packed, d_out.contiguous(), x, topk_experts,
+                                       topk_weights, gate_up, down, *fp8_weights, *context,
+                                       ctx.workspace, ctx.interleaved, ctx.swiglu_limit)
+    return (d_x, None, d_w, d_gate_up, d_down, *[None] * len(fp8_weights), None, None, None)
+
+
+torch.library.register_autograd("mok::forward_fp8_packed", _packed_backward_formula,
+                                setup_context=_setup_packed_context)

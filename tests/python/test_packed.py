@@ -71,14 +71,19 @@ def test_packed_refusals(gen):
                    interleaved=True)
 
 
-def test_packed_compiles(gen):
-    T, H, I, E, k = 9, 64, 64, 4, 2
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_packed_compiles(gen, precision):
+    """Under torch.compile (the ops' fake implementations, then their bodies), bitwise eager; the
+    FP8 form quantizes the halves inside the graph (mok::quantize_weights)."""
+    size = 64 if precision == "bf16" else 128  # the FP8 layer's H and I: multiples of 128
+    T, H, I, E, k = 9, size, size, 4, 2
     d = make_layer(gen, T, H, I, E, k, 0)
     gate, up, down = d.weights[:3]
     gate_up = pack(gate, up, False).requires_grad_()
 
     def step(x, w, gu, dn):
-        return mok.moe_packed(x, d.topk_experts, w, gu, dn).float().square().sum()
+        out = mok.moe_packed(x, d.topk_experts, w, gu, dn, precision=precision)
+        return out.float().square().sum()
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     args = [d.x.clone().requires_grad_(), d.topk_weights.clone().requires_grad_(), gate_up,
