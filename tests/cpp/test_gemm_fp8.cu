@@ -2,9 +2,9 @@
 // an exact model of what they compute: each K block's product of FP8 values (exact in f64),
 // times the row's and the weight block's scales, summed over K blocks in f64. The GPU sums a K
 // block on the tensor cores, which keep fewer bits than fp32 (DeepSeek-V3 reports about 14), then
-// adds it into fp32; the bound below allows 2^-9 of the block's sum of |products| for the first
-// and fp32 rounding for the second, and every kept element of every row is checked against it
-// (the worst error as a fraction of its bound is printed). What the epilogue derives from the
+// adds it into fp32; the bound below models the first (tensor_core_block: 13 fraction bits,
+// truncated, in steps of 32 products) and the fp32 rounding of the second, and every kept element
+// of every row is checked against it (the worst error as a fraction of its bound is printed). What the epilogue derives from the
 // accumulators is checked bitwise (hidden = swiglu_fast(g, u) from the stored g and u), as are
 // a second run, and that padding rows and rows past the groups are never written.
 //
@@ -99,32 +99,83 @@ struct HostWeight {
   }
 };
 
-// The exact value of row r of `a` times row n of group g's weight, and the bound on the GPU's
-// error in it (before the output's rounding): per K block 2^-9 of the scaled sum of |products|
-// (the tensor cores' sum), plus fp32 rounding of each promotion (2^-24 of the running sum's
-// magnitude, bounded by the sum of the blocks' magnitudes, per block).
+// One K block of the tensor cores' FP8 sum (n <= 128 products, in wgmma steps of 32, into
+// accumulators that start at zero): its exact value and the bound on the hardware's error in it.
+// NOTES (2026-12-05): the model. The FP8 tensor cores keep 13 fraction bits in their sums (e8m13,
+// truncated: DeepSeek-V3's "about 14 bits"): each step aligns its terms (32 products and the
+// incoming accumulator) and truncates them and its results, each by less than 2^-13 of
+// M = |accumulator in| + the step's sum of |products|, which bounds every magnitude inside the
+// step however the hardware groups it. 33 terms and up to 8 partial results (groups of 4) give
+// 41 * 2^-13 * M per step. The first bound, 2^-9 of the block's sum of |products|, was an
+// estimate: on an H100 (2026-12-05, c190c88) a two-product input gradient reached it (error 1.0
+// of the bound, one value of 256768), which the model's 41 * 2^-13 covers at least 2.5 times.
+struct BlockSum {
+  double value = 0, bound = 0;
+};
+template <class Product>
+BlockSum tensor_core_block(int n, Product&& product) {
+  constexpr int kStep = 32;
+  constexpr double kTruncations = 41;
+  BlockSum b;
+  for (int s0 = 0; s0 < n; s0 += kStep) {
+    double magnitude = std::fabs(b.value);  // the accumulator coming into the step
+    for (int c = s0; c < std::min(n, s0 + kStep); ++c) {
+      const double p = product(c);
+      b.value += p;
+      magnitude += std::fabs(p);
+    }
+    b.bound += kTruncations * std::ldexp(magnitude, -13);
+  }
+  return b;
+}
+
+// The blocks of one output element, each scaled and promoted into fp32 accumulators in K order:
+// the exact sum and the bound on the GPU's error in it (before the output's rounding): the blocks'
+// tensor-core bounds, scaled, plus 2^-24 of the running sum's magnitude per promotion, twice over
+// (the product by the scale and the add), the running sum bounded by every block's magnitude.
+struct Promoted {
+  double value = 0, tensor_cores = 0, magnitude = 0;
+  int blocks = 0;
+  void add(const BlockSum& b, double scale) {
+    value += scale * b.value;
+    tensor_cores += scale * b.bound;
+    magnitude += std::fabs(scale * b.value) + scale * b.bound;
+    ++blocks;
+  }
+  // Another product's blocks promoted into the same accumulators after these.
+  void add(const Promoted& o) {
+    value += o.value;
+    tensor_cores += o.tensor_cores;
+    magnitude += o.magnitude;
+    blocks += o.blocks;
+  }
+  double bound() const { return tensor_cores + blocks * std::ldexp(magnitude, -23); }
+};
+
 struct Exact {
   double value, bound;
 };
-Exact exact_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows, int k,
-                    int r, int n) {
-  double sum = 0, tc = 0, magnitude = 0;
+
+// Row r of `a` times row n of group g's weight, block by block.
+Promoted promoted_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows,
+                          int k, int r, int n) {
+  Promoted out;
   const int kbs = k / 128;
   for (int kb = 0; kb < kbs; ++kb) {
-    double block = 0, block_abs = 0;
-    for (int c = kb * 128; c < kb * 128 + 128; ++c) {
-      const double t = e4m3_value(a.q[std::size_t(r) * k + c]) *
-                       e4m3_value(w.q[(std::size_t(g) * n_rows + n) * k + c]);
-      block += t;
-      block_abs += std::fabs(t);
-    }
-    const double s = double(a.scale[std::size_t(kb) * cap + r]) *
-                     w.scale[(std::size_t(g) * (n_rows / 128) + n / 128) * kbs + kb];
-    sum += s * block;
-    tc += s * block_abs;
-    magnitude += std::fabs(s * block) + std::ldexp(s * block_abs, -9);
+    const BlockSum b = tensor_core_block(128, [&](int i) {
+      const int c = kb * 128 + i;
+      return e4m3_value(a.q[std::size_t(r) * k + c]) *
+             e4m3_value(w.q[(std::size_t(g) * n_rows + n) * k + c]);
+    });
+    out.add(b, double(a.scale[std::size_t(kb) * cap + r]) *
+                   w.scale[(std::size_t(g) * (n_rows / 128) + n / 128) * kbs + kb]);
   }
-  return {sum, std::ldexp(tc, -9) + kbs * std::ldexp(magnitude, -23)};
+  return out;
+}
+Exact exact_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows, int k,
+                    int r, int n) {
+  const Promoted p = promoted_product(a, cap, w, g, n_rows, k, r, n);
+  return {p.value, p.bound()};
 }
 
 // |bf16 value - exact| within the bound plus the bf16 rounding of a value that close to exact.
@@ -408,11 +459,9 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual)
         continue;
       }
       const int e = group_of(l, r);
-      Exact x = exact_product(a, l.capacity, w, e, N, K, r, n);
-      if (dual) {
-        const Exact y = exact_product(a2, l.capacity, w2, e, N, K, r, n);
-        x = {x.value + y.value, x.bound + y.bound + std::ldexp(std::fabs(x.value + y.value), -23)};
-      }
+      Promoted p = promoted_product(a, l.capacity, w, e, N, K, r, n);
+      if (dual) p.add(promoted_product(a2, l.capacity, w2, e, N, K, r, n));
+      const Exact x{p.value, p.bound()};
       const double err = std::fabs(double(acc_h[i]) - x.value);
       worst = std::max(worst, err / (x.bound + 1e-30));
       far += !(err <= x.bound);
@@ -509,23 +558,17 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
   for (int g = 0; g < G; ++g) {
     for (int i = 0; i < M; ++i) {
       for (int j = 0; j < N; ++j) {
-        double sum = 0, tc = 0, magnitude = 0;
+        Promoted p;
         for (int t0 = l.starts[g]; t0 < l.starts[g] + l.counts[g]; t0 += 128) {
           const int t1 = std::min(t0 + 128, l.starts[g] + l.counts[g]);
-          double block = 0, block_abs = 0;
-          for (int t = t0; t < t1; ++t) {
-            const double v = e4m3_value(qa[std::size_t(i) * l.capacity + t]) *
-                             e4m3_value(qb[std::size_t(j) * l.capacity + t]);
-            block += v;
-            block_abs += std::fabs(v);
-          }
-          const double s =
-              double(sa[std::size_t(t0 / 128) * M + i]) * sb[std::size_t(t0 / 128) * N + j];
-          sum += s * block;
-          tc += s * block_abs;
-          magnitude += std::fabs(s * block) + std::ldexp(s * block_abs, -9);
+          const BlockSum b = tensor_core_block(t1 - t0, [&](int i_t) {
+            const int t = t0 + i_t;
+            return e4m3_value(qa[std::size_t(i) * l.capacity + t]) *
+                   e4m3_value(qb[std::size_t(j) * l.capacity + t]);
+          });
+          p.add(b, double(sa[std::size_t(t0 / 128) * M + i]) * sb[std::size_t(t0 / 128) * N + j]);
         }
-        const double bound = std::ldexp(tc, -9) + 16 * std::ldexp(magnitude, -23);
+        const double sum = p.value, bound = p.bound();
         const std::size_t at = (std::size_t(g) * M + i) * N + j;
         const double err = std::fabs(double(got[at]) - sum);
         worst = std::max(worst, err / (bound + 1e-30));
