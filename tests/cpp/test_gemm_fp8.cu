@@ -2,7 +2,7 @@
 // an exact model of what they compute: each K block's product of FP8 values (exact in f64),
 // times the row's and the weight block's scales, summed over K blocks in f64. The GPU sums a K
 // block on the tensor cores, which keep fewer bits than fp32 (DeepSeek-V3 reports about 14), then
-// adds it into fp32; the bound below models the first (tensor_core_block: 13 fraction bits,
+// adds it into fp32; the bound below models the first (tensor_core_block: 12 fraction bits kept,
 // truncated, in steps of 32 products) and the fp32 rounding of the second, and every kept element
 // of every row is checked against it (the worst error as a fraction of its bound is printed). What the epilogue derives from the
 // accumulators is checked bitwise (hidden = swiglu_fast(g, u) from the stored g and u), as are
@@ -101,30 +101,37 @@ struct HostWeight {
 
 // One K block of the tensor cores' FP8 sum (n <= 128 products, in wgmma steps of 32, into
 // accumulators that start at zero): its exact value and the bound on the hardware's error in it.
-// NOTES (2026-12-05): the model. The FP8 tensor cores keep 13 fraction bits in their sums (e8m13,
-// truncated: DeepSeek-V3's "about 14 bits"): each step aligns its terms (32 products and the
-// incoming accumulator) and truncates them and its results, each by less than 2^-13 of
-// M = |accumulator in| + the step's sum of |products|, which bounds every magnitude inside the
-// step however the hardware groups it. 33 terms and up to 8 partial results (groups of 4) give
-// 41 * 2^-13 * M per step. The first bound, 2^-9 of the block's sum of |products|, was an
-// estimate: on an H100 (2026-12-05, c190c88) a two-product input gradient reached it (error 1.0
-// of the bound, one value of 256768), which the model's 41 * 2^-13 covers at least 2.5 times.
+// NOTES (2026-12-05, ae507f9 and after): the model. The tensor cores align each group of terms
+// (products and the incoming accumulator) to the group's largest exponent and keep a fixed number
+// of fraction bits, truncating the terms and the group's result (e8m13 accumulators; DeepSeek-V3
+// reports about 14 bits of precision). A simulation of such sums over this file's inputs reaches
+// the GPU's observed worst against the old 2^-9 allowance (1.0 of it, H100, c190c88) with 12
+// fraction bits, 0.65 of it with 13: the model takes 12. Each truncation then errs by less than
+// 2^-12 of M, the step's largest magnitude: |accumulator in|, any |product|, any partial sum at a
+// multiple of 8 products. With groups of 8 or more products, a step of 32 truncates 33 terms and
+// at most 4 results; one more for the computed partials' own error: 38 * 2^-12 * M per step. The
+// same simulation puts the GPU's worst at about 0.2 of it (0.5 with only 10 bits kept); the
+// bound follows the largest term, not the sum of |products|, so an error the size of a block's
+// value (a wrong scale, a lost step) still lies far beyond it.
 struct BlockSum {
   double value = 0, bound = 0;
 };
 template <class Product>
 BlockSum tensor_core_block(int n, Product&& product) {
-  constexpr int kStep = 32;
-  constexpr double kTruncations = 41;
+  constexpr int kStep = 32, kGroup = 8;
+  constexpr double kTruncations = 38;
   BlockSum b;
   for (int s0 = 0; s0 < n; s0 += kStep) {
     double magnitude = std::fabs(b.value);  // the accumulator coming into the step
     for (int c = s0; c < std::min(n, s0 + kStep); ++c) {
       const double p = product(c);
       b.value += p;
-      magnitude += std::fabs(p);
+      magnitude = std::max(magnitude, std::fabs(p));
+      if ((c - s0) % kGroup == kGroup - 1 || c + 1 == n) {
+        magnitude = std::max(magnitude, std::fabs(b.value));
+      }
     }
-    b.bound += kTruncations * std::ldexp(magnitude, -13);
+    b.bound += kTruncations * std::ldexp(magnitude, -12);
   }
   return b;
 }
