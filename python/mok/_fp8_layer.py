@@ -254,25 +254,27 @@ def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swi
 
 
 def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, context, workspace,
-              swiglu_limit, routed_grads=None):
-    """backward_fp8's body: (d_x, d_topk_weights, d_gate, d_up, d_down, *shared gradients), the
-    routed ones into `routed_grads` where given (views, e.g. the halves of a packed gradient)."""
+              swiglu_limit, packed_grads=None):
+    """backward_fp8's body: (d_x, d_topk_weights, d_gate, d_up, d_down, *shared gradients). The
+    packed form (no shared expert) passes `packed_grads(shape)`, called after the checks: the
+    routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
     ws, _config = _workspace.resolve(workspace)
     _check_one_rank(ws, x)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     check_context(context, context_shapes(ws, config, shape), shape)
-    if routed_grads is None:
+    if packed_grads is None:
         d_x, d_w, routed, shared = _layer_tensors.grad_buffers(shape, shape.activation_dtype)
-    else:  # the packed form: no shared expert
-        (d_x, d_w), routed, shared = _layer_tensors.grad_buffers(shape, None), routed_grads, \
-            (None, None, None)
+        returned = routed
+    else:
+        d_x, d_w = _layer_tensors.grad_buffers(shape, None)
+        (routed, returned), shared = packed_grads(shape), (None, None, None)
     ws.core(shape, config, fp8=True).run(
         lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
         *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
         swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
     shared = [g if g is not None else x.new_empty(0) for g in shared]
-    return (d_x, d_w, *routed, *shared)
+    return (d_x, d_w, *returned, *shared)
 
 
 @keep_body(torch.library.custom_op(
@@ -352,14 +354,16 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     gate, up = packed_halves(gate_up_weights, interleaved)
-    act, device = x.dtype, x.device
-    d_gate_up = _native.new_output(tuple(gate_up_weights.shape), act, device)
-    d_down = _native.new_output(tuple(down_weights.shape), act, device)
-    d_gate, d_up = packed_halves(d_gate_up, interleaved)
-    d_x, d_w, *_routed = _backward(d_out, x, topk_experts, topk_weights,
-                                   (gate, up, down_weights, None, None, None), fp8_weights,
-                                   context, workspace, swiglu_limit,
-                                   routed_grads=(d_gate, d_up, d_down))
+
+    def packed_grads(shape):  # after the layer's checks: nothing is allocated for a bad call
+        new, act, device = _native.new_output, shape.activation_dtype, shape.device
+        d_gate_up = new(tuple(gate_up_weights.shape), act, device)
+        d_down = new(tuple(down_weights.shape), act, device)
+        return (*packed_halves(d_gate_up, interleaved), d_down), (d_gate_up, d_down)
+
+    d_x, d_w, d_gate_up, d_down, *_shared = _backward(
+        d_out, x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
+        fp8_weights, context, workspace, swiglu_limit, packed_grads=packed_grads)
     return d_x, d_w, d_gate_up, d_down
 
 
