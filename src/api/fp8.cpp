@@ -186,7 +186,7 @@ void quantize_token_axis(const TensorView& x, const TensorView& data, const Tens
   check_view("data", data, DType::fp8_e4m3, {K, M}, d);
   check_view("scales", scales, DType::f32, {M / B, K}, d);
   check_aligned(d, {{"x", x}, {"data", data}, {"scales", scales}});
-  require_grid("x.shape", (M / B) * ((K + 31) / 32), x);
+  require_grid("x.shape", (M / B) * ((K + 63) / 64), x);  // quantize_token_tile's tiles
   const fp8::ActivationParams p{
       x.data, source_of(x), M, K, data.ptr<fp8::e4m3_t>(), scales.ptr<float>()};
   if (d.kind == DeviceKind::cpu) {

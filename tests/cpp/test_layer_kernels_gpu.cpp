@@ -660,18 +660,23 @@ TEST(TransferGpu, TokenOrderPullWithFp8RowsQuantizesAsTheReference) {
 // from its start, each block's scales from its real rows (the rest as zeros, whatever the ring
 // holds there), the CPU reference's bits (mok::quantize_token_axis over the group's rows padded
 // with zero rows); blocks past the last group untouched. Groups of 0, 1, 128, 129 and more rows,
-// K of one and of several 32-column tiles.
+// K of a few and of many 64-column tiles; with row weights, of the rows bf16(w x) (the layer's dy).
 TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
   MOK_REQUIRE_HOPPER();
-  for (std::int64_t K : {128, 2176}) {
-    std::mt19937_64 rng(test_seed() + K);
+  for (const auto [K, weighted] : {std::pair<std::int64_t, bool>{192, false}, {2176, false},
+                                   {192, true}, {2176, true}}) {
+    std::mt19937_64 rng(test_seed() + K + weighted);
     const std::vector<std::int32_t> counts = {0, 1, 129, 0, 128, 300, 37};
     const int G = static_cast<int>(counts.size());
     std::vector<std::int32_t> starts(G + 1, 0);
     for (int gi = 0; gi < G; ++gi) starts[gi + 1] = starts[gi] + (counts[gi] + 127) / 128 * 128;
     const std::int64_t R = starts[G] + 256;                 // two blocks past the last group
     const std::vector<bf16_t> x = random_bf16(R * K, rng);  // padding rows hold values too
+    std::vector<float> w(R);
+    std::uniform_real_distribution<float> weight(-2.0f, 2.0f);
+    for (float& v : w) v = weight(rng);
     DeviceBuffer<bf16_t> d_x(x);
+    DeviceBuffer<float> d_w(w);
     DeviceBuffer<std::int32_t> d_starts(starts), d_counts(counts);
     DeviceBuffer<std::uint8_t> data(K * R);
     DeviceBuffer<float> scales(R / 128 * K);
@@ -689,6 +694,7 @@ TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
     p.ld = R;
     p.scales = scales.get();
     p.scale_ld = K;
+    p.row_weights = weighted ? d_w.get() : nullptr;
     MOK_CUDA_OK(cuda::launch_quantize_pass_token_axis(p, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     std::vector<std::uint8_t> q_want(K * R, 0xff);
@@ -699,6 +705,14 @@ TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
       if (c == 0) continue;
       std::vector<bf16_t> rows(Mp * K, float_to_bf16(0.0f));
       std::copy(x.begin() + s0 * K, x.begin() + (s0 + c) * K, rows.begin());
+      if (weighted) {  // dy = bf16(w d_out): one float multiply, one rounding
+        for (std::int64_t m = 0; m < c; ++m) {
+          for (std::int64_t k = 0; k < K; ++k) {
+            bf16_t& v = rows[m * K + k];
+            v = float_to_bf16(w[s0 + m] * bf16_to_float(v));
+          }
+        }
+      }
       std::vector<std::uint8_t> q(K * Mp);
       std::vector<float> s(Mp / 128 * K);
       quantize_token_axis(TensorView::contiguous(rows.data(), DType::bf16, {Mp, K}),
@@ -711,10 +725,57 @@ TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
         for (std::int64_t k = 0; k < K; ++k) s_want[(s0 / 128 + mb) * K + k] = s[mb * K + k];
       }
     }
-    const std::string what = "K " + std::to_string(K);
+    const std::string what = "K " + std::to_string(K) + (weighted ? ", row weights" : "");
     expect_same_bytes(data.download(), q_want, q_want.size(), what + ": e4m3");
     expect_same_bytes(scales.download(), s_want, s_want.size(), what + ": scales");
   }
+}
+
+// The rows quantizer of a pass: rows before *row_end in 1x128 blocks along K, the CPU
+// reference's bits (mok::quantize_rows over those rows); rows from *row_end on untouched. An odd
+// number of blocks, so that the last warp's second half-warp has none.
+TEST(Fp8PassGpu, RowsQuantizesTheRowsBeforeTheEnd) {
+  MOK_REQUIRE_HOPPER();
+  std::mt19937_64 rng(test_seed());
+  const std::int64_t R = 300, K = 384, ld_x = K + 64;
+  const std::int32_t end = 257;  // 257 * 3 blocks
+  const std::vector<bf16_t> x = random_bf16(R * ld_x, rng);
+  DeviceBuffer<bf16_t> d_x(x);
+  DeviceBuffer<std::int32_t> d_end(std::vector<std::int32_t>{end});
+  DeviceBuffer<std::uint8_t> data(R * K);
+  DeviceBuffer<float> scales(K / 128 * R);
+  data.poison();
+  scales.poison();
+  cuda::QuantizePassRowsParams p;
+  p.x = reinterpret_cast<const std::uint16_t*>(d_x.get());
+  p.ld_x = ld_x;
+  p.rows = R;
+  p.K = K;
+  p.row_end = d_end.get();
+  p.data = data.get();
+  p.ld = K;
+  p.scales = scales.get();
+  p.scale_ld = R;
+  MOK_CUDA_OK(cuda::launch_quantize_pass_rows(p, nullptr));
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<bf16_t> rows(end * K);
+  for (std::int64_t m = 0; m < end; ++m) {
+    std::copy(x.begin() + m * ld_x, x.begin() + m * ld_x + K, rows.begin() + m * K);
+  }
+  std::vector<std::uint8_t> q(end * K);
+  std::vector<float> s(K / 128 * end);
+  quantize_rows(TensorView::contiguous(rows.data(), DType::bf16, {end, K}),
+                TensorView::contiguous(q.data(), DType::fp8_e4m3, {end, K}),
+                TensorView::contiguous(s.data(), DType::f32, {K / 128, end}));
+  std::vector<std::uint8_t> q_want(R * K, 0xff);
+  std::vector<float> s_want(K / 128 * R);
+  std::memset(s_want.data(), 0xff, s_want.size() * sizeof(float));
+  std::copy(q.begin(), q.end(), q_want.begin());
+  for (std::int64_t kb = 0; kb < K / 128; ++kb) {
+    for (std::int64_t m = 0; m < end; ++m) s_want[kb * R + m] = s[kb * end + m];
+  }
+  expect_same_bytes(data.download(), q_want, q_want.size(), "e4m3");
+  expect_same_bytes(scales.download(), s_want, s_want.size(), "scales");
 }
 
 }  // namespace

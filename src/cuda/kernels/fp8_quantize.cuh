@@ -5,13 +5,15 @@
 //                           it holds 128 rows of a column (which values a lane holds is the
 //                           caller's choice: the maths is elementwise after the warp's amax)
 //   quantize4               four values of a block of known inverse scale, packed
+//   quantize_vector         one 1x128 block of bf16 held by a half-warp, 8 values a lane
 //   store_block_transposed  a 128x128 block of bytes from shared memory into a transposed copy
-//   quantize_token_tile     a 128-row x 32-column tile in the token-axis form (the weight
-//                           gradients' operands), from any source the caller reads
+//   quantize_token_tile     a 128-row x 64-column tile in the token-axis form (the weight
+//                           gradients' operands), from bf16 or float rows
 // Every value goes through the same instruction as fp8::e4m3_from_float on the device, so all of
 // them give the CPU reference's bits.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -58,6 +60,32 @@ __device__ inline std::uint32_t warp_quantize_block128(const float (&v)[4], floa
   return quantize4(v[0], v[1], v[2], v[3], fp8::inverse_scale_of(e));
 }
 
+// The FP8 rows form of one 16-byte vector of bf16 per lane, the 16 lanes of a half-warp holding
+// one 1x128 block (a lane's 8 values in order): the lane's 8 bytes, and the block's scale in
+// *scale. Every lane of the warp calls it (the amax crosses lanes within each half).
+__device__ inline uint2 quantize_vector(const uint4& v, float* scale) {
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bf16_bits_to_float(words[i] & 0xffffu);
+    f[2 * i + 1] = bf16_bits_to_float(words[i] >> 16);
+  }
+  std::uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fp8::amax_update(amax, f[i]);
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  const int e = fp8::scale_exponent(amax);
+  *scale = fp8::scale_of(e);
+  const float inverse = fp8::inverse_scale_of(e);
+  return make_uint2(quantize4(f[0], f[1], f[2], f[3], inverse),
+                    quantize4(f[4], f[5], f[6], f[7], inverse));
+}
+
 // The transposed copy of one 128x128 block: q[i][j] (shared memory, rows of `q_stride` bytes,
 // i along N, j along K) to out[j][i] of an output with rows of `ld` bytes (out points at the
 // block's first element). 256 threads (all call it after the block is in shared memory): a
@@ -85,39 +113,134 @@ __device__ inline void store_block_transposed(const std::uint8_t* q, int q_strid
   }
 }
 
+// 16 consecutive source values of one row, from column `col` of `row` (bf16 bits or float):
+// vector loads when `vectors` (the row and K allow 16-byte loads: the caller decides once per
+// launch), else one element at a time; columns at or past K read as 0.
+__device__ inline void load_chunk16(const std::uint16_t* row, std::int64_t col, std::int64_t K,
+                                    bool vectors, float (&v)[16]) {
+  if (vectors && col + 16 <= K) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + col);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 w = p[h];
+      const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[8 * h + 2 * i] = bf16_bits_to_float(words[i] & 0xffffu);
+        v[8 * h + 2 * i + 1] = bf16_bits_to_float(words[i] >> 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = col + i < K ? bf16_bits_to_float(row[col + i]) : 0.0f;
+  }
+}
+__device__ inline void load_chunk16(const float* row, std::int64_t col, std::int64_t K,
+                                    bool vectors, float (&v)[16]) {
+  if (vectors && col + 16 <= K) {
+    const float4* p = reinterpret_cast<const float4*>(row + col);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 w = p[q];
+      v[4 * q] = w.x;
+      v[4 * q + 1] = w.y;
+      v[4 * q + 2] = w.z;
+      v[4 * q + 3] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = col + i < K ? row[col + i] : 0.0f;
+  }
+}
+
+// Whether rows of `ld` elements of T from `x` allow load_chunk16's 16-byte loads.
+template <class T>
+__host__ __device__ inline bool chunk_vectors_ok(const T* x, std::int64_t ld) {
+  return reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
+}
+
 // The token-axis form of one tile of 128 rows (one block along the tokens) and kTokenTileCols
-// columns from k0: `value(r, c)` is the source element at row r of the block and column k0 + c
-// (called for c < K - k0 only; it gives 0 for rows the block leaves out). A CTA of
-// kTokenTileThreads threads stages the tile in shared memory with coalesced loads, then each warp
-// quantizes columns, one 128-row block each (lane l holds rows l, l+32, l+64, l+96: conflict-free
-// reads of a column), into data[k * ld + r] (data at the block's first row, the transpose) and
-// scales[k] (the block's row of scales). Every thread of the CTA calls it.
-inline constexpr int kTokenTileCols = 32;
+// columns from k0, from rows of T (bf16 bits or float): row r of the block at x + r * ld_x,
+// rows r >= valid_rows read as 0; `vectors` as load_chunk16's. With `row_weights` (the block's
+// rows' weights, or null) row r is first bf16(row_weights[r] * x): one multiply, one rounding,
+// the bits transfer.cuh's scale_pair writes (the layer's dy = bf16(w d_out), never stored).
+// Written: data[k * ld + r] (data at the block's first row: the transpose; ld and data 8-byte
+// aligned) and scales[k] (the block's row of scales), for k0 <= k < K. Every thread of a CTA of
+// kTokenTileThreads calls it. NOTES: the tile is staged column-major in shared memory (a column's
+// 128 rows contiguous, rows of 132 floats: a warp's stores of one column element each and its
+// 16-byte reads of 8 rows each are conflict-free). Loads are 32-byte sectors of a row (16 columns);
+// each column is then quantized by 4 adjacent lanes (32 rows each, the amax across them by two
+// shuffles) and stored as 8-byte pieces: 128 contiguous bytes a column.
+inline constexpr int kTokenTileCols = 64;
 inline constexpr int kTokenTileThreads = 256;
 
-template <class Value>
-__device__ inline void quantize_token_tile(Value value, std::int64_t k0, std::int64_t K,
-                                           std::uint8_t* data, std::int64_t ld, float* scales) {
-  __shared__ float tile[fp8::kBlock][kTokenTileCols + 1];  // an odd row stride: 32 banks a column
-  for (int idx = threadIdx.x; idx < fp8::kBlock * kTokenTileCols; idx += kTokenTileThreads) {
-    const int r = idx / kTokenTileCols, c = idx % kTokenTileCols;
-    tile[r][c] = k0 + c < K ? value(r, c) : 0.0f;  // columns past K are never stored
+template <class T>
+__device__ inline void quantize_token_tile(const T* x, std::int64_t ld_x, std::int64_t valid_rows,
+                                           bool vectors, std::int64_t k0, std::int64_t K,
+                                           std::uint8_t* data, std::int64_t ld, float* scales,
+                                           const float* row_weights = nullptr) {
+  static_assert(kTokenTileThreads == 256 && kTokenTileCols == 64, "the mapping below");
+  constexpr int kStride = fp8::kBlock + 4;
+  __shared__ __align__(16) float tile[kTokenTileCols][kStride];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  {
+    // Warp w: columns 16 (w % 4) .. +15 of rows lane + 32 (w / 4) + 64 j.
+    const int c0 = 16 * (warp % 4);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = lane + 32 * (warp / 4) + 64 * j;
+      float v[16];
+      if (r < valid_rows) {
+        load_chunk16(x + r * ld_x, k0 + c0, K, vectors, v);
+        if (row_weights != nullptr) {
+          const float w = row_weights[r];
+#pragma unroll
+          for (int i = 0; i < 16; ++i)
+            v[i] = __bfloat162float(__float2bfloat16_rn(__fmul_rn(w, v[i])));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) tile[c0 + i][r] = v[i];
+    }
   }
   __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int c = warp; c < kTokenTileCols; c += kTokenTileThreads / 32) {
-    const std::int64_t k = k0 + c;
-    if (k >= K) break;  // the same for the whole warp
-    float v[4];
+  // Thread t: column t / 4, rows 32 j + 8 (t % 4) + e (j < 4, e < 8).
+  const int c = threadIdx.x / 4, part = threadIdx.x % 4;
+  float v[4][8];
+  std::uint32_t amax = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = tile[lane + 32 * i][c];
-    float scale;
-    const std::uint32_t q = warp_quantize_block128(v, &scale);
-    std::uint8_t* column = data + k * ld;
+  for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) column[lane + 32 * i] = static_cast<std::uint8_t>(q >> (8 * i));
-    if (lane == 0) scales[k] = scale;
+    for (int h = 0; h < 2; ++h) {
+      const float4 f = *reinterpret_cast<const float4*>(&tile[c][32 * j + 8 * part + 4 * h]);
+      v[j][4 * h] = f.x;
+      v[j][4 * h + 1] = f.y;
+      v[j][4 * h + 2] = f.z;
+      v[j][4 * h + 3] = f.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fp8::amax_update(amax, v[j][e]);
   }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  const std::int64_t k = k0 + c;
+  if (k >= K) return;  // past the last column: nothing to store (no barrier follows)
+  const int e = fp8::scale_exponent(amax);
+  const float inverse = fp8::inverse_scale_of(e);
+  std::uint8_t* column = data + k * ld + 8 * part;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    *reinterpret_cast<uint2*>(column + 32 * j) =
+        make_uint2(quantize4(v[j][0], v[j][1], v[j][2], v[j][3], inverse),
+                   quantize4(v[j][4], v[j][5], v[j][6], v[j][7], inverse));
+  }
+  if (part == 0) scales[k] = fp8::scale_of(e);
 }
 
 // The largest of every thread's amax in a CTA of `threads` (a multiple of 32, at most 1024);

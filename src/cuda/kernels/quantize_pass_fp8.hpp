@@ -29,7 +29,9 @@ cudaError_t launch_quantize_pass_rows(const QuantizePassRowsParams& p, cudaStrea
 // rows [starts[g], starts[g] + counts[g]), starts on multiples of 128), 128-row blocks from the
 // group's first row; a block's scale per column from the group's rows only (rows past the group's
 // count are taken as 0 and stored as 0). data[k * ld + m] (the transpose), scales[(m / 128) *
-// scale_ld + k]. Blocks at or past starts[groups] are not touched. rows a multiple of 128.
+// scale_ld + k]. Blocks at or past starts[groups] are not touched. rows a multiple of 128. With
+// row_weights, row m is taken as bf16(row_weights[m] * x[m, :]) (the reference's dy from the
+// d_out rows: the scaled rows are never written).
 struct QuantizePassTokenAxisParams {
   const std::uint16_t* x = nullptr;  // bf16 bits [rows, K], ld_x
   std::int64_t ld_x = 0;
@@ -41,6 +43,7 @@ struct QuantizePassTokenAxisParams {
   std::int64_t ld = 0;
   float* scales = nullptr;  // [rows / 128, scale_ld], scale_ld >= K
   std::int64_t scale_ld = 0;
+  const float* row_weights = nullptr;  // [rows], device, or null
 };
 cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p,
                                             cudaStream_t stream);

@@ -26,32 +26,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) scale_rows_kernel(ScaleRo
   });
 }
 
-// The FP8 rows form of one 16-byte vector per lane, the 16 lanes of a half-warp holding one
-// 1x128 block (vectors 16 kb .. 16 kb + 15 of the row): the lane's 8 bytes, and the block's
-// scale in *scale. Every lane of the warp calls it (the amax crosses lanes within each half).
-__device__ inline uint2 quantize_vector(const uint4& v, float* scale) {
-  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  float f[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = bf16_bits_to_float(words[i] & 0xffffu);
-    f[2 * i + 1] = bf16_bits_to_float(words[i] >> 16);
-  }
-  std::uint32_t amax = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fp8::amax_update(amax, f[i]);
-#pragma unroll
-  for (int offset = 8; offset > 0; offset /= 2) {
-    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
-    amax = other > amax ? other : amax;
-  }
-  const int e = fp8::scale_exponent(amax);
-  *scale = fp8::scale_of(e);
-  const float inverse = fp8::inverse_scale_of(e);
-  return make_uint2(quantize4(f[0], f[1], f[2], f[3], inverse),
-                    quantize4(f[4], f[5], f[6], f[7], inverse));
-}
-
 // Warps over the source tokens (every rank's T): lane j < k reads slot j's row, the warp keeps
 // those in the pass, and copies the token's row to each, kTokenBatch vectors a lane at a time
 // (read once, written once per row; with p.fp8_rows quantized once and written beside it). Then

@@ -50,7 +50,7 @@ struct RankBuffers {
     bf16 *x = nullptr, *gate = nullptr, *up = nullptr, *hidden = nullptr;
   };
   PassSet scratch;
-  bf16* y = nullptr;             // [R, H]: backward: d_out rows (then dy = bf16(w d_out) if no wh)
+  bf16* y = nullptr;             // [R, H]: backward: d_out rows (bf16 without wh: then dy in place)
   bf16* dg = nullptr;            // [R, I]
   bf16* du = nullptr;            // [R, I]
   bf16* wh = nullptr;            // [R, I]: bf16(w h) (plan::scaled_hidden_in_backward), or null
@@ -285,9 +285,11 @@ gemm::Fp8Rows quantize_rows(const ExpertRows& e, const bf16* x, std::int64_t K, 
 }
 
 // The token-axis copy of the pass's rows x [R, K] (a weight gradient's operand): 128-row blocks
-// of each expert's rows from its first, scales from its rows only; on e.stream.
+// of each expert's rows from its first, scales from its rows only; on e.stream. With
+// `row_weights`, of the rows bf16(w x) (dy from the d_out rows, in the same pass).
 gemm::Fp8TokenAxis quantize_token_axis(const ExpertRows& e, const bf16* x, std::int64_t K,
-                                       std::uint8_t* data, float* scales) {
+                                       std::uint8_t* data, float* scales,
+                                       const float* row_weights = nullptr) {
   QuantizePassTokenAxisParams p;
   p.x = reinterpret_cast<const std::uint16_t*>(x);
   p.ld_x = K;
@@ -300,6 +302,7 @@ gemm::Fp8TokenAxis quantize_token_axis(const ExpertRows& e, const bf16* x, std::
   p.ld = e.segments.capacity_rows;
   p.scales = scales;
   p.scale_ld = K;
+  p.row_weights = row_weights;
   check(launch_quantize_pass_token_axis(p, e.stream), "FP8 token-axis quantization of a pass");
   return {data, e.segments.capacity_rows, scales, K};
 }
@@ -410,7 +413,7 @@ void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int6
 //   with scaled_hidden, else dy^T h (the shared expert: w = 1, d_out^T h).
 struct ExpertBackward {
   const bf16 *x, *gate, *up, *hidden;
-  bf16* d_out;               // rows of d_out; routed without scaled_hidden: dy after `between`
+  bf16* d_out;               // rows of d_out; bf16 routed without scaled_hidden: dy after `between`
   const float* row_weights;  // routed: the rows' router weights; shared: null
   float* dot;                // routed: d_w partials; shared: null
   bf16 *dg, *du, *dx;        // scratch rows and the input gradient
@@ -474,10 +477,12 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // streams in the same order. q(d_out) comes from the pull (rows_a); every other e4m3 operand is
 // quantized from the bf16 rows on the stream that reads it, after what wrote them: on the
 // caller's stream after the down dgrad, q(dg) and q(du) (dx reads them there) and t(x) (both
-// side streams 1 and 2 read it); after the fork, t(h) and, once `between` scaled the rows, t(dy)
-// on side stream 0, t(dg) on 1, t(du) on 2, each before its weight gradient, so dx starts as soon
-// as its operands are there. Scratch: rows_a holds q(d_out), then q(dg) (the down dgrad has read
-// it by then: one stream); the join before the next pass orders the next pass's writes.
+// side streams 1 and 2 read it); after the fork, t(h) and t(dy) on side stream 0, t(dg) on 1,
+// t(du) on 2, each before its weight gradient, so dx starts as soon as its operands are there.
+// t(dy) scales the d_out rows by their router weights as it reads them (dy = bf16(w d_out), the
+// reference's, never written in bf16: `between` only pushes d_w here). Scratch: rows_a holds
+// q(d_out), then q(dg) (the down dgrad has read it by then: one stream); the join before the next
+// pass orders the next pass's writes.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
@@ -491,8 +496,9 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
   const gemm::Fp8TokenAxis t_h = quantize_token_axis(on[0], b.hidden, I, f.t_h, f.t_h_scales);
-  between(w.side[0]);  // d_out rows -> dy = bf16(w d_out), in place
-  const gemm::Fp8TokenAxis t_dy = quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales);
+  between(w.side[0]);  // d_w pushed home
+  const gemm::Fp8TokenAxis t_dy =
+      quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales, b.row_weights);
   weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
   const gemm::Fp8TokenAxis t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
@@ -1167,16 +1173,17 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       if (fp8) pull_fp8(pull, e);  // q(d_out), the down dgrad's operand
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
-      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h).
+      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h); its
+      // token-axis quantizer scales the d_out rows into dy as it reads them.
       bf16* const wh = fp8 ? nullptr : b.wh;
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
-        // the dgrad did not write bf16(w h), dy = bf16(w d_out) in place for the down weight
-        // gradient.
+        // the dgrad did not write bf16(w h) (bf16 only), dy = bf16(w d_out) in place for the down
+        // weight gradient.
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
         check(launch_router_grad_push(push, on), "router weight gradient");
-        if (wh == nullptr) {
+        if (wh == nullptr && !fp8) {
           ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
           check(launch_scale_rows(scale, on), "scaling of d_out rows");
         }
