@@ -71,9 +71,12 @@ def parse_args(argv=None):
 DEFAULT_LAYERS = {"qwen3-30b-a3b": 2, "dsv3": 1}
 
 
-def build(model_name, impl, layers):
+def build(model_name, impl, layers, device="cuda", **sizes_override):
+    """The model of MODELS[model_name] (its sizes updated by sizes_override: the CPU test builds
+    a tiny one) with `layers` layers, random init, bf16 on `device`, its experts on `impl`."""
     from transformers import AutoConfig, AutoModelForCausalLM
     model_type, sizes = MODELS[model_name]
+    sizes = {**sizes, **sizes_override}
     if impl == "liger":
         if model_type != "qwen3_moe":
             return None
@@ -81,11 +84,12 @@ def build(model_name, impl, layers):
         apply_liger_kernel_to_qwen3_moe()
     config = AutoConfig.for_model(model_type, num_hidden_layers=layers, **sizes)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if impl == "mok":  # registers "mok" in Transformers' ExpertsInterface
+        import mok.integrations.transformers as mok_hf
     model.set_experts_implementation("grouped_mm" if impl == "liger" else impl)
     if impl == "mok":
-        import mok.integrations.transformers as mok_hf
         mok_hf.check(model)
     return model
 

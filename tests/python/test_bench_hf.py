@@ -1,0 +1,42 @@
+"""bench/bench_hf.py builds its models as a user would, in a fresh interpreter: "mok" must be
+registered by the bench itself (importing mok.integrations.transformers before
+set_experts_implementation), which a test in this process could not see (the integration's tests
+import it at module level). A tiny Qwen3-MoE-shaped model on the CPU, one MoE block forward and
+backward through the bench's own helpers. Skipped visibly without Transformers."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+CODE = """
+import sys, torch
+sys.path.insert(0, {bench!r})
+import bench_hf
+model = bench_hf.build("qwen3-30b-a3b", "mok", 1, device="cpu", hidden_size=128,
+                       intermediate_size=128, moe_intermediate_size=64, num_experts=8,
+                       num_experts_per_tok=2, num_attention_heads=2, num_key_value_heads=1,
+                       head_dim=64, vocab_size=128)
+blocks = bench_hf.moe_blocks(model)
+assert len(blocks) == 1, len(blocks)
+experts = [c for c in blocks[0].children() if hasattr(c, "gate_up_proj")][0]
+assert experts.config._experts_implementation == "mok", experts.config._experts_implementation
+x = torch.randn(1, 37, 128, dtype=torch.bfloat16, requires_grad=True)
+out = bench_hf.block_call(blocks[0], x)
+out.float().square().sum().backward()
+assert torch.isfinite(x.grad.float()).all() and experts.gate_up_proj.grad is not None
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (pip install .[transformers]): "
+                    "bench_hf.py's model build not run")
+def test_bench_hf_builds_a_mok_model_in_a_fresh_process():
+    proc = subprocess.run([sys.executable, "-c", CODE.format(bench=str(ROOT / "bench"))],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
