@@ -13,6 +13,10 @@ top-8, one shared expert, MLA). For each, two measurements per implementation:
               hidden states [tokens, H], summed: what experts_implementation changes;
   train_step  forward+backward of the whole model's next-token loss and an AdamW step.
 
+Memory: one DeepSeek-V3-shaped layer (256 experts of 7168 x 2048) with its gradients and AdamW
+states does not fit an 80 GB card (on an H100 grouped_mm's MoE block ran out of memory at 8,192
+tokens, 1893819): run dsv3 on an H200, or --models qwen3-30b-a3b elsewhere.
+
 Implementations: "mok" (mok.integrations.transformers), "grouped_mm" (Transformers' default),
 "eager" (its per-expert loop; skipped with --no-eager, slow at 256 experts), and "liger" where
 Liger-Kernel is importable: apply_liger_kernel_to_qwen3_moe() patches the Qwen3-MoE model (its
