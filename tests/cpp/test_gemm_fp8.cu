@@ -4,9 +4,10 @@
 // block on the tensor cores, which keep fewer bits than fp32 (DeepSeek-V3 reports about 14), then
 // adds it into fp32; the bound below models the first (tensor_core_block: 12 fraction bits kept,
 // truncated, in steps of 32 products) and the fp32 rounding of the second, and every kept element
-// of every row is checked against it (the worst error as a fraction of its bound is printed). What the epilogue derives from the
-// accumulators is checked bitwise (hidden = swiglu_fast(g, u) from the stored g and u), as are
-// a second run, and that padding rows and rows past the groups are never written.
+// of every row is checked against it (the worst error as a fraction of its bound is printed). What
+// the epilogue derives from the accumulators is checked bitwise (hidden = swiglu_fast(g, u) from
+// the stored g and u), as are a second run, and that padding rows and rows past the groups are
+// never written.
 //
 // The inputs are FP8 bytes and power-of-two scales drawn directly (the quantizers have their own
 // tests): most bytes with exponents near 1, a tenth anything finite (subnormals and +-448
@@ -106,14 +107,15 @@ struct HostWeight {
 // of fraction bits, truncating the terms and the group's result (e8m13 accumulators; DeepSeek-V3
 // reports about 14 bits of precision). A simulation of such sums over this file's inputs
 // (bench/fp8_accumulation_sim.py) reaches the GPU's observed worst against the old 2^-9 allowance
-// (1.0 of it, H100, c190c88) with 12 fraction bits, 0.44-0.65 of it with 13: the model takes 12. Each truncation then errs by less than
-// 2^-12 of M, the step's largest magnitude: |accumulator in|, any |product|, any partial sum at a
-// multiple of 8 products. With groups of 8 or more products, a step of 32 truncates 33 terms and
-// at most 4 results; one more for the computed partials' own error: 38 * 2^-12 * M per step. The
-// same simulation puts the worst at 0.11-0.17 of it (about 0.5 with only 10 bits kept); the
-// bound follows the largest term, not the sum of |products|, so an error the size of one block's
-// value (a wrong scale, a lost block) lies beyond a four-block element's bound in 96% of elements
-// (median 7.7 times it), and every element is checked.
+// (1.0 of it, H100, c190c88) with 12 fraction bits, 0.44-0.65 of it with 13: the model takes 12.
+// Each truncation then errs by less than 2^-12 of M, the step's largest magnitude: |accumulator
+// in|, any |product|, any partial sum at a multiple of 8 products. With groups of 8 or more
+// products, a step of 32 truncates 33 terms and at most 4 results; one more for the computed
+// partials' own error: 38 * 2^-12 * M per step. The same simulation puts the worst at 0.11-0.17 of
+// it (about 0.5 with only 10 bits kept); the bound follows the largest term, not the sum of
+// |products|, so an error the size of one block's value (a wrong scale, a lost block) lies beyond a
+// four-block element's bound in 96% of elements (median 7.7 times it), and every element is
+// checked.
 struct BlockSum {
   double value = 0, bound = 0;
 };
@@ -165,8 +167,8 @@ struct Exact {
 };
 
 // Row r of `a` times row n of group g's weight, block by block.
-Promoted promoted_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows,
-                          int k, int r, int n) {
+Promoted promoted_product(const HostRows& a, int cap, const HostWeight& w, int g, int n_rows, int k,
+                          int r, int n) {
   Promoted out;
   const int kbs = k / 128;
   for (int kb = 0; kb < kbs; ++kb) {
@@ -706,6 +708,19 @@ TEST(GemmFp8RowsWT, SmallOddAndEmptyGroups) {
 TEST(GemmFp8RowsWT, OneHeavyGroup) {
   MOK_REQUIRE_HOPPER();
   run_rows_fp8({1000, 0, 2, 1}, 256, 768, true);
+}
+
+// The M-grouped e4m3 K loop runs two K blocks an iteration (mma_tile_fp8: two sets of scales in
+// turn) and the last one alone when their count is odd: one and three K blocks of every form, and
+// the input gradient's second product starting at the odd block (1 + 1 blocks).
+TEST(GemmFp8Forms, OneAndThreeKBlocks) {
+  MOK_REQUIRE_HOPPER();
+  for (int k : {128, 384}) {
+    run_gate_up_fp8({0, 1, 130, 77}, k, 256);
+    run_rows_fp8({0, 1, 130, 77}, 256, k, true);
+    run_input_grad_fp8({0, 1, 130, 77}, 256, k, false);
+  }
+  run_input_grad_fp8({130, 0, 77}, 256, 128, true);
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.

@@ -1,11 +1,10 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
 // F::kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on
-// its 64-row half of a 128 x 256 tile; e4m3 forms m64n128k32 on a 128 x 128 tile). Full barriers: one arrival from the Producer + the stage's
-// TMA bytes. Empty barriers: one arrival per reading consumer warp (F::kReaders) once its wgmma
-// have read the stage.
-// The tile queue (K-grouped forms): the Producer draws a ticket, publishes it in a slot and
-// arrives on the slot's full barrier; every consumer thread reads it, and each consumer warp then
-// arrives on the slot's empty barrier.
+// its 64-row half of a 128 x 256 tile; e4m3 forms m64n128k32 on a 128 x 128 tile). Full barriers:
+// one arrival from the Producer + the stage's TMA bytes. Empty barriers: one arrival per reading
+// consumer warp (F::kReaders) once its wgmma have read the stage. The tile queue (K-grouped forms):
+// the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
+// consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
 // Giving up (DESIGN.md section 4: every wait bounded, no trap). A wait that passes its deadline
 // marks the CTA aborted (CtaAbort, in shared memory) and describes itself there; from then on
@@ -512,7 +511,9 @@ __device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
 }
 
 // The scales one consumer thread needs for a K block of an e4m3 tile: its two rows' (h) and the
-// weight block's of each half of the tile's columns (gate/up: W_gate's, W_up's; else the same).
+// weight block's of each half of the tile's columns (gate/up: W_gate's, W_up's; the other forms
+// read one weight block, weight[0], and leave weight[1] unset: NOTES, a copy of a loaded
+// register waits for the load).
 struct Fp8BlockScales {
   float row[2];
   float weight[2];
@@ -522,10 +523,9 @@ struct Fp8BlockScales {
 // dense form's rows) read no scale (there may be none in memory) and take 0; no epilogue stores
 // such rows, whatever their accumulators hold.
 template <class F>
-__device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, const GemmParams& p,
-                                                          const Fp8Scales& fp8, int kb, int wg,
-                                                          int warp, int lane) {
-  Fp8BlockScales s;
+__device__ __forceinline__ void load_fp8_scales(Fp8BlockScales& s, const TileInfo& t,
+                                                const GemmParams& p, const Fp8Scales& fp8, int kb,
+                                                int wg, int warp, int lane) {
   // Input gradients with a second product: its K blocks follow the first's, with their own scales.
   const bool second = F::kInputGradient && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
   if (second) kb -= p.k_blocks_first;
@@ -542,17 +542,59 @@ __device__ __forceinline__ Fp8BlockScales load_fp8_scales(const TileInfo& t, con
   const long long w =
       (static_cast<long long>(t.group) * fp8.b_n_blocks + n_block) * fp8.b_k_blocks + kb;
   s.weight[0] = __ldg((second ? fp8.b2 : fp8.b) + w);
-  s.weight[1] = F::kind == FormKind::kGateUp ? __ldg(fp8.b2 + w) : s.weight[0];
-  return s;
+  if constexpr (F::kind == FormKind::kGateUp) s.weight[1] = __ldg(fp8.b2 + w);
+}
+
+// Consumer, e4m3 forms: one K block of a tile (mma_tile_fp8): its product into `partial`, the
+// next block's scales into `next` (block min(kb + 1, last): a load with no condition, so no
+// register copy selects between two values), then acc = fma(partial, row scale x weight scale,
+// acc) with `scales`, this block's.
+template <class F, class Probe, class Lead>
+__device__ __forceinline__ void mma_block_fp8(float (&acc)[F::kAcc], float (&partial)[F::kAcc],
+                                              const SharedRing<F>& ring,
+                                              PipelineState<F::kStages>& state,
+                                              const TileInfo& tile, const GemmParams& p,
+                                              const Fp8Scales& fp8, int kb, int lead_block,
+                                              const Fp8BlockScales& scales, Fp8BlockScales& next,
+                                              int consumer_wg, int warp, int lane,
+                                              const Probe& probe, const Lead& lead) {
+  (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+  if (kb == 0) probe.landed();
+  mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
+  if (kb == lead_block) lead();
+  const int following = kb + 1 < tile.k_blocks ? kb + 1 : kb;
+  load_fp8_scales<F>(next, tile, p, fp8, following, consumer_wg, warp, lane);
+  ptx::wgmma_wait_group<0>();
+  ptx::fence_registers(partial);
+  if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+  state.advance();
+  constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
+  float factor[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      factor[h][half] = __fmul_rn(scales.row[h], scales.weight[kTwoWeights ? half : 0]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < F::kAcc; ++i) {
+    // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
+    // tile's columns from i = kAcc / 2 on.
+    acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
+  }
 }
 
 // Consumer, e4m3 forms: the whole K loop of one tile. Per K block: its product into `partial`,
 // then acc = fma(partial, row scale x weight scale, acc) in a fixed order (the promotion, once
 // every 128 of K: DeepGEMM's two-level accumulation). NOTES: the stage is released as soon as the
-// block's wgmma are done, before the promotion; while one warpgroup promotes, the other's wgmma
-// keep the tensor cores busy. The next block's scales are loaded before the wait for this one's
-// data. A wait that gives up is passed, as in mma_tile (the outputs are then void). `lead` as in
-// mma_tile: once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
+// block's wgmma are done, before the promotion. The scales come from global memory one block
+// ahead, in two sets used in turn by a loop unrolled by two: a set is loaded during block kb and
+// first read by block kb + 1's promotion, a whole K block later. (Loading into one `next` and
+// copying it into `scales` made each block wait for its successor's loads: the copy is a register
+// move, which waits for the load; ncu then saw the tensor pipe busy 37.7%.) A wait that gives up
+// is passed, as in mma_tile (the outputs are then void). `lead` as in mma_tile: once, after the
+// wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
 template <class F, class Probe, class Lead = NoLead>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                              PipelineState<F::kStages>& state, const TileInfo& tile,
@@ -562,34 +604,18 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[F::kAcc];
-  Fp8BlockScales next{};
-  if (tile.k_blocks > 0) next = load_fp8_scales<F>(tile, p, fp8, 0, consumer_wg, warp, lane);
-  for (int kb = 0; kb < tile.k_blocks; ++kb) {
-    const Fp8BlockScales scales = next;
-    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
-    if (kb == 0) probe.landed();
-    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
-    if (kb == lead_block) lead();
-    if (kb + 1 < tile.k_blocks)
-      next = load_fp8_scales<F>(tile, p, fp8, kb + 1, consumer_wg, warp, lane);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_registers(partial);
-    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
-    state.advance();
-    float factor[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        factor[h][half] = __fmul_rn(scales.row[h], scales.weight[half]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < F::kAcc; ++i) {
-      // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
-      // tile's columns from i = kAcc / 2 on.
-      acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
-    }
+  Fp8BlockScales even{}, odd{};  // the scales of the even and the odd K blocks
+  if (tile.k_blocks > 0) load_fp8_scales<F>(even, tile, p, fp8, 0, consumer_wg, warp, lane);
+  int kb = 0;
+  for (; kb + 1 < tile.k_blocks; kb += 2) {
+    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb, lead_block, even, odd,
+                     consumer_wg, warp, lane, probe, lead);
+    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb + 1, lead_block, odd, even,
+                     consumer_wg, warp, lane, probe, lead);
+  }
+  if (kb < tile.k_blocks) {
+    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb, lead_block, even, odd,
+                     consumer_wg, warp, lane, probe, lead);
   }
   ptx::fence_registers(acc);
   probe.multiplied();
