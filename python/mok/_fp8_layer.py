@@ -119,13 +119,6 @@ def _quantize_into(w, q):
     _native.launch(lib.quantize_weights, w.device, *views(w, *q))
 
 
-def packed_halves(gate_up, interleaved):
-    """The gate and up halves (views) of packed gate/up weights [E, 2I, H] (checked first): rows
-    [0, I) and [I, 2I), or with `interleaved` the even and the odd rows (mok.moe_packed's
-    layouts)."""
-    return split_gate_up(gate_up, interleaved)
-
-
 def _quantizations(owner, tag, sources):
     """The cached quantizations of the weights sources(owner) (owner itself, or views of it), kept
     under owner's identity and `tag`, made again when owner changed since (version, data pointer,
@@ -159,10 +152,10 @@ def quantized(w):
 
 
 def quantized_halves(gate_up, interleaved):
-    """The cached quantizations of the gate and up halves of packed weights (packed_halves), kept
+    """The cached quantizations of the gate and up halves of packed weights (split_gate_up), kept
     with the packed tensor: its views are new tensors on every call."""
     return _quantizations(gate_up, ("halves", interleaved),
-                          lambda t: packed_halves(t, interleaved))
+                          lambda t: split_gate_up(t, interleaved))
 
 
 def requantize(*weights):
@@ -225,7 +218,7 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
     """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
     weights (forward_fp8_packed: their gradient comes back packed), the halves' quantizations
     cached with the packed tensor."""
-    gate, up = packed_halves(gate_up, interleaved)
+    gate, up = split_gate_up(gate_up, interleaved)
     return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
                swiglu_limit,
                quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)),
@@ -333,7 +326,7 @@ def forward_fp8_packed(x, topk_experts, topk_weights, gate_up_weights, down_weig
                        interleaved, swiglu_limit=None):
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
-    gate, up = packed_halves(gate_up_weights, interleaved)
+    gate, up = split_gate_up(gate_up_weights, interleaved)
     return _forward(x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
                     fp8_weights, workspace, swiglu_limit)
 
@@ -353,13 +346,13 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
-    gate, up = packed_halves(gate_up_weights, interleaved)
+    gate, up = split_gate_up(gate_up_weights, interleaved)
 
     def packed_grads(shape):  # after the layer's checks: nothing is allocated for a bad call
         new, act, device = _native.new_output, shape.activation_dtype, shape.device
         d_gate_up = new(tuple(gate_up_weights.shape), act, device)
         d_down = new(tuple(down_weights.shape), act, device)
-        return (*packed_halves(d_gate_up, interleaved), d_down), (d_gate_up, d_down)
+        return (*split_gate_up(d_gate_up, interleaved), d_down), (d_gate_up, d_down)
 
     d_x, d_w, d_gate_up, d_down, *_shared = _backward(
         d_out, x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
@@ -399,7 +392,7 @@ def _forward_fp8_packed_fake(x, topk_experts, topk_weights, gate_up, down, gate_
                              down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
                              interleaved, swiglu_limit=None):
     _checks.check_swiglu_limit(swiglu_limit)
-    gate, up = packed_halves(gate_up, interleaved)
+    gate, up = split_gate_up(gate_up, interleaved)
     weights = (gate, up, down, None, None, None)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     return (x.new_empty((shape.num_tokens, shape.hidden_size)),
@@ -416,7 +409,7 @@ def _backward_fp8_packed_fake(d_out, x, topk_experts, topk_weights, gate_up, dow
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     _checks.check_swiglu_limit(swiglu_limit)
-    gate, up = packed_halves(gate_up, interleaved)
+    gate, up = split_gate_up(gate_up, interleaved)
     weights = (gate, up, down, None, None, None)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)

@@ -47,7 +47,7 @@ if HAVE_TRANSFORMERS:
 
     import mok
     import mok.integrations.transformers as mok_hf
-    from mok import _fp8_layer
+    from mok import _layer_ops
 else:  # the parametrizations below stay empty
     mok_hf = None
 
@@ -561,7 +561,7 @@ def test_fp8_precision_runs_moks_fp8_layer_on_the_halves():
         w = torch.rand(11, 2, generator=gen)
         with torch.no_grad():
             got = module(x, ids, w.to(x.dtype))
-            gate, up = _fp8_layer.packed_halves(module.gate_up_proj,
+            gate, up = _layer_ops.split_gate_up(module.gate_up_proj,
                                                 mok_hf.plan(module).interleaved)
             want = mok.moe(x, ids, w.to(x.dtype).float(), gate.contiguous(), up.contiguous(),
                            module.down_proj, precision="fp8")
