@@ -754,8 +754,12 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   args.n = 256;
   args.a.scale = nullptr;
   expect_error("a.scale");
+  args.a.scale = s.get() + 1;  // 4 bytes past 16-byte alignment: a tile's scales are one bulk copy
+  expect_error("a.scale");
   args.a.scale = s.get();
   args.a.scale_ld = l.capacity - 1;
+  expect_error("a.scale_ld");
+  args.a.scale_ld = l.capacity + 2;  // >= capacity, not a multiple of 4
   expect_error("a.scale_ld");
   args.a.scale_ld = l.capacity;
   args.w.scale = nullptr;

@@ -208,9 +208,9 @@ class GemmEngine {
                              probe);
     } else if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
-      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe, lead);
+      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);
     } else if constexpr (F::kFp8) {
-      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, *fp8_, wg, warp_, lane_, probe);
+      mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe);
     } else if constexpr (epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
       mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, lead);

@@ -26,8 +26,8 @@ enum class Operand { bf16, e4m3 };
 // e4m3: kTileN 128 (wgmma m64n128k32) and K blocks of 128 elements, one scale block each: a K
 // block's product (4 k32 steps) goes to a second set of accumulators, which is then added into
 // the first times the row's and the weight block's scales (mainloop.cuh, mma_tile_fp8). Two sets
-// of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 32 KiB (the K-grouped
-// form's 33 KiB: its two token blocks' scales ride along), so 6 stages.
+// of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 33 KiB (32 of tiles, then the
+// K block's scales), so 6 stages.
 template <FormKind kKind, Operand kOperand = Operand::bf16>
 struct Form {
   static constexpr FormKind kind = kKind;
@@ -64,11 +64,16 @@ struct Form {
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage
   static constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;
-  // The K-grouped e4m3 form's scales of a K block travel with it: A's 128 rows' and B's 128
-  // columns' (fp32, 1 x 128 along the tokens), after the tiles.
-  static constexpr std::uint32_t kScaleBytes = kFp8 && kKGrouped ? (kTileM + kTileN) * 4 : 0;
-  static constexpr std::uint32_t kStageBytes =
-      kTileABytes + kTileBBytes + kScaleBytes;  // TMA bytes a stage
+  // An e4m3 K block's scales travel with it in its stage, after the tiles (1 KiB): the K-grouped
+  // form's A's 128 rows' and B's 128 columns' (fp32, 1 x 128 along the tokens); the M-grouped
+  // forms' A's 128 rows' and then the weight block's (gate/up: W_gate's, W_up's).
+  static constexpr std::uint32_t kScaleBytes = kFp8 ? 1024 : 0;
+  static_assert(!kFp8 || (kTileM + kTileN) * 4 <= kScaleBytes, "scales overflow their stage");
+  static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes + kScaleBytes;
+  // Arrivals that complete a stage's full phase: the Producer's (with the stage's bulk bytes);
+  // the M-grouped e4m3 forms add the one of the weight scales' copy (mainloop.cuh,
+  // load_k_block).
+  static constexpr int kFullArrivals = kFp8 && !kKGrouped ? 2 : 1;
   static constexpr std::uint32_t kStagingBytes = kTmaStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");

@@ -1,8 +1,9 @@
 // The warp-specialized mainloop: one Producer warpgroup (one elected thread issues TMA into a
 // F::kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on
 // its 64-row half of a 128 x 256 tile; e4m3 forms m64n128k32 on a 128 x 128 tile). Full barriers:
-// one arrival from the Producer + the stage's TMA bytes. Empty barriers: one arrival per reading
-// consumer warp (F::kReaders) once its wgmma have read the stage. The tile queue (K-grouped forms):
+// one arrival from the Producer + the stage's bulk bytes (the M-grouped e4m3 forms: and one from
+// their weight scales' cp.async). Empty barriers: one arrival per reading consumer warp
+// (F::kReaders) once its wgmma have read the stage. The tile queue (K-grouped forms):
 // the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
 // consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
@@ -28,6 +29,7 @@
 
 #include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
+#include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -106,7 +108,8 @@ struct SharedRing {
   std::uint8_t* base;  // 1024-byte aligned
   __device__ std::uint8_t* a(int s) const { return base + s * F::kStageBytes; }
   __device__ std::uint8_t* b(int s) const { return base + s * F::kStageBytes + kTileABytes; }
-  // The K-grouped e4m3 form's block scales (F::kScaleBytes): A's 128 rows', then B's columns'.
+  // An e4m3 stage's block scales (F::kScaleBytes): A's 128 rows', then the K-grouped form's B
+  // columns' or the M-grouped forms' weight block's.
   __device__ std::uint8_t* scales(int s) const {
     return base + s * F::kStageBytes + kTileABytes + F::kTileBBytes;
   }
@@ -136,7 +139,7 @@ struct SharedRing {
   // One thread, before the CTA barrier that precedes every other use.
   __device__ void init_barriers() const {
     for (int s = 0; s < F::kStages; ++s) {
-      ptx::mbarrier_init(full(s), 1);
+      ptx::mbarrier_init(full(s), F::kFullArrivals);
       ptx::mbarrier_init(empty(s), F::kReaders);
     }
     for (int q = 0; q < kTileQueueDepth; ++q) {
@@ -279,16 +282,16 @@ __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigne
   return entry_tag(seen) != tag && atomicCAS(slot, seen, queue_entry(tag, ticket)) == seen;
 }
 
-// Producer: the TMA loads of one K block of one tile into stage `s` (kStageBytes in all). `fp8`:
-// the e4m3 forms' scales (the K-grouped one loads a block's scales with its tiles).
+// Producer: the TMA loads of one K block of one tile into stage `s`, with an e4m3 block's scales
+// (`fp8`) after its tiles.
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
                                              const GemmParams& p, const Fp8Scales* fp8) {
   std::uint64_t* bar = ring.full(s);
-  ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
   const int k0 = kb * F::kBlockK;
   if constexpr (F::kKGrouped && F::kFp8) {
+    ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
     // The token-axis copies: A [m, tokens] (rows m0..m0+127), B [n, tokens] in two halves of 64
     // rows, each box 128 tokens (one swizzled row) from the K block's first token; then the
     // block's scales (token block (row_base + k0) / 128, a multiple of 128: segments are aligned).
@@ -302,6 +305,7 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
     ptx::bulk_load(ring.scales(s) + kTileM * 4, fp8->b + block * fp8->b_ld + n0, F::kTileN * 4,
                    bar);
   } else if constexpr (F::kKGrouped) {
+    ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
     const int row = tile.row_base + k0;
     const int n0 = tile.n0 * F::kOutTileN;
 #pragma unroll
@@ -315,6 +319,33 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
   } else {
     const bool second = F::kInputGradient && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
     const int kk0 = second ? k0 - p.k_blocks_first * F::kBlockK : k0;
+    if constexpr (F::kFp8) {
+      // The block's scales: its rows' (1 x 128 along K; the rows of a tile's K block are
+      // contiguous and start 16-byte aligned: launch.cu checks the scales' alignment and
+      // scale_ld, and segments start on multiples of 128) by a bulk copy of the tile's rows
+      // rounded up to 4, the rows past them left as they are (no epilogue stores such rows);
+      // then the weight block's (gate/up: W_gate's and W_up's), 4 bytes each, by cp.async, which
+      // arrives on the barrier once they landed.
+      const int rows = min(kTileM, tile.row_count - tile.m0);
+      const std::uint32_t row_bytes = static_cast<std::uint32_t>((rows + 3) / 4 * 16);
+      ptx::mbarrier_arrive_expect_tx(bar, kTileABytes + F::kTileBBytes + row_bytes);
+      const int kbb = second ? kb - p.k_blocks_first : kb;
+      ptx::bulk_load(ring.scales(s),
+                     (second ? fp8->a2 : fp8->a) + static_cast<long long>(kbb) * fp8->a_ld +
+                         tile.row_base + tile.m0,
+                     row_bytes, bar);
+      // The tile's B rows lie in one 128-row block: gate/up tiles cover 64 output columns
+      // (F::kOutTileN), the others 128.
+      const int n_block = tile.n0 * F::kOutTileN / 128;
+      const long long w =
+          (static_cast<long long>(tile.group) * fp8->b_n_blocks + n_block) * fp8->b_k_blocks + kbb;
+      float* weight = reinterpret_cast<float*>(ring.scales(s) + kTileM * 4);
+      ptx::cp_async_4(weight, (second ? fp8->b2 : fp8->b) + w);
+      if constexpr (F::kind == FormKind::kGateUp) ptx::cp_async_4(weight + 1, fp8->b2 + w);
+      ptx::cp_async_arrive_noinc(bar);
+    } else {
+      ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
+    }
     ptx::tma_load_2d(ring.a(s), second ? maps.a2 : maps.a, bar, kk0, tile.row_base + tile.m0);
     load_b_half<F>(maps, ring, s, tile, kb, p, 0);
     load_b_half<F>(maps, ring, s, tile, kb, p, 1);
@@ -499,123 +530,64 @@ __device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
   static_assert(F::kFp8 && !F::kTransA && !F::kTransB, "e4m3: both operands K-major");
   const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
   const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
+  // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands: 2 in the
+  // descriptors' start address field (bytes / 16; shared memory addresses fit its 14 bits with
+  // room, so the sum never carries out of it).
+  const std::uint64_t da = ptx::make_smem_desc_sw128(a_base, 16, 1024);
+  const std::uint64_t db = ptx::make_smem_desc_sw128(b_base, 16, 1024);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < F::kBlockK / 32; ++kk) {
-    // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands.
-    const std::uint64_t db = ptx::make_smem_desc_sw128(b_base + kk * 32, 16, 1024);
-    const std::uint64_t da = ptx::make_smem_desc_sw128(a_base + kk * 32, 16, 1024);
-    ptx::wgmma_m64n128k32_e4m3(partial, da, db, kk == 0 ? 0 : 1);
+    ptx::wgmma_m64n128k32_e4m3(partial, da + 2 * kk, db + 2 * kk, kk == 0 ? 0 : 1);
   }
   ptx::wgmma_commit_group();
 }
 
-// The scales one consumer thread needs for a K block of an e4m3 tile: its two rows' (h) and the
-// weight block's of each half of the tile's columns (gate/up: W_gate's, W_up's; the other forms
-// read one weight block, weight[0], and leave weight[1] unset: NOTES, a copy of a loaded
-// register waits for the load).
-struct Fp8BlockScales {
-  float row[2];
-  float weight[2];
-};
-
-// Consumer, e4m3 forms: the scales of K block `kb`. Rows past the group's (padding, or past a
-// dense form's rows) read no scale (there may be none in memory) and take 0; no epilogue stores
-// such rows, whatever their accumulators hold.
-template <class F>
-__device__ __forceinline__ void load_fp8_scales(Fp8BlockScales& s, const TileInfo& t,
-                                                const GemmParams& p, const Fp8Scales& fp8, int kb,
-                                                int wg, int warp, int lane) {
-  // Input gradients with a second product: its K blocks follow the first's, with their own scales.
-  const bool second = F::kInputGradient && p.k_blocks_first > 0 && kb >= p.k_blocks_first;
-  if (second) kb -= p.k_blocks_first;
-  const float* a = second ? fp8.a2 : fp8.a;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = t.m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
-    s.row[h] =
-        r < t.row_count ? __ldg(a + static_cast<long long>(kb) * fp8.a_ld + t.row_base + r) : 0.0f;
-  }
-  // The tile's B rows lie in one 128-row block: gate/up tiles cover 64 output columns
-  // (F::kOutTileN), the others 128.
-  const int n_block = t.n0 * F::kOutTileN / 128;
-  const long long w =
-      (static_cast<long long>(t.group) * fp8.b_n_blocks + n_block) * fp8.b_k_blocks + kb;
-  s.weight[0] = __ldg((second ? fp8.b2 : fp8.b) + w);
-  if constexpr (F::kind == FormKind::kGateUp) s.weight[1] = __ldg(fp8.b2 + w);
-}
-
-// Consumer, e4m3 forms: one K block of a tile (mma_tile_fp8): its product into `partial`, the
-// next block's scales into `next` (block min(kb + 1, last): a load with no condition, so no
-// register copy selects between two values), then acc = fma(partial, row scale x weight scale,
-// acc) with `scales`, this block's.
-template <class F, class Probe, class Lead>
-__device__ __forceinline__ void mma_block_fp8(float (&acc)[F::kAcc], float (&partial)[F::kAcc],
-                                              const SharedRing<F>& ring,
-                                              PipelineState<F::kStages>& state,
-                                              const TileInfo& tile, const GemmParams& p,
-                                              const Fp8Scales& fp8, int kb, int lead_block,
-                                              const Fp8BlockScales& scales, Fp8BlockScales& next,
-                                              int consumer_wg, int warp, int lane,
-                                              const Probe& probe, const Lead& lead) {
-  (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
-  if (kb == 0) probe.landed();
-  mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
-  if (kb == lead_block) lead();
-  const int following = kb + 1 < tile.k_blocks ? kb + 1 : kb;
-  load_fp8_scales<F>(next, tile, p, fp8, following, consumer_wg, warp, lane);
-  ptx::wgmma_wait_group<0>();
-  ptx::fence_registers(partial);
-  if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
-  state.advance();
-  constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
-  float factor[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      factor[h][half] = __fmul_rn(scales.row[h], scales.weight[kTwoWeights ? half : 0]);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < F::kAcc; ++i) {
-    // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
-    // tile's columns from i = kAcc / 2 on.
-    acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
-  }
-}
-
-// Consumer, e4m3 forms: the whole K loop of one tile. Per K block: its product into `partial`,
-// then acc = fma(partial, row scale x weight scale, acc) in a fixed order (the promotion, once
-// every 128 of K: DeepGEMM's two-level accumulation). NOTES: the stage is released as soon as the
-// block's wgmma are done, before the promotion. The scales come from global memory one block
-// ahead, in two sets used in turn by a loop unrolled by two: a set is loaded during block kb and
-// first read by block kb + 1's promotion, a whole K block later. (Loading into one `next` and
-// copying it into `scales` made each block wait for its successor's loads: the copy is a register
-// move, which waits for the load; ncu then saw the tensor pipe busy 37.7%.) A wait that gives up
-// is passed, as in mma_tile (the outputs are then void). `lead` as in mma_tile: once, after the
-// wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks) is issued.
+// Consumer, e4m3 M-grouped forms: the whole K loop of one tile. Per K block: its product into
+// `partial` (4 wgmma k32 steps), then acc = fma(partial, row scale x weight scale, acc) in a fixed
+// order (the promotion, once every 128 of K: DeepGEMM's two-level accumulation). The block's
+// scales come with it in its stage (load_k_block) and are read while its wgmma run; the stage is
+// released once they are done, before the promotion. NOTES: the loop is what keeps the tensor
+// pipe fed, two warps per SM sub-partition issuing it: with 128-wide tiles a K block's wgmma take
+// half the time of the bf16 forms', so every instruction here counts (ncu, 2026-12-05: the scales
+// loaded by each thread, with their address arithmetic, made 240 instructions a block and kept
+// the pipe 44% busy). A wait that gives up is passed, as in mma_tile (the outputs are then void).
+// `lead` as in mma_tile: once, after the wgmma of K block max(0, k_blocks - kEpilogueLeadBlocks)
+// is issued.
 template <class F, class Probe, class Lead = NoLead>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const SharedRing<F>& ring,
                                              PipelineState<F::kStages>& state, const TileInfo& tile,
-                                             const GemmParams& p, const Fp8Scales& fp8,
-                                             int consumer_wg, int warp, int lane,
-                                             const Probe& probe, const Lead& lead = Lead{}) {
+                                             const GemmParams& p, int consumer_wg, int warp,
+                                             int lane, const Probe& probe,
+                                             const Lead& lead = Lead{}) {
+  static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
+  constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
+  const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[F::kAcc];
-  Fp8BlockScales even{}, odd{};  // the scales of the even and the odd K blocks
-  if (tile.k_blocks > 0) load_fp8_scales<F>(even, tile, p, fp8, 0, consumer_wg, warp, lane);
-  int kb = 0;
-  for (; kb + 1 < tile.k_blocks; kb += 2) {
-    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb, lead_block, even, odd,
-                     consumer_wg, warp, lane, probe, lead);
-    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb + 1, lead_block, odd, even,
-                     consumer_wg, warp, lane, probe, lead);
-  }
-  if (kb < tile.k_blocks) {
-    mma_block_fp8<F>(acc, partial, ring, state, tile, p, fp8, kb, lead_block, even, odd,
-                     consumer_wg, warp, lane, probe, lead);
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
+    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
+    if (kb == lead_block) lead();
+    const float* scales = reinterpret_cast<const float*>(ring.scales(state.stage));
+    const float row_scale[2] = {scales[row], scales[row + 8]};
+    const float2 weight = *reinterpret_cast<const float2*>(scales + kTileM);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
+    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+    state.advance();
+    const float factor[2][2] = {{__fmul_rn(row_scale[0], weight.x),
+                                 __fmul_rn(row_scale[0], kTwoWeights ? weight.y : weight.x)},
+                                {__fmul_rn(row_scale[1], weight.x),
+                                 __fmul_rn(row_scale[1], kTwoWeights ? weight.y : weight.x)}};
+#pragma unroll
+    for (int i = 0; i < F::kAcc; ++i) {
+      // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
+      // tile's columns from i = kAcc / 2 on.
+      acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
+    }
   }
   ptx::fence_registers(acc);
   probe.multiplied();
