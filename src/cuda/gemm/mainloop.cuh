@@ -530,15 +530,14 @@ __device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
   static_assert(F::kFp8 && !F::kTransA && !F::kTransB, "e4m3: both operands K-major");
   const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
   const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
-  // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands: 2 in the
-  // descriptors' start address field (bytes / 16; shared memory addresses fit its 14 bits with
-  // room, so the sum never carries out of it).
+  // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands.
   const std::uint64_t da = ptx::make_smem_desc_sw128(a_base, 16, 1024);
   const std::uint64_t db = ptx::make_smem_desc_sw128(b_base, 16, 1024);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < F::kBlockK / 32; ++kk) {
-    ptx::wgmma_m64n128k32_e4m3(partial, da + 2 * kk, db + 2 * kk, kk == 0 ? 0 : 1);
+    ptx::wgmma_m64n128k32_e4m3(partial, ptx::smem_desc_advance(da, kk * 32),
+                               ptx::smem_desc_advance(db, kk * 32), kk == 0 ? 0 : 1);
   }
   ptx::wgmma_commit_group();
 }
@@ -622,8 +621,9 @@ __device__ __forceinline__ void zero_tail_tokens(const SharedRing<F>& ring, int 
 // Consumer, the K-grouped e4m3 form (weight gradients): the whole K loop of one tile over the
 // group's tokens. Per K block (128 tokens): its product into `partial`, then each accumulator
 // adds partial times (its row's scale x its column's scale), both from the stage, in token
-// order (DeepGEMM's "1D1D" promotion: one FMUL and one FFMA per accumulator). The stage is
-// released after the promotion, which reads its scales.
+// order (DeepGEMM's "1D1D" promotion: one FMUL and one FFMA per accumulator). The scales are
+// read while the block's wgmma run, and the stage is released once they are done, before the
+// promotion (NOTES: read after the wgmma wait, their shared-memory latency added to every block).
 template <class F, class Probe>
 __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
                                                     const SharedRing<F>& ring,
@@ -641,26 +641,33 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
       zero_tail_tokens(ring, state.stage, valid, reader_thread, kConsumerBarrierId);
     }
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_registers(partial);
+    // The block's scales, read while its wgmma run: this thread's two rows' and the 2 x 16 columns'
+    // its accumulators hold.
     const float* scales = reinterpret_cast<const float*>(ring.scales(state.stage));
     float row_scale[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h) {
       row_scale[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
+    }
+    float2 col[F::kTileN / 8];
 #pragma unroll
     for (int j = 0; j < F::kTileN / 8; ++j) {
-      const float2 col = *reinterpret_cast<const float2*>(scales + kTileM + 8 * j + 2 * (lane % 4));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int a = 4 * j + 2 * h;
-        acc[a] = __fmaf_rn(partial[a], __fmul_rn(row_scale[h], col.x), acc[a]);
-        acc[a + 1] = __fmaf_rn(partial[a + 1], __fmul_rn(row_scale[h], col.y), acc[a + 1]);
-      }
+      col[j] = *reinterpret_cast<const float2*>(scales + kTileM + 8 * j + 2 * (lane % 4));
     }
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
     state.advance();
+#pragma unroll
+    for (int j = 0; j < F::kTileN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int a = 4 * j + 2 * h;
+        acc[a] = __fmaf_rn(partial[a], __fmul_rn(row_scale[h], col[j].x), acc[a]);
+        acc[a + 1] = __fmaf_rn(partial[a + 1], __fmul_rn(row_scale[h], col[j].y), acc[a + 1]);
+      }
+    }
   }
   ptx::fence_registers(acc);
   probe.multiplied();

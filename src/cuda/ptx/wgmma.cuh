@@ -28,6 +28,15 @@ __device__ __forceinline__ std::uint64_t make_smem_desc_sw128(std::uint32_t smem
   return desc;
 }
 
+// `desc` with its start address moved `bytes` on (a multiple of 16) within the same swizzle
+// pattern. Only the low word changes: shared memory addresses / 16 fit the 14-bit field with room
+// (228 KiB / 16 < 2^14), so the sum never carries out of it, and a 32-bit add is all it costs.
+__device__ __forceinline__ std::uint64_t smem_desc_advance(std::uint64_t desc,
+                                                           std::uint32_t bytes) {
+  const std::uint32_t lo = static_cast<std::uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // Makes register writes (accumulator init, epilogue reads) ordered with wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
