@@ -575,6 +575,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     const float2 weight = *reinterpret_cast<const float2*>(scales + kTileM);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
+    __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
     if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
     state.advance();
     const float factor[2][2] = {{__fmul_rn(row_scale[0], weight.x),
