@@ -19,6 +19,8 @@
 // gemm2, dgrad and wgrad checked before timing on a sampled row of the first and last expert
 // against an fp32 model of the block-scaled product (dgrad-swiglu's epilogue values are
 // test_gemm_fp8.cu's).
+// "mok-fp8-pairs": gemm1 and gemm2 of mok-fp8 in clusters of two CTAs that share weight tiles
+// (GateUpForwardFp8Args::pairs), timed only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -504,6 +506,34 @@ int main(int argc, char** argv) {
                                               c.i, out_y, c.h));
         }
       }
+      // "mok-fp8-pairs" (only when asked for by name): the same two forward forms in clusters of
+      // two CTAs sharing weight tiles (GateUpForwardFp8Args::pairs); checked bitwise against the
+      // unpaired launch over the whole outputs before timing.
+      mok::gemm::GateUpForwardFp8Args gu8p = gu8;
+      gu8p.pairs = true;
+      mok::gemm::RowsTimesWeightTFp8Args down8p = down8;
+      down8p.pairs = true;
+      if (impls.find(",mok-fp8-pairs,") != std::string::npos) {
+        std::vector<std::uint16_t> want_h(size_t(capacity) * c.i), got_h(want_h.size());
+        std::vector<std::uint16_t> want_y(size_t(capacity) * c.h), got_y(want_y.size());
+        auto forward = [&](const auto& up, const auto& down, std::vector<std::uint16_t>& h,
+                           std::vector<std::uint16_t>& y) {
+          CHECK_CUDA(cudaMemset(out_h, 0xff, h.size() * 2));
+          CHECK_CUDA(cudaMemset(out_y, 0xff, y.size() * 2));
+          mok::gemm::gate_up_forward_fp8(up);
+          mok::gemm::rows_times_weight_t_fp8(down);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          CHECK_CUDA(cudaMemcpy(h.data(), out_h, h.size() * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(y.data(), out_y, y.size() * 2, cudaMemcpyDeviceToHost));
+        };
+        forward(gu8, down8, want_h, want_y);
+        forward(gu8p, down8p, got_h, got_y);
+        if (want_h != got_h || want_y != got_y) {
+          std::fprintf(stderr, "%s: the paired e4m3 forms differ from the unpaired; not timing\n",
+                       c.name);
+          return 1;
+        }
+      }
       // The e4m3 backward operands: dy rows with 1 x 128 scales along H ([H / 128, capacity]);
       // W_down's transposed copy [G, I, H] (the quantized weight's second orientation) with its
       // block scales; the token-axis copies of dy [H, capacity] and h [I, capacity] with scales
@@ -550,9 +580,8 @@ int main(int argc, char** argv) {
           const int m_row = c.h - 1;
           float* ref = nullptr;
           CHECK_CUDA(cudaMalloc(&ref, c.i * 4));
-          ref_wgrad_fp8_kernel<<<(c.i + 127) / 128, 128>>>(dy8t, dy8ts, c.h, hid8t, hid8ts, c.i,
-                                                           capacity, starts[g], counts[g], m_row,
-                                                           ref);
+          ref_wgrad_fp8_kernel<<<(c.i + 127) / 128, 128>>>(
+              dy8t, dy8ts, c.h, hid8t, hid8ts, c.i, capacity, starts[g], counts[g], m_row, ref);
           err = std::max(err, rel_err_against(ref, c.i, out_dw + (size_t(g) * c.h + m_row) * c.i));
         }
       }
@@ -577,6 +606,10 @@ int main(int argc, char** argv) {
           {"gemm1", "mok-fp8", 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(gu8); }});
       items.push_back(
           {"gemm2", "mok-fp8", flops, [=] { mok::gemm::rows_times_weight_t_fp8(down8); }});
+      items.push_back(
+          {"gemm1", "mok-fp8-pairs", 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(gu8p); }});
+      items.push_back(
+          {"gemm2", "mok-fp8-pairs", flops, [=] { mok::gemm::rows_times_weight_t_fp8(down8p); }});
       items.push_back({"dgrad", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad); }});
       items.push_back(
           {"dgrad-swiglu", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad_swiglu); }});
@@ -592,7 +625,8 @@ int main(int argc, char** argv) {
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
       std::erase_if(items, [&](const Item& it) {
-        return (!passes.empty() &&
+        return (impls.empty() && it.impl == "mok-fp8-pairs") ||  // only when named
+               (!passes.empty() &&
                 passes.find(std::string(",") + it.pass + ",") == std::string::npos) ||
                (!impls.empty() && impls.find("," + it.impl + ",") == std::string::npos);
       });

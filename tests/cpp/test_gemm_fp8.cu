@@ -226,8 +226,9 @@ int group_of(const Layout& l, int r) {
   return g;
 }
 
+// `pairs`: also the paired launch (GateUpForwardFp8Args::pairs), which must give the same bits.
 void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
-                     std::optional<float> limit = std::nullopt) {
+                     std::optional<float> limit = std::nullopt, bool pairs = false) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -239,7 +240,7 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
   const std::size_t cells = std::size_t(l.capacity) * I;
   DeviceBuffer<__nv_bfloat16> g(cells), u(cells), h(cells), g2(cells), u2(cells), h2(cells),
-      want_h(cells), h_only(cells);
+      want_h(cells), h_only(cells), g_pairs(cells), u_pairs(cells), h_pairs(cells);
   mok::gemm::GateUpForwardFp8Args args;
   args.segments = l.segments();
   args.x = {d_x.get(), H, d_xs.get(), l.capacity};
@@ -256,10 +257,15 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
     args.up = ub;
     mok::gemm::gate_up_forward_fp8(args);
   };
-  g.poison(), u.poison(), g2.poison(), u2.poison();
+  g.poison(), u.poison(), g2.poison(), u2.poison(), g_pairs.poison(), u_pairs.poison();
   run(h, g.get(), u.get());
   run(h2, g2.get(), u2.get());
   run(h_only, nullptr, nullptr);
+  if (pairs) {  // clusters of two CTAs sharing weight tiles
+    args.pairs = true;
+    run(h_pairs, g_pairs.get(), u_pairs.get());
+    args.pairs = false;
+  }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
   swiglu_kernel<<<1024, 256>>>(g.get(), u.get(), cells, limit.value_or(0.0f), limit.has_value(),
@@ -298,9 +304,14 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   EXPECT_EQ(stray, 0) << "g, u or hidden written in rows past the groups";
   EXPECT_TRUE(same_bits(g, g2) && same_bits(u, u2) && same_bits(h, h2)) << "a second run differs";
   EXPECT_TRUE(same_bits(h, h_only)) << "hidden without pre-activations differs";
+  if (pairs) {
+    EXPECT_TRUE(same_bits(g, g_pairs) && same_bits(u, u_pairs) && same_bits(h, h_pairs))
+        << "the paired launch (GateUpForwardFp8Args::pairs) differs from the unpaired one";
+  }
 }
 
-void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled) {
+// `pairs`: also the paired launch (RowsTimesWeightTFp8Args::pairs), which must give the same bits.
+void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, bool pairs = false) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -313,7 +324,7 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled) {
   d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
   d_rs.upload(row_scale);
   const std::size_t cells = std::size_t(l.capacity) * N;
-  DeviceBuffer<__nv_bfloat16> out(cells), out2(cells);
+  DeviceBuffer<__nv_bfloat16> out(cells), out2(cells), out_pairs(cells);
   mok::gemm::RowsTimesWeightTFp8Args args;
   args.segments = l.segments();
   args.a = {d_a.get(), K, d_as.get(), l.capacity};
@@ -322,9 +333,11 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled) {
   args.n = N;
   args.k = K;
   args.row_scale = scaled ? d_rs.get() : nullptr;
-  for (auto* o : {&out, &out2}) {
+  for (auto* o : {&out, &out2, &out_pairs}) {
+    if (o == &out_pairs && !pairs) continue;
     o->poison();
     args.out = o->get();
+    args.pairs = o == &out_pairs;  // clusters of two CTAs sharing weight tiles
     mok::gemm::rows_times_weight_t_fp8(args);
   }
   MOK_CUDA_OK(cudaGetLastError());
@@ -357,6 +370,10 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled) {
   EXPECT_EQ(far, 0) << "out beyond the bound of the exact block-scaled product";
   EXPECT_EQ(stray, 0) << "out written in rows past the groups";
   EXPECT_TRUE(same_bits(out, out2)) << "a second run differs";
+  if (pairs) {
+    EXPECT_TRUE(same_bits(out, out_pairs))
+        << "the paired launch (RowsTimesWeightTFp8Args::pairs) differs from the unpaired one";
+  }
 }
 
 __global__ void fill_bf16_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale) {
@@ -710,9 +727,8 @@ TEST(GemmFp8RowsWT, OneHeavyGroup) {
   run_rows_fp8({1000, 0, 2, 1}, 256, 768, true);
 }
 
-// The M-grouped e4m3 K loop runs two K blocks an iteration (mma_tile_fp8: two sets of scales in
-// turn) and the last one alone when their count is odd: one and three K blocks of every form, and
-// the input gradient's second product starting at the odd block (1 + 1 blocks).
+// The shortest M-grouped e4m3 K loops: one and three K blocks of every form, and the input
+// gradient's second product starting at the second block (1 + 1 blocks).
 TEST(GemmFp8Forms, OneAndThreeKBlocks) {
   MOK_REQUIRE_HOPPER();
   for (int k : {128, 384}) {
@@ -721,6 +737,19 @@ TEST(GemmFp8Forms, OneAndThreeKBlocks) {
     run_input_grad_fp8({0, 1, 130, 77}, 256, k, false);
   }
   run_input_grad_fp8({130, 0, 77}, 256, 128, true);
+}
+
+// The forward forms in pairs (clusters of two CTAs sharing weight tiles): the same bits as the
+// unpaired launch, on odd tile counts (an odd last step: rank 1 computes rank 0's tile and does
+// not store it), steps across groups and N tiles (no shared weight tile), one and three K blocks,
+// the clamped SwiGLU and the row scale.
+TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, std::nullopt, true);
+  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, true);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, true);  // 21 tiles
+  run_rows_fp8({1000, 0, 2, 1}, 256, 384, true, true);
+  run_rows_fp8({5}, 128, 128, false, true);  // one tile: rank 1 only mirrors it
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.

@@ -141,10 +141,12 @@ class GemmEngine {
 
   // Producer: the loads of every K block of `tile`, hook(kb) before each (NoLoadHook: nothing).
   // False when the CTA gives up (then it issues no more loads and goes to finish_producing).
+  // Pairs (F::kCluster 2): `pair` says whether the cluster's two tiles share their weight tile.
   template <class Hook = NoLoadHook>
-  __device__ __forceinline__ bool produce(const TileInfo& tile, Hook&& hook = Hook{}) {
+  __device__ __forceinline__ bool produce(const TileInfo& tile, Hook&& hook = Hook{},
+                                          const PairLoad& pair = PairLoad{}) {
     const TensorMaps maps{&d_.a, &d_.b, &d_.a2, &d_.b2};
-    return load_tile<F, kStallHook>(maps, ring_, state_, tile, d_.p, fp8_, loads_, hook);
+    return load_tile<F, kStallHook>(maps, ring_, state_, tile, d_.p, fp8_, loads_, hook, pair);
   }
 
   // The ring's bytes that no stage and no staging tile of this form uses (kSpareBytes from

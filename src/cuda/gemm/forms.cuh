@@ -28,13 +28,21 @@ enum class Operand { bf16, e4m3 };
 // the first times the row's and the weight block's scales (mainloop.cuh, mma_tile_fp8). Two sets
 // of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 33 KiB (32 of tiles, then the
 // K block's scales), so 6 stages.
-template <FormKind kKind, Operand kOperand = Operand::bf16>
+//
+// kPair (e4m3 M-grouped forms, a launch option: GemmPairs): CTAs run in clusters of two over
+// consecutive tiles of the linear order; when the two tiles use the same weight tile (same group
+// and N tile), each CTA loads half of it and multicasts it to both, so the L2 serves a quarter
+// fewer bytes a K block (NOTES.md: the e4m3 forms are L2-bound). Same tiles, same arithmetic:
+// bitwise the unpaired launch.
+template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false>
 struct Form {
   static constexpr FormKind kind = kKind;
   static constexpr Operand operand = kOperand;
   static constexpr bool kFp8 = kOperand == Operand::e4m3;
   static constexpr bool kKGrouped =
       kKind == FormKind::kWeightGrad || kKind == FormKind::kWeightGradContinued;
+  static constexpr int kCluster = kPair ? 2 : 1;  // CTAs of a cluster
+  static_assert(!kPair || (kFp8 && !kKGrouped), "pairs: the M-grouped e4m3 forms");
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;
@@ -72,8 +80,10 @@ struct Form {
   static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes + kScaleBytes;
   // Arrivals that complete a stage's full phase: the Producer's (with the stage's bulk bytes);
   // the M-grouped e4m3 forms add the one of the weight scales' copy (mainloop.cuh,
-  // load_k_block).
-  static constexpr int kFullArrivals = kFp8 && !kKGrouped ? 2 : 1;
+  // load_k_block), pairs the peer Producer's. Its empty phase: every consumer warp's of every CTA
+  // of the cluster (a Producer may write its peer's stage).
+  static constexpr int kFullArrivals = (kFp8 && !kKGrouped ? 2 : 1) + (kCluster - 1);
+  static constexpr int kEmptyArrivals = kReaders * kCluster;
   static constexpr std::uint32_t kStagingBytes = kTmaStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");

@@ -174,6 +174,10 @@ struct GateUpForwardFp8Args {
   int hidden_size = 0;        // K, multiple of 128
   int intermediate_size = 0;  // N, multiple of 128
   std::optional<float> swiglu_limit;
+  // Clusters of two CTAs on consecutive tiles that load a shared weight tile once between them
+  // (TMA multicast): the same results, bit for bit, with a quarter fewer L2 reads where the
+  // weight tile is shared. Off until measured faster (docs/perf/NOTES.md).
+  bool pairs = false;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -188,8 +192,9 @@ struct RowsTimesWeightTFp8Args {
   std::int64_t ld_out = 0;
   const float* row_scale = nullptr;
   RowScatter scatter;
-  int n = 0;  // multiple of 128
-  int k = 0;  // multiple of 128
+  int n = 0;           // multiple of 128
+  int k = 0;           // multiple of 128
+  bool pairs = false;  // as GateUpForwardFp8Args::pairs
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -320,7 +325,7 @@ struct WeightGradArgs {
   std::int64_t ld_a = 0;
   const __nv_bfloat16* b = nullptr;  // [capacity_rows, n], ld_b
   std::int64_t ld_b = 0;
-  void* out = nullptr;    // [G, m, n]: group g's row r at out + g * out_group_stride + r * ld_out
+  void* out = nullptr;  // [G, m, n]: group g's row r at out + g * out_group_stride + r * ld_out
   std::int64_t ld_out = 0;
   // Elements between groups' outputs: 0 for m * ld_out (dense); else a multiple of ld_out, at
   // least m * ld_out (e.g. the gate or up half of one packed [G, 2m, n] gradient).

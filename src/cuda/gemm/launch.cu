@@ -335,13 +335,15 @@ CUtensorMap fp8_weight_map(const Fp8Weight& w, int groups, int n, int k, int box
                               (name + ".data").c_str());
 }
 
-using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3>;
-using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3>;
+template <bool kPair>
+using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair>;
+template <bool kPair>
+using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair>;
 
 }  // namespace
 
 void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
-  using F = Fp8GateUp;
+  using F = Fp8GateUp<false>;  // the pairs' geometry is the same
   check_segments(args.segments);
   check_multiple_of_128(args.hidden_size, "hidden_size");
   check_multiple_of_128(args.intermediate_size, "intermediate_size");
@@ -366,15 +368,18 @@ void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
   const Fp8Scales fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
                       args.w_up.scale, N / 128, K / F::kBlockK};
-  with_flag(args.gate != nullptr, [&](auto pre_activations) {
-    with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
-      launch<F, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
+  with_flag(args.pairs, [&](auto pairs) {
+    with_flag(args.gate != nullptr, [&](auto pre_activations) {
+      with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+        launch<Fp8GateUp<pairs()>, epilogue::SwigluForward<pre_activations(), clamped()>>(
+            d, args.stream, fp8);
+      });
     });
   });
 }
 
 void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
-  using F = Fp8RowsWT;
+  using F = Fp8RowsWT<false>;  // the pairs' geometry is the same
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
   check_multiple_of_128(args.k, "k");
@@ -393,9 +398,11 @@ void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
   p.row_scale = args.row_scale;
   const Fp8Scales fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
                       args.w.scale, args.n / 128, args.k / F::kBlockK};
-  with_flag(args.row_scale != nullptr, [&](auto scaled) {
-    with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
-      launch<F, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
+  with_flag(args.pairs, [&](auto pairs) {
+    with_flag(args.row_scale != nullptr, [&](auto scaled) {
+      with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+        launch<Fp8RowsWT<pairs()>, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
+      });
     });
   });
 }

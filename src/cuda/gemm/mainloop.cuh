@@ -29,6 +29,7 @@
 
 #include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -140,7 +141,7 @@ struct SharedRing {
   __device__ void init_barriers() const {
     for (int s = 0; s < F::kStages; ++s) {
       ptx::mbarrier_init(full(s), F::kFullArrivals);
-      ptx::mbarrier_init(empty(s), F::kReaders);
+      ptx::mbarrier_init(empty(s), F::kEmptyArrivals);
     }
     for (int q = 0; q < kTileQueueDepth; ++q) {
       ptx::mbarrier_init(tile_full(q), 1);
@@ -201,12 +202,39 @@ struct TensorMaps {
   const CUtensorMap* b2;  // gate/up: W_up; RowsW with a second product: its W
 };
 
+// Pairs (F::kCluster 2): this CTA's rank in its cluster, and whether the cluster's two tiles of
+// this step use the same weight tile (then each CTA loads half `rank` of it and multicasts it).
+// NOTES (pairs): both CTAs walk the same K blocks in the same stages, so stage s is in the same
+// round in both. A Producer may write its peer's stage, so it waits until the consumers of both
+// CTAs released the stage (empty), and then arrives on its peer's full barrier, even when it sends
+// the peer no bytes: a consumer reaches round r + 1 of a stage only after both Producers saw round
+// r released everywhere, so no arrival for round r + 1 lands on a barrier whose round r is still
+// open.
+struct PairLoad {
+  bool shared_b = false;
+  int rank = 0;
+};
+
+// A B tile box into this CTA's stage, or (pairs, `multicast`) into the same offsets of both CTAs.
+template <class F>
+__device__ __forceinline__ void tma_load_b(void* dst, const CUtensorMap* map, std::uint64_t* bar,
+                                           int c0, int c1, bool multicast) {
+  if constexpr (F::kCluster > 1) {
+    if (multicast) {
+      ptx::tma_load_2d_multicast(dst, map, bar, c0, c1, 0x3);
+      return;
+    }
+  }
+  ptx::tma_load_2d(dst, map, bar, c0, c1);
+}
+
 // Producer, M-grouped forms: half `h` of the kTileN x 64 B tile of K block `kb` (B rows or N
 // chunks [h kTileN / 2, (h + 1) kTileN / 2)); the halves together give the same bytes as one box.
+// `multicast` (pairs): into both CTAs of the cluster.
 template <class F>
 __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const SharedRing<F>& ring,
                                             int s, const TileInfo& tile, int kb,
-                                            const GemmParams& p, int h) {
+                                            const GemmParams& p, int h, bool multicast = false) {
   constexpr int kHalfChunks = F::kTileN / 2 / kSwizzleChunk;
   std::uint64_t* bar = ring.full(s);
   std::uint8_t* dst = ring.b(s) + h * (F::kTileBBytes / 2);
@@ -215,7 +243,7 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
   const int w_row = tile.group * p.b_rows_per_group;
   if constexpr (F::kind == FormKind::kGateUp) {
     // Half 0: W_gate's kTileN / 2 rows, half 1: W_up's, for the same output columns.
-    ptx::tma_load_2d(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0);
+    tma_load_b<F>(dst, h == 0 ? maps.b : maps.b2, bar, k0, w_row + n0, multicast);
   } else if constexpr (F::kTransB) {
     // Two products share the accumulators: K blocks [0, k_blocks_first) of (a, W), then those of
     // (a2, W2).
@@ -230,9 +258,10 @@ __device__ __forceinline__ void load_b_half(const TensorMaps& maps, const Shared
   } else if constexpr (F::kInputGradient) {  // e4m3 input gradients: W^T copies, K-major
     const bool second = p.k_blocks_first > 0 && kb >= p.k_blocks_first;
     const int kk0 = second ? k0 - p.k_blocks_first * F::kBlockK : k0;
-    ptx::tma_load_2d(dst, second ? maps.b2 : maps.b, bar, kk0, w_row + n0 + h * (F::kTileN / 2));
+    tma_load_b<F>(dst, second ? maps.b2 : maps.b, bar, kk0, w_row + n0 + h * (F::kTileN / 2),
+                  multicast);
   } else {
-    ptx::tma_load_2d(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2));
+    tma_load_b<F>(dst, maps.b, bar, k0, w_row + n0 + h * (F::kTileN / 2), multicast);
   }
 }
 
@@ -287,7 +316,8 @@ __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigne
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
-                                             const GemmParams& p, const Fp8Scales* fp8) {
+                                             const GemmParams& p, const Fp8Scales* fp8,
+                                             const PairLoad& pair = PairLoad{}) {
   std::uint64_t* bar = ring.full(s);
   const int k0 = kb * F::kBlockK;
   if constexpr (F::kKGrouped && F::kFp8) {
@@ -347,6 +377,12 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
       ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
     }
     ptx::tma_load_2d(ring.a(s), second ? maps.a2 : maps.a, bar, kk0, tile.row_base + tile.m0);
+    if constexpr (F::kCluster > 1) {
+      if (pair.shared_b) {  // the peer multicasts the other half
+        load_b_half<F>(maps, ring, s, tile, kb, p, pair.rank, true);
+        return;
+      }
+    }
     load_b_half<F>(maps, ring, s, tile, kb, p, 0);
     load_b_half<F>(maps, ring, s, tile, kb, p, 1);
   }
@@ -375,7 +411,9 @@ template <class F, bool kStallHook, class Hook>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
                                           const GemmParams& p, const Fp8Scales* fp8,
-                                          ProducerLoads& loads, Hook&& hook) {
+                                          ProducerLoads& loads, Hook&& hook,
+                                          const PairLoad& pair = PairLoad{}) {
+  static_assert(!kStallHook || F::kCluster == 1, "the stall hook: unpaired kernels");
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     hook(kb);
     // NOTES: the flag too, after the wait: once the CTA aborted, the Consumers pass stages without
@@ -397,7 +435,9 @@ __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRi
       }
       loads.skipped &= ~bit;
     }
-    load_k_block<F>(maps, ring, state.stage, tile, kb, p, fp8);
+    if constexpr (F::kCluster > 1)
+      ptx::mbarrier_arrive_cluster(ring.full(state.stage), pair.rank ^ 1);
+    load_k_block<F>(maps, ring, state.stage, tile, kb, p, fp8, pair);
     state.advance();
   }
   return true;
@@ -561,6 +601,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
                                              const Lead& lead = Lead{}) {
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
   constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
+  const std::uint32_t peer = F::kCluster > 1 ? ptx::cluster_ctarank() ^ 1u : 0u;  // pairs
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
@@ -576,7 +617,10 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
-    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+    if (lane == 0) {
+      ptx::mbarrier_arrive(ring.empty(state.stage));
+      if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(state.stage), peer);
+    }
     state.advance();
     const float factor[2][2] = {{__fmul_rn(row_scale[0], weight.x),
                                  __fmul_rn(row_scale[0], kTwoWeights ? weight.y : weight.x)},

@@ -6,7 +6,8 @@
 // (with N fastest, a wide N, e.g. mixtral's I = 14336, re-streamed the whole weight from HBM once
 // per M tile).
 // M-grouped forms: group g has ceil(rows_g / kTileM) x n_tiles tiles, each with a fixed K loop;
-// CTA c runs tiles c, c + grid, ...
+// CTA c runs tiles c, c + grid, ... (pairs: cluster c runs steps c, c + clusters, ..., step s
+// tiles 2s and 2s + 1, pair_tile).
 // K-grouped form (wgrad): every group has m_tiles x n_tiles tiles; the K loop covers rows_g. Tile
 // t (a ticket) is the (t mod tiles-per-group)-th tile of the (t / tiles-per-group)-th group in
 // heavy-first order (most K blocks first, ties by group index); CTAs draw t from a counter, or
@@ -55,10 +56,19 @@ struct TileInfo {
   int k_blocks;
 };
 
+// One CTA's share of a pair's step (TileScheduler::pair_tile): its tile, whether it stores it, and
+// whether the pair's two tiles use the same weight tile (then each CTA loads half of it and
+// multicasts it).
+struct PairTile {
+  TileInfo tile;
+  bool store;
+  bool shared_b;
+};
+
 // Shared-memory tables, filled once per CTA by one warp.
 struct SchedulerTables {
   int start[kMaxGroups];
-  int count[kMaxGroups];  // K-grouped: -1 for a group the launch does not run (pass plan)
+  int count[kMaxGroups];       // K-grouped: -1 for a group the launch does not run (pass plan)
   int prefix[kMaxGroups + 1];  // exclusive prefix of tiles per group
   int order[kMaxGroups];       // K-grouped: groups, heaviest first
   int static_order;            // K-grouped: 1 = CTA c takes tickets c, c + grid, ... (no counter)
@@ -84,7 +94,8 @@ __device__ __forceinline__ int order_key(int k_blocks) {
   return 1 + e * 8 + m;  // <= 1 + 30 * 8 + 7 < kOrderBuckets
 }
 
-// kBlockK: the K-grouped form's K block in rows (64 bf16, 128 e4m3), which sizes its tiles' K loops.
+// kBlockK: the K-grouped form's K block in rows (64 bf16, 128 e4m3), which sizes its tiles' K
+// loops.
 template <bool kKGrouped, int kBlockK = kTileK>
 struct TileScheduler {
   const SchedulerParams& p;
@@ -277,6 +288,19 @@ struct TileScheduler {
   __device__ TileInfo tile(int index) {
     while (t.prefix[cursor + 1] <= index) ++cursor;
     return tile_in_group(cursor, index - t.prefix[cursor]);
+  }
+
+  // Pairs (M-grouped, clusters of two CTAs): rank `rank`'s share of cluster step `step`, tiles
+  // 2 step and 2 step + 1 of the linear order (asked for in increasing steps). With an odd tile
+  // count the last step gives rank 1 a copy of rank 0's tile, which it computes (its peer needs its
+  // half of the weight tile) but does not store.
+  __device__ PairTile pair_tile(int step, int rank) {
+    static_assert(!kKGrouped, "pairs: M-grouped tiles");
+    const int first = 2 * step;
+    const bool second = first + 1 < num_tiles();
+    const TileInfo a = tile(first);
+    const TileInfo b = second ? tile(first + 1) : a;
+    return {rank == 0 ? a : b, rank == 0 || second, a.group == b.group && a.n0 == b.n0};
   }
 
   // Tile `ticket` of the heavy-first order (K-grouped).

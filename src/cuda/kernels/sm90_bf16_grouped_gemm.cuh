@@ -9,15 +9,17 @@
 //               of each tile each.
 //
 // Tile sequences (scheduler.cuh): M-grouped forms walk the static linear order (CTA c: tiles c,
-// c + grid, ...); the K-grouped form takes tickets from the caller's counter pair or in the static
-// heavy-first order, the Producer handing each ticket to the Consumers through the engine's tile
-// queue. Every wait is bounded: a CTA that gives up ends normally and leaves a report in the
-// launch's mapped host memory (TimeoutReport).
+// c + grid, ...; pairs, F::kCluster 2: cluster c steps c, c + clusters, ..., each step two
+// consecutive tiles, one a CTA); the K-grouped form takes tickets from the caller's counter pair or
+// in the static heavy-first order, the Producer handing each ticket to the Consumers through the
+// engine's tile queue. Every wait is bounded: a CTA that gives up ends normally and leaves a report
+// in the launch's mapped host memory (TimeoutReport).
 #pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -27,6 +29,7 @@
 #include "cuda/gemm/engine.cuh"
 #include "cuda/gemm/launch.hpp"
 #include "cuda/gemm/scheduler.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "mok/error.hpp"
 
@@ -53,14 +56,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto& scratch = *static_cast<SchedulerScratch*>(engine.setup_scratch());
       Scheduler::order_heavy_first(d.p.sched, tables, scratch, lane);
       Scheduler::choose_static_order(d.p.sched, tables, scratch, lane, gridDim.x,
-                                                       static_cast<TileOrder>(d.p.tile_order));
+                                     static_cast<TileOrder>(d.p.tile_order));
       ptx::fence_proxy_async_shared();  // the ring's TMA loads overwrite the scratch
     }
   }
   __syncthreads();
+  // Pairs: the peer's multicast loads and arrivals target this CTA's barriers, so both CTAs'
+  // barriers are initialised before either issues any.
+  if constexpr (F::kCluster > 1) ptx::cluster_sync();
 
   Scheduler scheduler{d.p.sched, tables};
   const int num_tiles = scheduler.num_tiles();
+  // Pairs: this CTA's rank, its cluster and the number of clusters (consecutive blocks along x).
+  const int rank = F::kCluster > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  const int cluster = static_cast<int>(blockIdx.x) / F::kCluster;
+  const int clusters = static_cast<int>(gridDim.x) / F::kCluster;
 
   if (engine.role() == Role::kProducer) {
     engine.become_producer(stall_block);
@@ -83,6 +93,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!engine.produce(scheduler.tile_of_ticket(ticket))) break;
         }
         if (!fixed) tickets.retire();
+      } else if constexpr (F::kCluster > 1) {
+        for (int step = cluster; 2 * step < num_tiles; step += clusters) {
+          const PairTile pt = scheduler.pair_tile(step, rank);
+          if (!engine.produce(pt.tile, NoLoadHook{}, PairLoad{pt.shared_b, rank})) break;
+        }
       } else {
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
           if (!engine.produce(scheduler.tile(tile))) break;
@@ -97,6 +112,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int ticket = engine.take_ticket();
         if (ticket == kNoTile) break;
         engine.consume(scheduler.tile_of_ticket(ticket));
+      }
+    } else if constexpr (F::kCluster > 1) {
+      static_assert(!epilogue::HoldsRows<E, F>, "pairs: no held rows");
+      for (int step = cluster; 2 * step < num_tiles; step += clusters) {
+        const PairTile pt = scheduler.pair_tile(step, rank);
+        TileInfo tile = pt.tile;
+        if (!pt.store) tile.row_count = tile.m0;  // every row past the count: nothing stored
+        engine.consume(tile);
       }
     } else {
       // NOTES: after an abort the remaining tiles still run (their waits give up at once, their
@@ -114,9 +137,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     engine.finish_consuming();
   }
-  // Every role has left its loops; a CTA that gave up says which wait first did.
+  // Every role has left its loops; a CTA that gave up says which wait first did. Pairs: neither
+  // CTA exits while its peer may still arrive on its barriers or write its shared memory.
   __syncwarp();
   __syncthreads();
+  if constexpr (F::kCluster > 1) ptx::cluster_sync();
   if (threadIdx.x == 0) engine.report_timeout();
 #endif
 }
@@ -141,16 +166,51 @@ void configure_grouped_gemm_kernel(int device) {
   if (cached) configured[device].store(true, std::memory_order_release);
 }
 
-// One CTA per SM of the current device (a persistent grid).
+// Pairs: the CTAs of a persistent launch in clusters of two, no more clusters than can be
+// resident at once (asked of the driver once per device and instantiation).
+template <class F, class E, bool kStallHook>
+int pair_grid_size(int device, cudaLaunchConfig_t config) {
+  static std::atomic<int> resident[kMaxDevices] = {};
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int clusters = cached ? resident[device].load(std::memory_order_acquire) : 0;
+  const int sms = persistent_grid_size();
+  if (clusters == 0) {
+    config.gridDim = dim3(sms / 2 * 2);
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(
+        &clusters, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, &config);
+    if (e != cudaSuccess || clusters <= 0) {
+      (void)cudaGetLastError();
+      throw Error("grouped GEMM pairs on device " + to_text(device),
+                  "a cluster of 2 CTAs resident (cudaOccupancyMaxActiveClusters)",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "0 clusters");
+    }
+    if (cached) resident[device].store(clusters, std::memory_order_release);
+  }
+  return std::min(clusters, sms / 2) * 2;
+}
+
+// One CTA per SM of the current device (a persistent grid); pairs (F::kCluster 2) in clusters of
+// two CTAs.
 template <class F, class E, bool kStallHook = false>
 void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream, int stall_block = -1,
                                 const Fp8Scales& fp8 = {}) {
-  configure_grouped_gemm_kernel<F, E, kStallHook>(current_device());
+  const int device = current_device();
+  configure_grouped_gemm_kernel<F, E, kStallHook>(device);
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSharedBytes;
   config.stream = stream;
   config.gridDim = dim3(persistent_grid_size());
+  cudaLaunchAttribute cluster[1] = {};
+  if constexpr (F::kCluster > 1) {
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = F::kCluster;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    config.gridDim = dim3(pair_grid_size<F, E, kStallHook>(device, config));
+  }
   cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, d,
                                      stall_block, fp8);
   if (e == cudaSuccess) e = cudaGetLastError();

@@ -10,6 +10,9 @@ using epilogue::SwigluForward;
 using Stream = cudaStream_t;
 using GateUp = Form<FormKind::kGateUp, Operand::e4m3>;
 using RowsWT = Form<FormKind::kRowsWT, Operand::e4m3>;
+// Pairs (GateUpForwardFp8Args::pairs, RowsTimesWeightTFp8Args::pairs): clusters of two CTAs.
+using GateUpPairs = Form<FormKind::kGateUp, Operand::e4m3, true>;
+using RowsWTPairs = Form<FormKind::kRowsWT, Operand::e4m3, true>;
 template void launch_grouped_gemm<GateUp, SwigluForward<false>>(const GemmDescriptor&, Stream,
                                                                 const Fp8Scales&);
 template void launch_grouped_gemm<GateUp, SwigluForward<true>>(const GemmDescriptor&, Stream,
@@ -26,5 +29,22 @@ template void launch_grouped_gemm<RowsWT, RowsBf16<true, false>>(const GemmDescr
                                                                  const Fp8Scales&);
 template void launch_grouped_gemm<RowsWT, RowsBf16<true, true>>(const GemmDescriptor&, Stream,
                                                                 const Fp8Scales&);
+template void launch_grouped_gemm<GateUpPairs, SwigluForward<false>>(const GemmDescriptor&, Stream,
+                                                                     const Fp8Scales&);
+template void launch_grouped_gemm<GateUpPairs, SwigluForward<true>>(const GemmDescriptor&, Stream,
+                                                                    const Fp8Scales&);
+template void launch_grouped_gemm<GateUpPairs, SwigluForward<false, true>>(const GemmDescriptor&,
+                                                                           Stream,
+                                                                           const Fp8Scales&);
+template void launch_grouped_gemm<GateUpPairs, SwigluForward<true, true>>(const GemmDescriptor&,
+                                                                          Stream, const Fp8Scales&);
+template void launch_grouped_gemm<RowsWTPairs, RowsBf16<false, false>>(const GemmDescriptor&,
+                                                                       Stream, const Fp8Scales&);
+template void launch_grouped_gemm<RowsWTPairs, RowsBf16<false, true>>(const GemmDescriptor&, Stream,
+                                                                      const Fp8Scales&);
+template void launch_grouped_gemm<RowsWTPairs, RowsBf16<true, false>>(const GemmDescriptor&, Stream,
+                                                                      const Fp8Scales&);
+template void launch_grouped_gemm<RowsWTPairs, RowsBf16<true, true>>(const GemmDescriptor&, Stream,
+                                                                     const Fp8Scales&);
 
 }  // namespace mok::gemm

@@ -25,6 +25,19 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, s
       : "memory");
 }
 
+// The same box, written to `dst` (and its transactions completed on `bar`) at the same
+// shared-memory offsets in every CTA of the cluster whose bit is set in `cta_mask` (multicast).
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      std::uint64_t* bar, int c0, int c1,
+                                                      std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0),
+      "r"(c1)
+      : "memory");
+}
+
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to `dst`;
 // completes `bytes` of transactions on `bar` (the non-tensor bulk copy: no map, no bounds).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes,
