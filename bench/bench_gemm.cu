@@ -19,8 +19,8 @@
 // gemm2, dgrad and wgrad checked before timing on a sampled row of the first and last expert
 // against an fp32 model of the block-scaled product (dgrad-swiglu's epilogue values are
 // test_gemm_fp8.cu's).
-// "mok-fp8-pairs": gemm1 and gemm2 of mok-fp8 in clusters of two CTAs that share weight tiles
-// (GateUpForwardFp8Args::pairs), timed only when argv[6] names it.
+// "mok-fp8-pairs": gemm1, gemm2, dgrad and dgrad-swiglu of mok-fp8 in clusters of two CTAs that
+// share weight tiles (the launchers' `pairs`), timed only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <functional>
 #include <optional>
 #include <string>
@@ -566,6 +567,36 @@ int main(int argc, char** argv) {
       wgrad8.grad.tickets = tickets;
       wgrad8.a = {dy8t, capacity, dy8ts, c.h};
       wgrad8.b = {hid8t, capacity, hid8ts, c.i};
+      // The input gradients in pairs (mok-fp8-pairs), checked bitwise as the forward ones.
+      mok::gemm::RowsTimesWeightFp8Args dgrad8p = dgrad8, dgrad8p_swiglu = dgrad8_swiglu;
+      dgrad8p.pairs = dgrad8p_swiglu.pairs = true;
+      if (impls.find(",mok-fp8-pairs,") != std::string::npos) {
+        const size_t cells = size_t(capacity) * c.i, dots = size_t(capacity) * dot_chunks;
+        auto backward = [&](const mok::gemm::RowsTimesWeightFp8Args& plain,
+                            const mok::gemm::RowsTimesWeightFp8Args& swiglu) {
+          std::vector<std::uint16_t> bytes(3 * cells);
+          std::vector<float> dot(dots);
+          for (auto* b : {out_dh, out_dg, out_du}) CHECK_CUDA(cudaMemset(b, 0xff, cells * 2));
+          CHECK_CUDA(cudaMemset(out_dot, 0xff, dots * 4));
+          mok::gemm::rows_times_weight_fp8(plain);
+          mok::gemm::rows_times_weight_fp8(swiglu);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          int i = 0;
+          for (auto* b : {out_dh, out_dg, out_du}) {
+            CHECK_CUDA(
+                cudaMemcpy(bytes.data() + cells * i++, b, cells * 2, cudaMemcpyDeviceToHost));
+          }
+          CHECK_CUDA(cudaMemcpy(dot.data(), out_dot, dots * 4, cudaMemcpyDeviceToHost));
+          return std::make_pair(bytes, dot);
+        };
+        const auto want = backward(dgrad8, dgrad8_swiglu);
+        const auto got = backward(dgrad8p, dgrad8p_swiglu);
+        if (want.first != got.first ||
+            std::memcmp(want.second.data(), got.second.data(), dots * 4) != 0) {
+          std::fprintf(stderr, "%s: the paired e4m3 input gradients differ; not timing\n", c.name);
+          return 1;
+        }
+      }
       {
         CHECK_CUDA(cudaMemset(out_dh, 0xff, size_t(capacity) * c.i * 2));
         CHECK_CUDA(cudaMemset(out_dw, 0xff, size_t(G) * c.h * c.i * 2));
@@ -621,6 +652,10 @@ int main(int argc, char** argv) {
       items.push_back({"dgrad-swiglu", "mok-fp8", flops,
                        [=] { mok::gemm::rows_times_weight_fp8(dgrad8_swiglu); }});
       items.push_back({"wgrad", "mok-fp8", flops, [=] { mok::gemm::weight_grad_fp8(wgrad8); }});
+      items.push_back(
+          {"dgrad", "mok-fp8-pairs", flops, [=] { mok::gemm::rows_times_weight_fp8(dgrad8p); }});
+      items.push_back({"dgrad-swiglu", "mok-fp8-pairs", flops,
+                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8p_swiglu); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).

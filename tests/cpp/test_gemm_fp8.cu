@@ -405,7 +405,10 @@ __global__ void swiglu_backward_kernel(const float* acc, const float* scale, int
 // model (one product, or two into the same accumulators), the bf16 output the rounding of the
 // fp32 one, and the SwiGLU-backward epilogue (row scale, dot partials, bf16(w h)) bitwise what
 // swiglu_backward_fast gives on bf16(scale * the fp32 output); a second run bitwise.
-void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual) {
+// `pairs`: also every output of the paired launch (RowsTimesWeightFp8Args::pairs), which must
+// give the same bits.
+void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
+                        bool pairs = false) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -514,6 +517,31 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual)
   EXPECT_EQ(stray, 0) << "outputs written in rows past the groups";
   EXPECT_TRUE(same_bits(acc, acc2)) << "a second run differs";
   (void)g_h, (void)u_h;
+  if (!pairs) return;
+  // The paired launch (clusters of two CTAs sharing weight tiles), every output poisoned first.
+  DeviceBuffer<float> acc_p(cells), dot_p(std::size_t(l.capacity) * chunks);
+  DeviceBuffer<__nv_bfloat16> out_p(cells), dg_p(cells), du_p(cells), wh_p(cells);
+  for (auto* b : {&out_p, &dg_p, &du_p, &wh_p}) b->poison();
+  acc_p.poison(), dot_p.poison();
+  mok::gemm::RowsTimesWeightFp8Args f = args;
+  f.pairs = true;
+  f.out = acc_p.get();
+  f.out_fp32 = true;
+  mok::gemm::rows_times_weight_fp8(f);
+  f.out = out_p.get();
+  f.out_fp32 = false;
+  mok::gemm::rows_times_weight_fp8(f);
+  f.out = nullptr;
+  f.swiglu = {g.get(),         u.get(),     dg_p.get(), du_p.get(),
+              row_scale.get(), dot_p.get(), wh_p.get(), std::nullopt};
+  mok::gemm::rows_times_weight_fp8(f);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same_bits(acc, acc_p) && same_bits(out, out_p))
+      << "the paired launch's fp32 or bf16 rows differ from the unpaired ones";
+  EXPECT_TRUE(same_bits(dg, dg_p) && same_bits(du, du_p) && same_bits(wh, wh_p) &&
+              same_bits(dot, dot_p))
+      << "the paired launch's SwiGLU backward (dg, du, w h, dot) differs from the unpaired one";
 }
 
 TEST(GemmFp8InputGrad, OneProductSmallOddAndEmptyGroups) {
@@ -739,10 +767,10 @@ TEST(GemmFp8Forms, OneAndThreeKBlocks) {
   run_input_grad_fp8({130, 0, 77}, 256, 128, true);
 }
 
-// The forward forms in pairs (clusters of two CTAs sharing weight tiles): the same bits as the
+// The e4m3 forms in pairs (clusters of two CTAs sharing weight tiles): the same bits as the
 // unpaired launch, on odd tile counts (an odd last step: rank 1 computes rank 0's tile and does
-// not store it), steps across groups and N tiles (no shared weight tile), one and three K blocks,
-// the clamped SwiGLU and the row scale.
+// not store it), steps across groups and N tiles (no shared weight tile), the clamped SwiGLU, the
+// row scale, and the input gradients' epilogues and second product.
 TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
   MOK_REQUIRE_HOPPER();
   run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, std::nullopt, true);
@@ -750,6 +778,8 @@ TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
   run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, true);  // 21 tiles
   run_rows_fp8({1000, 0, 2, 1}, 256, 384, true, true);
   run_rows_fp8({5}, 128, 128, false, true);  // one tile: rank 1 only mirrors it
+  run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, true);
+  run_input_grad_fp8({130, 0, 77}, 256, 128, true, true);  // two products
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.

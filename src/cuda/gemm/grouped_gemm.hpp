@@ -273,8 +273,9 @@ struct RowsTimesWeightFp8Args {
   bool out_fp32 = false;
   RowScatter scatter;
   SwigluBackwardEpilogue swiglu;
-  int n = 0;  // multiple of 128
-  int k = 0;  // multiple of 128
+  int n = 0;           // multiple of 128
+  int k = 0;           // multiple of 128
+  bool pairs = false;  // as GateUpForwardFp8Args::pairs
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };

@@ -533,7 +533,7 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
 }
 
 void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
-  using F = Form<FormKind::kRowsWT, Operand::e4m3>;
+  using F = Fp8RowsWT<false>;  // the pairs' geometry is the same
   static_assert(F::kInputGradient, "e4m3 input gradients: rows x W^T over the W^T copies");
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
@@ -564,7 +564,10 @@ void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
                              args.n);
   const Fp8Scales fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
                       args.w2_t.scale, args.n / 128,  k_blocks};
-  launch_input_gradient<F>(d, args.swiglu, args.out_fp32, args.scatter, args.stream, fp8);
+  with_flag(args.pairs, [&](auto pairs) {
+    launch_input_gradient<Fp8RowsWT<pairs()>>(d, args.swiglu, args.out_fp32, args.scatter,
+                                              args.stream, fp8);
+  });
 }
 
 namespace {

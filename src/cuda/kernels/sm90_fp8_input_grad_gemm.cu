@@ -12,6 +12,7 @@ using epilogue::SwigluBackward;
 using Stream = cudaStream_t;
 using Scales = const Fp8Scales&;
 using RowsWT = Form<FormKind::kRowsWT, Operand::e4m3>;
+using RowsWTPairs = Form<FormKind::kRowsWT, Operand::e4m3, true>;  // RowsTimesWeightFp8Args::pairs
 // RowsBf16<false, *> of this form are instantiated by sm90_fp8_grouped_gemm.cu (the down forward).
 template void launch_grouped_gemm<RowsWT, RowsFp32>(const GemmDescriptor&, Stream, Scales);
 template void launch_grouped_gemm<RowsWT, SwigluBackward<false, false>>(const GemmDescriptor&,
@@ -33,6 +34,29 @@ template void launch_grouped_gemm<RowsWT, SwigluBackward<true, true, true>>(cons
 template void launch_grouped_gemm<RowsWT, SwigluBackward<true, true, false, true>>(
     const GemmDescriptor&, Stream, Scales);
 template void launch_grouped_gemm<RowsWT, SwigluBackward<true, true, true, true>>(
+    const GemmDescriptor&, Stream, Scales);
+
+// The same in pairs (RowsBf16<false, *>: sm90_fp8_grouped_gemm.cu).
+template void launch_grouped_gemm<RowsWTPairs, RowsFp32>(const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<false, false>>(const GemmDescriptor&,
+                                                                             Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<false, true>>(const GemmDescriptor&,
+                                                                            Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, false>>(const GemmDescriptor&,
+                                                                            Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, true>>(const GemmDescriptor&,
+                                                                           Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<false, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<false, true, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, true, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, true, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTPairs, SwigluBackward<true, true, true, true>>(
     const GemmDescriptor&, Stream, Scales);
 
 }  // namespace mok::gemm
