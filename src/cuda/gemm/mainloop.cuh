@@ -2,8 +2,9 @@
 // F::kStages-deep shared-memory ring) and two Consumer warpgroups (each issues wgmma m64n256k16 on
 // its 64-row half of a 128 x 256 tile; e4m3 forms m64n128k32 on a 128 x 128 tile). Full barriers:
 // one arrival from the Producer + the stage's bulk bytes (the M-grouped e4m3 forms: and one from
-// their weight scales' cp.async). Empty barriers: one arrival per reading consumer warp
-// (F::kReaders) once its wgmma have read the stage. The tile queue (K-grouped forms):
+// their weight scales' cp.async; pairs: and one from the peer's Producer). Empty barriers: one
+// arrival per reading consumer warp (F::kReaders; pairs: of both CTAs) once its wgmma have read
+// the stage. The tile queue (K-grouped forms):
 // the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
 // consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
