@@ -20,7 +20,9 @@
 // against an fp32 model of the block-scaled product (dgrad-swiglu's epilogue values are
 // test_gemm_fp8.cu's).
 // "mok-fp8-pairs": gemm1, gemm2, dgrad and dgrad-swiglu of mok-fp8 in clusters of two CTAs that
-// share weight tiles (the launchers' `pairs`), timed only when argv[6] names it.
+// share weight tiles (the launchers' `pairs`); "mok-fp8-overlap": the same with each K block's
+// wgmma in flight during the previous block's promotion (`overlap`); "mok-fp8-pairs-overlap":
+// both. Each checked bitwise against mok-fp8 first, and timed only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -34,10 +36,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/gemm/grouped_gemm.hpp"
@@ -507,14 +509,31 @@ int main(int argc, char** argv) {
                                               c.i, out_y, c.h));
         }
       }
-      // "mok-fp8-pairs" (only when asked for by name): the same two forward forms in clusters of
-      // two CTAs sharing weight tiles (GateUpForwardFp8Args::pairs); checked bitwise against the
-      // unpaired launch over the whole outputs before timing.
-      mok::gemm::GateUpForwardFp8Args gu8p = gu8;
-      gu8p.pairs = true;
-      mok::gemm::RowsTimesWeightTFp8Args down8p = down8;
-      down8p.pairs = true;
-      if (impls.find(",mok-fp8-pairs,") != std::string::npos) {
+      // The mainloop variants (only when asked for by name): the same two forward forms in
+      // clusters of two CTAs sharing weight tiles (`pairs`), with the overlapped promotion
+      // (`overlap`), or both; each checked bitwise against the plain launch over the whole
+      // outputs before timing.
+      struct Fp8Variant {
+        const char* impl;
+        bool pairs, overlap;
+      };
+      const Fp8Variant fp8_variants[] = {{"mok-fp8-pairs", true, false},
+                                         {"mok-fp8-overlap", false, true},
+                                         {"mok-fp8-pairs-overlap", true, true}};
+      const auto named = [&](const char* impl) {
+        return impls.find(std::string(",") + impl + ",") != std::string::npos;
+      };
+      std::vector<mok::gemm::GateUpForwardFp8Args> gu8v;
+      std::vector<mok::gemm::RowsTimesWeightTFp8Args> down8v;
+      for (const Fp8Variant& v : fp8_variants) {
+        gu8v.push_back(gu8);
+        gu8v.back().pairs = v.pairs;
+        gu8v.back().overlap = v.overlap;
+        down8v.push_back(down8);
+        down8v.back().pairs = v.pairs;
+        down8v.back().overlap = v.overlap;
+      }
+      if (named("mok-fp8-pairs") || named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
         std::vector<std::uint16_t> want_h(size_t(capacity) * c.i), got_h(want_h.size());
         std::vector<std::uint16_t> want_y(size_t(capacity) * c.h), got_y(want_y.size());
         auto forward = [&](const auto& up, const auto& down, std::vector<std::uint16_t>& h,
@@ -528,11 +547,14 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaMemcpy(y.data(), out_y, y.size() * 2, cudaMemcpyDeviceToHost));
         };
         forward(gu8, down8, want_h, want_y);
-        forward(gu8p, down8p, got_h, got_y);
-        if (want_h != got_h || want_y != got_y) {
-          std::fprintf(stderr, "%s: the paired e4m3 forms differ from the unpaired; not timing\n",
-                       c.name);
-          return 1;
+        for (size_t v = 0; v < std::size(fp8_variants); ++v) {
+          if (!named(fp8_variants[v].impl)) continue;
+          forward(gu8v[v], down8v[v], got_h, got_y);
+          if (want_h != got_h || want_y != got_y) {
+            std::fprintf(stderr, "%s: %s's e4m3 forward forms differ from mok-fp8's; not timing\n",
+                         c.name, fp8_variants[v].impl);
+            return 1;
+          }
         }
       }
       // The e4m3 backward operands: dy rows with 1 x 128 scales along H ([H / 128, capacity]);
@@ -567,10 +589,16 @@ int main(int argc, char** argv) {
       wgrad8.grad.tickets = tickets;
       wgrad8.a = {dy8t, capacity, dy8ts, c.h};
       wgrad8.b = {hid8t, capacity, hid8ts, c.i};
-      // The input gradients in pairs (mok-fp8-pairs), checked bitwise as the forward ones.
-      mok::gemm::RowsTimesWeightFp8Args dgrad8p = dgrad8, dgrad8p_swiglu = dgrad8_swiglu;
-      dgrad8p.pairs = dgrad8p_swiglu.pairs = true;
-      if (impls.find(",mok-fp8-pairs,") != std::string::npos) {
+      // The input gradients of the variants, checked bitwise as the forward ones.
+      std::vector<mok::gemm::RowsTimesWeightFp8Args> dgrad8v, dgrad8v_swiglu;
+      for (const Fp8Variant& v : fp8_variants) {
+        for (auto* list : {&dgrad8v, &dgrad8v_swiglu}) {
+          list->push_back(list == &dgrad8v ? dgrad8 : dgrad8_swiglu);
+          list->back().pairs = v.pairs;
+          list->back().overlap = v.overlap;
+        }
+      }
+      if (named("mok-fp8-pairs") || named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
         const size_t cells = size_t(capacity) * c.i, dots = size_t(capacity) * dot_chunks;
         auto backward = [&](const mok::gemm::RowsTimesWeightFp8Args& plain,
                             const mok::gemm::RowsTimesWeightFp8Args& swiglu) {
@@ -590,11 +618,17 @@ int main(int argc, char** argv) {
           return std::make_pair(bytes, dot);
         };
         const auto want = backward(dgrad8, dgrad8_swiglu);
-        const auto got = backward(dgrad8p, dgrad8p_swiglu);
-        if (want.first != got.first ||
-            std::memcmp(want.second.data(), got.second.data(), dots * 4) != 0) {
-          std::fprintf(stderr, "%s: the paired e4m3 input gradients differ; not timing\n", c.name);
-          return 1;
+        for (size_t v = 0; v < std::size(fp8_variants); ++v) {
+          if (!named(fp8_variants[v].impl)) continue;
+          const auto got = backward(dgrad8v[v], dgrad8v_swiglu[v]);
+          if (want.first != got.first ||
+              std::memcmp(want.second.data(), got.second.data(), dots * 4) != 0) {
+            std::fprintf(stderr,
+                         "%s: %s's e4m3 input gradients differ from mok-fp8's; not "
+                         "timing\n",
+                         c.name, fp8_variants[v].impl);
+            return 1;
+          }
         }
       }
       {
@@ -637,10 +671,6 @@ int main(int argc, char** argv) {
           {"gemm1", "mok-fp8", 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(gu8); }});
       items.push_back(
           {"gemm2", "mok-fp8", flops, [=] { mok::gemm::rows_times_weight_t_fp8(down8); }});
-      items.push_back(
-          {"gemm1", "mok-fp8-pairs", 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(gu8p); }});
-      items.push_back(
-          {"gemm2", "mok-fp8-pairs", flops, [=] { mok::gemm::rows_times_weight_t_fp8(down8p); }});
       items.push_back({"dgrad", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad); }});
       items.push_back(
           {"dgrad-swiglu", "mok", flops, [=] { mok::gemm::rows_times_weight(dgrad_swiglu); }});
@@ -652,15 +682,23 @@ int main(int argc, char** argv) {
       items.push_back({"dgrad-swiglu", "mok-fp8", flops,
                        [=] { mok::gemm::rows_times_weight_fp8(dgrad8_swiglu); }});
       items.push_back({"wgrad", "mok-fp8", flops, [=] { mok::gemm::weight_grad_fp8(wgrad8); }});
-      items.push_back(
-          {"dgrad", "mok-fp8-pairs", flops, [=] { mok::gemm::rows_times_weight_fp8(dgrad8p); }});
-      items.push_back({"dgrad-swiglu", "mok-fp8-pairs", flops,
-                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8p_swiglu); }});
+      for (size_t v = 0; v < std::size(fp8_variants); ++v) {
+        const char* impl = fp8_variants[v].impl;
+        const auto up = gu8v[v];
+        const auto dn = down8v[v];
+        const auto dg = dgrad8v[v], dgs = dgrad8v_swiglu[v];
+        items.push_back({"gemm1", impl, 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(up); }});
+        items.push_back({"gemm2", impl, flops, [=] { mok::gemm::rows_times_weight_t_fp8(dn); }});
+        items.push_back({"dgrad", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dg); }});
+        items.push_back(
+            {"dgrad-swiglu", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dgs); }});
+      }
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
       std::erase_if(items, [&](const Item& it) {
-        return (impls.empty() && it.impl == "mok-fp8-pairs") ||  // only when named
+        const bool variant = it.impl.rfind("mok-fp8-", 0) == 0;  // a mainloop variant
+        return (impls.empty() && variant) ||                     // only when named
                (!passes.empty() &&
                 passes.find(std::string(",") + it.pass + ",") == std::string::npos) ||
                (!impls.empty() && impls.find("," + it.impl + ",") == std::string::npos);

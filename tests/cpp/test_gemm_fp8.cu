@@ -24,6 +24,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/bf16.hpp"
@@ -226,9 +227,23 @@ int group_of(const Layout& l, int r) {
   return g;
 }
 
-// `pairs`: also the paired launch (GateUpForwardFp8Args::pairs), which must give the same bits.
+// A mainloop variant of the M-grouped e4m3 forms, which must give the plain launch's bits: pairs
+// (clusters of two CTAs sharing weight tiles: the launchers' `pairs`) and overlap (K block kb + 1's
+// wgmma in flight during K block kb's promotion: `overlap`).
+struct Variant {
+  bool pairs = false;
+  bool overlap = false;
+  bool any() const { return pairs || overlap; }
+  std::string name() const {
+    return pairs && overlap ? "pairs + overlap" : pairs ? "pairs" : overlap ? "overlap" : "plain";
+  }
+};
+constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true};
+
+// `variant`: also that launch (GateUpForwardFp8Args::pairs, ::overlap), which must give the same
+// bits.
 void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
-                     std::optional<float> limit = std::nullopt, bool pairs = false) {
+                     std::optional<float> limit = std::nullopt, Variant variant = {}) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -240,7 +255,7 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
   const std::size_t cells = std::size_t(l.capacity) * I;
   DeviceBuffer<__nv_bfloat16> g(cells), u(cells), h(cells), g2(cells), u2(cells), h2(cells),
-      want_h(cells), h_only(cells), g_pairs(cells), u_pairs(cells), h_pairs(cells);
+      want_h(cells), h_only(cells), g_variant(cells), u_variant(cells), h_variant(cells);
   mok::gemm::GateUpForwardFp8Args args;
   args.segments = l.segments();
   args.x = {d_x.get(), H, d_xs.get(), l.capacity};
@@ -257,14 +272,15 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
     args.up = ub;
     mok::gemm::gate_up_forward_fp8(args);
   };
-  g.poison(), u.poison(), g2.poison(), u2.poison(), g_pairs.poison(), u_pairs.poison();
+  g.poison(), u.poison(), g2.poison(), u2.poison(), g_variant.poison(), u_variant.poison();
   run(h, g.get(), u.get());
   run(h2, g2.get(), u2.get());
   run(h_only, nullptr, nullptr);
-  if (pairs) {  // clusters of two CTAs sharing weight tiles
-    args.pairs = true;
-    run(h_pairs, g_pairs.get(), u_pairs.get());
-    args.pairs = false;
+  if (variant.any()) {
+    args.pairs = variant.pairs;
+    args.overlap = variant.overlap;
+    run(h_variant, g_variant.get(), u_variant.get());
+    args.pairs = args.overlap = false;
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -304,14 +320,15 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   EXPECT_EQ(stray, 0) << "g, u or hidden written in rows past the groups";
   EXPECT_TRUE(same_bits(g, g2) && same_bits(u, u2) && same_bits(h, h2)) << "a second run differs";
   EXPECT_TRUE(same_bits(h, h_only)) << "hidden without pre-activations differs";
-  if (pairs) {
-    EXPECT_TRUE(same_bits(g, g_pairs) && same_bits(u, u_pairs) && same_bits(h, h_pairs))
-        << "the paired launch (GateUpForwardFp8Args::pairs) differs from the unpaired one";
+  if (variant.any()) {
+    EXPECT_TRUE(same_bits(g, g_variant) && same_bits(u, u_variant) && same_bits(h, h_variant))
+        << "the " << variant.name() << " launch differs from the plain one";
   }
 }
 
-// `pairs`: also the paired launch (RowsTimesWeightTFp8Args::pairs), which must give the same bits.
-void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, bool pairs = false) {
+// `variant`: also that launch (RowsTimesWeightTFp8Args::pairs, ::overlap), which must give the
+// same bits.
+void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, Variant variant = {}) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -324,7 +341,7 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, boo
   d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
   d_rs.upload(row_scale);
   const std::size_t cells = std::size_t(l.capacity) * N;
-  DeviceBuffer<__nv_bfloat16> out(cells), out2(cells), out_pairs(cells);
+  DeviceBuffer<__nv_bfloat16> out(cells), out2(cells), out_variant(cells);
   mok::gemm::RowsTimesWeightTFp8Args args;
   args.segments = l.segments();
   args.a = {d_a.get(), K, d_as.get(), l.capacity};
@@ -333,11 +350,12 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, boo
   args.n = N;
   args.k = K;
   args.row_scale = scaled ? d_rs.get() : nullptr;
-  for (auto* o : {&out, &out2, &out_pairs}) {
-    if (o == &out_pairs && !pairs) continue;
+  for (auto* o : {&out, &out2, &out_variant}) {
+    if (o == &out_variant && !variant.any()) continue;
     o->poison();
     args.out = o->get();
-    args.pairs = o == &out_pairs;  // clusters of two CTAs sharing weight tiles
+    args.pairs = o == &out_variant && variant.pairs;
+    args.overlap = o == &out_variant && variant.overlap;
     mok::gemm::rows_times_weight_t_fp8(args);
   }
   MOK_CUDA_OK(cudaGetLastError());
@@ -370,9 +388,9 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, boo
   EXPECT_EQ(far, 0) << "out beyond the bound of the exact block-scaled product";
   EXPECT_EQ(stray, 0) << "out written in rows past the groups";
   EXPECT_TRUE(same_bits(out, out2)) << "a second run differs";
-  if (pairs) {
-    EXPECT_TRUE(same_bits(out, out_pairs))
-        << "the paired launch (RowsTimesWeightTFp8Args::pairs) differs from the unpaired one";
+  if (variant.any()) {
+    EXPECT_TRUE(same_bits(out, out_variant))
+        << "the " << variant.name() << " launch differs from the plain one";
   }
 }
 
@@ -405,10 +423,10 @@ __global__ void swiglu_backward_kernel(const float* acc, const float* scale, int
 // model (one product, or two into the same accumulators), the bf16 output the rounding of the
 // fp32 one, and the SwiGLU-backward epilogue (row scale, dot partials, bf16(w h)) bitwise what
 // swiglu_backward_fast gives on bf16(scale * the fp32 output); a second run bitwise.
-// `pairs`: also every output of the paired launch (RowsTimesWeightFp8Args::pairs), which must
-// give the same bits.
+// `variant`: also every output of that launch (RowsTimesWeightFp8Args::pairs, ::overlap), which
+// must give the same bits.
 void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
-                        bool pairs = false) {
+                        Variant variant = {}) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -517,14 +535,15 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
   EXPECT_EQ(stray, 0) << "outputs written in rows past the groups";
   EXPECT_TRUE(same_bits(acc, acc2)) << "a second run differs";
   (void)g_h, (void)u_h;
-  if (!pairs) return;
-  // The paired launch (clusters of two CTAs sharing weight tiles), every output poisoned first.
+  if (!variant.any()) return;
+  // The variant's launch, every output poisoned first.
   DeviceBuffer<float> acc_p(cells), dot_p(std::size_t(l.capacity) * chunks);
   DeviceBuffer<__nv_bfloat16> out_p(cells), dg_p(cells), du_p(cells), wh_p(cells);
   for (auto* b : {&out_p, &dg_p, &du_p, &wh_p}) b->poison();
   acc_p.poison(), dot_p.poison();
   mok::gemm::RowsTimesWeightFp8Args f = args;
-  f.pairs = true;
+  f.pairs = variant.pairs;
+  f.overlap = variant.overlap;
   f.out = acc_p.get();
   f.out_fp32 = true;
   mok::gemm::rows_times_weight_fp8(f);
@@ -538,10 +557,12 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same_bits(acc, acc_p) && same_bits(out, out_p))
-      << "the paired launch's fp32 or bf16 rows differ from the unpaired ones";
+      << "the " << variant.name() << " launch's fp32 or bf16 rows differ from the plain ones";
   EXPECT_TRUE(same_bits(dg, dg_p) && same_bits(du, du_p) && same_bits(wh, wh_p) &&
               same_bits(dot, dot_p))
-      << "the paired launch's SwiGLU backward (dg, du, w h, dot) differs from the unpaired one";
+      << "the " << variant.name()
+      << " launch's SwiGLU backward (dg, du, w h, dot) differs from "
+         "the plain one";
 }
 
 TEST(GemmFp8InputGrad, OneProductSmallOddAndEmptyGroups) {
@@ -773,13 +794,33 @@ TEST(GemmFp8Forms, OneAndThreeKBlocks) {
 // row scale, and the input gradients' epilogues and second product.
 TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
   MOK_REQUIRE_HOPPER();
-  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, std::nullopt, true);
-  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, true);
-  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, true);  // 21 tiles
-  run_rows_fp8({1000, 0, 2, 1}, 256, 384, true, true);
-  run_rows_fp8({5}, 128, 128, false, true);  // one tile: rank 1 only mirrors it
-  run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, true);
-  run_input_grad_fp8({130, 0, 77}, 256, 128, true, true);  // two products
+  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, std::nullopt, kPairs);
+  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, kPairs);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, kPairs);  // 21 tiles
+  run_rows_fp8({1000, 0, 2, 1}, 256, 384, true, kPairs);
+  run_rows_fp8({5}, 128, 128, false, kPairs);  // one tile: rank 1 only mirrors it
+  run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, kPairs);
+  run_input_grad_fp8({130, 0, 77}, 256, 128, true, kPairs);  // two products
+}
+
+// The overlapped promotion (K block kb + 1's wgmma issued before K block kb is promoted): the same
+// bits as the plain launch for every count of K blocks its loop treats apart (1; 2 and 3, the
+// tails; 4 and 5, through the two-block steady state), the epilogues' early loads (lead) at each
+// of those counts, the input gradients' second product, and with pairs.
+TEST(GemmFp8Overlap, SameBitsAsPlain) {
+  MOK_REQUIRE_HOPPER();
+  for (const int k : {128, 256, 384, 512, 640}) {
+    run_gate_up_fp8({0, 1, 130, 77}, k, 256, std::nullopt, kOverlap);
+    run_rows_fp8({0, 1, 130, 77}, 256, k, true, kOverlap);
+    run_input_grad_fp8({0, 1, 130, 77}, 256, k, false, kOverlap);
+  }
+  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, kOverlap);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 256, false, kOverlap);
+  run_input_grad_fp8({130, 0, 77}, 256, 128, true, kOverlap);  // two products: 2 K blocks
+  run_input_grad_fp8({130, 0, 77}, 256, 384, true, kOverlap);  // 6 K blocks over two products
+  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 384, 384, std::nullopt, kPairsOverlap);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 640, true, kPairsOverlap);
+  run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 384, 256, true, kPairsOverlap);
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.

@@ -29,12 +29,19 @@ enum class Operand { bf16, e4m3 };
 // of 64 fp32 a thread: 256 wide would need 256 registers. A stage is 33 KiB (32 of tiles, then the
 // K block's scales), so 6 stages.
 //
-// kPair (e4m3 M-grouped forms, a launch option: GemmPairs): CTAs run in clusters of two over
+// kPair (e4m3 M-grouped forms, the launchers' `pairs`): CTAs run in clusters of two over
 // consecutive tiles of the linear order; when the two tiles use the same weight tile (same group
 // and N tile), each CTA loads half of it and multicasts it to both, so the L2 serves a quarter
-// fewer bytes a K block (NOTES.md: the e4m3 forms are L2-bound). Same tiles, same arithmetic:
-// bitwise the unpaired launch.
-template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false>
+// fewer bytes a K block. Same tiles, same arithmetic: bitwise the unpaired launch. NOTES
+// (2026-12-05, 479191c): 4-14% faster on the down and dgrad forms of the large cases, not on
+// gate/up.
+//
+// kOverlap (e4m3 M-grouped forms, the launchers' `overlap`): each consumer warpgroup issues K
+// block kb + 1's wgmma before it promotes K block kb, into a second partial set (mainloop.cuh,
+// mma_tile_fp8_overlap), so that it never leaves the tensor pipe without work while it promotes.
+// Same products, same promotion order: bitwise the plain launch.
+template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false,
+          bool kOverlap = false>
 struct Form {
   static constexpr FormKind kind = kKind;
   static constexpr Operand operand = kOperand;
@@ -42,7 +49,9 @@ struct Form {
   static constexpr bool kKGrouped =
       kKind == FormKind::kWeightGrad || kKind == FormKind::kWeightGradContinued;
   static constexpr int kCluster = kPair ? 2 : 1;  // CTAs of a cluster
+  static constexpr bool kOverlapPromotion = kOverlap;
   static_assert(!kPair || (kFp8 && !kKGrouped), "pairs: the M-grouped e4m3 forms");
+  static_assert(!kOverlap || (kFp8 && !kKGrouped), "overlap: the M-grouped e4m3 forms");
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;

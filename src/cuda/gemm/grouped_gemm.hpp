@@ -178,6 +178,9 @@ struct GateUpForwardFp8Args {
   // (TMA multicast): the same results, bit for bit, with a quarter fewer L2 reads where the
   // weight tile is shared. Off until measured faster (docs/perf/NOTES.md).
   bool pairs = false;
+  // Each consumer warpgroup issues the next K block's wgmma before it promotes this one's (a
+  // second set of partial accumulators): the same results, bit for bit. Off until measured faster.
+  bool overlap = false;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -192,9 +195,10 @@ struct RowsTimesWeightTFp8Args {
   std::int64_t ld_out = 0;
   const float* row_scale = nullptr;
   RowScatter scatter;
-  int n = 0;           // multiple of 128
-  int k = 0;           // multiple of 128
-  bool pairs = false;  // as GateUpForwardFp8Args::pairs
+  int n = 0;             // multiple of 128
+  int k = 0;             // multiple of 128
+  bool pairs = false;    // as GateUpForwardFp8Args::pairs
+  bool overlap = false;  // as GateUpForwardFp8Args::overlap
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -273,9 +277,10 @@ struct RowsTimesWeightFp8Args {
   bool out_fp32 = false;
   RowScatter scatter;
   SwigluBackwardEpilogue swiglu;
-  int n = 0;           // multiple of 128
-  int k = 0;           // multiple of 128
-  bool pairs = false;  // as GateUpForwardFp8Args::pairs
+  int n = 0;             // multiple of 128
+  int k = 0;             // multiple of 128
+  bool pairs = false;    // as GateUpForwardFp8Args::pairs
+  bool overlap = false;  // as GateUpForwardFp8Args::overlap
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };

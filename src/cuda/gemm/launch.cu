@@ -335,15 +335,15 @@ CUtensorMap fp8_weight_map(const Fp8Weight& w, int groups, int n, int k, int box
                               (name + ".data").c_str());
 }
 
-template <bool kPair>
-using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair>;
-template <bool kPair>
-using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair>;
+template <bool kPair, bool kOverlap = false>
+using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>;
+template <bool kPair, bool kOverlap = false>
+using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>;
 
 }  // namespace
 
 void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
-  using F = Fp8GateUp<false>;  // the pairs' geometry is the same
+  using F = Fp8GateUp<false>;  // the pairs' and overlap's geometry is the same
   check_segments(args.segments);
   check_multiple_of_128(args.hidden_size, "hidden_size");
   check_multiple_of_128(args.intermediate_size, "intermediate_size");
@@ -369,17 +369,19 @@ void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
   const Fp8Scales fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
                       args.w_up.scale, N / 128, K / F::kBlockK};
   with_flag(args.pairs, [&](auto pairs) {
-    with_flag(args.gate != nullptr, [&](auto pre_activations) {
-      with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
-        launch<Fp8GateUp<pairs()>, epilogue::SwigluForward<pre_activations(), clamped()>>(
-            d, args.stream, fp8);
+    with_flag(args.overlap, [&](auto overlap) {
+      with_flag(args.gate != nullptr, [&](auto pre_activations) {
+        with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+          launch<Fp8GateUp<pairs(), overlap()>,
+                 epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
+        });
       });
     });
   });
 }
 
 void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
-  using F = Fp8RowsWT<false>;  // the pairs' geometry is the same
+  using F = Fp8RowsWT<false>;  // the pairs' and overlap's geometry is the same
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
   check_multiple_of_128(args.k, "k");
@@ -399,9 +401,12 @@ void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
   const Fp8Scales fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
                       args.w.scale, args.n / 128, args.k / F::kBlockK};
   with_flag(args.pairs, [&](auto pairs) {
-    with_flag(args.row_scale != nullptr, [&](auto scaled) {
-      with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
-        launch<Fp8RowsWT<pairs()>, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
+    with_flag(args.overlap, [&](auto overlap) {
+      with_flag(args.row_scale != nullptr, [&](auto scaled) {
+        with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+          launch<Fp8RowsWT<pairs(), overlap()>, epilogue::RowsBf16<scaled(), scattered()>>(
+              d, args.stream, fp8);
+        });
       });
     });
   });
@@ -533,7 +538,7 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
 }
 
 void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
-  using F = Fp8RowsWT<false>;  // the pairs' geometry is the same
+  using F = Fp8RowsWT<false>;  // the pairs' and overlap's geometry is the same
   static_assert(F::kInputGradient, "e4m3 input gradients: rows x W^T over the W^T copies");
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
@@ -565,8 +570,10 @@ void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
   const Fp8Scales fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
                       args.w2_t.scale, args.n / 128,  k_blocks};
   with_flag(args.pairs, [&](auto pairs) {
-    launch_input_gradient<Fp8RowsWT<pairs()>>(d, args.swiglu, args.out_fp32, args.scatter,
-                                              args.stream, fp8);
+    with_flag(args.overlap, [&](auto overlap) {
+      launch_input_gradient<Fp8RowsWT<pairs(), overlap()>>(d, args.swiglu, args.out_fp32,
+                                                           args.scatter, args.stream, fp8);
+    });
   });
 }
 

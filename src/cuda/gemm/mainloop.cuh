@@ -583,6 +583,55 @@ __device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
   ptx::wgmma_commit_group();
 }
 
+// An e4m3 K block's scales as a consumer thread uses them: its two rows' (1 x 128 along K) and
+// the weight block's (gate/up: W_gate's, W_up's), read from the block's stage (load_k_block).
+struct Fp8BlockScales {
+  float row[2];
+  float2 weight;
+};
+
+template <class F>
+__device__ __forceinline__ Fp8BlockScales read_block_scales(const SharedRing<F>& ring, int s,
+                                                            int row) {
+  const float* scales = reinterpret_cast<const float*>(ring.scales(s));
+  return {{scales[row], scales[row + 8]}, *reinterpret_cast<const float2*>(scales + kTileM)};
+}
+
+// Consumer: stage `s` released once its wgmma are done and every lane has read its scales
+// (pairs: in both CTAs of the cluster, whose Producers may both write it).
+template <class F>
+__device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s, int lane,
+                                                  std::uint32_t peer) {
+  __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
+  if (lane == 0) {
+    ptx::mbarrier_arrive(ring.empty(s));
+    if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
+  }
+}
+
+// The CTA's peer in its cluster (pairs; 0, unused, otherwise).
+template <class F>
+__device__ __forceinline__ std::uint32_t pair_peer() {
+  return F::kCluster > 1 ? ptx::cluster_ctarank() ^ 1u : 0u;
+}
+
+// Consumer: the promotion of one K block, acc = fma(partial, row scale x weight scale, acc).
+template <class F>
+__device__ __forceinline__ void promote_fp8(float (&acc)[F::kAcc], const float (&partial)[F::kAcc],
+                                            const Fp8BlockScales& s) {
+  constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
+  const float factor[2][2] = {
+      {__fmul_rn(s.row[0], s.weight.x), __fmul_rn(s.row[0], kTwoWeights ? s.weight.y : s.weight.x)},
+      {__fmul_rn(s.row[1], s.weight.x),
+       __fmul_rn(s.row[1], kTwoWeights ? s.weight.y : s.weight.x)}};
+#pragma unroll
+  for (int i = 0; i < F::kAcc; ++i) {
+    // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
+    // tile's columns from i = kAcc / 2 on.
+    acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
+  }
+}
+
 // Consumer, e4m3 M-grouped forms: the whole K loop of one tile. Per K block: its product into
 // `partial` (4 wgmma k32 steps), then acc = fma(partial, row scale x weight scale, acc) in a fixed
 // order (the promotion, once every 128 of K: DeepGEMM's two-level accumulation). The block's
@@ -601,8 +650,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
                                              int lane, const Probe& probe,
                                              const Lead& lead = Lead{}) {
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
-  constexpr bool kTwoWeights = F::kind == FormKind::kGateUp;
-  const std::uint32_t peer = F::kCluster > 1 ? ptx::cluster_ctarank() ^ 1u : 0u;  // pairs
+  const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
@@ -612,27 +660,82 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
-    const float* scales = reinterpret_cast<const float*>(ring.scales(state.stage));
-    const float row_scale[2] = {scales[row], scales[row + 8]};
-    const float2 weight = *reinterpret_cast<const float2*>(scales + kTileM);
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
-    if (lane == 0) {
-      ptx::mbarrier_arrive(ring.empty(state.stage));
-      if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(state.stage), peer);
-    }
+    release_stage_fp8<F>(ring, state.stage, lane, peer);
     state.advance();
-    const float factor[2][2] = {{__fmul_rn(row_scale[0], weight.x),
-                                 __fmul_rn(row_scale[0], kTwoWeights ? weight.y : weight.x)},
-                                {__fmul_rn(row_scale[1], weight.x),
-                                 __fmul_rn(row_scale[1], kTwoWeights ? weight.y : weight.x)}};
-#pragma unroll
-    for (int i = 0; i < F::kAcc; ++i) {
-      // Accumulator i: row half (i / 2) % 2, column 8 (i / 4) + ..., in the second half of the
-      // tile's columns from i = kAcc / 2 on.
-      acc[i] = __fmaf_rn(partial[i], factor[(i / 2) % 2][i >= F::kAcc / 2 ? 1 : 0], acc[i]);
-    }
+    promote_fp8<F>(acc, partial, scales);
+  }
+  ptx::fence_registers(acc);
+  probe.multiplied();
+}
+
+// Consumer, e4m3 M-grouped forms, overlapped (the Form's kOverlap, the launchers' `overlap`): the
+// same arithmetic in the same order as mma_tile_fp8, with K block kb + 1's wgmma issued before K
+// block kb's promotion, into a second partial set, so that a warpgroup leaves work in the tensor
+// pipe while it promotes (FlashAttention-3's intra-warpgroup overlap). The reading it tests
+// (NOTES.md, "the overlapped promotion"; not measured yet): in mma_tile_fp8 both consumer
+// warpgroups wait on the same full barrier, issue together, finish together and promote together,
+// and the pipe idles while they do. Three sets of kAcc fp32 a thread: 192 at kTileN 128 (ptxas:
+// no spills, no serialized wgmma).
+template <class F, class Probe, class Lead = NoLead>
+__device__ __forceinline__ void mma_tile_fp8_overlap(
+    float (&acc)[F::kAcc], const SharedRing<F>& ring, PipelineState<F::kStages>& state,
+    const TileInfo& tile, const GemmParams& p, int consumer_wg, int warp, int lane,
+    const Probe& probe, const Lead& lead = Lead{}) {
+  static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
+  const std::uint32_t peer = pair_peer<F>();
+  const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int lead_block =
+      tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
+  float partial[2][F::kAcc];  // K block kb's product in partial[kb % 2]
+  Fp8BlockScales scales[2];
+  int stage[2];
+  // Issues K block kb's wgmma into partial[j] and reads its scales.
+  const auto issue = [&](auto j, int kb) {
+    constexpr int J = decltype(j)::value;
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    mma_k_block_fp8<F>(partial[J], ring, state.stage, consumer_wg);
+    if (kb == lead_block) lead();
+    scales[J] = read_block_scales<F>(ring, state.stage, row);
+    stage[J] = state.stage;
+    state.advance();
+  };
+  // K block kb, in partial[j] and waited for (wgmma_wait_group): its stage released, its product
+  // promoted.
+  const auto finish = [&](auto j) {
+    constexpr int J = decltype(j)::value;
+    ptx::fence_registers(partial[J]);
+    release_stage_fp8<F>(ring, stage[J], lane, peer);
+    promote_fp8<F>(acc, partial[J], scales[J]);
+  };
+  constexpr std::integral_constant<int, 0> kFirst;
+  constexpr std::integral_constant<int, 1> kSecond;
+  // Each step issues block kb + 1 before it finishes block kb, so that one group stays in flight:
+  // K block kb's product is in partial[kb % 2], and at the top of the loop K block kb's wgmma are
+  // the one group pending. No branch inside the loop, so that ptxas sees which group each
+  // wgmma_wait_group<1> completes.
+  issue(kFirst, 0);
+  probe.landed();
+  int kb = 0;
+  for (; kb + 2 < tile.k_blocks; kb += 2) {
+    issue(kSecond, kb + 1);
+    ptx::wgmma_wait_group<1>();
+    finish(kFirst);
+    issue(kFirst, kb + 2);
+    ptx::wgmma_wait_group<1>();
+    finish(kSecond);
+  }
+  if (kb + 1 < tile.k_blocks) {  // two blocks left
+    issue(kSecond, kb + 1);
+    ptx::wgmma_wait_group<1>();
+    finish(kFirst);
+    ptx::wgmma_wait_group<0>();
+    finish(kSecond);
+  } else {
+    ptx::wgmma_wait_group<0>();
+    finish(kFirst);
   }
   ptx::fence_registers(acc);
   probe.multiplied();
