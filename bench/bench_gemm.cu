@@ -21,8 +21,9 @@
 // test_gemm_fp8.cu's).
 // "mok-fp8-pairs": gemm1, gemm2, dgrad and dgrad-swiglu of mok-fp8 in clusters of two CTAs that
 // share weight tiles (the launchers' `pairs`); "mok-fp8-overlap": the same with each K block's
-// wgmma in flight during the previous block's promotion (`overlap`); "mok-fp8-pairs-overlap":
-// both. Each checked bitwise against mok-fp8 first, and timed only when argv[6] names it.
+// wgmma in flight during the previous block's promotion (`overlap`; wgrad too); "mok-fp8-pairs-
+// overlap": both (its wgrad the overlap's). Each checked bitwise against mok-fp8 first, and timed
+// only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -631,6 +632,26 @@ int main(int argc, char** argv) {
           }
         }
       }
+      // The weight gradient of the overlap variants (there is no paired K-grouped form), checked
+      // bitwise the same way.
+      mok::gemm::WeightGradFp8Args wgrad8o = wgrad8;
+      wgrad8o.overlap = true;
+      if (named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
+        const size_t cells = size_t(G) * c.h * c.i;
+        auto dw = [&](const mok::gemm::WeightGradFp8Args& a) {
+          std::vector<std::uint16_t> out(cells);
+          CHECK_CUDA(cudaMemset(out_dw, 0xff, cells * 2));
+          mok::gemm::weight_grad_fp8(a);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          CHECK_CUDA(cudaMemcpy(out.data(), out_dw, cells * 2, cudaMemcpyDeviceToHost));
+          return out;
+        };
+        if (dw(wgrad8) != dw(wgrad8o)) {
+          std::fprintf(stderr, "%s: the overlapped e4m3 weight gradient differs; not timing\n",
+                       c.name);
+          return 1;
+        }
+      }
       {
         CHECK_CUDA(cudaMemset(out_dh, 0xff, size_t(capacity) * c.i * 2));
         CHECK_CUDA(cudaMemset(out_dw, 0xff, size_t(G) * c.h * c.i * 2));
@@ -692,6 +713,9 @@ int main(int argc, char** argv) {
         items.push_back({"dgrad", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dg); }});
         items.push_back(
             {"dgrad-swiglu", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dgs); }});
+        if (fp8_variants[v].overlap) {  // K-grouped: overlap only
+          items.push_back({"wgrad", impl, flops, [=] { mok::gemm::weight_grad_fp8(wgrad8o); }});
+        }
       }
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after

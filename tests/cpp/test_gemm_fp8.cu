@@ -592,8 +592,9 @@ void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
 // rows, each 128-row token block's product times its row's and column's scales. Tokens past a
 // group's end inside its last block hold NaN bytes (the GEMM must zero them); every token block's
 // scales are finite. fp32 output against the exact model, bf16 output its rounding, empty groups
-// exact zeros, a second run bitwise.
-void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
+// exact zeros, a second run bitwise. `overlap`: also both outputs of the overlapped launch
+// (WeightGradFp8Args::overlap), which must give the same bits.
+void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool overlap = false) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -624,6 +625,18 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
   args.grad.out = out16.get();
   args.grad.out_fp32 = false;
   mok::gemm::weight_grad_fp8(args);
+  DeviceBuffer<float> out32_overlap(overlap ? cells : 1);
+  DeviceBuffer<__nv_bfloat16> out16_overlap(overlap ? cells : 1);
+  if (overlap) {
+    args.overlap = true;
+    out32_overlap.poison(), out16_overlap.poison();
+    args.grad.out = out32_overlap.get();
+    args.grad.out_fp32 = true;
+    mok::gemm::weight_grad_fp8(args);
+    args.grad.out = out16_overlap.get();
+    args.grad.out_fp32 = false;
+    mok::gemm::weight_grad_fp8(args);
+  }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> got = out32.download();
@@ -661,6 +674,10 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N) {
   EXPECT_EQ(far, 0) << "dw beyond the bound of the exact block-scaled product";
   EXPECT_EQ(rounding, 0) << "the bf16 output is not the rounding of the fp32 output";
   EXPECT_TRUE(same_bits(out32, out32b)) << "a second run differs";
+  if (overlap) {
+    EXPECT_TRUE(same_bits(out32, out32_overlap) && same_bits(out16, out16_overlap))
+        << "the overlapped launch differs from the plain one";
+  }
 }
 
 TEST(GemmFp8WeightGrad, SmallOddAndEmptyGroups) {
@@ -677,8 +694,8 @@ TEST(GemmFp8WeightGrad, OneHeavyGroup) {
 // opened, carried and closed through an fp32 slot; a pass's operands are the token-axis copies
 // from its first row on, their scales from its first block) gives the bits of the unsplit launch,
 // for bf16, fp32 and accumulated fp32 outputs, as the bf16 form's PassPlan test checks.
-TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
-  MOK_REQUIRE_HOPPER();
+// `overlap`: the passes (plain and continued forms) overlapped, against the plain unsplit launch.
+void run_weight_grad_pass_plan_fp8(bool overlap) {
   Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
   const int G = l.groups(), M = 128, N = 256;
   std::mt19937_64 rng(next_seed());
@@ -733,6 +750,7 @@ TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
         const HostPass h = host_pass(l, pass, passes, pass_rows);
         const DeviceBuffer<int> d_starts(h.starts), d_rows(h.rows), d_steps(h.steps);
         mok::gemm::WeightGradFp8Args args = args_at(o, parts.get(), r0);
+        args.overlap = overlap;
         args.grad.segments = {d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.grad.passes = {d_steps.get(), carry.get(), slots};
         mok::gemm::weight_grad_fp8(args);
@@ -752,6 +770,11 @@ TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
     }
   }
   EXPECT_EQ(tickets.download(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
+}
+
+TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
+  MOK_REQUIRE_HOPPER();
+  run_weight_grad_pass_plan_fp8(false);
 }
 
 TEST(GemmFp8GateUp, SmallOddAndEmptyGroups) {
@@ -806,7 +829,8 @@ TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
 // The overlapped promotion (K block kb + 1's wgmma issued before K block kb is promoted): the same
 // bits as the plain launch for every count of K blocks its loop treats apart (1; 2 and 3, the
 // tails; 4 and 5, through the two-block steady state), the epilogues' early loads (lead) at each
-// of those counts, the input gradients' second product, and with pairs.
+// of those counts, the input gradients' second product, and with pairs; and the weight gradient's
+// (K-grouped) overlapped loop, plain and continued.
 TEST(GemmFp8Overlap, SameBitsAsPlain) {
   MOK_REQUIRE_HOPPER();
   for (const int k : {128, 256, 384, 512, 640}) {
@@ -821,6 +845,10 @@ TEST(GemmFp8Overlap, SameBitsAsPlain) {
   run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 384, 384, std::nullopt, kPairsOverlap);
   run_rows_fp8({0, 1, 130, 77, 0, 300}, 384, 640, true, kPairsOverlap);
   run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 384, 256, true, kPairsOverlap);
+  // The weight gradient (K blocks of 128 tokens): groups of 1 to 8 token blocks, tails included.
+  run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, true);
+  run_weight_grad_fp8({128, 256, 384}, 128, 256, true);
+  run_weight_grad_pass_plan_fp8(true);  // the continued form
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.

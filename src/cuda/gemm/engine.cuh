@@ -205,7 +205,10 @@ class GemmEngine {
     const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    if constexpr (F::kFp8 && F::kKGrouped) {
+    if constexpr (F::kFp8 && F::kKGrouped && F::kOverlapPromotion) {
+      mma_tile_fp8_tokens_overlap<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_,
+                                     reader_thread, probe);
+    } else if constexpr (F::kFp8 && F::kKGrouped) {
       mma_tile_fp8_tokens<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, reader_thread,
                              probe);
     } else if constexpr (F::kFp8 && F::kOverlapPromotion && epilogue::ReadsRows<E, F>) {

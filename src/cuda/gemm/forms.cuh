@@ -36,9 +36,10 @@ enum class Operand { bf16, e4m3 };
 // (2026-12-05, 479191c): 4-14% faster on the down and dgrad forms of the large cases, not on
 // gate/up.
 //
-// kOverlap (e4m3 M-grouped forms, the launchers' `overlap`): each consumer warpgroup issues K
-// block kb + 1's wgmma before it promotes K block kb, into a second partial set (mainloop.cuh,
-// mma_tile_fp8_overlap), so that it never leaves the tensor pipe without work while it promotes.
+// kOverlap (e4m3 forms, the launchers' `overlap`): each consumer warpgroup issues K block kb + 1's
+// wgmma before it promotes K block kb, into a second partial set (mainloop.cuh,
+// mma_tile_fp8_overlap, mma_tile_fp8_tokens_overlap), so that it leaves the tensor pipe work while
+// it promotes.
 // Same products, same promotion order: bitwise the plain launch.
 template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false,
           bool kOverlap = false>
@@ -51,7 +52,7 @@ struct Form {
   static constexpr int kCluster = kPair ? 2 : 1;  // CTAs of a cluster
   static constexpr bool kOverlapPromotion = kOverlap;
   static_assert(!kPair || (kFp8 && !kKGrouped), "pairs: the M-grouped e4m3 forms");
-  static_assert(!kOverlap || (kFp8 && !kKGrouped), "overlap: the M-grouped e4m3 forms");
+  static_assert(!kOverlap || kFp8, "overlap: the e4m3 forms");
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;

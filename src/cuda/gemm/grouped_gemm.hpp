@@ -376,8 +376,9 @@ struct Fp8TokenAxis {
 // passes and tile order as `grad` says (grad.a and grad.b null).
 struct WeightGradFp8Args {
   WeightGradArgs grad;
-  Fp8TokenAxis a;  // [m, capacity_rows]
-  Fp8TokenAxis b;  // [n, capacity_rows]
+  Fp8TokenAxis a;        // [m, capacity_rows]
+  Fp8TokenAxis b;        // [n, capacity_rows]
+  bool overlap = false;  // as GateUpForwardFp8Args::overlap
 };
 
 void gate_up_forward(const GateUpForwardArgs& args);

@@ -757,11 +757,14 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
 }
 
 void weight_grad_fp8(const WeightGradFp8Args& args) {
-  if (args.grad.continue_reduction) {
-    weight_grad_fp8_form<Form<FormKind::kWeightGradContinued, Operand::e4m3>>(args);
-  } else {
-    weight_grad_fp8_form<Form<FormKind::kWeightGrad, Operand::e4m3>>(args);
-  }
+  with_flag(args.overlap, [&](auto overlap) {
+    if (args.grad.continue_reduction) {
+      weight_grad_fp8_form<Form<FormKind::kWeightGradContinued, Operand::e4m3, false, overlap()>>(
+          args);
+    } else {
+      weight_grad_fp8_form<Form<FormKind::kWeightGrad, Operand::e4m3, false, overlap()>>(args);
+    }
+  });
 }
 
 void weight_grad(const WeightGradArgs& args) {

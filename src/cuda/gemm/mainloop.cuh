@@ -671,6 +671,40 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
   probe.multiplied();
 }
 
+// The order of an overlapped K loop (the Form's kOverlap): issue(j, kb) puts K block kb's wgmma in
+// flight into partial set j (an std::integral_constant, 0 or 1: kb % 2); finish(j), once that
+// block's group is complete, releases its stage and promotes its product. Each step issues block
+// kb + 1 before it finishes block kb, so that one group stays in flight while a block is promoted;
+// at the top of the loop K block kb's wgmma are the one group pending. No branch between an issue
+// and its wait inside the loop, so that ptxas sees which group each wgmma_wait_group<1> completes
+// (NOTES: a loop that chose the wait's count per block had its wgmma serialized, C7514).
+template <class Issue, class Finish>
+__device__ __forceinline__ void overlapped_k_loop(int k_blocks, const Issue& issue,
+                                                  const Finish& finish) {
+  constexpr std::integral_constant<int, 0> kFirst;
+  constexpr std::integral_constant<int, 1> kSecond;
+  issue(kFirst, 0);
+  int kb = 0;
+  for (; kb + 2 < k_blocks; kb += 2) {
+    issue(kSecond, kb + 1);
+    ptx::wgmma_wait_group<1>();
+    finish(kFirst);
+    issue(kFirst, kb + 2);
+    ptx::wgmma_wait_group<1>();
+    finish(kSecond);
+  }
+  if (kb + 1 < k_blocks) {  // two blocks left
+    issue(kSecond, kb + 1);
+    ptx::wgmma_wait_group<1>();
+    finish(kFirst);
+    ptx::wgmma_wait_group<0>();
+    finish(kSecond);
+  } else {
+    ptx::wgmma_wait_group<0>();
+    finish(kFirst);
+  }
+}
+
 // Consumer, e4m3 M-grouped forms, overlapped (the Form's kOverlap, the launchers' `overlap`): the
 // same arithmetic in the same order as mma_tile_fp8, with K block kb + 1's wgmma issued before K
 // block kb's promotion, into a second partial set, so that a warpgroup leaves work in the tensor
@@ -696,6 +730,7 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
   const auto issue = [&](auto j, int kb) {
     constexpr int J = decltype(j)::value;
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial[J], ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
     scales[J] = read_block_scales<F>(ring, state.stage, row);
@@ -710,33 +745,7 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
     release_stage_fp8<F>(ring, stage[J], lane, peer);
     promote_fp8<F>(acc, partial[J], scales[J]);
   };
-  constexpr std::integral_constant<int, 0> kFirst;
-  constexpr std::integral_constant<int, 1> kSecond;
-  // Each step issues block kb + 1 before it finishes block kb, so that one group stays in flight:
-  // K block kb's product is in partial[kb % 2], and at the top of the loop K block kb's wgmma are
-  // the one group pending. No branch inside the loop, so that ptxas sees which group each
-  // wgmma_wait_group<1> completes.
-  issue(kFirst, 0);
-  probe.landed();
-  int kb = 0;
-  for (; kb + 2 < tile.k_blocks; kb += 2) {
-    issue(kSecond, kb + 1);
-    ptx::wgmma_wait_group<1>();
-    finish(kFirst);
-    issue(kFirst, kb + 2);
-    ptx::wgmma_wait_group<1>();
-    finish(kSecond);
-  }
-  if (kb + 1 < tile.k_blocks) {  // two blocks left
-    issue(kSecond, kb + 1);
-    ptx::wgmma_wait_group<1>();
-    finish(kFirst);
-    ptx::wgmma_wait_group<0>();
-    finish(kSecond);
-  } else {
-    ptx::wgmma_wait_group<0>();
-    finish(kFirst);
-  }
+  overlapped_k_loop(tile.k_blocks, issue, finish);
   ptx::fence_registers(acc);
   probe.multiplied();
 }
@@ -818,6 +827,62 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
       }
     }
   }
+  ptx::fence_registers(acc);
+  probe.multiplied();
+}
+
+// Consumer, the K-grouped e4m3 form overlapped (the Form's kOverlap): mma_tile_fp8_tokens'
+// arithmetic in its order, with K block kb + 1's wgmma issued before K block kb is promoted (as
+// mma_tile_fp8_overlap). Only block kb's scales are held at a time: they are read from its stage
+// after the next block is issued, and the stage is released once they are read, so the 34 scales
+// a thread fit beside the three accumulator sets.
+template <class F, class Probe>
+__device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
+    float (&acc)[F::kAcc], const SharedRing<F>& ring, PipelineState<F::kStages>& state,
+    const TileInfo& tile, const GemmParams& p, int consumer_wg, int warp, int lane,
+    int reader_thread, const Probe& probe) {
+  static_assert(F::kFp8 && F::kKGrouped, "the K-grouped e4m3 form");
+  float partial[2][F::kAcc];  // K block kb's product in partial[kb % 2]
+  int stage[2];
+  const auto issue = [&](auto j, int kb) {
+    constexpr int J = decltype(j)::value;
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
+    const int valid = tile.row_count - kb * F::kBlockK;
+    if (valid < F::kBlockK) {
+      zero_tail_tokens(ring, state.stage, valid, reader_thread, kConsumerBarrierId);
+    }
+    mma_k_block_fp8<F>(partial[J], ring, state.stage, consumer_wg);
+    stage[J] = state.stage;
+    state.advance();
+  };
+  const auto finish = [&](auto j) {
+    constexpr int J = decltype(j)::value;
+    ptx::fence_registers(partial[J]);
+    const float* scales = reinterpret_cast<const float*>(ring.scales(stage[J]));
+    float row_scale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_scale[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
+    }
+    float2 col[F::kTileN / 8];
+#pragma unroll
+    for (int c = 0; c < F::kTileN / 8; ++c) {
+      col[c] = *reinterpret_cast<const float2*>(scales + kTileM + 8 * c + 2 * (lane % 4));
+    }
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(ring.empty(stage[J]));
+#pragma unroll
+    for (int c = 0; c < F::kTileN / 8; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int a = 4 * c + 2 * h;
+        acc[a] = __fmaf_rn(partial[J][a], __fmul_rn(row_scale[h], col[c].x), acc[a]);
+        acc[a + 1] = __fmaf_rn(partial[J][a + 1], __fmul_rn(row_scale[h], col[c].y), acc[a + 1]);
+      }
+    }
+  };
+  overlapped_k_loop(tile.k_blocks, issue, finish);
   ptx::fence_registers(acc);
   probe.multiplied();
 }
