@@ -776,6 +776,45 @@ __device__ __forceinline__ void zero_tail_tokens(const SharedRing<F>& ring, int 
   ptx::named_barrier_sync(barrier_id, kThreadsReading);
 }
 
+// A K-grouped e4m3 token block's scales as a consumer thread uses them: its two rows' and the
+// 2 x 16 columns' its accumulators hold, read from the block's stage.
+template <class F>
+struct TokenBlockScales {
+  float row[2];
+  float2 col[F::kTileN / 8];
+};
+
+template <class F>
+__device__ __forceinline__ TokenBlockScales<F> read_token_block_scales(const SharedRing<F>& ring,
+                                                                       int s, int consumer_wg,
+                                                                       int warp, int lane) {
+  const float* scales = reinterpret_cast<const float*>(ring.scales(s));
+  TokenBlockScales<F> t;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) t.row[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
+#pragma unroll
+  for (int j = 0; j < F::kTileN / 8; ++j) {
+    t.col[j] = *reinterpret_cast<const float2*>(scales + kTileM + 8 * j + 2 * (lane % 4));
+  }
+  return t;
+}
+
+// The 1D1D promotion of one token block: acc += partial x (row scale x column scale).
+template <class F>
+__device__ __forceinline__ void promote_tokens(float (&acc)[F::kAcc],
+                                               const float (&partial)[F::kAcc],
+                                               const TokenBlockScales<F>& t) {
+#pragma unroll
+  for (int j = 0; j < F::kTileN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int a = 4 * j + 2 * h;
+      acc[a] = __fmaf_rn(partial[a], __fmul_rn(t.row[h], t.col[j].x), acc[a]);
+      acc[a + 1] = __fmaf_rn(partial[a + 1], __fmul_rn(t.row[h], t.col[j].y), acc[a + 1]);
+    }
+  }
+}
+
 // Consumer, the K-grouped e4m3 form (weight gradients): the whole K loop of one tile over the
 // group's tokens. Per K block (128 tokens): its product into `partial`, then each accumulator
 // adds partial times (its row's scale x its column's scale), both from the stage, in token
@@ -799,33 +838,15 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
       zero_tail_tokens(ring, state.stage, valid, reader_thread, kConsumerBarrierId);
     }
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
-    // The block's scales, read while its wgmma run: this thread's two rows' and the 2 x 16 columns'
-    // its accumulators hold.
-    const float* scales = reinterpret_cast<const float*>(ring.scales(state.stage));
-    float row_scale[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_scale[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
-    }
-    float2 col[F::kTileN / 8];
-#pragma unroll
-    for (int j = 0; j < F::kTileN / 8; ++j) {
-      col[j] = *reinterpret_cast<const float2*>(scales + kTileM + 8 * j + 2 * (lane % 4));
-    }
+    // The block's scales, read while its wgmma run.
+    const TokenBlockScales<F> scales =
+        read_token_block_scales<F>(ring, state.stage, consumer_wg, warp, lane);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
     state.advance();
-#pragma unroll
-    for (int j = 0; j < F::kTileN / 8; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int a = 4 * j + 2 * h;
-        acc[a] = __fmaf_rn(partial[a], __fmul_rn(row_scale[h], col[j].x), acc[a]);
-        acc[a + 1] = __fmaf_rn(partial[a + 1], __fmul_rn(row_scale[h], col[j].y), acc[a + 1]);
-      }
-    }
+    promote_tokens<F>(acc, partial, scales);
   }
   ptx::fence_registers(acc);
   probe.multiplied();
@@ -859,28 +880,11 @@ __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
   const auto finish = [&](auto j) {
     constexpr int J = decltype(j)::value;
     ptx::fence_registers(partial[J]);
-    const float* scales = reinterpret_cast<const float*>(ring.scales(stage[J]));
-    float row_scale[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_scale[h] = scales[consumer_wg * 64 + warp * 16 + lane / 4 + 8 * h];
-    }
-    float2 col[F::kTileN / 8];
-#pragma unroll
-    for (int c = 0; c < F::kTileN / 8; ++c) {
-      col[c] = *reinterpret_cast<const float2*>(scales + kTileM + 8 * c + 2 * (lane % 4));
-    }
+    const TokenBlockScales<F> scales =
+        read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(ring.empty(stage[J]));
-#pragma unroll
-    for (int c = 0; c < F::kTileN / 8; ++c) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int a = 4 * c + 2 * h;
-        acc[a] = __fmaf_rn(partial[J][a], __fmul_rn(row_scale[h], col[c].x), acc[a]);
-        acc[a + 1] = __fmaf_rn(partial[J][a + 1], __fmul_rn(row_scale[h], col[c].y), acc[a + 1]);
-      }
-    }
+    promote_tokens<F>(acc, partial[J], scales);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
   ptx::fence_registers(acc);
