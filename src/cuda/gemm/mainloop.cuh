@@ -683,6 +683,7 @@ __device__ __forceinline__ void overlapped_k_loop(int k_blocks, const Issue& iss
                                                   const Finish& finish) {
   constexpr std::integral_constant<int, 0> kFirst;
   constexpr std::integral_constant<int, 1> kSecond;
+  if (k_blocks <= 0) return;  // an empty group's weight-gradient tile: no K block to wait for
   issue(kFirst, 0);
   int kb = 0;
   for (; kb + 2 < k_blocks; kb += 2) {
