@@ -319,6 +319,11 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
   pull.fp8_scales = e.fp8->rows_a_scales;
 }
 
+// The e4m3 GEMMs' K loop (grouped_gemm.hpp, the launchers' `overlap`: the next K block's wgmma
+// in flight during a block's promotion). Either gives the same bits; off until the GEMM benchmark
+// shows it faster (docs/perf/NOTES.md, "the overlapped promotion").
+constexpr bool kFp8Overlap = false;
+
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   gemm::GateUpForwardFp8Args a;
@@ -335,6 +340,7 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   a.swiglu_limit = e.swiglu_limit;
   a.stream = e.stream;
   a.waits = e.waits;
+  a.overlap = kFp8Overlap;
   gemm::gate_up_forward_fp8(a);
 }
 
@@ -350,6 +356,7 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   a.k = static_cast<int>(e.width);
   a.stream = e.stream;
   a.waits = e.waits;
+  a.overlap = kFp8Overlap;
   gemm::rows_times_weight_t_fp8(a);
 }
 
@@ -373,6 +380,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.k = static_cast<int>(e.hidden);
   a.stream = e.stream;
   a.waits = e.waits;
+  a.overlap = kFp8Overlap;
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -392,6 +400,7 @@ void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm:
   a.k = static_cast<int>(e.width);
   a.stream = e.stream;
   a.waits = e.waits;
+  a.overlap = kFp8Overlap;
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -400,7 +409,7 @@ void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int6
                      const gemm::Fp8TokenAxis& b, std::int64_t n, const GradTarget& t,
                      unsigned* tickets) {
   run_weight_grad(weight_grad_args(e, m, n, t, tickets), t, [&](const gemm::WeightGradArgs& args) {
-    gemm::weight_grad_fp8({args, a, b});
+    gemm::weight_grad_fp8({args, a, b, kFp8Overlap});
   });
 }
 
