@@ -39,8 +39,7 @@ enum class Operand { bf16, e4m3 };
 // kOverlap (e4m3 forms, the launchers' `overlap`): each consumer warpgroup issues K block kb + 1's
 // wgmma before it promotes K block kb, into a second partial set (mainloop.cuh,
 // mma_tile_fp8_overlap, mma_tile_fp8_tokens_overlap), so that it leaves the tensor pipe work while
-// it promotes.
-// Same products, same promotion order: bitwise the plain launch.
+// it promotes. Same products, same promotion order: bitwise the plain launch.
 template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false,
           bool kOverlap = false>
 struct Form {
