@@ -3,7 +3,7 @@
 
     python3 bench/bench_hf.py [--models qwen3-30b-a3b,dsv3] [--impls mok,grouped_mm,eager,liger]
                               [--tokens 8192] [--layers 2] [--reps 10] [--warmup-s 2]
-                              [--out docs/perf/hf.json]
+                              [--kernels 15] [--out docs/perf/hf.json]
 
 Models (random init from a config, bf16, on the GPU; few layers): a Qwen3-30B-A3B-shaped model
 (H 2048, I 768, 128 experts, top-8) and a DeepSeek-V3-shaped one (H 7168, I 2048, 256 experts,
@@ -67,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--no-eager", action="store_true")
+    p.add_argument("--kernels", type=int, default=0,
+                   help="also profile one call of the MoE blocks and record its N most expensive "
+                   "kernels (torch.profiler; default 0: none)")
     p.add_argument("--out", default="docs/perf/hf.json")
     args = p.parse_args(argv)
     args.models = args.models.split(",")
@@ -145,8 +148,18 @@ def measure(model_name, impl, args, check_against):
             block_call(b, x).backward(d_out)
 
     ms = median_ms(blocks_fwd_bwd, reps=args.reps, warmup=2, warmup_s=args.warmup_s)
-    records.append(dict(model=model_name, measure="moe_blocks", impl=impl, ms=ms,
-                        blocks=len(blocks), tokens=args.tokens, grads="set_to_none"))
+    record = dict(model=model_name, measure="moe_blocks", impl=impl, ms=ms, blocks=len(blocks),
+                  tokens=args.tokens, grads="set_to_none")
+    if args.kernels:  # where one call's GPU time goes (torch.profiler, after the timing)
+        from profile_layer import kernels
+        rows = kernels(blocks_fwd_bwd)
+        record["gpu_busy_ms"] = sum(us for _, _, us in rows) / 1e3
+        record["kernels"] = [[name, count, us / 1e3] for name, count, us in rows[:args.kernels]]
+        print(f"{model_name} {impl}: MoE blocks' kernels, {record['gpu_busy_ms']:.2f} ms busy",
+              flush=True)
+        for name, count, us in rows[:args.kernels]:
+            print(f"  {us / 1e3:8.3f} ms {count:4d}x {name}", flush=True)
+    records.append(record)
     ids = torch.randint(0, model.config.vocab_size, (args.tokens // args.seq, args.seq),
                         device="cuda", generator=gen)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
