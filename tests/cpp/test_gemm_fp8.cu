@@ -830,7 +830,7 @@ TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
 // bits as the plain launch for every count of K blocks its loop treats apart (1; 2 and 3, the
 // tails; 4 and 5, through the two-block steady state), the epilogues' early loads (lead) at each
 // of those counts, the input gradients' second product, and with pairs; and the weight gradient's
-// (K-grouped) overlapped loop, plain and continued.
+// (K-grouped) overlapped loop over groups of 1 to 8 token blocks.
 TEST(GemmFp8Overlap, SameBitsAsPlain) {
   MOK_REQUIRE_HOPPER();
   for (const int k : {128, 256, 384, 512, 640}) {
@@ -848,7 +848,13 @@ TEST(GemmFp8Overlap, SameBitsAsPlain) {
   // The weight gradient (K blocks of 128 tokens): groups of 1 to 8 token blocks, tails included.
   run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, true);
   run_weight_grad_fp8({128, 256, 384}, 128, 256, true);
-  run_weight_grad_pass_plan_fp8(true);  // the continued form
+}
+
+// The overlapped weight gradient over ring passes (its plain and continued forms) against the plain
+// unsplit launch. A test of its own: about a hundred launches, too many for the sanitizers' steps.
+TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
+  MOK_REQUIRE_HOPPER();
+  run_weight_grad_pass_plan_fp8(true);
 }
 
 // Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.
