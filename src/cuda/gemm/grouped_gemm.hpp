@@ -176,7 +176,8 @@ struct GateUpForwardFp8Args {
   std::optional<float> swiglu_limit;
   // Clusters of two CTAs on consecutive tiles that load a shared weight tile once between them
   // (TMA multicast): the same results, bit for bit, with a quarter fewer L2 reads where the
-  // weight tile is shared. Off until measured faster (docs/perf/NOTES.md).
+  // weight tile is shared. Off by default: faster only on the down and dgrad forms of large
+  // weights (docs/perf/NOTES.md, 479191c).
   bool pairs = false;
   // Each consumer warpgroup issues the next K block's wgmma before it promotes this one's (a
   // second set of partial accumulators): the same results, bit for bit. Off until measured faster.
