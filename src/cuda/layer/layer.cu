@@ -320,9 +320,12 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 }
 
 // The e4m3 GEMMs' K loop (grouped_gemm.hpp, the launchers' `overlap`: the next K block's wgmma
-// in flight during a block's promotion). Either gives the same bits; off until the GEMM benchmark
-// shows it faster (docs/perf/NOTES.md, "the overlapped promotion").
+// in flight during a block's promotion). Either gives the same bits. NOTES ("642f5ff"), each form
+// alone on an H200: the M-grouped forms 0.88-1.00x with it (their consumers then wait for their
+// stages), the weight gradient 1.09-1.15x on dsv3-ep8slice, qwen3-30b-a3b and mixtral-8x7b
+// (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks).
 constexpr bool kFp8Overlap = false;
+constexpr bool kFp8WeightGradOverlap = true;
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
@@ -409,7 +412,7 @@ void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int6
                      const gemm::Fp8TokenAxis& b, std::int64_t n, const GradTarget& t,
                      unsigned* tickets) {
   run_weight_grad(weight_grad_args(e, m, n, t, tickets), t, [&](const gemm::WeightGradArgs& args) {
-    gemm::weight_grad_fp8({args, a, b, kFp8Overlap});
+    gemm::weight_grad_fp8({args, a, b, kFp8WeightGradOverlap});
   });
 }
 
