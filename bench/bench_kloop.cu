@@ -1,0 +1,215 @@
+// The ceiling of the GEMM forms' K loops (docs/perf/NOTES.md, "642f5ff"): how fast the consumer
+// warpgroups run their wgmma, and the e4m3 promotion, when every stage is always in shared
+// memory. The other floor beside mok_supply_bench's delivery rate: a form whose K loop alone runs
+// at R TFLOP/s cannot run faster than R, however fast its tiles arrive.
+//
+// Two consumer warpgroups (and an idle Producer warpgroup, as in the engine) run the mainloop's
+// own K-block code (mainloop.cuh: mma_k_block, mma_k_block_fp8, read_block_scales, promote_fp8)
+// over the ring's stages in turn, filled once with finite e4m3 or bf16 bytes and scales of 1, with
+// no barrier between K blocks. One CTA an SM, long enough (tens of ms a launch, launches back to
+// back) that the clock settles at the power limit, as under a real GEMM. Modes:
+//   bf16              the bf16 forms' loop (m64n256k16, one group in flight)
+//   e4m3-pipe         e4m3 m64n128k32, one group in flight and no promotion: the tensor pipe's rate
+//   e4m3-wait         each K block waited for (wait_group 0), no promotion
+//   e4m3-promote      the plain e4m3 loop: the block's scales read, waited for, promoted
+//   (mma_tile_fp8
+//                     without its barriers)
+// Reported: TFLOP/s (2 x 128 x 128 x 128 a K block and CTA for e4m3, the same for bf16's 128 x
+// 256 x 64) and the mean SM clock over the launch (clock64 over the global timer on one thread).
+//
+// Usage: mok_kloop_bench OUT.jsonl [COMMIT]: one JSON object a mode; the median of 15 launches
+// after 3 warm-ups.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/gemm/mainloop.cuh"
+
+namespace {
+
+namespace gemm = mok::gemm;
+namespace ptx = mok::ptx;
+
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+using Bf16Form = gemm::Form<gemm::FormKind::kRowsWT>;
+using E4m3Form = gemm::Form<gemm::FormKind::kRowsWT, gemm::Operand::e4m3>;
+
+enum class Mode { bf16, e4m3_pipe, e4m3_wait, e4m3_promote };
+
+constexpr int kThreads = 384;
+constexpr int kBlocks = 40000;  // K blocks a CTA and launch
+
+struct Clocks {
+  long long cycles;
+  unsigned long long ns;
+};
+
+template <class F, Mode kMode>
+__global__ void __launch_bounds__(kThreads, 1) kloop_kernel(float* sink, Clocks* clocks) {
+  extern __shared__ __align__(1024) std::uint8_t smem_raw[];
+  std::uint8_t* base = reinterpret_cast<std::uint8_t*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+  const gemm::SharedRing<F> ring{base};
+  // Finite operands: e4m3 bytes with the exponent never all ones (no NaN), bf16 halves of
+  // moderate magnitude; scales 1.
+  for (std::uint32_t i = threadIdx.x; i < F::kStages * F::kStageBytes / 4; i += blockDim.x) {
+    std::uint32_t h = (i + 1) * 2654435761u;
+    h ^= h >> 15;
+    reinterpret_cast<std::uint32_t*>(base)[i] = F::kFp8 ? (h & 0xb7b7b7b7u) : (h & 0x3f7f3f7fu);
+  }
+  __syncthreads();
+  if constexpr (F::kFp8) {
+    for (int s = 0; s < F::kStages; ++s) {
+      float* scales = reinterpret_cast<float*>(ring.scales(s));
+      for (int i = threadIdx.x; i < gemm::kTileM + 2; i += blockDim.x) scales[i] = 1.0f;
+    }
+  }
+  ptx::fence_proxy_async_shared();  // the generic writes above, before wgmma reads them
+  __syncthreads();
+  if (threadIdx.x < 128) return;  // the idle Producer warpgroup
+  const int consumer_wg = threadIdx.x / 128 - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const bool timer = threadIdx.x == 128 && blockIdx.x == 0;
+  long long c0 = 0;
+  unsigned long long t0 = 0;
+  if (timer) c0 = clock64(), t0 = ptx::global_timer_ns();
+  float acc[F::kAcc];
+#pragma unroll
+  for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
+  if constexpr (kMode == Mode::bf16) {
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      gemm::mma_k_block<F>(acc, ring, kb % F::kStages, consumer_wg);
+      ptx::wgmma_wait_group<1>();
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(acc);
+  } else if constexpr (kMode == Mode::e4m3_promote) {
+    const int row = consumer_wg * 64 + warp * 16 + lane / 4;
+    float partial[F::kAcc];
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      const int s = kb % F::kStages;
+      gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg);
+      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_registers(partial);
+      __syncwarp();
+      gemm::promote_fp8<F>(acc, partial, scales);
+    }
+    ptx::fence_registers(acc);
+  } else {  // each K block's product overwrites acc (the wgmma's first step: scale-d 0)
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      gemm::mma_k_block_fp8<F>(acc, ring, kb % F::kStages, consumer_wg);
+      if constexpr (kMode == Mode::e4m3_pipe) {
+        ptx::wgmma_wait_group<1>();
+      } else {
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_registers(acc);
+      }
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(acc);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < F::kAcc; ++i) sum += acc[i];
+  sink[blockIdx.x * kThreads + threadIdx.x] = sum;  // keeps the loop's results live
+  if (timer) {
+    clocks->cycles = clock64() - c0;
+    clocks->ns = ptx::global_timer_ns() - t0;
+  }
+}
+
+struct Run {
+  const char* name;
+  void (*kernel)(float*, Clocks*);
+  std::uint32_t smem;
+  double flop_per_block;  // a CTA's
+};
+
+template <class F, Mode kMode>
+Run make_run(const char* name) {
+  const std::uint32_t smem = F::kStages * F::kStageBytes + 1024;
+  CHECK_CUDA(cudaFuncSetAttribute(kloop_kernel<F, kMode>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  return {name, kloop_kernel<F, kMode>, smem, 2.0 * gemm::kTileM * F::kTileN * F::kBlockK};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s OUT.jsonl [COMMIT]\n", argv[0]);
+    return 2;
+  }
+  const std::string commit = argc > 2 ? argv[2] : "unknown";
+  std::FILE* json = std::fopen(argv[1], "w");
+  if (json == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", argv[1]);
+    return 2;
+  }
+  int device = 0, sms = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  float* sink = nullptr;
+  Clocks* clocks = nullptr;
+  CHECK_CUDA(cudaMalloc(&sink, size_t(sms) * kThreads * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&clocks, sizeof(Clocks)));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  const Run runs[] = {
+      make_run<Bf16Form, Mode::bf16>("bf16"),
+      make_run<E4m3Form, Mode::e4m3_pipe>("e4m3-pipe"),
+      make_run<E4m3Form, Mode::e4m3_wait>("e4m3-wait"),
+      make_run<E4m3Form, Mode::e4m3_promote>("e4m3-promote"),
+  };
+  std::printf("%s, %d SMs, %d K blocks a CTA and launch\n", prop.name, sms, kBlocks);
+  std::printf("%-14s %9s %9s %9s\n", "mode", "ms", "TFLOP/s", "SM MHz");
+  for (const Run& r : runs) {
+    std::vector<float> ms;
+    std::vector<double> mhz;
+    for (int rep = 0; rep < 18; ++rep) {
+      CHECK_CUDA(cudaEventRecord(start));
+      r.kernel<<<sms, kThreads, r.smem>>>(sink, clocks);
+      CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      if (rep < 3) continue;
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+      Clocks c{};
+      CHECK_CUDA(cudaMemcpy(&c, clocks, sizeof(Clocks), cudaMemcpyDeviceToHost));
+      ms.push_back(t);
+      mhz.push_back(c.ns > 0 ? 1e3 * double(c.cycles) / double(c.ns) : 0.0);
+    }
+    std::vector<float> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::sort(mhz.begin(), mhz.end());
+    const double clock = mhz[mhz.size() / 2];
+    const double tflops = r.flop_per_block * kBlocks * sms / (median * 1e-3) / 1e12;
+    std::printf("%-14s %9.3f %9.0f %9.0f\n", r.name, median, tflops, clock);
+    std::fprintf(json,
+                 "{\"suite\": \"kloop\", \"gpu\": \"%s\", \"commit\": \"%s\", \"mode\": \"%s\", "
+                 "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"tflops\": %.1f, "
+                 "\"sm_mhz\": %.0f}\n",
+                 prop.name, commit.c_str(), r.name, median, sorted.front(), sorted.back(), tflops,
+                 clock);
+  }
+  std::fclose(json);
+  return 0;
+}
