@@ -22,7 +22,9 @@
 // "mok-fp8-pairs": gemm1, gemm2, dgrad and dgrad-swiglu of mok-fp8 in clusters of two CTAs that
 // share weight tiles (the launchers' `pairs`); "mok-fp8-overlap": the same with each K block's
 // wgmma in flight during the previous block's promotion (`overlap`; wgrad too); "mok-fp8-pairs-
-// overlap": both (its wgrad the overlap's). Each checked bitwise against mok-fp8 first, and timed
+// overlap": both (its wgrad the overlap's); "mok-fp8-staged" and "mok-fp8-overlap-staged": the
+// weight gradient with its bf16 tiles stored through shared memory and TMA (`tma_store`), without
+// and with the overlap. Each checked bitwise against mok-fp8 first, and timed
 // only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
@@ -632,11 +634,15 @@ int main(int argc, char** argv) {
           }
         }
       }
-      // The weight gradient of the overlap variants (there is no paired K-grouped form), checked
-      // bitwise the same way.
+      // The weight gradient of the overlap variants (there is no paired K-grouped form), and the
+      // staged store (`tma_store`, bf16 tiles through shared memory and TMA; wgrad only) alone
+      // and with the overlap, checked bitwise the same way.
       mok::gemm::WeightGradFp8Args wgrad8o = wgrad8;
       wgrad8o.overlap = true;
-      if (named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
+      mok::gemm::WeightGradFp8Args wgrad8s = wgrad8, wgrad8os = wgrad8o;
+      wgrad8s.tma_store = wgrad8os.tma_store = true;
+      if (named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap") || named("mok-fp8-staged") ||
+          named("mok-fp8-overlap-staged")) {
         const size_t cells = size_t(G) * c.h * c.i;
         auto dw = [&](const mok::gemm::WeightGradFp8Args& a) {
           std::vector<std::uint16_t> out(cells);
@@ -646,8 +652,10 @@ int main(int argc, char** argv) {
           CHECK_CUDA(cudaMemcpy(out.data(), out_dw, cells * 2, cudaMemcpyDeviceToHost));
           return out;
         };
-        if (dw(wgrad8) != dw(wgrad8o)) {
-          std::fprintf(stderr, "%s: the overlapped e4m3 weight gradient differs; not timing\n",
+        const std::vector<std::uint16_t> want_dw = dw(wgrad8);
+        if (want_dw != dw(wgrad8o) || want_dw != dw(wgrad8s) || want_dw != dw(wgrad8os)) {
+          std::fprintf(stderr,
+                       "%s: the overlapped or staged e4m3 weight gradient differs; not timing\n",
                        c.name);
           return 1;
         }
@@ -717,6 +725,10 @@ int main(int argc, char** argv) {
           items.push_back({"wgrad", impl, flops, [=] { mok::gemm::weight_grad_fp8(wgrad8o); }});
         }
       }
+      items.push_back(
+          {"wgrad", "mok-fp8-staged", flops, [=] { mok::gemm::weight_grad_fp8(wgrad8s); }});
+      items.push_back({"wgrad", "mok-fp8-overlap-staged", flops,
+                       [=] { mok::gemm::weight_grad_fp8(wgrad8os); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).

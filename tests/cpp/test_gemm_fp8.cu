@@ -592,9 +592,10 @@ void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
 // rows, each 128-row token block's product times its row's and column's scales. Tokens past a
 // group's end inside its last block hold NaN bytes (the GEMM must zero them); every token block's
 // scales are finite. fp32 output against the exact model, bf16 output its rounding, empty groups
-// exact zeros, a second run bitwise. `overlap`: also both outputs of the overlapped launch
-// (WeightGradFp8Args::overlap), which must give the same bits.
-void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool overlap = false) {
+// exact zeros, a second run bitwise. `overlap`, `tma_store`: also both outputs of the launch with
+// those options (WeightGradFp8Args::overlap, ::tma_store), which must give the same bits.
+void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool overlap = false,
+                         bool tma_store = false) {
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
@@ -625,10 +626,12 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool over
   args.grad.out = out16.get();
   args.grad.out_fp32 = false;
   mok::gemm::weight_grad_fp8(args);
-  DeviceBuffer<float> out32_overlap(overlap ? cells : 1);
-  DeviceBuffer<__nv_bfloat16> out16_overlap(overlap ? cells : 1);
-  if (overlap) {
-    args.overlap = true;
+  const bool variant = overlap || tma_store;
+  DeviceBuffer<float> out32_overlap(variant ? cells : 1);
+  DeviceBuffer<__nv_bfloat16> out16_overlap(variant ? cells : 1);
+  if (variant) {
+    args.overlap = overlap;
+    args.tma_store = tma_store;
     out32_overlap.poison(), out16_overlap.poison();
     args.grad.out = out32_overlap.get();
     args.grad.out_fp32 = true;
@@ -674,9 +677,10 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool over
   EXPECT_EQ(far, 0) << "dw beyond the bound of the exact block-scaled product";
   EXPECT_EQ(rounding, 0) << "the bf16 output is not the rounding of the fp32 output";
   EXPECT_TRUE(same_bits(out32, out32b)) << "a second run differs";
-  if (overlap) {
+  if (variant) {
     EXPECT_TRUE(same_bits(out32, out32_overlap) && same_bits(out16, out16_overlap))
-        << "the overlapped launch differs from the plain one";
+        << "the launch with overlap " << overlap << ", tma_store " << tma_store
+        << " differs from the plain one";
   }
 }
 
@@ -694,8 +698,9 @@ TEST(GemmFp8WeightGrad, OneHeavyGroup) {
 // opened, carried and closed through an fp32 slot; a pass's operands are the token-axis copies
 // from its first row on, their scales from its first block) gives the bits of the unsplit launch,
 // for bf16, fp32 and accumulated fp32 outputs, as the bf16 form's PassPlan test checks.
-// `overlap`: the passes (plain and continued forms) overlapped, against the plain unsplit launch.
-void run_weight_grad_pass_plan_fp8(bool overlap) {
+// `overlap`: the passes (plain and continued forms) overlapped, against the plain unsplit launch;
+// `tma_store`: the plain passes' bf16 outputs staged and stored by TMA (the carries stay fp32).
+void run_weight_grad_pass_plan_fp8(bool overlap, bool tma_store = false) {
   Layout l({300, 0, 700, 129, 64, 1000, 5, 0});
   const int G = l.groups(), M = 128, N = 256;
   std::mt19937_64 rng(next_seed());
@@ -751,6 +756,7 @@ void run_weight_grad_pass_plan_fp8(bool overlap) {
         const DeviceBuffer<int> d_starts(h.starts), d_rows(h.rows), d_steps(h.steps);
         mok::gemm::WeightGradFp8Args args = args_at(o, parts.get(), r0);
         args.overlap = overlap;
+        args.tma_store = tma_store;
         args.grad.segments = {d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.grad.passes = {d_steps.get(), carry.get(), slots};
         mok::gemm::weight_grad_fp8(args);
@@ -775,6 +781,21 @@ void run_weight_grad_pass_plan_fp8(bool overlap) {
 TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
   MOK_REQUIRE_HOPPER();
   run_weight_grad_pass_plan_fp8(false);
+}
+
+// The staged store (WeightGradFp8Args::tma_store: bf16 tiles through shared memory and TMA): the
+// plain launch's bits, alone and with the overlapped loop, on groups of 0 to 8 token blocks; on 40
+// groups (240 tiles: most CTAs store two, the second after the first's store has read the staging
+// tile); and over ring passes (the passes' bf16 outputs staged, their fp32 carries not).
+TEST(GemmFp8WeightGrad, TmaStoreSameBitsAsPlain) {
+  MOK_REQUIRE_HOPPER();
+  run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, false, true);
+  run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, true, true);
+  constexpr int kCounts[] = {0, 1, 77, 128, 130, 255, 300, 513};
+  std::vector<int> many;
+  for (int g = 0; g < 40; ++g) many.push_back(kCounts[g % 8]);
+  run_weight_grad_fp8(many, 256, 384, true, true);
+  run_weight_grad_pass_plan_fp8(true, true);
 }
 
 TEST(GemmFp8GateUp, SmallOddAndEmptyGroups) {

@@ -40,8 +40,15 @@ enum class Operand { bf16, e4m3 };
 // wgmma before it promotes K block kb, into a second partial set (mainloop.cuh,
 // mma_tile_fp8_overlap, mma_tile_fp8_tokens_overlap), so that it leaves the tensor pipe work while
 // it promotes. Same products, same promotion order: bitwise the plain launch.
+//
+// kStagedStore (the plain weight gradient's bf16 output; the e4m3 launcher's `tma_store`): the
+// output tiles go through a staging tile in shared memory and a TMA store (epilogue.cuh,
+// store_tile_tma), so that the Consumers start the next tile while the copy engine writes this
+// one. On by default for the bf16 form; an option of the e4m3 one, whose staging tile costs its
+// ring a stage. The same bits as the Consumers' own stores.
 template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false,
-          bool kOverlap = false>
+          bool kOverlap = false,
+          bool kStagedStore = kKind == FormKind::kWeightGrad && kOperand == Operand::bf16>
 struct Form {
   static constexpr FormKind kind = kKind;
   static constexpr Operand operand = kOperand;
@@ -74,9 +81,10 @@ struct Form {
   // NOTES: the bf16 wgrad stores its tiles through shared memory and TMA (epilogue.cuh,
   // store_tile_tma): v4/v5 measured its short-K cells (2-16 K blocks a tile) bound by the
   // epilogue, and a TMA store lets the Consumers start the next tile while the copy engine writes
-  // this one. Its 64 KiB staging tile costs the ring one stage.
-  static constexpr bool kTmaStore = kKind == FormKind::kWeightGrad && !kFp8;
-  static constexpr int kStages = kTmaStore ? 3 : kFp8 ? 6 : 4;
+  // this one. Its 64 KiB staging tile costs the ring one stage; the e4m3 form's 32 KiB, one too.
+  static constexpr bool kTmaStore = kStagedStore;
+  static_assert(!kStagedStore || kKind == FormKind::kWeightGrad, "staged stores: the plain wgrad");
+  static constexpr int kStages = kTmaStore ? (kFp8 ? 5 : 3) : kFp8 ? 6 : 4;
   // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage

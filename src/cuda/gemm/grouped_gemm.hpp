@@ -382,6 +382,11 @@ struct WeightGradFp8Args {
   Fp8TokenAxis a;        // [m, capacity_rows]
   Fp8TokenAxis b;        // [n, capacity_rows]
   bool overlap = false;  // as GateUpForwardFp8Args::overlap
+  // bf16 output tiles through a staging tile in shared memory and a TMA store, as the bf16 weight
+  // gradient stores (the Consumers go on with the next tile while the copy engine writes): the
+  // same bits, one stage fewer in the ring. fp32 outputs and carries are stored as without it.
+  // Off until measured faster.
+  bool tma_store = false;
 };
 
 void gate_up_forward(const GateUpForwardArgs& args);

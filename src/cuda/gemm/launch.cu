@@ -759,10 +759,14 @@ void rows_times_weight(const RowsTimesWeightArgs& args) {
 void weight_grad_fp8(const WeightGradFp8Args& args) {
   with_flag(args.overlap, [&](auto overlap) {
     if (args.grad.continue_reduction) {
+      // A continued reduction's outputs are fp32: nothing to stage (tma_store changes nothing).
       weight_grad_fp8_form<Form<FormKind::kWeightGradContinued, Operand::e4m3, false, overlap()>>(
           args);
     } else {
-      weight_grad_fp8_form<Form<FormKind::kWeightGrad, Operand::e4m3, false, overlap()>>(args);
+      with_flag(args.tma_store, [&](auto staged) {
+        weight_grad_fp8_form<
+            Form<FormKind::kWeightGrad, Operand::e4m3, false, overlap(), staged()>>(args);
+      });
     }
   });
 }

@@ -326,6 +326,9 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 // (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks).
 constexpr bool kFp8Overlap = false;
 constexpr bool kFp8WeightGradOverlap = true;
+// The e4m3 weight gradients' bf16 tiles through shared memory and TMA (WeightGradFp8Args::
+// tma_store), as the bf16 ones store: the same bits; off until the GEMM benchmark shows it faster.
+constexpr bool kFp8WeightGradTmaStore = false;
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
@@ -412,7 +415,7 @@ void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int6
                      const gemm::Fp8TokenAxis& b, std::int64_t n, const GradTarget& t,
                      unsigned* tickets) {
   run_weight_grad(weight_grad_args(e, m, n, t, tickets), t, [&](const gemm::WeightGradArgs& args) {
-    gemm::weight_grad_fp8({args, a, b, kFp8WeightGradOverlap});
+    gemm::weight_grad_fp8({args, a, b, kFp8WeightGradOverlap, kFp8WeightGradTmaStore});
   });
 }
 
