@@ -45,18 +45,10 @@
 #include <utility>
 #include <vector>
 
+#include "bench_check.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 struct Case {
   const char* name;

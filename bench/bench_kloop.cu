@@ -27,21 +27,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_check.hpp"
 #include "cuda/gemm/mainloop.cuh"
 
 namespace {
 
 namespace gemm = mok::gemm;
 namespace ptx = mok::ptx;
-
-#define CHECK_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 using Bf16Form = gemm::Form<gemm::FormKind::kRowsWT>;
 using E4m3Form = gemm::Form<gemm::FormKind::kRowsWT, gemm::Operand::e4m3>;
@@ -149,16 +141,8 @@ Run make_run(const char* name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT.jsonl [COMMIT]\n", argv[0]);
-    return 2;
-  }
-  const std::string commit = argc > 2 ? argv[2] : "unknown";
-  std::FILE* json = std::fopen(argv[1], "w");
-  if (json == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", argv[1]);
-    return 2;
-  }
+  std::string commit;
+  std::FILE* json = open_results(argc, argv, commit);
   int device = 0, sms = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

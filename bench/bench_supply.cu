@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_check.hpp"
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/tensor_map.hpp"
 #include "cuda/ptx/fence.cuh"
@@ -39,15 +40,6 @@ namespace {
 
 namespace ptx = mok::ptx;
 namespace gemm = mok::gemm;
-
-#define CHECK_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 constexpr int kThreads = 384;  // one Producer warpgroup, two consumer warpgroups (the engine's)
 constexpr int kConsumerWarps = 8;
@@ -165,16 +157,8 @@ constexpr Config kConfigs[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT.jsonl [COMMIT]\n", argv[0]);
-    return 2;
-  }
-  const std::string commit = argc > 2 ? argv[2] : "unknown";
-  std::FILE* json = std::fopen(argv[1], "w");
-  if (json == nullptr) {
-    std::fprintf(stderr, "cannot write %s\n", argv[1]);
-    return 2;
-  }
+  std::string commit;
+  std::FILE* json = open_results(argc, argv, commit);
   int device = 0, sms = 0, max_smem = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
