@@ -17,8 +17,10 @@
 // SM clock is not held down by the power limit as in a GEMM, so the rate is an upper bound.
 //
 // Usage: mok_supply_bench OUT.jsonl [COMMIT]. One JSON object a configuration and stage count:
-// the median over 20 timed launches (CUDA events, L2 flushed before each, after 3 warm-ups) and
-// the TFLOP/s that rate allows at the configuration's bytes a FLOP.
+// the median over 20 timed launches (CUDA events, L2 flushed before each, after 3 warm-ups), the
+// TFLOP/s that rate allows at the configuration's bytes a FLOP, the mean SM clock over block 0's
+// loads (clock64 over the global timer) and the rate in bytes a clock and SM, which carries over
+// to the lower clocks a GEMM runs at under the power limit.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -56,6 +58,8 @@ struct Problem {
 struct Result {
   unsigned long long consumed;  // K blocks the consumers saw land, all CTAs
   int gave_up;                  // a wait passed its deadline
+  long long cycles;             // block 0's Producer thread: SM clocks over its loop
+  unsigned long long ns;        // and global-timer nanoseconds (its mean SM clock)
 };
 
 __device__ __forceinline__ bool wait_phase(std::uint64_t* bar, std::uint32_t parity,
@@ -100,6 +104,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   std::uint32_t phase = 0;
   if (warp == 0 && lane == 0) {  // the Producer
+    const long long c0 = clock64();
+    const unsigned long long t0 = ptx::global_timer_ns();
     bool ok = true;
     for (int t = blockIdx.x; ok && t < tiles; t += gridDim.x) {
       int m, n;
@@ -120,6 +126,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The loads in flight land before the CTA exits (a fresh barrier passes its wait).
     for (int s = 0; s < p.stages; ++s) {
       (void)wait_phase(full + s, s < stage ? phase : phase ^ 1u, result);
+    }
+    if (blockIdx.x == 0) {
+      result->cycles = clock64() - c0;
+      result->ns = ptx::global_timer_ns() - t0;
     }
   } else if (warp >= 4) {  // the consumer warps
     unsigned long long seen = 0;
@@ -188,8 +198,8 @@ int main(int argc, char** argv) {
 
   std::printf("%s, %d SMs; %d x %d rows of K %d against %d weight rows\n", prop.name, sms, kRows,
               kK, kK, kWeightRows);
-  std::printf("%-14s %6s %9s %9s %8s %14s\n", "config", "stages", "stage KB", "ms", "TB/s",
-              "TFLOP/s bound");
+  std::printf("%-14s %6s %9s %9s %8s %14s %8s %11s\n", "config", "stages", "stage KB", "ms", "TB/s",
+              "TFLOP/s bound", "SM MHz", "B/clk/SM");
   int failures = 0;
   for (const Config& c : kConfigs) {
     const std::int64_t k_bytes = std::int64_t(kK) * c.k_bytes_per_element;
@@ -212,6 +222,7 @@ int main(int argc, char** argv) {
       if (smem > static_cast<size_t>(max_smem) || stages > 8) break;
       p.stages = stages;
       std::vector<float> ms;
+      std::vector<double> mhz;
       for (int r = 0; r < 23; ++r) {
         CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
         CHECK_CUDA(cudaMemsetAsync(result, 0, sizeof(Result)));
@@ -231,7 +242,10 @@ int main(int argc, char** argv) {
         }
         float t = 0;
         CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-        if (r >= 3) ms.push_back(t);
+        if (r >= 3) {
+          ms.push_back(t);
+          mhz.push_back(host.ns > 0 ? 1e3 * double(host.cycles) / double(host.ns) : 0.0);
+        }
       }
       if (ms.size() != 20) continue;
       std::sort(ms.begin(), ms.end());
@@ -239,16 +253,20 @@ int main(int argc, char** argv) {
       const double bytes = double(p.stage_bytes) * p.m_tiles * p.n_tiles * p.k_blocks;
       const double tbs = bytes / (median * 1e-3) / 1e12;
       const double tflops = tbs / bytes_per_flop;
-      std::printf("%-14s %6d %9.1f %9.4f %8.2f %14.0f\n", c.name, stages, p.stage_bytes / 1024.0,
-                  median, tbs, tflops);
+      std::sort(mhz.begin(), mhz.end());
+      const double clock = mhz[mhz.size() / 2];
+      // Bytes a clock and SM: the rate in a form that carries over to the power limit's clocks.
+      const double per_clock = clock > 0 ? tbs * 1e12 / (clock * 1e6) / sms : 0.0;
+      std::printf("%-14s %6d %9.1f %9.4f %8.2f %14.0f %8.0f %11.1f\n", c.name, stages,
+                  p.stage_bytes / 1024.0, median, tbs, tflops, clock, per_clock);
       std::fprintf(
           json,
           "{\"suite\": \"supply\", \"gpu\": \"%s\", \"commit\": \"%s\", \"config\": \"%s\", "
           "\"stages\": %d, \"stage_bytes\": %u, \"median_ms\": %.5f, \"min_ms\": %.5f, "
           "\"max_ms\": %.5f, \"tb_per_s\": %.4f, \"bytes_per_flop\": %.6g, "
-          "\"tflops_bound\": %.1f}\n",
+          "\"tflops_bound\": %.1f, \"sm_mhz\": %.0f, \"bytes_per_clock_per_sm\": %.2f}\n",
           prop.name, commit.c_str(), c.name, stages, p.stage_bytes, median, ms.front(), ms.back(),
-          tbs, bytes_per_flop, tflops);
+          tbs, bytes_per_flop, tflops, clock, per_clock);
     }
   }
   std::fclose(json);
