@@ -24,8 +24,8 @@
 // wgmma in flight during the previous block's promotion (`overlap`; wgrad too); "mok-fp8-pairs-
 // overlap": both (its wgrad the overlap's); "mok-fp8-staged" and "mok-fp8-overlap-staged": the
 // weight gradient with its bf16 tiles stored through shared memory and TMA (`tma_store`), without
-// and with the overlap. Each checked bitwise against mok-fp8 first, and timed
-// only when argv[6] names it.
+// and with the overlap; "mok-fp8-wide": gemm1, gemm2, dgrad and dgrad-swiglu on 128 x 256 tiles
+// (`wide`). Each checked bitwise against mok-fp8 first, and timed only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -510,11 +510,18 @@ int main(int argc, char** argv) {
       // outputs before timing.
       struct Fp8Variant {
         const char* impl;
-        bool pairs, overlap;
+        bool pairs, overlap, wide;
       };
-      const Fp8Variant fp8_variants[] = {{"mok-fp8-pairs", true, false},
-                                         {"mok-fp8-overlap", false, true},
-                                         {"mok-fp8-pairs-overlap", true, true}};
+      const Fp8Variant fp8_variants[] = {{"mok-fp8-pairs", true, false, false},
+                                         {"mok-fp8-overlap", false, true, false},
+                                         {"mok-fp8-pairs-overlap", true, true, false},
+                                         {"mok-fp8-wide", false, false, true}};
+      const auto any_variant_named = [&] {
+        for (const Fp8Variant& v : fp8_variants) {
+          if (impls.find(std::string(",") + v.impl + ",") != std::string::npos) return true;
+        }
+        return false;
+      };
       const auto named = [&](const char* impl) {
         return impls.find(std::string(",") + impl + ",") != std::string::npos;
       };
@@ -524,11 +531,13 @@ int main(int argc, char** argv) {
         gu8v.push_back(gu8);
         gu8v.back().pairs = v.pairs;
         gu8v.back().overlap = v.overlap;
+        gu8v.back().wide = v.wide;
         down8v.push_back(down8);
         down8v.back().pairs = v.pairs;
         down8v.back().overlap = v.overlap;
+        down8v.back().wide = v.wide;
       }
-      if (named("mok-fp8-pairs") || named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
+      if (any_variant_named()) {
         std::vector<std::uint16_t> want_h(size_t(capacity) * c.i), got_h(want_h.size());
         std::vector<std::uint16_t> want_y(size_t(capacity) * c.h), got_y(want_y.size());
         auto forward = [&](const auto& up, const auto& down, std::vector<std::uint16_t>& h,
@@ -591,9 +600,10 @@ int main(int argc, char** argv) {
           list->push_back(list == &dgrad8v ? dgrad8 : dgrad8_swiglu);
           list->back().pairs = v.pairs;
           list->back().overlap = v.overlap;
+          list->back().wide = v.wide;
         }
       }
-      if (named("mok-fp8-pairs") || named("mok-fp8-overlap") || named("mok-fp8-pairs-overlap")) {
+      if (any_variant_named()) {
         const size_t cells = size_t(capacity) * c.i, dots = size_t(capacity) * dot_chunks;
         auto backward = [&](const mok::gemm::RowsTimesWeightFp8Args& plain,
                             const mok::gemm::RowsTimesWeightFp8Args& swiglu) {

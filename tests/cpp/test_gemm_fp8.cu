@@ -228,17 +228,23 @@ int group_of(const Layout& l, int r) {
 }
 
 // A mainloop variant of the M-grouped e4m3 forms, which must give the plain launch's bits: pairs
-// (clusters of two CTAs sharing weight tiles: the launchers' `pairs`) and overlap (K block kb + 1's
-// wgmma in flight during K block kb's promotion: `overlap`).
+// (clusters of two CTAs sharing weight tiles: the launchers' `pairs`), overlap (K block kb + 1's
+// wgmma in flight during K block kb's promotion: `overlap`) and wide (128 x 256 tiles: `wide`).
 struct Variant {
   bool pairs = false;
   bool overlap = false;
-  bool any() const { return pairs || overlap; }
+  bool wide = false;
+  bool any() const { return pairs || overlap || wide; }
   std::string name() const {
-    return pairs && overlap ? "pairs + overlap" : pairs ? "pairs" : overlap ? "overlap" : "plain";
+    return wide               ? "wide"
+           : pairs && overlap ? "pairs + overlap"
+           : pairs            ? "pairs"
+           : overlap          ? "overlap"
+                              : "plain";
   }
 };
-constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true};
+constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true},
+    kWide{false, false, true};
 
 // `variant`: also that launch (GateUpForwardFp8Args::pairs, ::overlap), which must give the same
 // bits.
@@ -279,6 +285,7 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   if (variant.any()) {
     args.pairs = variant.pairs;
     args.overlap = variant.overlap;
+    args.wide = variant.wide;
     run(h_variant, g_variant.get(), u_variant.get());
     args.pairs = args.overlap = false;
   }
@@ -356,6 +363,7 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, Var
     args.out = o->get();
     args.pairs = o == &out_variant && variant.pairs;
     args.overlap = o == &out_variant && variant.overlap;
+    args.wide = o == &out_variant && variant.wide;
     mok::gemm::rows_times_weight_t_fp8(args);
   }
   MOK_CUDA_OK(cudaGetLastError());
@@ -544,6 +552,7 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
   mok::gemm::RowsTimesWeightFp8Args f = args;
   f.pairs = variant.pairs;
   f.overlap = variant.overlap;
+  f.wide = variant.wide;
   f.out = acc_p.get();
   f.out_fp32 = true;
   mok::gemm::rows_times_weight_fp8(f);
@@ -874,6 +883,58 @@ TEST(GemmFp8Overlap, WeightGradSameBitsAsPlain) {
   MOK_REQUIRE_HOPPER();
   run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, true);
   run_weight_grad_fp8({128, 256, 384}, 128, 256, true);
+}
+
+// Wide tiles (128 x 256, each K block as two 128-column halves into one partial set): the plain
+// launch's bits for 1 to 3 K blocks, both SwiGLU epilogues (clamped too), the row scale, the
+// input gradients' epilogues and second product, and N of one and of several wide tiles.
+TEST(GemmFp8Wide, SameBitsAsPlain) {
+  MOK_REQUIRE_HOPPER();
+  for (const int k : {128, 256, 384}) {
+    run_gate_up_fp8({0, 1, 130, 77}, k, 384, std::nullopt, kWide);
+    run_rows_fp8({0, 1, 130, 77}, 512, k, true, kWide);
+    run_input_grad_fp8({0, 1, 130, 77}, 256, k, false, kWide);
+  }
+  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, kWide);
+  run_rows_fp8({0, 1, 130, 77, 0, 300}, 256, 256, false, kWide);
+  run_input_grad_fp8({130, 0, 77}, 512, 128, true, kWide);  // two products
+  run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 256, 256, true, kWide);
+}
+
+// What a wide launch cannot do is refused, naming the argument: pairs or the overlap with it, and
+// an n that leaves a half tile (each half reads its own weight block).
+TEST(GemmFp8Wide, RefusesPairsOverlapAndHalfTiles) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({100});
+  DeviceBuffer<std::uint8_t> a(std::size_t(l.capacity) * 256), w(384 * 256);
+  DeviceBuffer<float> s(std::size_t(l.capacity) * 2), ws(6);
+  DeviceBuffer<__nv_bfloat16> out(std::size_t(l.capacity) * 384);
+  mok::gemm::RowsTimesWeightTFp8Args args;
+  args.segments = l.segments();
+  args.a = {a.get(), 256, s.get(), l.capacity};
+  args.w = {w.get(), ws.get()};
+  args.out = out.get();
+  args.ld_out = 384;
+  args.n = 256;
+  args.k = 256;
+  args.wide = true;
+  auto expect_error = [&](const char* argument) {
+    try {
+      mok::gemm::rows_times_weight_t_fp8(args);
+      ADD_FAILURE() << "accepted without the error naming " << argument;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  args.pairs = true;
+  expect_error("wide");
+  args.pairs = false;
+  args.overlap = true;
+  expect_error("wide");
+  args.overlap = false;
+  args.n = 384;
+  expect_error("n");
+  MOK_CUDA_OK(cudaDeviceSynchronize());  // nothing was launched
 }
 
 // The overlapped weight gradient over ring passes (its plain and continued forms) against the plain

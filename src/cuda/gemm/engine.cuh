@@ -216,6 +216,11 @@ class GemmEngine {
       mma_tile_fp8_overlap<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);
     } else if constexpr (F::kFp8 && F::kOverlapPromotion) {
       mma_tile_fp8_overlap<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe);
+    } else if constexpr (F::kWideTile && epilogue::ReadsRows<E, F>) {
+      const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
+      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);
+    } else if constexpr (F::kWideTile) {
+      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe);
     } else if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
       mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);

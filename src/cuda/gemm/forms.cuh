@@ -46,9 +46,18 @@ enum class Operand { bf16, e4m3 };
 // store_tile_tma), so that the Consumers start the next tile while the copy engine writes this
 // one. On by default for the bf16 form; an option of the e4m3 one, whose staging tile costs its
 // ring a stage. The same bits as the Consumers' own stores.
+//
+// kWide (the M-grouped e4m3 forms; the launchers' `wide`): 128 x 256 tiles, as the bf16 forms',
+// in fewer bytes a FLOP than 128 x 128 (a K block's 48 KiB of tiles for twice the products of 32
+// KiB: 0.74 of the bytes; NOTES, "642f5ff": the forms may be bound by how fast their tiles
+// arrive). Each consumer warpgroup runs a K block as two m64n128k32 halves into one partial set,
+// each waited for and promoted into its half of the accumulators (128 + 64 fp32 a thread), so the
+// products and the promotion order of every output element are those of 128 x 128 tiles: bitwise
+// the plain launch. 4 stages of 49 KiB.
 template <FormKind kKind, Operand kOperand = Operand::bf16, bool kPair = false,
           bool kOverlap = false,
-          bool kStagedStore = kKind == FormKind::kWeightGrad && kOperand == Operand::bf16>
+          bool kStagedStore = kKind == FormKind::kWeightGrad && kOperand == Operand::bf16,
+          bool kWide = false>
 struct Form {
   static constexpr FormKind kind = kKind;
   static constexpr Operand operand = kOperand;
@@ -59,6 +68,9 @@ struct Form {
   static constexpr bool kOverlapPromotion = kOverlap;
   static_assert(!kPair || (kFp8 && !kKGrouped), "pairs: the M-grouped e4m3 forms");
   static_assert(!kOverlap || kFp8, "overlap: the e4m3 forms");
+  static constexpr bool kWideTile = kWide;
+  static_assert(!kWide || (kFp8 && !kKGrouped && !kPair && !kOverlap),
+                "wide tiles: the M-grouped e4m3 forms, without pairs or the overlap");
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;
@@ -69,7 +81,7 @@ struct Form {
   static constexpr int kTransB = (kKind == FormKind::kRowsW || kKGrouped) && !kFp8 ? 1 : 0;
 
   static_assert(!kFp8 || kKind != FormKind::kRowsW, "e4m3 input gradients: kRowsWT over W^T");
-  static constexpr int kTileN = kFp8 ? 128 : 256;
+  static constexpr int kTileN = kFp8 && !kWide ? 128 : 256;
   // The forms that compute input gradients (dh = dy W_down, dx = dg W_gate + du W_up): bf16 reads
   // W N-major (kRowsW); e4m3 reads the weight's transposed copy K-major, as rows x W^T. Both take
   // a second product into the same accumulators (GemmParams::k_blocks_first) and the input-gradient
@@ -84,16 +96,18 @@ struct Form {
   // this one. Its 64 KiB staging tile costs the ring one stage; the e4m3 form's 32 KiB, one too.
   static constexpr bool kTmaStore = kStagedStore;
   static_assert(!kStagedStore || kKind == FormKind::kWeightGrad, "staged stores: the plain wgrad");
-  static constexpr int kStages = kTmaStore ? (kFp8 ? 5 : 3) : kFp8 ? 6 : 4;
+  static constexpr int kStages = kTmaStore ? (kFp8 ? 5 : 3) : kFp8 && !kWide ? 6 : 4;
   // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage
   static constexpr std::uint32_t kTileBBytes = kTileN * kTileK * 2;
   // An e4m3 K block's scales travel with it in its stage, after the tiles (1 KiB): the K-grouped
   // form's A's 128 rows' and B's 128 columns' (fp32, 1 x 128 along the tokens); the M-grouped
-  // forms' A's 128 rows' and then the weight block's (gate/up: W_gate's, W_up's).
+  // forms' A's 128 rows' and then the weight block's (gate/up: W_gate's, W_up's; wide tiles of
+  // the other forms: the two 128-column blocks').
   static constexpr std::uint32_t kScaleBytes = kFp8 ? 1024 : 0;
-  static_assert(!kFp8 || (kTileM + kTileN) * 4 <= kScaleBytes, "scales overflow their stage");
+  static_assert(!kFp8 || (kTileM + (kKGrouped ? kTileN : 2)) * 4 <= kScaleBytes,
+                "scales overflow their stage");
   static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes + kScaleBytes;
   // Arrivals that complete a stage's full phase: the Producer's (with the stage's bulk bytes);
   // the M-grouped e4m3 forms add the one of the weight scales' copy (mainloop.cuh,

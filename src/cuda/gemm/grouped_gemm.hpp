@@ -184,6 +184,10 @@ struct GateUpForwardFp8Args {
   // on the M-grouped forms, whose consumers then wait for their stages; 1.09-1.15x on the weight
   // gradient's large cases, where the layer uses it (docs/perf/NOTES.md, 642f5ff).
   bool overlap = false;
+  // 128 x 256 tiles instead of 128 x 128 (each K block as two 128-column halves, one partial set):
+  // the same results, bit for bit, with a quarter fewer tile bytes a FLOP. Not with pairs or
+  // overlap (mok's error names `wide`). Off until measured faster (docs/perf/NOTES.md, 642f5ff).
+  bool wide = false;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -202,6 +206,7 @@ struct RowsTimesWeightTFp8Args {
   int k = 0;             // multiple of 128
   bool pairs = false;    // as GateUpForwardFp8Args::pairs
   bool overlap = false;  // as GateUpForwardFp8Args::overlap
+  bool wide = false;     // as GateUpForwardFp8Args::wide (n a multiple of 256)
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -284,6 +289,7 @@ struct RowsTimesWeightFp8Args {
   int k = 0;             // multiple of 128
   bool pairs = false;    // as GateUpForwardFp8Args::pairs
   bool overlap = false;  // as GateUpForwardFp8Args::overlap
+  bool wide = false;     // as GateUpForwardFp8Args::wide (n a multiple of 256)
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };

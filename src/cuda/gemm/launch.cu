@@ -335,15 +335,65 @@ CUtensorMap fp8_weight_map(const Fp8Weight& w, int groups, int n, int k, int box
                               (name + ".data").c_str());
 }
 
-template <bool kPair, bool kOverlap = false>
-using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>;
-template <bool kPair, bool kOverlap = false>
-using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>;
+template <bool kPair, bool kOverlap = false, bool kWide = false>
+using Fp8GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap, false, kWide>;
+template <bool kPair, bool kOverlap = false, bool kWide = false>
+using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap, false, kWide>;
+
+// The M-grouped e4m3 launchers' mainloop options: body(form) with std::type_identity<Form> of the
+// one they pick (`wide` alone, or pairs and overlap in any combination), made from Form<pairs,
+// overlap, wide>. A wide tile with pairs or the overlap is refused, naming `wide`.
+template <template <bool, bool, bool> class Form3, class Body>
+void with_mainloop(bool pairs, bool overlap, bool wide, Body&& body) {
+  if (wide) {
+    check(!pairs && !overlap, "wide", "alone (wide tiles run without pairs and the overlap)",
+          std::string("with") + (pairs ? " pairs" : "") + (overlap ? " overlap" : ""));
+    body(std::type_identity<Form3<false, false, true>>{});
+    return;
+  }
+  with_flag(pairs, [&](auto p) {
+    with_flag(overlap, [&](auto o) { body(std::type_identity<Form3<p(), o(), false>>{}); });
+  });
+}
+
+template <template <bool, bool, bool> class Form3, class Body>
+void with_mainloop_geometry(bool wide, Body&& body) {
+  // Pairs and the overlap keep the plain tile's geometry; a wide tile has its own.
+  with_flag(wide, [&](auto w) { body(std::type_identity<Form3<false, false, w()>>{}); });
+}
+
+template <class F>
+void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args);
+template <class F>
+void rows_times_weight_t_fp8_launch(const RowsTimesWeightTFp8Args& args);
+template <class F>
+void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args);
 
 }  // namespace
 
 void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
-  using F = Fp8GateUp<false>;  // the pairs' and overlap's geometry is the same
+  with_mainloop_geometry<Fp8GateUp>(args.wide, [&](auto geometry) {
+    gate_up_forward_fp8_launch<typename decltype(geometry)::type>(args);
+  });
+}
+
+void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
+  with_mainloop_geometry<Fp8RowsWT>(args.wide, [&](auto geometry) {
+    rows_times_weight_t_fp8_launch<typename decltype(geometry)::type>(args);
+  });
+}
+
+void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
+  with_mainloop_geometry<Fp8RowsWT>(args.wide, [&](auto geometry) {
+    rows_times_weight_fp8_launch<typename decltype(geometry)::type>(args);
+  });
+}
+
+namespace {
+
+// F: the launch's tile geometry (the plain form, or the wide one).
+template <class F>
+void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args) {
   check_segments(args.segments);
   check_multiple_of_128(args.hidden_size, "hidden_size");
   check_multiple_of_128(args.intermediate_size, "intermediate_size");
@@ -368,23 +418,31 @@ void gate_up_forward_fp8(const GateUpForwardFp8Args& args) {
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
   const Fp8Scales fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
                       args.w_up.scale, N / 128, K / F::kBlockK};
-  with_flag(args.pairs, [&](auto pairs) {
-    with_flag(args.overlap, [&](auto overlap) {
-      with_flag(args.gate != nullptr, [&](auto pre_activations) {
-        with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
-          launch<Fp8GateUp<pairs(), overlap()>,
-                 epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
-        });
+  with_mainloop<Fp8GateUp>(args.pairs, args.overlap, args.wide, [&](auto form) {
+    using L = typename decltype(form)::type;
+    with_flag(args.gate != nullptr, [&](auto pre_activations) {
+      with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+        launch<L, epilogue::SwigluForward<pre_activations(), clamped()>>(d, args.stream, fp8);
       });
     });
   });
 }
 
-void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
-  using F = Fp8RowsWT<false>;  // the pairs' and overlap's geometry is the same
+// A wide tile's two 128-column halves each read their own weight block (mainloop.cuh,
+// load_k_block): n must fill whole tiles.
+template <class F>
+void check_wide_n(int n, const char* name) {
+  if constexpr (F::kWideTile) {
+    check(n % F::kTileN == 0, name, "a multiple of 256 with `wide` (128 x 256 tiles)", to_text(n));
+  }
+}
+
+template <class F>
+void rows_times_weight_t_fp8_launch(const RowsTimesWeightTFp8Args& args) {
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
   check_multiple_of_128(args.k, "k");
+  check_wide_n<F>(args.n, "n");
   const RowSegments& s = args.segments;
   if (s.capacity_rows == 0) return;
   const CUtensorMap a = fp8_rows_map(args.a, s.capacity_rows, args.k, F::kBoxRowsA, "a");
@@ -400,17 +458,17 @@ void rows_times_weight_t_fp8(const RowsTimesWeightTFp8Args& args) {
   p.row_scale = args.row_scale;
   const Fp8Scales fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
                       args.w.scale, args.n / 128, args.k / F::kBlockK};
-  with_flag(args.pairs, [&](auto pairs) {
-    with_flag(args.overlap, [&](auto overlap) {
-      with_flag(args.row_scale != nullptr, [&](auto scaled) {
-        with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
-          launch<Fp8RowsWT<pairs(), overlap()>, epilogue::RowsBf16<scaled(), scattered()>>(
-              d, args.stream, fp8);
-        });
+  with_mainloop<Fp8RowsWT>(args.pairs, args.overlap, args.wide, [&](auto form) {
+    using L = typename decltype(form)::type;
+    with_flag(args.row_scale != nullptr, [&](auto scaled) {
+      with_flag(args.scatter.rows != nullptr, [&](auto scattered) {
+        launch<L, epilogue::RowsBf16<scaled(), scattered()>>(d, args.stream, fp8);
       });
     });
   });
 }
+
+}  // namespace
 
 namespace {
 
@@ -537,12 +595,15 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
   return d;
 }
 
-void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
-  using F = Fp8RowsWT<false>;  // the pairs' and overlap's geometry is the same
+namespace {
+
+template <class F>
+void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args) {
   static_assert(F::kInputGradient, "e4m3 input gradients: rows x W^T over the W^T copies");
   check_segments(args.segments);
   check_multiple_of_128(args.n, "n");
   check_multiple_of_128(args.k, "k");
+  check_wide_n<F>(args.n, "n");
   check_input_gradient_epilogue(args.swiglu);
   const bool dual = args.a2.data != nullptr;
   check(dual == (args.w2_t.data != nullptr), "a2/w2_t", "both device pointers or both null",
@@ -569,15 +630,11 @@ void rows_times_weight_fp8(const RowsTimesWeightFp8Args& args) {
                              args.n);
   const Fp8Scales fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
                       args.w2_t.scale, args.n / 128,  k_blocks};
-  with_flag(args.pairs, [&](auto pairs) {
-    with_flag(args.overlap, [&](auto overlap) {
-      launch_input_gradient<Fp8RowsWT<pairs(), overlap()>>(d, args.swiglu, args.out_fp32,
-                                                           args.scatter, args.stream, fp8);
-    });
+  with_mainloop<Fp8RowsWT>(args.pairs, args.overlap, args.wide, [&](auto form) {
+    launch_input_gradient<typename decltype(form)::type>(d, args.swiglu, args.out_fp32,
+                                                         args.scatter, args.stream, fp8);
   });
 }
-
-namespace {
 
 template <class F>
 void rows_times_weight_form(const RowsTimesWeightArgs& args) {

@@ -366,13 +366,18 @@ __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const Share
                          tile.row_base + tile.m0,
                      row_bytes, bar);
       // The tile's B rows lie in one 128-row block: gate/up tiles cover 64 output columns
-      // (F::kOutTileN), the others 128.
+      // (F::kOutTileN), the others 128; wide tiles (kWideTile) 128 of gate/up, else two blocks.
       const int n_block = tile.n0 * F::kOutTileN / 128;
       const long long w =
           (static_cast<long long>(tile.group) * fp8->b_n_blocks + n_block) * fp8->b_k_blocks + kbb;
       float* weight = reinterpret_cast<float*>(ring.scales(s) + kTileM * 4);
-      ptx::cp_async_4(weight, (second ? fp8->b2 : fp8->b) + w);
-      if constexpr (F::kind == FormKind::kGateUp) ptx::cp_async_4(weight + 1, fp8->b2 + w);
+      const float* w_scales = second ? fp8->b2 : fp8->b;
+      ptx::cp_async_4(weight, w_scales + w);
+      if constexpr (F::kind == FormKind::kGateUp) {
+        ptx::cp_async_4(weight + 1, fp8->b2 + w);
+      } else if constexpr (F::kWideTile) {  // the next 128-column block, for the second half
+        ptx::cp_async_4(weight + 1, w_scales + w + fp8->b_k_blocks);
+      }
       ptx::cp_async_arrive_noinc(bar);
     } else {
       ptx::mbarrier_arrive_expect_tx(bar, F::kStageBytes);
@@ -564,13 +569,14 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
 }
 
 // Consumer, e4m3 forms: the 4 wgmma k32 steps of one K block (128 elements, one scale block) into
-// `partial`, which the first step overwrites (scale-d 0) and the others add to.
+// `partial`, which the first step overwrites (scale-d 0) and the others add to: m64n128 over the
+// B tile's rows [128 b_half, 128 b_half + 128) (b_half 1: the second half of a wide tile).
 template <class F>
-__device__ __forceinline__ void mma_k_block_fp8(float (&partial)[F::kAcc],
-                                                const SharedRing<F>& ring, int s, int consumer_wg) {
+__device__ __forceinline__ void mma_k_block_fp8(float (&partial)[64], const SharedRing<F>& ring,
+                                                int s, int consumer_wg, int b_half = 0) {
   static_assert(F::kFp8 && !F::kTransA && !F::kTransB, "e4m3: both operands K-major");
   const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
-  const std::uint32_t b_base = ptx::smem_addr(ring.b(s));
+  const std::uint32_t b_base = ptx::smem_addr(ring.b(s)) + b_half * (128 * 128);
   // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands.
   const std::uint64_t da = ptx::make_smem_desc_sw128(a_base, 16, 1024);
   const std::uint64_t db = ptx::make_smem_desc_sw128(b_base, 16, 1024);
@@ -666,6 +672,57 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     release_stage_fp8<F>(ring, state.stage, lane, peer);
     state.advance();
     promote_fp8<F>(acc, partial, scales);
+  }
+  ptx::fence_registers(acc);
+  probe.multiplied();
+}
+
+// Consumer, wide e4m3 tiles (kWideTile): the promotion of half kHalf of a K block, the tile's
+// columns [128 kHalf, 128 kHalf + 128) (accumulators [64 kHalf, 64 kHalf + 64)), whose weight
+// block scale is weight.x (half 0) or weight.y (half 1). The same products and the same fma as
+// promote_fp8 gives each element in a 128-wide tile.
+template <class F, int kHalf>
+__device__ __forceinline__ void promote_fp8_half(float (&acc)[F::kAcc], const float (&partial)[64],
+                                                 const Fp8BlockScales& s) {
+  static_assert(F::kWideTile && F::kAcc == 128, "wide e4m3 tiles");
+  const float weight = kHalf == 0 ? s.weight.x : s.weight.y;
+  const float factor[2] = {__fmul_rn(s.row[0], weight), __fmul_rn(s.row[1], weight)};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc[64 * kHalf + i] = __fmaf_rn(partial[i], factor[(i / 2) % 2], acc[64 * kHalf + i]);
+  }
+}
+
+// Consumer, wide e4m3 tiles (kWideTile): mma_tile_fp8 over a 128 x 256 tile. Per K block, each half
+// of the B tile in turn: its 4 wgmma k32 steps into `partial`, waited for, promoted into its half
+// of the accumulators; the stage is released once the second half's wgmma are done. One partial
+// set (64 fp32) for both halves: 192 accumulators a thread with the tile's 128.
+template <class F, class Probe, class Lead = NoLead>
+__device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const SharedRing<F>& ring,
+                                                  PipelineState<F::kStages>& state,
+                                                  const TileInfo& tile, const GemmParams& p,
+                                                  int consumer_wg, int warp, int lane,
+                                                  const Probe& probe, const Lead& lead = Lead{}) {
+  static_assert(F::kWideTile && !F::kKGrouped && F::kCluster == 1, "wide e4m3 tiles");
+  const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int lead_block =
+      tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
+  float partial[64];
+  for (int kb = 0; kb < tile.k_blocks; ++kb) {
+    (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
+    if (kb == 0) probe.landed();
+    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 0);
+    if (kb == lead_block) lead();
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
+    promote_fp8_half<F, 0>(acc, partial, scales);
+    mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 1);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_registers(partial);
+    release_stage_fp8<F>(ring, state.stage, lane, 0u);
+    state.advance();
+    promote_fp8_half<F, 1>(acc, partial, scales);
   }
   ptx::fence_registers(acc);
   probe.multiplied();

@@ -1,7 +1,7 @@
 // The library's e4m3 instantiations of the standalone grouped GEMM kernel
 // (sm90_bf16_grouped_gemm.cuh, the same kernel over Form<kind, Operand::e4m3>): the (form,
 // epilogue) pairs gate_up_forward_fp8 and rows_times_weight_t_fp8 pick (src/cuda/gemm/launch.cu),
-// for each mainloop (the launchers' `pairs` and `overlap`).
+// for each mainloop (the launchers' `pairs`, `overlap` and `wide`).
 #include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
@@ -11,31 +11,44 @@ using epilogue::SwigluForward;
 using Stream = cudaStream_t;
 using Scales = const Fp8Scales&;
 
-#define MOK_FP8_FORWARD_KERNELS(kPair, kOverlap)                                                   \
-  template void launch_grouped_gemm<Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>,       \
-                                    SwigluForward<false>>(const GemmDescriptor&, Stream, Scales);  \
-  template void launch_grouped_gemm<Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>,       \
-                                    SwigluForward<true>>(const GemmDescriptor&, Stream, Scales);   \
-  template void launch_grouped_gemm<Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>,       \
-                                    SwigluForward<false, true>>(const GemmDescriptor&, Stream,     \
+// Every epilogue of the gate/up form GU and the down form RW.
+#define MOK_FP8_FORWARD_KERNELS(GU, RW)                                                            \
+  template void launch_grouped_gemm<GU, SwigluForward<false>>(const GemmDescriptor&, Stream,       \
+                                                              Scales);                             \
+  template void launch_grouped_gemm<GU, SwigluForward<true>>(const GemmDescriptor&, Stream,        \
+                                                             Scales);                              \
+  template void launch_grouped_gemm<GU, SwigluForward<false, true>>(const GemmDescriptor&, Stream, \
+                                                                    Scales);                       \
+  template void launch_grouped_gemm<GU, SwigluForward<true, true>>(const GemmDescriptor&, Stream,  \
+                                                                   Scales);                        \
+  template void launch_grouped_gemm<RW, RowsBf16<false, false>>(const GemmDescriptor&, Stream,     \
                                                                 Scales);                           \
-  template void launch_grouped_gemm<Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap>,       \
-                                    SwigluForward<true, true>>(const GemmDescriptor&, Stream,      \
+  template void launch_grouped_gemm<RW, RowsBf16<false, true>>(const GemmDescriptor&, Stream,      \
                                                                Scales);                            \
-  template void launch_grouped_gemm<Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>,       \
-                                    RowsBf16<false, false>>(const GemmDescriptor&, Stream,         \
-                                                            Scales);                               \
-  template void launch_grouped_gemm<Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>,       \
-                                    RowsBf16<false, true>>(const GemmDescriptor&, Stream, Scales); \
-  template void launch_grouped_gemm<Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>,       \
-                                    RowsBf16<true, false>>(const GemmDescriptor&, Stream, Scales); \
-  template void launch_grouped_gemm<Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap>,       \
-                                    RowsBf16<true, true>>(const GemmDescriptor&, Stream, Scales);
+  template void launch_grouped_gemm<RW, RowsBf16<true, false>>(const GemmDescriptor&, Stream,      \
+                                                               Scales);                            \
+  template void launch_grouped_gemm<RW, RowsBf16<true, true>>(const GemmDescriptor&, Stream,       \
+                                                              Scales);
 
-MOK_FP8_FORWARD_KERNELS(false, false)
-MOK_FP8_FORWARD_KERNELS(true, false)  // pairs: clusters of two CTAs sharing weight tiles
-MOK_FP8_FORWARD_KERNELS(false, true)  // overlap: a K block's wgmma in flight during a promotion
-MOK_FP8_FORWARD_KERNELS(true, true)
+template <bool kPair, bool kOverlap, bool kWide = false>
+using GateUp = Form<FormKind::kGateUp, Operand::e4m3, kPair, kOverlap, false, kWide>;
+template <bool kPair, bool kOverlap, bool kWide = false>
+using Down = Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap, false, kWide>;
+using GateUpPlain = GateUp<false, false>;
+using DownPlain = Down<false, false>;
+using GateUpPairs = GateUp<true, false>;  // clusters of two CTAs sharing weight tiles
+using DownPairs = Down<true, false>;
+using GateUpOverlap = GateUp<false, true>;  // a K block's wgmma in flight during a promotion
+using DownOverlap = Down<false, true>;
+using GateUpPairsOverlap = GateUp<true, true>;
+using DownPairsOverlap = Down<true, true>;
+using GateUpWide = GateUp<false, false, true>;  // 128 x 256 tiles
+using DownWide = Down<false, false, true>;
+MOK_FP8_FORWARD_KERNELS(GateUpPlain, DownPlain)
+MOK_FP8_FORWARD_KERNELS(GateUpPairs, DownPairs)
+MOK_FP8_FORWARD_KERNELS(GateUpOverlap, DownOverlap)
+MOK_FP8_FORWARD_KERNELS(GateUpPairsOverlap, DownPairsOverlap)
+MOK_FP8_FORWARD_KERNELS(GateUpWide, DownWide)
 #undef MOK_FP8_FORWARD_KERNELS
 
 }  // namespace mok::gemm

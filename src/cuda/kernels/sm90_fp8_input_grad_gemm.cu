@@ -1,8 +1,8 @@
 // The library's e4m3 input-gradient instantiations of the standalone grouped GEMM kernel
 // (sm90_bf16_grouped_gemm.cuh over Form<kRowsWT, Operand::e4m3> reading the weights' transposed
 // copies): every epilogue rows_times_weight_fp8 picks (src/cuda/gemm/launch.cu,
-// launch_input_gradient), for each mainloop (RowsTimesWeightFp8Args::pairs, ::overlap). A file of
-// its own so that it compiles beside the forward's.
+// launch_input_gradient), for each mainloop (RowsTimesWeightFp8Args::pairs, ::overlap, ::wide). A
+// file of its own so that it compiles beside the forward's.
 #include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
@@ -45,6 +45,8 @@ MOK_INPUT_GRADIENT_KERNELS(RowsWT)
 MOK_INPUT_GRADIENT_KERNELS(RowsWTPairs)
 MOK_INPUT_GRADIENT_KERNELS(RowsWTOverlap)
 MOK_INPUT_GRADIENT_KERNELS(RowsWTPairsOverlap)
+using RowsWTWide = Form<FormKind::kRowsWT, Operand::e4m3, false, false, false, true>;
+MOK_INPUT_GRADIENT_KERNELS(RowsWTWide)
 #undef MOK_INPUT_GRADIENT_KERNELS
 
 }  // namespace mok::gemm
