@@ -329,6 +329,11 @@ constexpr bool kFp8WeightGradOverlap = true;
 // The e4m3 weight gradients' bf16 tiles through shared memory and TMA (WeightGradFp8Args::
 // tma_store), as the bf16 ones store: the same bits; off until the GEMM benchmark shows it faster.
 constexpr bool kFp8WeightGradTmaStore = false;
+// The M-grouped e4m3 GEMMs on 128 x 256 tiles (the launchers' `wide`): the same bits; off until
+// the GEMM benchmark shows it faster. Down and the input gradients run it where n fills whole wide
+// tiles (a multiple of 256), else the 128 x 128 tiles.
+constexpr bool kFp8Wide = false;
+bool fp8_wide(std::int64_t n) { return kFp8Wide && n % 256 == 0; }
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
@@ -347,6 +352,7 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = kFp8Overlap;
+  a.wide = kFp8Wide;
   gemm::gate_up_forward_fp8(a);
 }
 
@@ -363,6 +369,7 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = kFp8Overlap;
+  a.wide = fp8_wide(a.n);
   gemm::rows_times_weight_t_fp8(a);
 }
 
@@ -387,6 +394,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = kFp8Overlap;
+  a.wide = fp8_wide(a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -407,6 +415,7 @@ void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm:
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = kFp8Overlap;
+  a.wide = fp8_wide(a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
