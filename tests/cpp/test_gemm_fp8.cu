@@ -901,42 +901,6 @@ TEST(GemmFp8Wide, SameBitsAsPlain) {
   run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 256, 256, true, kWide);
 }
 
-// What a wide launch cannot do is refused, naming the argument: pairs or the overlap with it, and
-// an n that leaves a half tile (each half reads its own weight block).
-TEST(GemmFp8Wide, RefusesPairsOverlapAndHalfTiles) {
-  MOK_REQUIRE_HOPPER();
-  Layout l({100});
-  DeviceBuffer<std::uint8_t> a(std::size_t(l.capacity) * 256), w(384 * 256);
-  DeviceBuffer<float> s(std::size_t(l.capacity) * 2), ws(6);
-  DeviceBuffer<__nv_bfloat16> out(std::size_t(l.capacity) * 384);
-  mok::gemm::RowsTimesWeightTFp8Args args;
-  args.segments = l.segments();
-  args.a = {a.get(), 256, s.get(), l.capacity};
-  args.w = {w.get(), ws.get()};
-  args.out = out.get();
-  args.ld_out = 384;
-  args.n = 256;
-  args.k = 256;
-  args.wide = true;
-  auto expect_error = [&](const char* argument) {
-    try {
-      mok::gemm::rows_times_weight_t_fp8(args);
-      ADD_FAILURE() << "accepted without the error naming " << argument;
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.argument(), argument) << e.what();
-    }
-  };
-  args.pairs = true;
-  expect_error("wide");
-  args.pairs = false;
-  args.overlap = true;
-  expect_error("wide");
-  args.overlap = false;
-  args.n = 384;
-  expect_error("n");
-  MOK_CUDA_OK(cudaDeviceSynchronize());  // nothing was launched
-}
-
 // The overlapped weight gradient over ring passes (its plain and continued forms) against the plain
 // unsplit launch. A test of its own: about a hundred launches, too many for the sanitizers' steps.
 TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
@@ -944,7 +908,9 @@ TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
   run_weight_grad_pass_plan_fp8(true);
 }
 
-// Shapes the 128 x 128 blocks cannot cover, and missing scales: mok::Error naming the argument.
+// Shapes the 128 x 128 blocks cannot cover, missing scales, and what a wide launch cannot do
+// (pairs or the overlap with it; an n that leaves a half tile, each half reading its own weight
+// block): mok::Error naming the argument.
 TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   MOK_REQUIRE_HOPPER();
   Layout l({100});
@@ -986,6 +952,17 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   args.w.scale = nullptr;
   expect_error("w.scale");
   args.w.scale = ws.get();
+  args.wide = true;
+  args.pairs = true;
+  expect_error("wide");
+  args.pairs = false;
+  args.overlap = true;
+  expect_error("wide");
+  args.overlap = false;
+  args.n = 128;  // one 128-column block: half a wide tile
+  expect_error("n");
+  args.n = 256;
+  args.wide = false;
   mok::gemm::rows_times_weight_t_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
 }
