@@ -570,13 +570,13 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
 
 // Consumer, e4m3 forms: the 4 wgmma k32 steps of one K block (128 elements, one scale block) into
 // `partial`, which the first step overwrites (scale-d 0) and the others add to: m64n128 over the
-// B tile's rows [128 b_half, 128 b_half + 128) (b_half 1: the second half of a wide tile).
+// B tile's first 128 rows, or (b_half 1, wide tiles only) its second 128.
 template <class F>
 __device__ __forceinline__ void mma_k_block_fp8(float (&partial)[64], const SharedRing<F>& ring,
                                                 int s, int consumer_wg, int b_half = 0) {
   static_assert(F::kFp8 && !F::kTransA && !F::kTransB, "e4m3: both operands K-major");
   const std::uint32_t a_base = ptx::smem_addr(ring.a(s)) + consumer_wg * (kTileABytes / 2);
-  const std::uint32_t b_base = ptx::smem_addr(ring.b(s)) + b_half * (128 * 128);
+  const std::uint32_t b_base = ptx::smem_addr(ring.b(s)) + b_half * (F::kTileBBytes / 2);
   // A k32 step is 32 bytes along the 128-byte swizzled rows of both operands.
   const std::uint64_t da = ptx::make_smem_desc_sw128(a_base, 16, 1024);
   const std::uint64_t db = ptx::make_smem_desc_sw128(b_base, 16, 1024);
