@@ -766,11 +766,10 @@ __device__ __forceinline__ void overlapped_k_loop(int k_blocks, const Issue& iss
 // Consumer, e4m3 M-grouped forms, overlapped (the Form's kOverlap, the launchers' `overlap`): the
 // same arithmetic in the same order as mma_tile_fp8, with K block kb + 1's wgmma issued before K
 // block kb's promotion, into a second partial set, so that a warpgroup leaves work in the tensor
-// pipe while it promotes (FlashAttention-3's intra-warpgroup overlap). The reading it tests
-// (NOTES.md, "the overlapped promotion"; not measured yet): in mma_tile_fp8 both consumer
-// warpgroups wait on the same full barrier, issue together, finish together and promote together,
-// and the pipe idles while they do. Three sets of kAcc fp32 a thread: 192 at kTileN 128 (ptxas:
-// no spills, no serialized wgmma).
+// pipe while it promotes (FlashAttention-3's intra-warpgroup overlap). NOTES ("642f5ff", H200):
+// 0.88-1.00x the plain loop on every M-grouped form: with the pipe fed through the promotion the
+// consumers wait for their stages instead, so it stays off. Three sets of kAcc fp32 a thread: 192
+// at kTileN 128 (ptxas: no spills, no serialized wgmma).
 template <class F, class Probe, class Lead = NoLead>
 __device__ __forceinline__ void mma_tile_fp8_overlap(
     float (&acc)[F::kAcc], const SharedRing<F>& ring, PipelineState<F::kStages>& state,
@@ -901,8 +900,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
         read_token_block_scales<F>(ring, state.stage, consumer_wg, warp, lane);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(ring.empty(state.stage));
+    release_stage_fp8<F>(ring, state.stage, lane, 0u);
     state.advance();
     promote_tokens<F>(acc, partial, scales);
   }
@@ -940,8 +938,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
     ptx::fence_registers(partial[J]);
     const TokenBlockScales<F> scales =
         read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(ring.empty(stage[J]));
+    release_stage_fp8<F>(ring, stage[J], lane, 0u);
     promote_tokens<F>(acc, partial[J], scales);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
