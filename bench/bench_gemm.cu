@@ -25,7 +25,11 @@
 // overlap": both (its wgrad the overlap's); "mok-fp8-staged" and "mok-fp8-overlap-staged": the
 // weight gradient with its bf16 tiles stored through shared memory and TMA (`tma_store`), without
 // and with the overlap; "mok-fp8-wide": gemm1, gemm2, dgrad and dgrad-swiglu on 128 x 256 tiles
-// (`wide`). Each checked bitwise against mok-fp8 first, and timed only when argv[6] names it.
+// (`wide`); "mok-fp8-quantized": dgrad-swiglu writing dg and du quantized only, in the rows and
+// token-axis forms the next GEMMs read (`quantized`, what the layer's kFp8QuantizingEpilogue
+// runs; the passes it replaces are not timed here). Each checked bitwise against mok-fp8 first
+// (the quantized one: its bf16 dg, du and dot, and the rows form of two rows against the host's
+// quantization of mok-fp8's bf16 rows), and timed only when argv[6] names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).
@@ -46,6 +50,7 @@
 #include <vector>
 
 #include "bench_check.hpp"
+#include "core/fp8.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 
 namespace {
@@ -135,6 +140,14 @@ __global__ void fill_scale_kernel(float* p, size_t n, unsigned seed) {
     p[i] = ldexpf(1.0f, -4 - static_cast<int>(hash_index(i, seed) % 5u));
   }
 }
+// A bf16 value from its bits (exact).
+float bf16f(std::uint16_t bits) {
+  std::uint32_t w = std::uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+
 std::uint8_t* alloc_e4m3(size_t n, unsigned seed) {
   std::uint8_t* p = nullptr;
   CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1)));
@@ -593,6 +606,72 @@ int main(int argc, char** argv) {
       wgrad8.grad.tickets = tickets;
       wgrad8.a = {dy8t, capacity, dy8ts, c.h};
       wgrad8.b = {hid8t, capacity, hid8ts, c.i};
+      // The SwiGLU backward that quantizes dg and du (`quantized`): rows forms [capacity, I] and
+      // token-axis forms [I, capacity] of both, with their scales; timed without bf16 dg and du.
+      const size_t q_cells = size_t(capacity) * c.i;
+      std::uint8_t *q_rows[2], *q_tokens[2];
+      float *q_rows_s[2], *q_tokens_s[2];
+      for (int t = 0; t < 2; ++t) {
+        CHECK_CUDA(cudaMalloc(&q_rows[t], q_cells));
+        CHECK_CUDA(cudaMalloc(&q_tokens[t], q_cells));
+        CHECK_CUDA(cudaMalloc(&q_rows_s[t], size_t(c.i / 128) * capacity * 4));
+        CHECK_CUDA(cudaMalloc(&q_tokens_s[t], size_t(capacity / 128) * c.i * 4));
+      }
+      mok::gemm::RowsTimesWeightFp8Args dgrad8_q = dgrad8_swiglu;
+      dgrad8_q.quantized.d_gate_rows = {q_rows[0], c.i, q_rows_s[0], capacity};
+      dgrad8_q.quantized.d_up_rows = {q_rows[1], c.i, q_rows_s[1], capacity};
+      dgrad8_q.quantized.d_gate_tokens = {q_tokens[0], capacity, q_tokens_s[0], c.i};
+      dgrad8_q.quantized.d_up_tokens = {q_tokens[1], capacity, q_tokens_s[1], c.i};
+      if (named("mok-fp8-quantized")) {
+        const size_t cells = q_cells, dots = size_t(capacity) * dot_chunks;
+        auto swiglu_outputs = [&](const mok::gemm::RowsTimesWeightFp8Args& a) {
+          std::vector<std::uint16_t> bytes(2 * cells);
+          std::vector<float> dot(dots);
+          for (auto* b : {out_dg, out_du}) CHECK_CUDA(cudaMemset(b, 0xff, cells * 2));
+          CHECK_CUDA(cudaMemset(out_dot, 0xff, dots * 4));
+          mok::gemm::rows_times_weight_fp8(a);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          CHECK_CUDA(cudaMemcpy(bytes.data(), out_dg, cells * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(bytes.data() + cells, out_du, cells * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(dot.data(), out_dot, dots * 4, cudaMemcpyDeviceToHost));
+          return std::make_pair(bytes, dot);
+        };
+        const auto want = swiglu_outputs(dgrad8_swiglu);
+        mok::gemm::RowsTimesWeightFp8Args both = dgrad8_q;  // bf16 dg and du too
+        both.swiglu = dgrad8_swiglu.swiglu;
+        const auto got = swiglu_outputs(both);
+        bool same = want.first == got.first &&
+                    std::memcmp(want.second.data(), got.second.data(), dots * 4) == 0;
+        // The rows form of the last row of the first and last non-empty group, against
+        // core/fp8.hpp's quantization of mok-fp8's bf16 row (the test checks every row).
+        for (int g : {0, G - 1}) {
+          if (counts[g] == 0) continue;
+          const size_t row = size_t(starts[g] + counts[g] - 1);
+          for (int t = 0; t < 2 && same; ++t) {
+            std::vector<std::uint8_t> q(c.i);
+            std::vector<float> s(c.i / 128);
+            CHECK_CUDA(cudaMemcpy(q.data(), q_rows[t] + row * c.i, c.i, cudaMemcpyDeviceToHost));
+            for (int b = 0; b < c.i / 128; ++b) {
+              CHECK_CUDA(cudaMemcpy(&s[b], q_rows_s[t] + size_t(b) * capacity + row, 4,
+                                    cudaMemcpyDeviceToHost));
+              const std::uint16_t* v = want.first.data() + t * cells + row * c.i + 128 * b;
+              std::uint32_t amax = 0;
+              for (int i = 0; i < 128; ++i) amax = mok::fp8::amax_update(amax, bf16f(v[i]));
+              const int e = mok::fp8::scale_exponent(amax);
+              same = same && s[b] == mok::fp8::scale_of(e);
+              for (int i = 0; i < 128; ++i) {
+                same = same && q[128 * b + i] == mok::fp8::quantize_value(
+                                                     bf16f(v[i]), mok::fp8::inverse_scale_of(e));
+              }
+            }
+          }
+        }
+        if (!same) {
+          std::fprintf(stderr, "%s: mok-fp8-quantized's dgrad-swiglu differs; not timing\n",
+                       c.name);
+          return 1;
+        }
+      }
       // The input gradients of the variants, checked bitwise as the forward ones.
       std::vector<mok::gemm::RowsTimesWeightFp8Args> dgrad8v, dgrad8v_swiglu;
       for (const Fp8Variant& v : fp8_variants) {
@@ -731,6 +810,8 @@ int main(int argc, char** argv) {
           {"wgrad", "mok-fp8-staged", flops, [=] { mok::gemm::weight_grad_fp8(wgrad8s); }});
       items.push_back({"wgrad", "mok-fp8-overlap-staged", flops,
                        [=] { mok::gemm::weight_grad_fp8(wgrad8os); }});
+      items.push_back({"dgrad-swiglu", "mok-fp8-quantized", flops,
+                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8_q); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
@@ -776,6 +857,12 @@ int main(int argc, char** argv) {
             (void*)dy8s,     (void*)wdt8,    (void*)wdt8s,   (void*)dy8t,   (void*)hid8t,
             (void*)dy8ts,    (void*)hid8ts}) {
         cudaFree(p);
+      }
+      for (int t = 0; t < 2; ++t) {
+        for (void* p :
+             {(void*)q_rows[t], (void*)q_tokens[t], (void*)q_rows_s[t], (void*)q_tokens_s[t]}) {
+          cudaFree(p);
+        }
       }
     }
   }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/bf16.hpp"
+#include "core/fp8.hpp"
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "gemm_layout.hpp"
@@ -246,8 +247,8 @@ struct Variant {
 constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true},
     kWide{false, false, true};
 
-// `variant`: also that launch (GateUpForwardFp8Args::pairs, ::overlap), which must give the same
-// bits.
+// `variant`: also that launch (GateUpForwardFp8Args::pairs, ::overlap, ::wide), which must give
+// the same bits.
 void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
                      std::optional<float> limit = std::nullopt, Variant variant = {}) {
   Layout l(counts);
@@ -333,8 +334,8 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   }
 }
 
-// `variant`: also that launch (RowsTimesWeightTFp8Args::pairs, ::overlap), which must give the
-// same bits.
+// `variant`: also that launch (RowsTimesWeightTFp8Args::pairs, ::overlap, ::wide), which must
+// give the same bits.
 void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, Variant variant = {}) {
   Layout l(counts);
   const int G = l.groups();
@@ -585,6 +586,212 @@ TEST(GemmFp8InputGrad, TwoProductsAndOneHeavyGroup) {
   run_input_grad_fp8({1000, 0, 2, 1}, 256, 512, true);
 }
 
+// The rows form of bf16 rows on the host (quantize_pass_fp8.cu's rows kernel: 1x128 blocks along
+// the columns), for the kept rows: data [capacity, N], scales [N / 128, capacity].
+// The token-axis form (its token-axis kernel: 128-row blocks from each group's first row, a
+// column's scale from the group's rows, rows past the count stored as 0): data [N, ld], scales
+// [ld / 128, N].
+struct HostQuantized {
+  std::vector<std::uint8_t> rows, tokens;
+  std::vector<float> row_scales, token_scales;
+};
+HostQuantized host_quantized(const Layout& l, const std::vector<__nv_bfloat16>& x, int N, int ld) {
+  namespace fp8 = mok::fp8;
+  const std::uint16_t* bits = reinterpret_cast<const std::uint16_t*>(x.data());
+  const auto value = [&](int r, int n) { return mok::bf16_to_float(bits[std::size_t(r) * N + n]); };
+  HostQuantized q{std::vector<std::uint8_t>(std::size_t(l.capacity) * N),
+                  std::vector<std::uint8_t>(std::size_t(N) * ld),
+                  std::vector<float>(std::size_t(N / 128) * l.capacity),
+                  std::vector<float>(std::size_t(ld / 128) * N)};
+  const auto quantize = [&](int count, const auto& at, std::uint8_t* out, float* scale) {
+    std::uint32_t amax = 0;
+    for (int i = 0; i < count; ++i) amax = fp8::amax_update(amax, at(i));
+    const int e = fp8::scale_exponent(amax);
+    *scale = fp8::scale_of(e);
+    for (int i = 0; i < count; ++i) out[i] = fp8::quantize_value(at(i), fp8::inverse_scale_of(e));
+  };
+  for (int g = 0; g < l.groups(); ++g) {
+    for (int r = l.starts[g]; r < l.starts[g] + l.counts[g]; ++r) {
+      for (int b = 0; b < N / 128; ++b) {
+        quantize(
+            128, [&](int i) { return value(r, 128 * b + i); },
+            q.rows.data() + std::size_t(r) * N + 128 * b,
+            q.row_scales.data() + std::size_t(b) * l.capacity + r);
+      }
+    }
+    for (int r0 = l.starts[g]; r0 < l.starts[g] + l.counts[g]; r0 += 128) {
+      const int valid = std::min(128, l.starts[g] + l.counts[g] - r0);
+      for (int n = 0; n < N; ++n) {
+        quantize(
+            128, [&](int i) { return i < valid ? value(r0 + i, n) : 0.0f; },
+            q.tokens.data() + std::size_t(n) * ld + r0,
+            q.token_scales.data() + std::size_t(r0 / 128) * N + n);
+      }
+    }
+  }
+  return q;
+}
+
+// Where a quantizing launch writes one tensor (dg or du): both forms, poisoned (NaN bytes and
+// scales).
+struct QuantizedOut {
+  DeviceBuffer<std::uint8_t> rows, tokens;
+  DeviceBuffer<float> row_scales, token_scales;
+  QuantizedOut(const Layout& l, int N, int ld)
+      : rows(std::size_t(l.capacity) * N),
+        tokens(std::size_t(N) * ld),
+        row_scales(std::size_t(N / 128) * l.capacity),
+        token_scales(std::size_t(ld / 128) * N) {
+    rows.poison(), tokens.poison(), row_scales.poison(), token_scales.poison();
+  }
+  mok::gemm::Fp8Out rows_out(const Layout& l, int N) {
+    return {rows.get(), N, row_scales.get(), l.capacity};
+  }
+  mok::gemm::Fp8Out tokens_out(int N, int ld) { return {tokens.get(), ld, token_scales.get(), N}; }
+};
+
+// The SwiGLU backward that also quantizes dg and du (RowsTimesWeightFp8Args::quantized, the FP8
+// layer's down dgrad: row scale and dot): its bf16 outputs, dot and bits the launch without it
+// gives; its rows and token-axis forms of dg and du the bits of the standalone quantizers' maths
+// (host_quantized over that launch's bf16 dg and du) on every kept row and every token block of
+// every group, nothing written elsewhere (the outputs are poisoned first); and the same quantized
+// outputs with dg and du not written in bf16 (the layer's call).
+void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
+                              std::optional<float> limit) {
+  Layout l(counts);
+  const int G = l.groups();
+  std::mt19937_64 rng(next_seed());
+  const HostRows a(l, K, rng);
+  const HostWeight w(G, N, K, rng);
+  DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
+  DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size());
+  d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
+  const std::size_t cells = std::size_t(l.capacity) * N;
+  const int chunks = (N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
+  const int ld = (l.capacity + 127) / 128 * 128;  // the token-axis copies' rows
+  DeviceBuffer<float> row_scale(l.capacity), dot(std::size_t(l.capacity) * chunks),
+      dot_q(std::size_t(l.capacity) * chunks);
+  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), dg(cells), du(cells), dg_q(cells), du_q(cells);
+  std::vector<float> hscale(l.capacity);
+  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+  row_scale.upload(hscale);
+  fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
+  fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
+  // out[run][t]: t 0 dg, 1 du; run 0 with dg and du in bf16 too, run 1 quantized only.
+  QuantizedOut out[2][2] = {{{l, N, ld}, {l, N, ld}}, {{l, N, ld}, {l, N, ld}}};
+
+  mok::gemm::RowsTimesWeightFp8Args args;
+  args.segments = l.segments();
+  args.a = {d_a.get(), K, d_as.get(), l.capacity};
+  args.w_t = {d_w.get(), d_ws.get()};
+  args.ld_out = N;
+  args.n = N;
+  args.k = K;
+  for (auto* b : {&dg, &du, &dg_q, &du_q}) b->poison();
+  dot.poison(), dot_q.poison();
+  {
+    mok::gemm::RowsTimesWeightFp8Args f = args;
+    f.swiglu = {g.get(), u.get(), dg.get(), du.get(), row_scale.get(), dot.get(), nullptr, limit};
+    mok::gemm::rows_times_weight_fp8(f);
+  }
+  for (int run = 0; run < 2; ++run) {
+    mok::gemm::RowsTimesWeightFp8Args f = args;
+    f.swiglu = {g.get(),
+                u.get(),
+                run == 0 ? dg_q.get() : nullptr,
+                run == 0 ? du_q.get() : nullptr,
+                row_scale.get(),
+                dot_q.get(),
+                nullptr,
+                limit};
+    f.quantized.d_gate_rows = out[run][0].rows_out(l, N);
+    f.quantized.d_up_rows = out[run][1].rows_out(l, N);
+    f.quantized.d_gate_tokens = out[run][0].tokens_out(N, ld);
+    f.quantized.d_up_tokens = out[run][1].tokens_out(N, ld);
+    mok::gemm::rows_times_weight_fp8(f);
+  }
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same_bits(dg, dg_q) && same_bits(du, du_q) && same_bits(dot, dot_q))
+      << "the quantizing launch's bf16 dg, du or dot differ from the plain epilogue's";
+  const HostQuantized want[2] = {host_quantized(l, dg.download(), N, ld),
+                                 host_quantized(l, du.download(), N, ld)};
+  const std::vector<char> kept = kept_rows(l);
+  // Token blocks a group's tiles cover (row r0 a block's first row): the others are never written.
+  std::vector<char> covered(ld / 128, 0);
+  for (int g_ = 0; g_ < G; ++g_) {
+    for (int r0 = l.starts[g_]; r0 < l.starts[g_] + l.counts[g_]; r0 += 128) covered[r0 / 128] = 1;
+  }
+  const char* names[2] = {"dg", "du"};
+  for (int run = 0; run < 2; ++run) {
+    for (int t = 0; t < 2; ++t) {
+      const auto r_h = out[run][t].rows.download(), k_h = out[run][t].tokens.download();
+      const auto rs_h = out[run][t].row_scales.download();
+      const auto ks_h = out[run][t].token_scales.download();
+      long long rows_differ = 0, tokens_differ = 0, stray = 0;
+      for (int r = 0; r < l.capacity; ++r) {
+        for (int n = 0; n < N; ++n) {
+          const std::size_t i = std::size_t(r) * N + n;
+          if (kept[r]) {
+            rows_differ += r_h[i] != want[t].rows[i];
+          } else {
+            stray += r_h[i] != 0xff;
+          }
+        }
+        for (int b = 0; b < N / 128; ++b) {
+          const std::size_t i = std::size_t(b) * l.capacity + r;
+          if (kept[r]) {
+            rows_differ += std::memcmp(&rs_h[i], &want[t].row_scales[i], 4) != 0;
+          } else {
+            stray += !std::isnan(rs_h[i]);
+          }
+        }
+      }
+      for (int n = 0; n < N; ++n) {
+        for (int r = 0; r < ld; ++r) {
+          const std::size_t i = std::size_t(n) * ld + r;
+          if (covered[r / 128]) {
+            tokens_differ += k_h[i] != want[t].tokens[i];
+          } else {
+            stray += k_h[i] != 0xff;
+          }
+        }
+        for (int b = 0; b < ld / 128; ++b) {
+          const std::size_t i = std::size_t(b) * N + n;
+          if (covered[b]) {
+            tokens_differ += std::memcmp(&ks_h[i], &want[t].token_scales[i], 4) != 0;
+          } else {
+            stray += !std::isnan(ks_h[i]);
+          }
+        }
+      }
+      EXPECT_EQ(rows_differ, 0) << names[t] << "'s rows form (bytes or scales) differs from the "
+                                << "rows quantizer's" << (run ? " (dg, du not in bf16)" : "");
+      EXPECT_EQ(tokens_differ, 0) << names[t] << "'s token-axis form differs from the token-axis "
+                                  << "quantizer's" << (run ? " (dg, du not in bf16)" : "");
+      EXPECT_EQ(stray, 0) << names[t] << "'s quantized forms written outside the groups' rows";
+    }
+  }
+  std::printf("[ mok ] quantized dg, du N=%d K=%d G=%d%s: %d rows\n", N, K, G,
+              limit ? " clamped" : "", l.capacity);
+}
+
+// Three tiles of N, odd counts and empty groups (short enough for the sanitizers' steps) ...
+TEST(GemmFp8InputGrad, QuantizedDgAndDuSmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_quantized_swiglu_fp8({0, 1, 130, 77, 0, 300}, 384, 256, std::nullopt);
+}
+
+// ... a group of eight token blocks, the clamped SwiGLU backward, 1 and 3 K blocks, 1 and 2 tiles
+// of N, and 900 tiles (300 one-row groups): every CTA quantizes several tiles through its staging
+// tile, each after the last one's columns are read out.
+TEST(GemmFp8InputGrad, QuantizedDgAndDuHeavyGroupAndClamped) {
+  MOK_REQUIRE_HOPPER();
+  run_quantized_swiglu_fp8({1000, 0, 2, 1}, 128, 128, 0.5f);
+  run_quantized_swiglu_fp8({129, 256, 3}, 256, 384, std::nullopt);
+  run_quantized_swiglu_fp8(std::vector<int>(300, 1), 384, 128, std::nullopt);
+}
+
 // A token-axis operand [cols, capacity] of `l`'s rows: random finite bytes on each group's rows,
 // NaN bytes past a group's end; random power-of-two scales [blocks, cols].
 void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
@@ -793,13 +1000,19 @@ TEST(GemmFp8WeightGrad, PassPlanIsBitwiseTheUnsplitReduction) {
 }
 
 // The staged store (WeightGradFp8Args::tma_store: bf16 tiles through shared memory and TMA): the
-// plain launch's bits, alone and with the overlapped loop, on groups of 0 to 8 token blocks; on 40
-// groups (240 tiles: most CTAs store two, the second after the first's store has read the staging
-// tile); and over ring passes (the passes' bf16 outputs staged, their fp32 carries not).
-TEST(GemmFp8WeightGrad, TmaStoreSameBitsAsPlain) {
+// plain launch's bits, alone and with the overlapped loop, on groups of 0 to 8 token blocks (a test
+// of its own, short enough for the sanitizers' steps: *SmallOdd*) ...
+TEST(GemmFp8WeightGrad, TmaStoreSmallOddAndEmptyGroups) {
   MOK_REQUIRE_HOPPER();
   run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, false, true);
   run_weight_grad_fp8({0, 1, 130, 77, 0, 300, 513, 1000}, 256, 384, true, true);
+}
+
+// ... on 40 groups (240 tiles: most CTAs store two, the second after the first's store has read
+// the staging tile); and over ring passes (the passes' bf16 outputs staged, their fp32 carries
+// not).
+TEST(GemmFp8WeightGrad, TmaStoreSameBitsAsPlain) {
+  MOK_REQUIRE_HOPPER();
   constexpr int kCounts[] = {0, 1, 77, 128, 130, 255, 300, 513};
   std::vector<int> many;
   for (int g = 0; g < 40; ++g) many.push_back(kCounts[g % 8]);
@@ -886,8 +1099,17 @@ TEST(GemmFp8Overlap, WeightGradSameBitsAsPlain) {
 }
 
 // Wide tiles (128 x 256, each K block as two 128-column halves into one partial set): the plain
-// launch's bits for 1 to 3 K blocks, both SwiGLU epilogues (clamped too), the row scale, the
-// input gradients' epilogues and second product, and N of one and of several wide tiles.
+// launch's bits, short enough for the sanitizers' steps (*SmallOdd*) ...
+TEST(GemmFp8Wide, SmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_fp8({0, 1, 130, 77}, 256, 384, std::nullopt, kWide);
+  run_input_grad_fp8({0, 1, 130, 77}, 256, 256, true, kWide);
+}
+
+// ... and for 1 to 3 K blocks, both SwiGLU epilogues (clamped too), the row scale, the input
+// gradients' epilogues and second product, N of one and of several wide tiles; past the ring's 4
+// stages (5 to 10 K blocks: the stages' second and third rounds) and with more tiles than SMs
+// (300 one-row groups: a CTA's second and third tiles after its first's epilogue).
 TEST(GemmFp8Wide, SameBitsAsPlain) {
   MOK_REQUIRE_HOPPER();
   for (const int k : {128, 256, 384}) {
@@ -899,6 +1121,9 @@ TEST(GemmFp8Wide, SameBitsAsPlain) {
   run_rows_fp8({0, 1, 130, 77, 0, 300}, 256, 256, false, kWide);
   run_input_grad_fp8({130, 0, 77}, 512, 128, true, kWide);  // two products
   run_input_grad_fp8({0, 1, 130, 77, 0, 300}, 256, 256, true, kWide);
+  run_gate_up_fp8({0, 1, 130, 77}, 640, 384, std::nullopt, kWide);
+  run_rows_fp8(std::vector<int>(300, 1), 256, 1280, true, kWide);
+  run_input_grad_fp8(std::vector<int>(300, 1), 256, 640, true, kWide);  // 10 K blocks, 2 products
 }
 
 // The overlapped weight gradient over ring passes (its plain and continued forms) against the plain
@@ -964,6 +1189,64 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   args.n = 256;
   args.wide = false;
   mok::gemm::rows_times_weight_t_fp8(args);  // and the good call still runs
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+}
+
+// RowsTimesWeightFp8Args::quantized: what it needs (the SwiGLU backward with the row scale and dot,
+// the plain mainloop, all four outputs) and its outputs' layout, mok::Error naming the argument;
+// then the good call runs.
+TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({100, 30});
+  const int N = 128, K = 128, ld = 384;  // capacity 320: 256 rows of groups and 64 past them
+  DeviceBuffer<std::uint8_t> a(std::size_t(l.capacity) * K), w(2 * N * K),
+      rows(2 * std::size_t(l.capacity) * N), tokens(2 * std::size_t(N) * ld);
+  DeviceBuffer<float> s(std::size_t(l.capacity)), ws(2), rs(2 * std::size_t(l.capacity)),
+      ts(2 * std::size_t(ld / 128) * N), row_scale(l.capacity), dot(l.capacity);
+  DeviceBuffer<__nv_bfloat16> g(std::size_t(l.capacity) * N), u(std::size_t(l.capacity) * N);
+  mok::gemm::RowsTimesWeightFp8Args args;
+  args.segments = l.segments();
+  args.a = {a.get(), K, s.get(), l.capacity};
+  args.w_t = {w.get(), ws.get()};
+  args.ld_out = N;
+  args.n = N;
+  args.k = K;
+  args.swiglu = {g.get(), u.get(), nullptr, nullptr, row_scale.get(), dot.get(), nullptr, {}};
+  mok::gemm::SwigluBackwardFp8Out& q = args.quantized;
+  q.d_gate_rows = {rows.get(), N, rs.get(), l.capacity};
+  q.d_up_rows = {rows.get() + std::size_t(l.capacity) * N, N, rs.get() + l.capacity, l.capacity};
+  q.d_gate_tokens = {tokens.get(), ld, ts.get(), N};
+  q.d_up_tokens = {tokens.get() + std::size_t(N) * ld, ld, ts.get() + (ld / 128) * N, N};
+  auto expect_error = [&](const char* argument) {
+    try {
+      mok::gemm::rows_times_weight_fp8(args);
+      ADD_FAILURE() << "accepted without the error naming " << argument;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  q.d_up_tokens.data = nullptr;
+  expect_error("quantized");
+  q.d_up_tokens.data = tokens.get() + std::size_t(N) * ld;
+  args.swiglu.dot = nullptr;
+  expect_error("swiglu.row_scale/dot");
+  args.swiglu.dot = dot.get();
+  args.swiglu.d_gate = g.get();  // d_up null
+  expect_error("swiglu.d_gate/d_up");
+  args.swiglu.d_gate = nullptr;
+  args.overlap = true;
+  expect_error("quantized");
+  args.overlap = false;
+  q.d_up_rows.ld = N + 8;
+  expect_error("quantized.d_up_rows");
+  q.d_up_rows.ld = N;
+  q.d_gate_tokens.ld = q.d_up_tokens.ld = l.capacity + 8;  // not a multiple of 16
+  expect_error("quantized.d_gate_tokens.ld");
+  q.d_gate_tokens.ld = q.d_up_tokens.ld = ld;
+  q.d_gate_tokens.data = tokens.get() + 8;
+  expect_error("quantized.d_gate_tokens.data");
+  q.d_gate_tokens.data = tokens.get();
+  mok::gemm::rows_times_weight_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
 }
 

@@ -30,9 +30,9 @@ struct WaitTimeoutReport {
   unsigned long long timeout_ns;
 };
 
-// The fp32 scales of an e4m3 GEMM's operands (powers of two, DESIGN.md section 5b), the e4m3
-// kernels' second parameter (NOTES: not in GemmParams, so that the forward megakernel's four
-// descriptors stay within the 4 KiB of kernel parameters):
+// What only the e4m3 kernels read, their second parameter (NOTES: not in GemmParams, so that the
+// forward megakernel's four descriptors stay within the 4 KiB of kernel parameters): the fp32
+// scales of the operands (powers of two, DESIGN.md section 5b),
 //   a[kb * a_ld + row]                            A's row `row` (of the row buffer), K block kb
 //   b[(g * b_n_blocks + nb) * b_k_blocks + kb]    group g's weight block (nb, kb), B rows
 //                                                 [128 nb, 128 nb + 128)
@@ -41,7 +41,7 @@ struct WaitTimeoutReport {
 // The K-grouped form (weight gradients over the token-axis copies, both operands 1 x 128 along the
 // tokens): a[tb * a_ld + i] for A's row i (of m) and token block tb, b[tb * b_ld + j] for B's
 // row j (of n); token blocks of 128 rows of the row buffers (segments are 128-row aligned).
-struct Fp8Scales {
+struct Fp8Params {
   const float* a;
   const float* a2;
   long long a_ld;
@@ -50,6 +50,17 @@ struct Fp8Scales {
   int b_n_blocks;
   int b_k_blocks;
   long long b_ld;
+  // and the SwiGLU backward's quantized dg and du (epilogue::SwigluBackward's kQuantized;
+  // RowsTimesWeightFp8Args::quantized), [0] dg and [1] du: the rows form, 1x128 along n (data
+  // [rows, q_rows_ld], scales [n / 128, q_rows_scale_ld]), and the token-axis form (data
+  // [n, q_tokens_ld], scales [rows / 128, q_tokens_scale_ld]). Last, so that the fields before
+  // them keep their offsets in the kernels that read none of these.
+  std::uint8_t* q_rows[2];
+  float* q_rows_scales[2];
+  long long q_rows_ld, q_rows_scale_ld;
+  std::uint8_t* q_tokens[2];
+  float* q_tokens_scales[2];
+  long long q_tokens_ld, q_tokens_scale_ld;
 };
 
 struct GemmParams {

@@ -60,7 +60,7 @@ class GemmEngine {
   // Every thread: the engine over `smem` (the dynamic shared memory, kSharedBytes) and `d` (in
   // parameter space); e4m3 forms: and their scales `fp8` (in parameter space too).
   __device__ __forceinline__ GemmEngine(std::uint8_t* smem, const GemmDescriptor& d,
-                                        const Fp8Scales* fp8 = nullptr)
+                                        const Fp8Params* fp8 = nullptr)
       : ring_{aligned(smem)},
         d_(d),
         fp8_(fp8),
@@ -232,7 +232,11 @@ class GemmEngine {
     } else {
       mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe);
     }
-    E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
+    if constexpr (epilogue::WritesFp8<E>) {
+      E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging(), *fp8_);
+    } else {
+      E::template store<F>(acc, tile, d_, wg, warp_, lane_, ring_.staging());
+    }
   }
 
   // Consumer, with rows held across tiles (HeldRows, epilogue.cuh, which the caller keeps from
@@ -282,7 +286,7 @@ class GemmEngine {
 
   const SharedRing<F> ring_;
   const GemmDescriptor& d_;
-  const Fp8Scales* const fp8_;
+  const Fp8Params* const fp8_;
   const int warpgroup_, warp_, lane_;
   PipelineState<F::kStages> state_;
   TileQueueState queue_;

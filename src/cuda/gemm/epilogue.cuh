@@ -14,10 +14,12 @@
 
 #include <cstdint>
 
+#include "core/fp8.hpp"
 #include "core/numerics.hpp"
 #include "cuda/gemm/descriptor.cuh"
 #include "cuda/gemm/forms.cuh"
 #include "cuda/gemm/scheduler.cuh"
+#include "cuda/ptx/e4m3.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/prefetch.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -391,6 +393,105 @@ __device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const Ge
   }
 }
 
+// The staging tile of the SwiGLU backward that quantizes (kQuantized below; F::kStagingBytes): a
+// 128 x 128 block of bf16, rows of 256 bytes, 16-byte piece k of row r at piece k ^
+// staging_swizzle(r). NOTES: the swizzle keeps both sides free of bank conflicts: the epilogue's
+// stores (a warp: 8 consecutive rows x 4 pieces; even and odd rows land in opposite halves of the
+// 128-byte bank line) and store_token_block's reads (a warp: 4 rows 32 apart x 2 pieces; each row
+// in its own quarter of the line).
+__device__ __forceinline__ int staging_swizzle(int r) {
+  return (4 * (r & 1)) ^ (2 * ((r >> 5) & 3));
+}
+__device__ __forceinline__ std::uint8_t* staging_piece(std::uint8_t* staging, int r, int k) {
+  return staging + r * 256 + ((k ^ staging_swizzle(r)) * 16);
+}
+
+// One row's 1x128 block of bf16 pairs held by a quad as store_swiglu_backward holds it (lane q:
+// w[c], the pairs of columns 8 (4c + q) .. + 7), quantized as quantize_pass_fp8.cu's rows kernel
+// quantizes it from memory: the block's amax across the quad, then each lane's 4 pieces of 8 bytes
+// to out + 8 (4c + q) and (lane 0 of the quad) the scale, when `store`. Every lane of the warp
+// calls it (the amax crosses the quad's lanes, which hold one row: rows never mix).
+__device__ __forceinline__ void store_row_block_fp8(const std::uint32_t (&w)[4][4], int q,
+                                                    bool store, std::uint8_t* out, float* scale) {
+  std::uint32_t amax = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      amax = fp8::amax_update(amax, low_bf16(w[c][e]));
+      amax = fp8::amax_update(amax, high_bf16(w[c][e]));
+    }
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  const int e = fp8::scale_exponent(amax);
+  const float inverse = fp8::inverse_scale_of(e);
+  if (!store) return;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const std::uint32_t(&v)[4] = w[c];
+    *reinterpret_cast<uint2*>(out + 8 * (4 * c + q)) = make_uint2(
+        ptx::quantize4(low_bf16(v[0]), high_bf16(v[0]), low_bf16(v[1]), high_bf16(v[1]), inverse),
+        ptx::quantize4(low_bf16(v[2]), high_bf16(v[2]), low_bf16(v[3]), high_bf16(v[3]), inverse));
+  }
+  if (q == 0) *scale = fp8::scale_of(e);
+}
+
+// The token-axis form of the 128 x 128 bf16 block in the staging tile (one tile's dg or du: its
+// rows are one 128-row token block of the group, rows past the group's count staged as 0), as
+// quantize_token_tile (cuda/kernels/fp8_quantize.cuh) writes it from memory: per column, the
+// scale of its 128 rows and their bytes in row order. The 256 consumer threads (`thread`) each
+// take two adjacent columns over 32 rows, thread % 4 the quarter (the four quarters of a column
+// are adjacent lanes: their amax crosses them by shuffles), and store each column's 32 bytes.
+// data: the block's first byte (column n0, row row0 of the [n, ld] copy; 16-byte aligned, ld a
+// multiple of 16); scales: the block's scales from column n0 (8-byte aligned).
+__device__ __forceinline__ void store_token_block(std::uint8_t* staging, int thread,
+                                                  std::uint8_t* data, long long ld, float* scales) {
+  const int pair = thread / 4, quarter = thread % 4;
+  const int piece = pair / 4, word = pair % 4;  // where the pair's columns sit in a staged row
+  std::uint32_t v[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = 32 * quarter + i;
+    v[i] = *reinterpret_cast<const std::uint32_t*>(staging_piece(staging, r, piece) + 4 * word);
+  }
+  std::uint32_t amax[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    amax[0] = fp8::amax_update(amax[0], low_bf16(v[i]));
+    amax[1] = fp8::amax_update(amax[1], high_bf16(v[i]));
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax[c], offset);
+      amax[c] = other > amax[c] ? other : amax[c];
+    }
+  }
+  float scale[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int e = fp8::scale_exponent(amax[c]);
+    scale[c] = fp8::scale_of(e);
+    const float inverse = fp8::inverse_scale_of(e);
+    const auto value = [&](int i) { return c == 0 ? low_bf16(v[i]) : high_bf16(v[i]); };
+    std::uint32_t q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = ptx::quantize4(value(4 * j), value(4 * j + 1), value(4 * j + 2), value(4 * j + 3),
+                            inverse);
+    }
+    std::uint8_t* column = data + (2 * pair + c) * ld + 32 * quarter;
+    *reinterpret_cast<uint4*>(column) = make_uint4(q[0], q[1], q[2], q[3]);
+    *reinterpret_cast<uint4*>(column + 16) = make_uint4(q[4], q[5], q[6], q[7]);
+  }
+  if (quarter == 0) *reinterpret_cast<float2*>(scales + 2 * pair) = make_float2(scale[0], scale[1]);
+}
+
 // The down dgrad with the SwiGLU backward (SwigluBackwardEpilogue): dh = bf16(acc) as store_plain
 // would store it (kRowScale: bf16(row_scale[r] * acc)), then, per 8 columns of a row, 16
 // bytes of g and u in and 16 bytes of dg and du out. The loads of kBatch such pieces are issued
@@ -409,15 +510,29 @@ __device__ __forceinline__ void prefetch_swiglu_rows(const TileInfo& t, const Ge
 // kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
 // and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
 // kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
-template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden>
+// kQuantized (e4m3, 128-wide tiles with a staging tile; RowsTimesWeightFp8Args::quantized): dg and
+// du also quantized for the GEMMs that read them, with the standalone quantizers' bits: each row's
+// 1x128 block from the quad that holds it (store_row_block_fp8, fp8->q_rows), and the tile's token
+// block column by column (store_token_block, fp8->q_tokens) from the staging tile, where both
+// warpgroups stage dg, then du (four barriers of the 256 consumer threads: staged, read, staged,
+// read; the last one keeps the next tile's dg from overwriting du while it is read). dg and du in
+// bf16 only where p.d_gate is set.
+template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden,
+          bool kQuantized = false>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
-                                                      int wg, int warp, int lane) {
+                                                      int wg, int warp, int lane,
+                                                      std::uint8_t* staging = nullptr,
+                                                      const Fp8Params* fp8 = nullptr) {
   static_assert(F::kInputGradient, "the down dgrad's epilogue");
   static_assert(!kScaledHidden || (kRowScale && kDot), "bf16(w h) needs the scale and h");
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
   constexpr int kBatch = 4;
   static_assert(kPieces % kBatch == 0, "whole batches");
+  static_assert(!kQuantized || (F::kFp8 && kPieces == kBatch && !kScaledHidden &&
+                                F::kStagingBytes == kTileM * F::kTileN * 2),
+                "quantized dg and du: 128-wide e4m3 tiles with a staging tile");
+  std::uint32_t du_held[2][kBatch][4];  // kQuantized: du of both rows, staged after dg
   static_assert(kBatch * 32 == kDotColumns, "a batch of pieces is one dot chunk");
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
@@ -445,6 +560,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
         }
       }
       float dot = 0.0f;
+      std::uint32_t dg_row[kBatch][4];  // kQuantized: dg of this row's block
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int c = c0 + i;
@@ -511,11 +627,29 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
           }
         }
         const int col = n0 + 8 * (4 * c + q);
-        if (row.ok && col < p.n) {
+        if (row.ok && col < p.n && (!kQuantized || p.d_gate != nullptr)) {
           *reinterpret_cast<uint4*>(p.d_gate + row.offset + col) =
               make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
           *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
               make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
+        }
+        if constexpr (kQuantized) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dg_row[i][e] = dg_w[e], du_held[h][i][e] = du_w[e];
+        }
+      }
+      if constexpr (kQuantized) {
+        const Fp8Params& f = *fp8;
+        const long long at = static_cast<long long>(row.index) * f.q_rows_ld + n0;
+        const long long scale_at = static_cast<long long>(n0 / 128) * f.q_rows_scale_ld + row.index;
+        store_row_block_fp8(dg_row, q, row.ok, f.q_rows[0] + at, f.q_rows_scales[0] + scale_at);
+        store_row_block_fp8(du_held[h], q, row.ok, f.q_rows[1] + at, f.q_rows_scales[1] + scale_at);
+        const int r = acc_row(wg, warp, lane, h);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const std::uint32_t(&w)[4] = dg_row[i];
+          *reinterpret_cast<uint4*>(staging_piece(staging, r, 4 * i + q)) =
+              row.ok ? make_uint4(w[0], w[1], w[2], w[3]) : make_uint4(0, 0, 0, 0);
         }
       }
       if constexpr (kDot) {
@@ -527,6 +661,33 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
         }
       }
     }
+  }
+  if constexpr (kQuantized) {
+    const int thread = wg * 128 + warp * 32 + lane;
+    const long long row0 = t.row_base + t.m0;  // a multiple of 128: the tile is a token block
+    const long long block = row0 / 128;
+    const Fp8Params& f = *fp8;
+    const auto tokens = [&](int which) {
+      store_token_block(staging, thread, f.q_tokens[which] + n0 * f.q_tokens_ld + row0,
+                        f.q_tokens_ld, f.q_tokens_scales[which] + block * f.q_tokens_scale_ld + n0);
+    };
+    ptx::named_barrier_sync(kConsumerBarrierId, kConsumerThreads);  // dg staged
+    tokens(0);
+    ptx::named_barrier_sync(kConsumerBarrierId, kConsumerThreads);  // dg read
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool ok = group_row(t, p, wg, warp, lane, h).ok;
+      const int r = acc_row(wg, warp, lane, h);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const std::uint32_t(&w)[4] = du_held[h][i];
+        *reinterpret_cast<uint4*>(staging_piece(staging, r, 4 * i + q)) =
+            ok ? make_uint4(w[0], w[1], w[2], w[3]) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    ptx::named_barrier_sync(kConsumerBarrierId, kConsumerThreads);  // du staged
+    tokens(1);
+    ptx::named_barrier_sync(kConsumerBarrierId, kConsumerThreads);  // du read
   }
 }
 
@@ -604,6 +765,13 @@ concept ReadsRows = requires(const TileInfo& t, const GemmParams& p) {
   E::template lead<F>(t, p, 0, 0, 0);
 };
 
+// An epilogue that writes e4m3 outputs has kWritesFp8 true and a store that also takes the e4m3
+// kernel's Fp8Params (where those outputs go), which the engine then calls.
+template <class E>
+concept WritesFp8 = requires {
+  requires E::kWritesFp8;
+};
+
 // An epilogue that can hold a tile's rows until the next tile's first K block (HeldRows) has
 // kHolds<F> true for the forms where it does, and a hold<F>(acc, tile, descriptor, wg, warp, lane,
 // held) that fills `held` instead of storing.
@@ -667,13 +835,26 @@ struct RowsFp32 {
 // kDot: and the router-weight dot partials (SwigluBackwardEpilogue); kClamped: the clamped
 // SwiGLU's backward (GemmParams::swiglu_limit); kScaledHidden (with both kRowScale and kDot):
 // and bf16(w h) (SwigluBackwardEpilogue::scaled_hidden, GemmParams::scaled_hidden).
-template <bool kRowScale, bool kDot, bool kClamped = false, bool kScaledHidden = false>
+// kQuantized: and dg, du quantized (Fp8Params::q_rows, q_tokens; store_swiglu_backward), with
+// the store that takes the e4m3 kernel's Fp8Params (WritesFp8).
+template <bool kRowScale, bool kDot, bool kClamped = false, bool kScaledHidden = false,
+          bool kQuantized = false>
 struct SwigluBackward {
+  static constexpr bool kWritesFp8 = kQuantized;
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
+    static_assert(!kQuantized, "the quantizing epilogue's store takes the Fp8Params");
     store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden>(acc, t, d.p, wg, warp, lane);
+  }
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging, const Fp8Params& fp8) {
+    static_assert(kQuantized, "the store without quantized outputs takes no Fp8Params");
+    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden, true>(acc, t, d.p, wg, warp,
+                                                                             lane, staging, &fp8);
   }
   // Before the end of the K loop (Engine::consume): g and u of the tile's rows into L2.
   template <class F>

@@ -41,15 +41,17 @@ enum class Operand { bf16, e4m3 };
 // mma_tile_fp8_overlap, mma_tile_fp8_tokens_overlap), so that it leaves the tensor pipe work while
 // it promotes. Same products, same promotion order: bitwise the plain launch.
 //
-// kStagedStore (the plain weight gradient's bf16 output; the e4m3 launcher's `tma_store`): the
-// output tiles go through a staging tile in shared memory and a TMA store (epilogue.cuh,
-// store_tile_tma), so that the Consumers start the next tile while the copy engine writes this
-// one. On by default for the bf16 form; an option of the e4m3 one, whose staging tile costs its
-// ring a stage. The same bits as the Consumers' own stores.
+// kStagedStore: the ring keeps a staging tile of kTileM x kTileN bf16 after its stages, which costs
+// it a stage. The plain weight gradient (the e4m3 launcher's `tma_store`): the output tiles go
+// through it and a TMA store (epilogue.cuh, store_tile_tma), so that the Consumers start the next
+// tile while the copy engine writes this one; on by default for the bf16 form, an option of the
+// e4m3 one; the same bits as the Consumers' own stores. The e4m3 input gradients (RowsWT, 128-wide
+// tiles): the SwiGLU backward that quantizes dg and du (epilogue.cuh, store_token_block) stages
+// each as bf16 there to write its token-axis copy, whose blocks run down the tile's columns.
 //
 // kWide (the M-grouped e4m3 forms; the launchers' `wide`): 128 x 256 tiles, as the bf16 forms',
 // in fewer bytes a FLOP than 128 x 128 (a K block's 48 KiB of tiles for twice the products of 32
-// KiB: 0.74 of the bytes; NOTES, "642f5ff": the forms may be bound by how fast their tiles
+// KiB: 0.75 of the bytes; NOTES, "642f5ff": the forms may be bound by how fast their tiles
 // arrive). Each consumer warpgroup runs a K block as two m64n128k32 halves into one partial set,
 // each waited for and promoted into its half of the accumulators (128 + 64 fp32 a thread), so the
 // products and the promotion order of every output element are those of 128 x 128 tiles: bitwise
@@ -94,9 +96,11 @@ struct Form {
   // store_tile_tma): v4/v5 measured its short-K cells (2-16 K blocks a tile) bound by the
   // epilogue, and a TMA store lets the Consumers start the next tile while the copy engine writes
   // this one. Its 64 KiB staging tile costs the ring one stage; the e4m3 form's 32 KiB, one too.
-  static constexpr bool kTmaStore = kStagedStore;
-  static_assert(!kStagedStore || kKind == FormKind::kWeightGrad, "staged stores: the plain wgrad");
-  static constexpr int kStages = kTmaStore ? (kFp8 ? 5 : 3) : kFp8 && !kWide ? 6 : 4;
+  static constexpr bool kTmaStore = kStagedStore && kKind == FormKind::kWeightGrad;
+  static_assert(!kStagedStore || kKind == FormKind::kWeightGrad ||
+                    (kFp8 && kKind == FormKind::kRowsWT && !kWide && !kPair),
+                "a staging tile: the plain wgrad, or the 128-wide e4m3 input gradients");
+  static constexpr int kStages = kStagedStore ? (kFp8 ? 5 : 3) : kFp8 && !kWide ? 6 : 4;
   // A consumer warpgroup's accumulators: its 64 rows x kTileN columns, kTileN / 2 fp32 a thread.
   static constexpr int kAcc = kTileN / 2;
   static constexpr int kReaders = 8;  // consumer warps that read a stage
@@ -115,7 +119,7 @@ struct Form {
   // of the cluster (a Producer may write its peer's stage).
   static constexpr int kFullArrivals = (kFp8 && !kKGrouped ? 2 : 1) + (kCluster - 1);
   static constexpr int kEmptyArrivals = kReaders * kCluster;
-  static constexpr std::uint32_t kStagingBytes = kTmaStore ? kTileM * kTileN * 2 : 0;
+  static constexpr std::uint32_t kStagingBytes = kStagedStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");
   static_assert(kTileBBytes % 1024 == 0 && kStageBytes % 1024 == 0, "swizzle atoms misaligned");

@@ -269,6 +269,37 @@ struct RowsTimesWeightArgs {
   WaitOptions waits;
 };
 
+// Where an e4m3 GEMM writes an output quantized (layouts as Fp8Rows and Fp8TokenAxis say).
+struct Fp8Out {
+  std::uint8_t* data = nullptr;
+  std::int64_t ld = 0;
+  float* scale = nullptr;
+  std::int64_t scale_ld = 0;
+};
+
+// The SwiGLU backward of an e4m3 input gradient can write dg and du already quantized for the
+// GEMMs that read them (the FP8 layer's down dgrad; docs/architecture.md, "The FP8 layer"): in the
+// rows form the gate/up input gradient reads (Fp8Rows: 1x128 along n, data [capacity_rows, ld],
+// scale [n / 128, scale_ld]) and in the token-axis form the weight gradients read (Fp8TokenAxis:
+// data [n, ld], the transpose, scale [capacity_rows / 128, scale_ld]; 128-row blocks from each
+// group's first row, scales from the group's rows, rows past its count stored as 0), each from
+// the bf16 values the epilogue rounds, with the bits of the standalone quantizers
+// (src/cuda/kernels/quantize_pass_fp8.hpp) over the bf16 dg and du. All four or none; dg and du
+// in bf16 are then optional (swiglu.d_gate and d_up both null: not written). Needs swiglu with
+// row_scale and dot (no scaled_hidden) and the plain mainloop (no pairs, overlap or wide): the
+// one combination the layer runs, the only one compiled. The rows forms share ld and scale_ld,
+// and so do the token-axis forms. NOTES: each token-axis block is the tile's 128 rows down one
+// column, so the epilogue stages dg, then du, as bf16 in a staging tile, which costs the ring one
+// of its six stages.
+struct SwigluBackwardFp8Out {
+  Fp8Out d_gate_rows, d_up_rows;
+  Fp8Out d_gate_tokens, d_up_tokens;
+  bool any() const {
+    return d_gate_rows.data != nullptr || d_up_rows.data != nullptr ||
+           d_gate_tokens.data != nullptr || d_up_tokens.data != nullptr;
+  }
+};
+
 // RowsTimesWeightArgs (the input gradients) over e4m3 operands. wgmma reads e4m3 K-major only, so
 // the weight comes as its transposed copy (the second orientation of the quantized weight):
 // w_t [G, n, k] with n the output columns and k the contraction, e.g. dh = dy W_down[e] with
@@ -285,11 +316,12 @@ struct RowsTimesWeightFp8Args {
   bool out_fp32 = false;
   RowScatter scatter;
   SwigluBackwardEpilogue swiglu;
-  int n = 0;             // multiple of 128
-  int k = 0;             // multiple of 128
-  bool pairs = false;    // as GateUpForwardFp8Args::pairs
-  bool overlap = false;  // as GateUpForwardFp8Args::overlap
-  bool wide = false;     // as GateUpForwardFp8Args::wide (n a multiple of 256)
+  SwigluBackwardFp8Out quantized;  // optional, with swiglu: dg and du quantized as well
+  int n = 0;                       // multiple of 128
+  int k = 0;                       // multiple of 128
+  bool pairs = false;              // as GateUpForwardFp8Args::pairs
+  bool overlap = false;            // as GateUpForwardFp8Args::overlap
+  bool wide = false;               // as GateUpForwardFp8Args::wide (n a multiple of 256)
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };

@@ -218,7 +218,7 @@ void check_gate_up_outputs(const Args& args) {
 }
 
 template <class F, class E>
-void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8 = {}) {
+void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Params& fp8 = {}) {
   launch_grouped_gemm<F, E>(d, stream, fp8);
 }
 
@@ -416,7 +416,7 @@ void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args) {
   p.gate_out = args.gate;
   p.up_out = args.up;
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
-  const Fp8Scales fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
+  const Fp8Params fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
                       args.w_up.scale, N / 128, K / F::kBlockK};
   with_mainloop<Fp8GateUp>(args.pairs, args.overlap, args.wide, [&](auto form) {
     using L = typename decltype(form)::type;
@@ -456,7 +456,7 @@ void rows_times_weight_t_fp8_launch(const RowsTimesWeightTFp8Args& args) {
   p.b_rows_per_group = args.n;
   set_output(p, args.out, args.ld_out, args.n, args.scatter);
   p.row_scale = args.row_scale;
-  const Fp8Scales fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
+  const Fp8Params fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
                       args.w.scale, args.n / 128, args.k / F::kBlockK};
   with_mainloop<Fp8RowsWT>(args.pairs, args.overlap, args.wide, [&](auto form) {
     using L = typename decltype(form)::type;
@@ -496,7 +496,9 @@ void check_input_gradient_epilogue(const SwigluBackwardEpilogue& sw) {
 void set_input_gradient_outputs(GemmParams& p, const SwigluBackwardEpilogue& sw, void* out,
                                 std::int64_t ld_out, bool out_fp32, const RowScatter& scatter,
                                 int n) {
-  if (sw.d_gate != nullptr) {
+  // gate is set exactly when d_gate is (check_input_gradient_epilogue), except with quantized
+  // outputs, where dg and du in bf16 are optional (check_quantized_swiglu).
+  if (sw.gate != nullptr) {
     check(scatter.rows == nullptr, "swiglu", "no row scatter with it", "scatter.rows set");
     check(!out_fp32, "out_fp32", "false with the SwiGLU epilogue (dg and du are bf16)", "true");
     check(ld_out % 8 == 0 && ld_out >= n, "ld_out", "a multiple of 8 and >= n", to_text(ld_out));
@@ -536,7 +538,7 @@ void set_input_gradient_outputs(GemmParams& p, const SwigluBackwardEpilogue& sw,
 template <class F>
 void launch_input_gradient(const GemmDescriptor& d, const SwigluBackwardEpilogue& sw, bool out_fp32,
                            const RowScatter& scatter, cudaStream_t stream,
-                           const Fp8Scales& fp8 = {}) {
+                           const Fp8Params& fp8 = {}) {
   if (sw.d_gate != nullptr) {
     with_flag(sw.row_scale != nullptr, [&](auto scaled) {
       with_flag(sw.dot != nullptr, [&](auto dot) {
@@ -597,6 +599,75 @@ std::optional<GemmDescriptor> describe_rows_times_weight(const RowsTimesWeightAr
 
 namespace {
 
+// RowsTimesWeightFp8Args::quantized (set): what it needs and its outputs' sizes and alignment,
+// mok::Error naming the argument.
+void check_quantized_swiglu(const RowsTimesWeightFp8Args& args) {
+  const SwigluBackwardFp8Out& q = args.quantized;
+  const SwigluBackwardEpilogue& sw = args.swiglu;
+  const std::int64_t rows = args.segments.capacity_rows;
+  check(q.d_gate_rows.data != nullptr && q.d_up_rows.data != nullptr &&
+            q.d_gate_tokens.data != nullptr && q.d_up_tokens.data != nullptr,
+        "quantized", "all four of d_gate_rows, d_up_rows, d_gate_tokens, d_up_tokens, or none",
+        "some of them null");
+  check(sw.gate != nullptr && sw.up != nullptr, "swiglu.gate/up",
+        "device pointers (quantized outputs come from the SwiGLU backward)", "null");
+  check((sw.d_gate == nullptr) == (sw.d_up == nullptr), "swiglu.d_gate/d_up",
+        "both device pointers or both null", "one of them null");
+  check(sw.row_scale != nullptr && sw.dot != nullptr, "swiglu.row_scale/dot",
+        "both set with quantized outputs (the one epilogue compiled with them)",
+        "row_scale " + to_text(sw.row_scale) + ", dot " + to_text(sw.dot));
+  check(sw.scaled_hidden == nullptr, "swiglu.scaled_hidden", "null with quantized outputs",
+        to_text(sw.scaled_hidden));
+  check(!args.pairs && !args.overlap && !args.wide, "quantized",
+        "the plain mainloop (no pairs, overlap or wide)",
+        std::string("with") + (args.pairs ? " pairs" : "") + (args.overlap ? " overlap" : "") +
+            (args.wide ? " wide" : ""));
+  const Fp8Out &gr = q.d_gate_rows, &ur = q.d_up_rows, &gt = q.d_gate_tokens, &ut = q.d_up_tokens;
+  check(ur.ld == gr.ld && ur.scale_ld == gr.scale_ld, "quantized.d_up_rows",
+        "d_gate_rows' ld and scale_ld (" + to_text(gr.ld) + ", " + to_text(gr.scale_ld) + ")",
+        to_text(ur.ld) + ", " + to_text(ur.scale_ld));
+  check(ut.ld == gt.ld && ut.scale_ld == gt.scale_ld, "quantized.d_up_tokens",
+        "d_gate_tokens' ld and scale_ld (" + to_text(gt.ld) + ", " + to_text(gt.scale_ld) + ")",
+        to_text(ut.ld) + ", " + to_text(ut.scale_ld));
+  // The rows form: 8-byte stores of a row's pieces; the token-axis form: 16-byte stores of a
+  // column's 32 rows and 8-byte stores of two columns' scales.
+  check(gr.ld >= args.n && gr.ld % 8 == 0, "quantized.d_gate_rows.ld",
+        "a multiple of 8 and >= n (" + to_text(args.n) + ")", to_text(gr.ld));
+  check(gr.scale_ld >= rows, "quantized.d_gate_rows.scale_ld",
+        ">= segments.capacity_rows (" + to_text(rows) + ")", to_text(gr.scale_ld));
+  check(gt.ld >= rows && gt.ld % 16 == 0, "quantized.d_gate_tokens.ld",
+        "a multiple of 16 and >= segments.capacity_rows (" + to_text(rows) + ")", to_text(gt.ld));
+  check(gt.scale_ld >= args.n && gt.scale_ld % 2 == 0, "quantized.d_gate_tokens.scale_ld",
+        "even and >= n (" + to_text(args.n) + ")", to_text(gt.scale_ld));
+  const auto aligned = [](const void* ptr, std::uintptr_t bytes, const std::string& name) {
+    check(ptr != nullptr && reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0, name,
+          "a device pointer with " + to_text(static_cast<long long>(bytes)) + "-byte alignment",
+          to_text(ptr));
+  };
+  aligned(gr.data, 8, "quantized.d_gate_rows.data");
+  aligned(ur.data, 8, "quantized.d_up_rows.data");
+  aligned(gr.scale, 4, "quantized.d_gate_rows.scale");
+  aligned(ur.scale, 4, "quantized.d_up_rows.scale");
+  aligned(gt.data, 16, "quantized.d_gate_tokens.data");
+  aligned(ut.data, 16, "quantized.d_up_tokens.data");
+  aligned(gt.scale, 8, "quantized.d_gate_tokens.scale");
+  aligned(ut.scale, 8, "quantized.d_up_tokens.scale");
+}
+
+// The quantized outputs (checked) into the kernel's Fp8Params.
+void set_quantized_outputs(const SwigluBackwardFp8Out& q, Fp8Params& p) {
+  const Fp8Out &gr = q.d_gate_rows, &ur = q.d_up_rows, &gt = q.d_gate_tokens, &ut = q.d_up_tokens;
+  p.q_rows[0] = gr.data, p.q_rows[1] = ur.data;
+  p.q_rows_scales[0] = gr.scale, p.q_rows_scales[1] = ur.scale;
+  p.q_rows_ld = gr.ld, p.q_rows_scale_ld = gr.scale_ld;
+  p.q_tokens[0] = gt.data, p.q_tokens[1] = ut.data;
+  p.q_tokens_scales[0] = gt.scale, p.q_tokens_scales[1] = ut.scale;
+  p.q_tokens_ld = gt.ld, p.q_tokens_scale_ld = gt.scale_ld;
+}
+
+// The e4m3 input gradient whose SwiGLU backward quantizes dg and du: a staging tile in the ring.
+using Fp8RowsWTStaged = Form<FormKind::kRowsWT, Operand::e4m3, false, false, true>;
+
 template <class F>
 void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args) {
   static_assert(F::kInputGradient, "e4m3 input gradients: rows x W^T over the W^T copies");
@@ -604,7 +675,12 @@ void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args) {
   check_multiple_of_128(args.n, "n");
   check_multiple_of_128(args.k, "k");
   check_wide_n<F>(args.n, "n");
-  check_input_gradient_epilogue(args.swiglu);
+  const bool quantized = args.quantized.any();
+  if (quantized) {
+    check_quantized_swiglu(args);
+  } else {
+    check_input_gradient_epilogue(args.swiglu);
+  }
   const bool dual = args.a2.data != nullptr;
   check(dual == (args.w2_t.data != nullptr), "a2/w2_t", "both device pointers or both null",
         "one of them null");
@@ -628,8 +704,16 @@ void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args) {
   p.b_rows_per_group = args.n;
   set_input_gradient_outputs(p, args.swiglu, args.out, args.ld_out, args.out_fp32, args.scatter,
                              args.n);
-  const Fp8Scales fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
-                      args.w2_t.scale, args.n / 128,  k_blocks};
+  Fp8Params fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
+                args.w2_t.scale, args.n / 128,  k_blocks};
+  if (quantized) {
+    set_quantized_outputs(args.quantized, fp8);
+    with_flag(args.swiglu.limit.has_value(), [&](auto clamped) {
+      launch<Fp8RowsWTStaged, epilogue::SwigluBackward<true, true, clamped(), false, true>>(
+          d, args.stream, fp8);
+    });
+    return;
+  }
   with_mainloop<Fp8RowsWT>(args.pairs, args.overlap, args.wide, [&](auto form) {
     launch_input_gradient<typename decltype(form)::type>(d, args.swiglu, args.out_fp32,
                                                          args.scatter, args.stream, fp8);
@@ -742,7 +826,7 @@ namespace {
 // Form F over `d` with the K-grouped epilogue the arguments ask for.
 template <class F>
 void launch_weight_grad(const GemmDescriptor& d, const WeightGradArgs& args,
-                        const Fp8Scales& fp8 = {}) {
+                        const Fp8Params& fp8 = {}) {
   using epilogue::GradOut;
   if (!args.out_fp32) {
     launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream, fp8);
@@ -781,7 +865,7 @@ void weight_grad_fp8_form(const WeightGradFp8Args& args) {
   const CUtensorMap a = operand(args.a, g.m, F::kBoxRowsA, "a");
   const CUtensorMap b = operand(args.b, g.n, F::kBoxRowsB, "b");
   const GemmDescriptor d = weight_grad_descriptor<F>(g, a, b);
-  const Fp8Scales fp8{args.a.scale,   nullptr, args.a.scale_ld, args.b.scale, nullptr, 0, 0,
+  const Fp8Params fp8{args.a.scale,   nullptr, args.a.scale_ld, args.b.scale, nullptr, 0, 0,
                       args.b.scale_ld};
   launch_weight_grad<F>(d, g, fp8);
 }

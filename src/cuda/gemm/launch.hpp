@@ -25,7 +25,7 @@ int current_device();
 // launch fails. Instantiated for the lists in the kernel files (bf16: sm90_bf16_grouped_gemm.cu,
 // e4m3: sm90_fp8_grouped_gemm.cu); the launchers call no other.
 template <class F, class E>
-void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8 = {});
+void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Params& fp8 = {});
 
 // One GEMM's descriptor, checked and built as its launcher does it, for a kernel that runs the
 // GEMM itself (the forward megakernel's task loop, kernels/fused_forward.cu; tests/cpp's stall

@@ -317,7 +317,7 @@ __device__ __forceinline__ bool publish_ticket(unsigned long long* slot, unsigne
 template <class F>
 __device__ __forceinline__ void load_k_block(const TensorMaps& maps, const SharedRing<F>& ring,
                                              int s, const TileInfo& tile, int kb,
-                                             const GemmParams& p, const Fp8Scales* fp8,
+                                             const GemmParams& p, const Fp8Params* fp8,
                                              const PairLoad& pair = PairLoad{}) {
   std::uint64_t* bar = ring.full(s);
   const int k0 = kb * F::kBlockK;
@@ -416,7 +416,7 @@ struct NoLoadHook {
 template <class F, bool kStallHook, class Hook>
 __device__ __forceinline__ bool load_tile(const TensorMaps& maps, const SharedRing<F>& ring,
                                           PipelineState<F::kStages>& state, const TileInfo& tile,
-                                          const GemmParams& p, const Fp8Scales* fp8,
+                                          const GemmParams& p, const Fp8Params* fp8,
                                           ProducerLoads& loads, Hook&& hook,
                                           const PairLoad& pair = PairLoad{}) {
   static_assert(!kStallHook || F::kCluster == 1, "the stall hook: unpaired kernels");

@@ -4,7 +4,8 @@
 //                           form when a warp holds 128 values of a row, the token-axis form when
 //                           it holds 128 rows of a column (which values a lane holds is the
 //                           caller's choice: the maths is elementwise after the warp's amax)
-//   quantize4               four values of a block of known inverse scale, packed
+//   quantize4               four values of a block of known inverse scale, packed (cuda/ptx/
+//                           e4m3.cuh, which the GEMM epilogues that quantize share)
 //   quantize_vector         one 1x128 block of bf16 held by a half-warp, 8 values a lane
 //   store_block_transposed  a 128x128 block of bytes from shared memory into a transposed copy
 //   quantize_token_tile     a 128-row x 64-column tile in the token-axis form (the weight
@@ -21,6 +22,7 @@
 #include <string>
 
 #include "core/fp8.hpp"
+#include "cuda/ptx/e4m3.cuh"
 #include "mok/error.hpp"
 
 namespace mok::cuda {
@@ -30,19 +32,9 @@ __device__ inline float bf16_bits_to_float(std::uint32_t bits16) {
   return __uint_as_float(bits16 << 16);
 }
 
-// Two e4m3 bytes from two floats, `lo` in the low byte: cvt.rn.satfinite.e4m3x2.f32, the
-// instruction fp8::e4m3_from_float uses for one value.
-__device__ inline std::uint32_t e4m3x2(float lo, float hi) {
-  unsigned short r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// fp8::quantize_value of four values, packed little-endian (a in the low byte).
-__device__ inline std::uint32_t quantize4(float a, float b, float c, float d, float inverse_scale) {
-  return e4m3x2(a * inverse_scale, b * inverse_scale) |
-         (e4m3x2(c * inverse_scale, d * inverse_scale) << 16);
-}
+// e4m3x2 and quantize4 (cuda/ptx/e4m3.cuh), shared with the GEMM epilogues that quantize.
+using ptx::e4m3x2;
+using ptx::quantize4;
 
 // The block amax (bits, core/fp8.hpp's amax_update) across the 32 lanes of a warp.
 __device__ inline std::uint32_t warp_amax(std::uint32_t amax_bits) {

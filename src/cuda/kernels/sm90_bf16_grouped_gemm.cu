@@ -18,65 +18,65 @@ using RowsW = Form<FormKind::kRowsW>;
 using WeightGradForm = Form<FormKind::kWeightGrad>;
 using WeightGradContinued = Form<FormKind::kWeightGradContinued>;
 template void launch_grouped_gemm<GateUp, SwigluForward<false>>(const GemmDescriptor&, Stream,
-                                                                const Fp8Scales&);
+                                                                const Fp8Params&);
 template void launch_grouped_gemm<GateUp, SwigluForward<true>>(const GemmDescriptor&, Stream,
-                                                               const Fp8Scales&);
+                                                               const Fp8Params&);
 // Clamped SwiGLU (swiglu_limit): the same epilogues with kClamped (run on the H200 at 7db507e).
 template void launch_grouped_gemm<GateUp, SwigluForward<false, true>>(const GemmDescriptor&, Stream,
-                                                                      const Fp8Scales&);
+                                                                      const Fp8Params&);
 template void launch_grouped_gemm<GateUp, SwigluForward<true, true>>(const GemmDescriptor&, Stream,
-                                                                     const Fp8Scales&);
+                                                                     const Fp8Params&);
 template void launch_grouped_gemm<RowsWT, RowsBf16<false, false>>(const GemmDescriptor&, Stream,
-                                                                  const Fp8Scales&);
+                                                                  const Fp8Params&);
 template void launch_grouped_gemm<RowsWT, RowsBf16<false, true>>(const GemmDescriptor&, Stream,
-                                                                 const Fp8Scales&);
+                                                                 const Fp8Params&);
 template void launch_grouped_gemm<RowsWT, RowsBf16<true, false>>(const GemmDescriptor&, Stream,
-                                                                 const Fp8Scales&);
+                                                                 const Fp8Params&);
 template void launch_grouped_gemm<RowsWT, RowsBf16<true, true>>(const GemmDescriptor&, Stream,
-                                                                const Fp8Scales&);
+                                                                const Fp8Params&);
 template void launch_grouped_gemm<RowsW, RowsBf16<false, false>>(const GemmDescriptor&, Stream,
-                                                                 const Fp8Scales&);
+                                                                 const Fp8Params&);
 template void launch_grouped_gemm<RowsW, RowsBf16<false, true>>(const GemmDescriptor&, Stream,
-                                                                const Fp8Scales&);
-template void launch_grouped_gemm<RowsW, RowsFp32>(const GemmDescriptor&, Stream, const Fp8Scales&);
+                                                                const Fp8Params&);
+template void launch_grouped_gemm<RowsW, RowsFp32>(const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<false, false>>(const GemmDescriptor&,
-                                                                       Stream, const Fp8Scales&);
+                                                                       Stream, const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<false, true>>(const GemmDescriptor&, Stream,
-                                                                      const Fp8Scales&);
+                                                                      const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, false>>(const GemmDescriptor&, Stream,
-                                                                      const Fp8Scales&);
+                                                                      const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, true>>(const GemmDescriptor&, Stream,
-                                                                     const Fp8Scales&);
+                                                                     const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<false, false, true>>(const GemmDescriptor&,
                                                                              Stream,
-                                                                             const Fp8Scales&);
+                                                                             const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<false, true, true>>(const GemmDescriptor&,
                                                                             Stream,
-                                                                            const Fp8Scales&);
+                                                                            const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, false, true>>(const GemmDescriptor&,
                                                                             Stream,
-                                                                            const Fp8Scales&);
+                                                                            const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, true>>(const GemmDescriptor&,
                                                                            Stream,
-                                                                           const Fp8Scales&);
+                                                                           const Fp8Params&);
 // The routed backward where I <= H: bf16(w h) for the down weight gradient as well (b1528ab).
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, false, true>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, true, true>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::bf16>>(const GemmDescriptor&,
                                                                              Stream,
-                                                                             const Fp8Scales&);
+                                                                             const Fp8Params&);
 template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::fp32>>(const GemmDescriptor&,
                                                                              Stream,
-                                                                             const Fp8Scales&);
+                                                                             const Fp8Params&);
 template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::bf16>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::fp32>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<WeightGradContinued, WeightGrad<GradOut::fp32_add>>(
-    const GemmDescriptor&, Stream, const Fp8Scales&);
+    const GemmDescriptor&, Stream, const Fp8Params&);
 
 }  // namespace mok::gemm

@@ -42,7 +42,7 @@ namespace mok::gemm {
 template <class F, class E, bool kStallHook>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block,
-                                  const __grid_constant__ Fp8Scales fp8) {
+                                  const __grid_constant__ Fp8Params fp8) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Scheduler = TileScheduler<F::kKGrouped, F::kBlockK>;
   extern __shared__ std::uint8_t smem_raw[];
@@ -193,7 +193,7 @@ int pair_grid_size(int device, cudaLaunchConfig_t config) {
 // two CTAs.
 template <class F, class E, bool kStallHook = false>
 void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream, int stall_block = -1,
-                                const Fp8Scales& fp8 = {}) {
+                                const Fp8Params& fp8 = {}) {
   const int device = current_device();
   configure_grouped_gemm_kernel<F, E, kStallHook>(device);
   cudaLaunchConfig_t config = {};
@@ -221,7 +221,7 @@ void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream, in
 
 // launch.hpp's entry point, instantiated by the kernel files for their (form, epilogue) pairs.
 template <class F, class E>
-void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Scales& fp8) {
+void launch_grouped_gemm(const GemmDescriptor& d, cudaStream_t stream, const Fp8Params& fp8) {
   launch_grouped_gemm_kernel<F, E>(d, stream, -1, fp8);
 }
 

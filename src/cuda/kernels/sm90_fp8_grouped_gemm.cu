@@ -9,7 +9,7 @@ namespace mok::gemm {
 using epilogue::RowsBf16;
 using epilogue::SwigluForward;
 using Stream = cudaStream_t;
-using Scales = const Fp8Scales&;
+using Scales = const Fp8Params&;
 
 // Every epilogue of the gate/up form GU and the down form RW.
 #define MOK_FP8_FORWARD_KERNELS(GU, RW)                                                            \

@@ -1,8 +1,9 @@
 // The library's e4m3 input-gradient instantiations of the standalone grouped GEMM kernel
 // (sm90_bf16_grouped_gemm.cuh over Form<kRowsWT, Operand::e4m3> reading the weights' transposed
 // copies): every epilogue rows_times_weight_fp8 picks (src/cuda/gemm/launch.cu,
-// launch_input_gradient), for each mainloop (RowsTimesWeightFp8Args::pairs, ::overlap, ::wide). A
-// file of its own so that it compiles beside the forward's.
+// launch_input_gradient), for each mainloop (RowsTimesWeightFp8Args::pairs, ::overlap, ::wide),
+// and the SwiGLU backward that quantizes (::quantized). A file of its own so that it compiles
+// beside the forward's.
 #include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
@@ -10,7 +11,7 @@ namespace mok::gemm {
 using epilogue::RowsFp32;
 using epilogue::SwigluBackward;
 using Stream = cudaStream_t;
-using Scales = const Fp8Scales&;
+using Scales = const Fp8Params&;
 
 // Every input-gradient epilogue of form F but RowsBf16<false, *>, which sm90_fp8_grouped_gemm.cu
 // instantiates (the down forward's).
@@ -48,5 +49,12 @@ MOK_INPUT_GRADIENT_KERNELS(RowsWTPairsOverlap)
 using RowsWTWide = Form<FormKind::kRowsWT, Operand::e4m3, false, false, false, true>;
 MOK_INPUT_GRADIENT_KERNELS(RowsWTWide)
 #undef MOK_INPUT_GRADIENT_KERNELS
+// RowsTimesWeightFp8Args::quantized: the SwiGLU backward with the row scale and dot that also
+// quantizes dg and du, plain and clamped, on the form with a staging tile.
+using RowsWTStaged = Form<FormKind::kRowsWT, Operand::e4m3, false, false, true>;
+template void launch_grouped_gemm<RowsWTStaged, SwigluBackward<true, true, false, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<RowsWTStaged, SwigluBackward<true, true, true, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
 
 }  // namespace mok::gemm

@@ -9,7 +9,7 @@ namespace mok::gemm {
 using epilogue::GradOut;
 using epilogue::WeightGrad;
 using Stream = cudaStream_t;
-using Scales = const Fp8Scales&;
+using Scales = const Fp8Params&;
 // Every output for form F.
 #define MOK_FP8_WEIGHT_GRAD_KERNELS(F)                                                           \
   template void launch_grouped_gemm<F, WeightGrad<GradOut::bf16>>(const GemmDescriptor&, Stream, \

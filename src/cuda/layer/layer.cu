@@ -34,8 +34,8 @@ void check(cudaError_t e, const char* what) {
 
 // One rank's FP8 scratch (plan::Fp8Plan; null without it): the e4m3 operands of a pass.
 struct Fp8Buffers {
-  std::uint8_t *rows_a = nullptr, *rows_b = nullptr;  // 1x128 along K
-  float *rows_a_scales = nullptr, *rows_b_scales = nullptr;
+  std::uint8_t *rows_a = nullptr, *rows_b = nullptr, *rows_c = nullptr;  // 1x128 along K
+  float *rows_a_scales = nullptr, *rows_b_scales = nullptr, *rows_c_scales = nullptr;
   std::uint8_t *t_x = nullptr, *t_dy = nullptr, *t_dg = nullptr, *t_du = nullptr, *t_h = nullptr;
   float *t_x_scales = nullptr, *t_dy_scales = nullptr, *t_dg_scales = nullptr,
         *t_du_scales = nullptr, *t_h_scales = nullptr;
@@ -333,7 +333,12 @@ constexpr bool kFp8WeightGradTmaStore = false;
 // the GEMM benchmark shows it faster. Down and the input gradients run it where n fills whole wide
 // tiles (a multiple of 256), else the 128 x 128 tiles.
 constexpr bool kFp8Wide = false;
+static_assert(!(kFp8Wide && kFp8Overlap), "wide tiles run without the overlap (refused)");
 bool fp8_wide(std::int64_t n) { return kFp8Wide && n % 256 == 0; }
+// The down dgrad's epilogue quantizes dg and du for the gate/up dgrad and the weight gradients
+// (RowsTimesWeightFp8Args::quantized): no bf16 dg and du, no passes over them. The same bits as
+// the passes; off until a GPU run has tested it and the layer benchmark shows it faster.
+constexpr bool kFp8QuantizingEpilogue = false;
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
@@ -374,9 +379,11 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
 }
 
 // down_dgrad_swiglu from q(d_out) (pulled_rows) and the transposed W_down copy (no
-// scaled_hidden: dW_down takes the reference's operands, dy and h).
+// scaled_hidden: dW_down takes the reference's operands, dy and h). With `quantized`, dg and du
+// are written quantized only (dg and du null).
 void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf16* dg, bf16* du,
-                           const float* row_weights, float* dot) {
+                           const float* row_weights, float* dot,
+                           const gemm::SwigluBackwardFp8Out& quantized = {}) {
   gemm::RowsTimesWeightFp8Args a;
   a.segments = e.segments;
   a.a = pulled_rows(e);
@@ -388,13 +395,14 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.swiglu.row_scale = row_weights;
   a.swiglu.dot = dot;
   a.swiglu.limit = e.swiglu_limit;
+  a.quantized = quantized;
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
   a.stream = e.stream;
   a.waits = e.waits;
-  a.overlap = kFp8Overlap;
-  a.wide = fp8_wide(a.n);
+  a.overlap = quantized.any() ? false : kFp8Overlap;
+  a.wide = quantized.any() ? false : fp8_wide(a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -507,14 +515,31 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // reference's, never written in bf16: `between` only pushes d_w here). Scratch: rows_a holds
 // q(d_out), then q(dg) (the down dgrad has read it by then: one stream); the join before the next
 // pass orders the next pass's writes.
+// kFp8QuantizingEpilogue: the down dgrad writes q(dg), q(du) (rows_b, rows_c: rows_a holds its
+// own operand meanwhile) and t(dg), t(du) itself, and dg and du are not written in bf16.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
   const Fp8Buffers& f = *e.fp8;
-  const std::int64_t H = e.hidden, I = e.width;
-  down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
-  const gemm::Fp8Rows dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
-  const gemm::Fp8Rows du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
+  const std::int64_t H = e.hidden, I = e.width, R = e.segments.capacity_rows;
+  gemm::Fp8Rows dg, du;
+  gemm::Fp8TokenAxis t_dg, t_du;
+  if constexpr (kFp8QuantizingEpilogue) {
+    gemm::SwigluBackwardFp8Out q;
+    q.d_gate_rows = {f.rows_b, I, f.rows_b_scales, R};
+    q.d_up_rows = {f.rows_c, I, f.rows_c_scales, R};
+    q.d_gate_tokens = {f.t_dg, R, f.t_dg_scales, I};
+    q.d_up_tokens = {f.t_du, R, f.t_du_scales, I};
+    down_dgrad_swiglu_fp8(e, b.gate, b.up, nullptr, nullptr, b.row_weights, b.dot, q);
+    dg = {f.rows_b, I, f.rows_b_scales, R};
+    du = {f.rows_c, I, f.rows_c_scales, R};
+    t_dg = {f.t_dg, R, f.t_dg_scales, I};
+    t_du = {f.t_du, R, f.t_du_scales, I};
+  } else {
+    down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+    dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
+    du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
+  }
   const gemm::Fp8TokenAxis t_x = quantize_token_axis(e, b.x, H, f.t_x, f.t_x_scales);
   w.fork(e.stream);
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
@@ -524,9 +549,13 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const gemm::Fp8TokenAxis t_dy =
       quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales, b.row_weights);
   weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
-  const gemm::Fp8TokenAxis t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
+  if constexpr (!kFp8QuantizingEpilogue) {
+    t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
+  }
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
-  const gemm::Fp8TokenAxis t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
+  if constexpr (!kFp8QuantizingEpilogue) {
+    t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
+  }
   weight_grad_fp8(on[2], t_du, I, t_x, H, b.d_up, w.tickets + 4);
   gate_up_dgrad_fp8(e, dg, du, b.dx_to);
 }
@@ -958,6 +987,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
       Fp8Buffers& f = m.ranks[i].fp8;
       at(f.rows_a, fp.rows_a), at(f.rows_a_scales, fp.rows_a_scales);
       at(f.rows_b, fp.rows_b), at(f.rows_b_scales, fp.rows_b_scales);
+      at(f.rows_c, fp.rows_c), at(f.rows_c_scales, fp.rows_c_scales);
       at(f.t_x, fp.t_x), at(f.t_x_scales, fp.t_x_scales);
       at(f.t_dy, fp.t_dy), at(f.t_dy_scales, fp.t_dy_scales);
       at(f.t_dg, fp.t_dg), at(f.t_dg_scales, fp.t_dg_scales);
