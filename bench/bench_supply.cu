@@ -4,8 +4,11 @@
 // FLOP cannot run faster than (this rate) / B, however its K loop is written.
 //
 // The kernel is the warp-specialized mainloop without the math: one Producer thread issues each
-// K block's TMA boxes (A: a_rows x 128 bytes, B: b_rows x 128 bytes, 128-byte swizzle, as the
-// forms load them) into a ring of `stages` stages; eight consumer warps wait for each stage and
+// K block's TMA boxes (A: a_rows x 128 bytes, B: b_rows x 128 bytes in one box, 128-byte swizzle;
+// the forms load B as two boxes of half the rows, and the e4m3 forms also 1 KiB of scales a stage,
+// which this bench leaves out: its e4m3 bytes a FLOP are 1.6% under theirs) into a ring of
+// `stages` stages (the tile bytes only, so 7 stages of 32 KB fit where the e4m3 forms hold 6 of
+// 33); eight consumer warps wait for each stage and
 // release it at once, one arrival a warp, as the forms' consumers do after their wgmma. Persistent
 // CTAs, one per SM, over a dense problem in the M-grouped forms' tile order (panels of kPanelM M
 // tiles; within a panel N tile outer, M tile inner; CTA c runs tiles c, c + grid, ...). Every wait
