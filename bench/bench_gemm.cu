@@ -618,6 +618,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaMalloc(&q_tokens_s[t], size_t(capacity / 128) * c.i * 4));
       }
       mok::gemm::RowsTimesWeightFp8Args dgrad8_q = dgrad8_swiglu;
+      dgrad8_q.swiglu.d_gate = dgrad8_q.swiglu.d_up = nullptr;  // the layer's call: quantized only
       dgrad8_q.quantized.d_gate_rows = {q_rows[0], c.i, q_rows_s[0], capacity};
       dgrad8_q.quantized.d_up_rows = {q_rows[1], c.i, q_rows_s[1], capacity};
       dgrad8_q.quantized.d_gate_tokens = {q_tokens[0], capacity, q_tokens_s[0], c.i};

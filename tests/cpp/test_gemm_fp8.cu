@@ -586,50 +586,65 @@ TEST(GemmFp8InputGrad, TwoProductsAndOneHeavyGroup) {
   run_input_grad_fp8({1000, 0, 2, 1}, 256, 512, true);
 }
 
-// The rows form of bf16 rows on the host (quantize_pass_fp8.cu's rows kernel: 1x128 blocks along
-// the columns), for the kept rows: data [capacity, N], scales [N / 128, capacity].
-// The token-axis form (its token-axis kernel: 128-row blocks from each group's first row, a
-// column's scale from the group's rows, rows past the count stored as 0): data [N, ld], scales
-// [ld / 128, N].
+// Where the quantizing SwiGLU backward writes in run_quantized_swiglu_fp8: every leading dimension
+// different from the others and from n, so that a kernel using the wrong one writes the wrong
+// place (and the stray checks see it). rows form: data [capacity, rows_ld], scales [n / 128,
+// rows_scale_ld]; token-axis form: data [n, tokens_ld], scales [blocks, tokens_scale_ld].
+struct QuantizedLayout {
+  int n, rows_ld, rows_scale_ld, tokens_ld, tokens_scale_ld, blocks;
+  QuantizedLayout(const Layout& l, int N)
+      : n(N),
+        rows_ld(N + 24),
+        rows_scale_ld(l.capacity + 4),
+        tokens_ld((l.capacity + 127) / 128 * 128 + 16),
+        tokens_scale_ld(N + 2),
+        blocks((l.capacity + 127) / 128) {}
+};
+
+// The rows form of bf16 rows x [capacity, ld_x] on the host (quantize_pass_fp8.cu's rows kernel:
+// 1x128 blocks along the columns), for the kept rows; the token-axis form (its token-axis kernel:
+// 128-row blocks from each group's first row, a column's scale from the group's rows, rows past
+// the count stored as 0); both in q's layout.
 struct HostQuantized {
   std::vector<std::uint8_t> rows, tokens;
   std::vector<float> row_scales, token_scales;
 };
-HostQuantized host_quantized(const Layout& l, const std::vector<__nv_bfloat16>& x, int N, int ld) {
+HostQuantized host_quantized(const Layout& l, const std::vector<__nv_bfloat16>& x, int ld_x,
+                             const QuantizedLayout& q) {
   namespace fp8 = mok::fp8;
   const std::uint16_t* bits = reinterpret_cast<const std::uint16_t*>(x.data());
-  const auto value = [&](int r, int n) { return mok::bf16_to_float(bits[std::size_t(r) * N + n]); };
-  HostQuantized q{std::vector<std::uint8_t>(std::size_t(l.capacity) * N),
-                  std::vector<std::uint8_t>(std::size_t(N) * ld),
-                  std::vector<float>(std::size_t(N / 128) * l.capacity),
-                  std::vector<float>(std::size_t(ld / 128) * N)};
-  const auto quantize = [&](int count, const auto& at, std::uint8_t* out, float* scale) {
+  const auto value = [&](int r, int n) {
+    return mok::bf16_to_float(bits[std::size_t(r) * ld_x + n]);
+  };
+  HostQuantized h{std::vector<std::uint8_t>(std::size_t(l.capacity) * q.rows_ld),
+                  std::vector<std::uint8_t>(std::size_t(q.n) * q.tokens_ld),
+                  std::vector<float>(std::size_t(q.n / 128) * q.rows_scale_ld),
+                  std::vector<float>(std::size_t(q.blocks) * q.tokens_scale_ld)};
+  const auto quantize = [&](const auto& at, std::uint8_t* out, float* scale) {
     std::uint32_t amax = 0;
-    for (int i = 0; i < count; ++i) amax = fp8::amax_update(amax, at(i));
+    for (int i = 0; i < 128; ++i) amax = fp8::amax_update(amax, at(i));
     const int e = fp8::scale_exponent(amax);
     *scale = fp8::scale_of(e);
-    for (int i = 0; i < count; ++i) out[i] = fp8::quantize_value(at(i), fp8::inverse_scale_of(e));
+    for (int i = 0; i < 128; ++i) out[i] = fp8::quantize_value(at(i), fp8::inverse_scale_of(e));
   };
   for (int g = 0; g < l.groups(); ++g) {
     for (int r = l.starts[g]; r < l.starts[g] + l.counts[g]; ++r) {
-      for (int b = 0; b < N / 128; ++b) {
-        quantize(
-            128, [&](int i) { return value(r, 128 * b + i); },
-            q.rows.data() + std::size_t(r) * N + 128 * b,
-            q.row_scales.data() + std::size_t(b) * l.capacity + r);
+      for (int b = 0; b < q.n / 128; ++b) {
+        quantize([&](int i) { return value(r, 128 * b + i); },
+                 h.rows.data() + std::size_t(r) * q.rows_ld + 128 * b,
+                 h.row_scales.data() + std::size_t(b) * q.rows_scale_ld + r);
       }
     }
     for (int r0 = l.starts[g]; r0 < l.starts[g] + l.counts[g]; r0 += 128) {
       const int valid = std::min(128, l.starts[g] + l.counts[g] - r0);
-      for (int n = 0; n < N; ++n) {
-        quantize(
-            128, [&](int i) { return i < valid ? value(r0 + i, n) : 0.0f; },
-            q.tokens.data() + std::size_t(n) * ld + r0,
-            q.token_scales.data() + std::size_t(r0 / 128) * N + n);
+      for (int n = 0; n < q.n; ++n) {
+        quantize([&](int i) { return i < valid ? value(r0 + i, n) : 0.0f; },
+                 h.tokens.data() + std::size_t(n) * q.tokens_ld + r0,
+                 h.token_scales.data() + std::size_t(r0 / 128) * q.tokens_scale_ld + n);
       }
     }
   }
-  return q;
+  return h;
 }
 
 // Where a quantizing launch writes one tensor (dg or du): both forms, poisoned (NaN bytes and
@@ -637,38 +652,41 @@ HostQuantized host_quantized(const Layout& l, const std::vector<__nv_bfloat16>& 
 struct QuantizedOut {
   DeviceBuffer<std::uint8_t> rows, tokens;
   DeviceBuffer<float> row_scales, token_scales;
-  QuantizedOut(const Layout& l, int N, int ld)
-      : rows(std::size_t(l.capacity) * N),
-        tokens(std::size_t(N) * ld),
-        row_scales(std::size_t(N / 128) * l.capacity),
-        token_scales(std::size_t(ld / 128) * N) {
+  QuantizedOut(const Layout& l, const QuantizedLayout& q)
+      : rows(std::size_t(l.capacity) * q.rows_ld),
+        tokens(std::size_t(q.n) * q.tokens_ld),
+        row_scales(std::size_t(q.n / 128) * q.rows_scale_ld),
+        token_scales(std::size_t(q.blocks) * q.tokens_scale_ld) {
     rows.poison(), tokens.poison(), row_scales.poison(), token_scales.poison();
   }
-  mok::gemm::Fp8Out rows_out(const Layout& l, int N) {
-    return {rows.get(), N, row_scales.get(), l.capacity};
+  mok::gemm::Fp8Out rows_out(const QuantizedLayout& q) {
+    return {rows.get(), q.rows_ld, row_scales.get(), q.rows_scale_ld};
   }
-  mok::gemm::Fp8Out tokens_out(int N, int ld) { return {tokens.get(), ld, token_scales.get(), N}; }
+  mok::gemm::Fp8Out tokens_out(const QuantizedLayout& q) {
+    return {tokens.get(), q.tokens_ld, token_scales.get(), q.tokens_scale_ld};
+  }
 };
 
 // The SwiGLU backward that also quantizes dg and du (RowsTimesWeightFp8Args::quantized, the FP8
 // layer's down dgrad: row scale and dot): its bf16 outputs, dot and bits the launch without it
 // gives; its rows and token-axis forms of dg and du the bits of the standalone quantizers' maths
 // (host_quantized over that launch's bf16 dg and du) on every kept row and every token block of
-// every group, nothing written elsewhere (the outputs are poisoned first); and the same quantized
-// outputs with dg and du not written in bf16 (the layer's call).
+// every group, nothing written elsewhere (the outputs are poisoned first; every leading dimension
+// its own); and the same quantized outputs with dg and du not written in bf16 (the layer's call).
 void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
                               std::optional<float> limit) {
   Layout l(counts);
   const int G = l.groups();
+  const QuantizedLayout ql(l, N);
   std::mt19937_64 rng(next_seed());
   const HostRows a(l, K, rng);
   const HostWeight w(G, N, K, rng);
   DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
   DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size());
   d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
-  const std::size_t cells = std::size_t(l.capacity) * N;
+  const int ld_out = N + 8;  // g, u, dg, du rows
+  const std::size_t cells = std::size_t(l.capacity) * ld_out;
   const int chunks = (N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
-  const int ld = (l.capacity + 127) / 128 * 128;  // the token-axis copies' rows
   DeviceBuffer<float> row_scale(l.capacity), dot(std::size_t(l.capacity) * chunks),
       dot_q(std::size_t(l.capacity) * chunks);
   DeviceBuffer<__nv_bfloat16> g(cells), u(cells), dg(cells), du(cells), dg_q(cells), du_q(cells);
@@ -678,13 +696,13 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
   fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
   fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
   // out[run][t]: t 0 dg, 1 du; run 0 with dg and du in bf16 too, run 1 quantized only.
-  QuantizedOut out[2][2] = {{{l, N, ld}, {l, N, ld}}, {{l, N, ld}, {l, N, ld}}};
+  QuantizedOut out[2][2] = {{{l, ql}, {l, ql}}, {{l, ql}, {l, ql}}};
 
   mok::gemm::RowsTimesWeightFp8Args args;
   args.segments = l.segments();
   args.a = {d_a.get(), K, d_as.get(), l.capacity};
   args.w_t = {d_w.get(), d_ws.get()};
-  args.ld_out = N;
+  args.ld_out = ld_out;
   args.n = N;
   args.k = K;
   for (auto* b : {&dg, &du, &dg_q, &du_q}) b->poison();
@@ -704,24 +722,25 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
                 dot_q.get(),
                 nullptr,
                 limit};
-    f.quantized.d_gate_rows = out[run][0].rows_out(l, N);
-    f.quantized.d_up_rows = out[run][1].rows_out(l, N);
-    f.quantized.d_gate_tokens = out[run][0].tokens_out(N, ld);
-    f.quantized.d_up_tokens = out[run][1].tokens_out(N, ld);
+    f.quantized.d_gate_rows = out[run][0].rows_out(ql);
+    f.quantized.d_up_rows = out[run][1].rows_out(ql);
+    f.quantized.d_gate_tokens = out[run][0].tokens_out(ql);
+    f.quantized.d_up_tokens = out[run][1].tokens_out(ql);
     mok::gemm::rows_times_weight_fp8(f);
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same_bits(dg, dg_q) && same_bits(du, du_q) && same_bits(dot, dot_q))
       << "the quantizing launch's bf16 dg, du or dot differ from the plain epilogue's";
-  const HostQuantized want[2] = {host_quantized(l, dg.download(), N, ld),
-                                 host_quantized(l, du.download(), N, ld)};
+  const HostQuantized want[2] = {host_quantized(l, dg.download(), ld_out, ql),
+                                 host_quantized(l, du.download(), ld_out, ql)};
   const std::vector<char> kept = kept_rows(l);
   // Token blocks a group's tiles cover (row r0 a block's first row): the others are never written.
-  std::vector<char> covered(ld / 128, 0);
+  std::vector<char> covered(ql.blocks, 0);
   for (int g_ = 0; g_ < G; ++g_) {
     for (int r0 = l.starts[g_]; r0 < l.starts[g_] + l.counts[g_]; r0 += 128) covered[r0 / 128] = 1;
   }
+  const auto is_covered = [&](int r) { return r / 128 < ql.blocks && covered[r / 128]; };
   const char* names[2] = {"dg", "du"};
   for (int run = 0; run < 2; ++run) {
     for (int t = 0; t < 2; ++t) {
@@ -730,17 +749,19 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
       const auto ks_h = out[run][t].token_scales.download();
       long long rows_differ = 0, tokens_differ = 0, stray = 0;
       for (int r = 0; r < l.capacity; ++r) {
-        for (int n = 0; n < N; ++n) {
-          const std::size_t i = std::size_t(r) * N + n;
-          if (kept[r]) {
+        for (int c = 0; c < ql.rows_ld; ++c) {
+          const std::size_t i = std::size_t(r) * ql.rows_ld + c;
+          if (kept[r] && c < N) {
             rows_differ += r_h[i] != want[t].rows[i];
           } else {
             stray += r_h[i] != 0xff;
           }
         }
-        for (int b = 0; b < N / 128; ++b) {
-          const std::size_t i = std::size_t(b) * l.capacity + r;
-          if (kept[r]) {
+      }
+      for (int b = 0; b < N / 128; ++b) {
+        for (int r = 0; r < ql.rows_scale_ld; ++r) {
+          const std::size_t i = std::size_t(b) * ql.rows_scale_ld + r;
+          if (r < l.capacity && kept[r]) {
             rows_differ += std::memcmp(&rs_h[i], &want[t].row_scales[i], 4) != 0;
           } else {
             stray += !std::isnan(rs_h[i]);
@@ -748,17 +769,19 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
         }
       }
       for (int n = 0; n < N; ++n) {
-        for (int r = 0; r < ld; ++r) {
-          const std::size_t i = std::size_t(n) * ld + r;
-          if (covered[r / 128]) {
+        for (int r = 0; r < ql.tokens_ld; ++r) {
+          const std::size_t i = std::size_t(n) * ql.tokens_ld + r;
+          if (is_covered(r)) {
             tokens_differ += k_h[i] != want[t].tokens[i];
           } else {
             stray += k_h[i] != 0xff;
           }
         }
-        for (int b = 0; b < ld / 128; ++b) {
-          const std::size_t i = std::size_t(b) * N + n;
-          if (covered[b]) {
+      }
+      for (int b = 0; b < ql.blocks; ++b) {
+        for (int n = 0; n < ql.tokens_scale_ld; ++n) {
+          const std::size_t i = std::size_t(b) * ql.tokens_scale_ld + n;
+          if (covered[b] && n < N) {
             tokens_differ += std::memcmp(&ks_h[i], &want[t].token_scales[i], 4) != 0;
           } else {
             stray += !std::isnan(ks_h[i]);
@@ -776,10 +799,12 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
               limit ? " clamped" : "", l.capacity);
 }
 
-// Three tiles of N, odd counts and empty groups (short enough for the sanitizers' steps) ...
+// Three tiles of N, odd counts and empty groups, and 300 tiles (300 one-row groups: CTAs that
+// quantize a second tile through their staging tile); short enough for the sanitizers' steps ...
 TEST(GemmFp8InputGrad, QuantizedDgAndDuSmallOddAndEmptyGroups) {
   MOK_REQUIRE_HOPPER();
   run_quantized_swiglu_fp8({0, 1, 130, 77, 0, 300}, 384, 256, std::nullopt);
+  run_quantized_swiglu_fp8(std::vector<int>(300, 1), 128, 128, std::nullopt);
 }
 
 // ... a group of eight token blocks, the clamped SwiGLU backward, 1 and 3 K blocks, 1 and 2 tiles
@@ -1241,6 +1266,8 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
   expect_error("quantized.d_up_rows");
   q.d_up_rows.ld = N;
   q.d_gate_tokens.ld = q.d_up_tokens.ld = l.capacity + 8;  // not a multiple of 16
+  expect_error("quantized.d_gate_tokens.ld");
+  q.d_gate_tokens.ld = q.d_up_tokens.ld = l.capacity;  // a tile stores 128 rows: 384 needed
   expect_error("quantized.d_gate_tokens.ld");
   q.d_gate_tokens.ld = q.d_up_tokens.ld = ld;
   q.d_gate_tokens.data = tokens.get() + 8;

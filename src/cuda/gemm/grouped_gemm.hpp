@@ -281,8 +281,9 @@ struct Fp8Out {
 // GEMMs that read them (the FP8 layer's down dgrad; docs/architecture.md, "The FP8 layer"): in the
 // rows form the gate/up input gradient reads (Fp8Rows: 1x128 along n, data [capacity_rows, ld],
 // scale [n / 128, scale_ld]) and in the token-axis form the weight gradients read (Fp8TokenAxis:
-// data [n, ld], the transpose, scale [capacity_rows / 128, scale_ld]; 128-row blocks from each
-// group's first row, scales from the group's rows, rows past its count stored as 0), each from
+// data [n, ld] with ld >= capacity_rows rounded up to 128, the transpose, scale
+// [ceil(capacity_rows / 128), scale_ld]; 128-row blocks from each group's first row, scales from
+// the group's rows, rows past its count stored as 0), each from
 // the bf16 values the epilogue rounds, with the bits of the standalone quantizers
 // (src/cuda/kernels/quantize_pass_fp8.hpp) over the bf16 dg and du. All four or none; dg and du
 // in bf16 are then optional (swiglu.d_gate and d_up both null: not written). Needs swiglu with

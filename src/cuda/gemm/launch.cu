@@ -635,8 +635,12 @@ void check_quantized_swiglu(const RowsTimesWeightFp8Args& args) {
         "a multiple of 8 and >= n (" + to_text(args.n) + ")", to_text(gr.ld));
   check(gr.scale_ld >= rows, "quantized.d_gate_rows.scale_ld",
         ">= segments.capacity_rows (" + to_text(rows) + ")", to_text(gr.scale_ld));
-  check(gt.ld >= rows && gt.ld % 16 == 0, "quantized.d_gate_tokens.ld",
-        "a multiple of 16 and >= segments.capacity_rows (" + to_text(rows) + ")", to_text(gt.ld));
+  // A tile stores all 128 rows of its token block down each column, rows past the count as 0.
+  const std::int64_t block_rows = (rows + 127) / 128 * 128;
+  check(gt.ld >= block_rows && gt.ld % 16 == 0, "quantized.d_gate_tokens.ld",
+        "a multiple of 16 and >= segments.capacity_rows rounded up to 128 (" +
+            to_text(block_rows) + ")",
+        to_text(gt.ld));
   check(gt.scale_ld >= args.n && gt.scale_ld % 2 == 0, "quantized.d_gate_tokens.scale_ld",
         "even and >= n (" + to_text(args.n) + ")", to_text(gt.scale_ld));
   const auto aligned = [](const void* ptr, std::uintptr_t bytes, const std::string& name) {

@@ -34,8 +34,8 @@ void check(cudaError_t e, const char* what) {
 
 // One rank's FP8 scratch (plan::Fp8Plan; null without it): the e4m3 operands of a pass.
 struct Fp8Buffers {
-  std::uint8_t *rows_a = nullptr, *rows_b = nullptr, *rows_c = nullptr;  // 1x128 along K
-  float *rows_a_scales = nullptr, *rows_b_scales = nullptr, *rows_c_scales = nullptr;
+  std::uint8_t *rows_a = nullptr, *rows_b = nullptr;  // 1x128 along K
+  float *rows_a_scales = nullptr, *rows_b_scales = nullptr;
   std::uint8_t *t_x = nullptr, *t_dy = nullptr, *t_dg = nullptr, *t_du = nullptr, *t_h = nullptr;
   float *t_x_scales = nullptr, *t_dy_scales = nullptr, *t_dg_scales = nullptr,
         *t_du_scales = nullptr, *t_h_scales = nullptr;
@@ -407,7 +407,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
 }
 
 // dx = bf16(q(dg).W_gate^T + q(du).W_up^T), one accumulator, rows to their home slots; dg and du
-// come quantized (rows_a, rows_b).
+// come quantized (expert_backward_fp8 says where).
 void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm::Fp8Rows& du,
                        const gemm::RowScatter& to) {
   gemm::RowsTimesWeightFp8Args a;
@@ -515,8 +515,10 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // reference's, never written in bf16: `between` only pushes d_w here). Scratch: rows_a holds
 // q(d_out), then q(dg) (the down dgrad has read it by then: one stream); the join before the next
 // pass orders the next pass's writes.
-// kFp8QuantizingEpilogue: the down dgrad writes q(dg), q(du) (rows_b, rows_c: rows_a holds its
-// own operand meanwhile) and t(dg), t(du) itself, and dg and du are not written in bf16.
+// kFp8QuantizingEpilogue: the down dgrad writes q(dg), q(du) and t(dg), t(du) itself, and dg and
+// du are not written in bf16. rows_a holds the dgrad's own operand meanwhile, so q(dg) goes to
+// rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise: [R, I] bf16
+// holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch does not grow.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
@@ -525,14 +527,16 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   gemm::Fp8Rows dg, du;
   gemm::Fp8TokenAxis t_dg, t_du;
   if constexpr (kFp8QuantizingEpilogue) {
+    std::uint8_t* const du_q = reinterpret_cast<std::uint8_t*>(b.du);
+    float* const du_q_scales = reinterpret_cast<float*>(du_q + R * I);  // 16 KiB-aligned offset
     gemm::SwigluBackwardFp8Out q;
     q.d_gate_rows = {f.rows_b, I, f.rows_b_scales, R};
-    q.d_up_rows = {f.rows_c, I, f.rows_c_scales, R};
+    q.d_up_rows = {du_q, I, du_q_scales, R};
     q.d_gate_tokens = {f.t_dg, R, f.t_dg_scales, I};
     q.d_up_tokens = {f.t_du, R, f.t_du_scales, I};
     down_dgrad_swiglu_fp8(e, b.gate, b.up, nullptr, nullptr, b.row_weights, b.dot, q);
     dg = {f.rows_b, I, f.rows_b_scales, R};
-    du = {f.rows_c, I, f.rows_c_scales, R};
+    du = {du_q, I, du_q_scales, R};
     t_dg = {f.t_dg, R, f.t_dg_scales, I};
     t_du = {f.t_du, R, f.t_du_scales, I};
   } else {
@@ -987,7 +991,6 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
       Fp8Buffers& f = m.ranks[i].fp8;
       at(f.rows_a, fp.rows_a), at(f.rows_a_scales, fp.rows_a_scales);
       at(f.rows_b, fp.rows_b), at(f.rows_b_scales, fp.rows_b_scales);
-      at(f.rows_c, fp.rows_c), at(f.rows_c_scales, fp.rows_c_scales);
       at(f.t_x, fp.t_x), at(f.t_x_scales, fp.t_x_scales);
       at(f.t_dy, fp.t_dy), at(f.t_dy_scales, fp.t_dy_scales);
       at(f.t_dg, fp.t_dg), at(f.t_dg_scales, fp.t_dg_scales);
