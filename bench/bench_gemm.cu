@@ -26,10 +26,11 @@
 // weight gradient with its bf16 tiles stored through shared memory and TMA (`tma_store`), without
 // and with the overlap; "mok-fp8-wide": gemm1, gemm2, dgrad and dgrad-swiglu on 128 x 256 tiles
 // (`wide`); "mok-fp8-quantized": dgrad-swiglu writing dg and du quantized only, in the rows and
-// token-axis forms the next GEMMs read (`quantized`, what the layer's kFp8QuantizingEpilogue
-// runs; the passes it replaces are not timed here). Each checked bitwise against mok-fp8 first
-// (the quantized one: its bf16 dg, du and dot, and the rows form of two rows against the host's
-// quantization of mok-fp8's bf16 rows), and timed only when argv[6] names it.
+// token-axis forms the next GEMMs read (`quantized`, what the layer's
+// Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here). Each checked
+// bitwise against mok-fp8 first (the quantized one: its bf16 dg, du and dot, and the rows form of
+// two rows against the host's quantization of mok-fp8's bf16 rows), and timed only when argv[6]
+// names it.
 // argv[5], optional: the passes to time (comma-separated), e.g. dgrad,dgrad-swiglu; argv[6],
 // optional: the impls (e.g. mok-fp8), so that one form runs alone at the power limit (its solo
 // time).

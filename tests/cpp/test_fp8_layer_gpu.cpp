@@ -324,6 +324,71 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
   }
 }
 
+// The FP8 layer's kernel choices (cuda::Layer::Fp8Kernels) give the defaults' bits on every
+// output and gradient: the down dgrad's quantizing epilogue (its q(du) in the bf16 du scratch),
+// 128 x 256 tiles (H and I multiples of 256, so every M-grouped form takes them), both together,
+// the M-grouped overlap, the plain wgrad loop, its staged store; in one ring pass and in several
+// (experts spanning passes), uniform and skewed; and wide with overlap refused, naming the option.
+TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
+  MOK_REQUIRE_HOPPER();
+  using Kernels = cuda::Layer::Fp8Kernels;
+  const Problem p = layer_shape(300, 512, 256, 8, 4, 128);
+  const std::uint64_t seed = test_seed();
+  struct Choice {
+    const char* name;
+    Kernels k;
+  };
+  const Kernels d{};
+  const Choice choices[] = {
+      {"quantizing_epilogue", {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, true}},
+      {"wide", {false, d.wgrad_overlap, d.wgrad_tma_store, true, d.quantizing_epilogue}},
+      {"wide + quantizing_epilogue", {false, d.wgrad_overlap, d.wgrad_tma_store, true, true}},
+      {"overlap, plain wgrad loop", {true, false, d.wgrad_tma_store, false, d.quantizing_epilogue}},
+      {"wgrad_tma_store", {d.overlap, d.wgrad_overlap, true, d.wide, d.quantizing_epilogue}},
+  };
+  // One training step through cuda::Layer with the given choices.
+  const auto step = [&](LayerData& data, const Config& config, const Kernels& k) {
+    DeviceLayer g(data);
+    const DeviceFp8Weights q(g);
+    cuda::Layer layer(p, config, 0, {}, /*fp8=*/true);
+    layer.set_fp8_kernels(k);
+    std::vector<std::unique_ptr<DeviceTensor>> scratch;
+    std::vector<std::unique_ptr<DeviceContext>> contexts;
+    std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+    const Fp8Weights w = q.get();
+    ranks[0].q = &w;
+    layer.forward(ranks, true, nullptr);
+    layer.backward(ranks, BackwardOptions{}, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    layer.check_errors(nullptr);
+    g.download(data);
+  };
+  Config passes;  // experts' rows spread over several ring passes
+  passes.minibatch_size = 128;
+  passes.macrobatch_size = 512;
+  for (Routing routing : {Routing::softmax, Routing::skewed}) {
+    for (const Config& config : {Config{}, passes}) {
+      const Fp8Case c{"kernels", p, routing, false};
+      LayerData want = make_case(c, seed);
+      step(want, config, d);
+      for (const Choice& choice : choices) {
+        LayerData got = make_case(c, seed);
+        step(got, config, choice.k);
+        EXPECT_TRUE(all_outputs_same(want, got))
+            << choice.name << (routing == Routing::softmax ? ", uniform" : ", skewed")
+            << (config.macrobatch_size == passes.macrobatch_size ? ", several passes" : "");
+      }
+    }
+  }
+  cuda::Layer layer(p, Config{}, 0, {}, /*fp8=*/true);
+  expect_error(
+      [&] {
+        layer.set_fp8_kernels({true, d.wgrad_overlap, false, true, false});
+      },
+      {"fp8_kernels.wide"});
+  EXPECT_FALSE(layer.fp8_kernels().wide) << "a refused choice was kept";
+}
+
 // With every slot unused only the shared expert remains: the FP8 layer is the bf16 layer's bits.
 TEST(Fp8LayerGpuSharedExpert, IsTheBf16LayersBitForBit) {
   MOK_REQUIRE_HOPPER();

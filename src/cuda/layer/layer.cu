@@ -87,6 +87,7 @@ struct ExpertRows {
   // w_up and w_down, and the scratch their e4m3 row operands are quantized into. Null: bf16.
   const Fp8Weights* q = nullptr;
   const Fp8Buffers* fp8 = nullptr;
+  Layer::Fp8Kernels kernels = {};  // the FP8 layer's kernel choices (Layer::set_fp8_kernels)
 };
 
 // The tensor-map strides of a routed gate/up weight view [G, N, H] (validated: unit column stride,
@@ -319,26 +320,17 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
   pull.fp8_scales = e.fp8->rows_a_scales;
 }
 
-// The e4m3 GEMMs' K loop (grouped_gemm.hpp, the launchers' `overlap`: the next K block's wgmma
-// in flight during a block's promotion). Either gives the same bits. NOTES ("642f5ff"), each form
-// alone on an H200: the M-grouped forms 0.88-1.00x with it (their consumers then wait for their
-// stages), the weight gradient 1.09-1.15x on dsv3-ep8slice, qwen3-30b-a3b and mixtral-8x7b
-// (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks).
-constexpr bool kFp8Overlap = false;
-constexpr bool kFp8WeightGradOverlap = true;
-// The e4m3 weight gradients' bf16 tiles through shared memory and TMA (WeightGradFp8Args::
-// tma_store), as the bf16 ones store: the same bits; off until the GEMM benchmark shows it faster.
-constexpr bool kFp8WeightGradTmaStore = false;
-// The M-grouped e4m3 GEMMs on 128 x 256 tiles (the launchers' `wide`): the same bits; off until
-// the GEMM benchmark shows it faster. Down and the input gradients run it where n fills whole wide
-// tiles (a multiple of 256), else the 128 x 128 tiles.
-constexpr bool kFp8Wide = false;
-static_assert(!(kFp8Wide && kFp8Overlap), "wide tiles run without the overlap (refused)");
-bool fp8_wide(std::int64_t n) { return kFp8Wide && n % 256 == 0; }
-// The down dgrad's epilogue quantizes dg and du for the gate/up dgrad and the weight gradients
-// (RowsTimesWeightFp8Args::quantized): no bf16 dg and du, no passes over them. The same bits as
-// the passes; off until a GPU run has tested it and the layer benchmark shows it faster.
-constexpr bool kFp8QuantizingEpilogue = false;
+// The kernel choices (Layer::Fp8Kernels; every choice gives the same bits), and why the defaults
+// are what they are:
+// - overlap (the next K block's wgmma in flight during a block's promotion): NOTES ("642f5ff"),
+//   each form alone on an H200: the M-grouped forms 0.88-1.00x with it (their consumers then wait
+//   for their stages): off; the weight gradient 1.09-1.15x on dsv3-ep8slice, qwen3-30b-a3b and
+//   mixtral-8x7b (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks): on.
+// - wgrad_tma_store (the weight gradients' bf16 tiles through shared memory and TMA, as the bf16
+//   ones store), wide (128 x 256 tiles for the M-grouped forms; down and the input gradients where
+//   n fills whole wide tiles, a multiple of 256), quantizing_epilogue (the down dgrad writes dg
+//   and du quantized: no bf16 dg and du, no passes over them): off until measured faster.
+bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
@@ -356,8 +348,8 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   a.swiglu_limit = e.swiglu_limit;
   a.stream = e.stream;
   a.waits = e.waits;
-  a.overlap = kFp8Overlap;
-  a.wide = kFp8Wide;
+  a.overlap = e.kernels.overlap;
+  a.wide = e.kernels.wide;
   gemm::gate_up_forward_fp8(a);
 }
 
@@ -373,8 +365,8 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   a.k = static_cast<int>(e.width);
   a.stream = e.stream;
   a.waits = e.waits;
-  a.overlap = kFp8Overlap;
-  a.wide = fp8_wide(a.n);
+  a.overlap = e.kernels.overlap;
+  a.wide = fp8_wide(e, a.n);
   gemm::rows_times_weight_t_fp8(a);
 }
 
@@ -401,8 +393,8 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.k = static_cast<int>(e.hidden);
   a.stream = e.stream;
   a.waits = e.waits;
-  a.overlap = quantized.any() ? false : kFp8Overlap;
-  a.wide = quantized.any() ? false : fp8_wide(a.n);
+  a.overlap = quantized.any() ? false : e.kernels.overlap;
+  a.wide = quantized.any() ? false : fp8_wide(e, a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -422,8 +414,8 @@ void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm:
   a.k = static_cast<int>(e.width);
   a.stream = e.stream;
   a.waits = e.waits;
-  a.overlap = kFp8Overlap;
-  a.wide = fp8_wide(a.n);
+  a.overlap = e.kernels.overlap;
+  a.wide = fp8_wide(e, a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -432,7 +424,7 @@ void weight_grad_fp8(const ExpertRows& e, const gemm::Fp8TokenAxis& a, std::int6
                      const gemm::Fp8TokenAxis& b, std::int64_t n, const GradTarget& t,
                      unsigned* tickets) {
   run_weight_grad(weight_grad_args(e, m, n, t, tickets), t, [&](const gemm::WeightGradArgs& args) {
-    gemm::weight_grad_fp8({args, a, b, kFp8WeightGradOverlap, kFp8WeightGradTmaStore});
+    gemm::weight_grad_fp8({args, a, b, e.kernels.wgrad_overlap, e.kernels.wgrad_tma_store});
   });
 }
 
@@ -515,10 +507,11 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // reference's, never written in bf16: `between` only pushes d_w here). Scratch: rows_a holds
 // q(d_out), then q(dg) (the down dgrad has read it by then: one stream); the join before the next
 // pass orders the next pass's writes.
-// kFp8QuantizingEpilogue: the down dgrad writes q(dg), q(du) and t(dg), t(du) itself, and dg and
-// du are not written in bf16. rows_a holds the dgrad's own operand meanwhile, so q(dg) goes to
-// rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise: [R, I] bf16
-// holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch does not grow.
+// kernels.quantizing_epilogue: the down dgrad writes q(dg), q(du) and t(dg), t(du) itself, and
+// dg and du are not written in bf16. rows_a holds the dgrad's own operand meanwhile, so q(dg)
+// goes to rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise:
+// [R, I] bf16 holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch
+// does not grow.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          Between&& between) {
@@ -526,7 +519,7 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const std::int64_t H = e.hidden, I = e.width, R = e.segments.capacity_rows;
   gemm::Fp8Rows dg, du;
   gemm::Fp8TokenAxis t_dg, t_du;
-  if constexpr (kFp8QuantizingEpilogue) {
+  if (e.kernels.quantizing_epilogue) {
     std::uint8_t* const du_q = reinterpret_cast<std::uint8_t*>(b.du);
     float* const du_q_scales = reinterpret_cast<float*>(du_q + R * I);  // 16 KiB-aligned offset
     gemm::SwigluBackwardFp8Out q;
@@ -553,11 +546,11 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const gemm::Fp8TokenAxis t_dy =
       quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales, b.row_weights);
   weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
-  if constexpr (!kFp8QuantizingEpilogue) {
+  if (!e.kernels.quantizing_epilogue) {
     t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
   }
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
-  if constexpr (!kFp8QuantizingEpilogue) {
+  if (!e.kernels.quantizing_epilogue) {
     t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
   }
   weight_grad_fp8(on[2], t_du, I, t_x, H, b.d_up, w.tickets + 4);
@@ -579,6 +572,7 @@ struct Layer::Impl {
   std::int64_t ring = 0;  // R: ring rows
   int passes = 1;
   ForwardPath path = config.forward_path;
+  Layer::Fp8Kernels fp8_kernels;  // Layer::set_fp8_kernels
   std::int64_t fused_stage_rows = config.resolved_fused_stage_rows();
   ForwardHooks hooks;  // tests and benchmarks only (set_forward_hooks)
   // The order of calls on different streams (CallOrder): the event the last eager call recorded
@@ -716,7 +710,8 @@ struct Layer::Impl {
             waits(),
             weight_strides(t.w.gate),
             t.q,
-            t.q != nullptr ? &buffers(r).fp8 : nullptr};
+            t.q != nullptr ? &buffers(r).fp8 : nullptr,
+            fp8_kernels};
   }
 
   // Whether a call runs the FP8 layer: every rank's tensors with quantized weights, or none. The
@@ -1059,6 +1054,17 @@ void Layer::set_forward_path(ForwardPath path) {
                 "fused");
   }
   impl_->path = path;
+}
+
+Layer::Fp8Kernels Layer::fp8_kernels() const {
+  return impl_->fp8_kernels;
+}
+void Layer::set_fp8_kernels(const Fp8Kernels& kernels) {
+  if (kernels.wide && kernels.overlap) {
+    throw Error("fp8_kernels.wide", "false with fp8_kernels.overlap (wide tiles run without it)",
+                "true");
+  }
+  impl_->fp8_kernels = kernels;
 }
 
 std::int64_t Layer::forward_trace_words(std::int64_t tickets) {

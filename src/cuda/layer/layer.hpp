@@ -101,6 +101,29 @@ class Layer {
   // Words of a trace with room for `tickets` tickets on this device's grid.
   static std::int64_t forward_trace_words(std::int64_t tickets);
 
+  // The FP8 layer's kernel choices, each giving the same bits as the others (tests compare them
+  // bitwise, benchmarks time them on one layer); the defaults are what measured fastest or has
+  // not been measured yet (layer.cu says which, NOTES.md the numbers):
+  struct Fp8Kernels {
+    // The M-grouped e4m3 GEMMs' K loop with the next K block's wgmma in flight during a
+    // promotion (the launchers' `overlap`; not with `wide`).
+    bool overlap = false;
+    // The same for the weight gradients' K loop (WeightGradFp8Args::overlap).
+    bool wgrad_overlap = true;
+    // The weight gradients' bf16 tiles through shared memory and TMA (WeightGradFp8Args::
+    // tma_store).
+    bool wgrad_tma_store = false;
+    // The M-grouped e4m3 GEMMs on 128 x 256 tiles where n fills whole ones (the launchers'
+    // `wide`), else 128 x 128.
+    bool wide = false;
+    // The down dgrad's epilogue writes dg and du quantized for the GEMMs that read them
+    // (RowsTimesWeightFp8Args::quantized) instead of bf16 dg and du and four passes over them.
+    bool quantizing_epilogue = false;
+  };
+  Fp8Kernels fp8_kernels() const;
+  // Throws mok::Error naming fp8_kernels.wide when asked for both `wide` and `overlap`.
+  void set_fp8_kernels(const Fp8Kernels& kernels);
+
   std::int64_t ring_rows() const;  // rows of a pass: the forward context's routed rows
   int max_passes() const;
   bool has_fp8() const;  // made with `fp8`
