@@ -1160,7 +1160,7 @@ TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
 
 // Shapes the 128 x 128 blocks cannot cover, missing scales, and what a wide launch cannot do
 // (pairs or the overlap with it; an n that leaves a half tile, each half reading its own weight
-// block): mok::Error naming the argument.
+// block), on each M-grouped launcher: mok::Error naming the argument.
 TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   MOK_REQUIRE_HOPPER();
   Layout l({100});
@@ -1215,6 +1215,37 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   args.wide = false;
   mok::gemm::rows_times_weight_t_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
+  // The other two M-grouped launchers refuse the same (with_mainloop, check_wide_n).
+  mok::gemm::GateUpForwardFp8Args up;
+  up.segments = l.segments();
+  up.x = {a.get(), 256, s.get(), l.capacity};
+  up.w_gate = up.w_up = {w.get(), ws.get()};
+  up.hidden = out.get();
+  up.ld_out = 256;
+  up.hidden_size = 256;
+  up.intermediate_size = 256;
+  up.wide = up.overlap = true;
+  try {
+    mok::gemm::gate_up_forward_fp8(up);
+    ADD_FAILURE() << "gate/up: wide with overlap accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "wide") << e.what();
+  }
+  mok::gemm::RowsTimesWeightFp8Args dgrad;
+  dgrad.segments = l.segments();
+  dgrad.a = {a.get(), 256, s.get(), l.capacity};
+  dgrad.w_t = {w.get(), ws.get()};
+  dgrad.out = out.get();
+  dgrad.ld_out = 256;
+  dgrad.n = 128;  // half a wide tile
+  dgrad.k = 256;
+  dgrad.wide = true;
+  try {
+    mok::gemm::rows_times_weight_fp8(dgrad);
+    ADD_FAILURE() << "input gradient: wide with n 128 accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "n") << e.what();
+  }
 }
 
 // RowsTimesWeightFp8Args::quantized: what it needs (the SwiGLU backward with the row scale and dot,
