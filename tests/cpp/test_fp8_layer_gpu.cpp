@@ -123,12 +123,13 @@ using Field = HostTensor LayerData::*;
 struct NamedField {
   const char* name;
   Field field;
-  std::int64_t row;  // elements of a row: the per-row check's unit
+  std::int64_t row;      // elements of a row: the per-row check's unit
+  bool cancels = false;  // a row is a few sums of terms of either sign (expect_close_to_reference)
 };
 std::vector<NamedField> routed_fields(const Problem& p) {
   return {{"out", &LayerData::out, p.hidden_size},
           {"d_x", &LayerData::d_x, p.hidden_size},
-          {"d_topk_weights", &LayerData::d_topk_weights, p.topk},
+          {"d_topk_weights", &LayerData::d_topk_weights, p.topk, true},
           {"d_routed_gate_weights", &LayerData::d_gate, p.hidden_size},
           {"d_routed_up_weights", &LayerData::d_up, p.hidden_size},
           {"d_routed_down_weights", &LayerData::d_down, p.intermediate_size}};
@@ -144,10 +145,17 @@ std::vector<NamedField> routed_fields(const Problem& p) {
 // read from the wrong place is off by 50% or more, while a flip moves an element by at most one
 // e4m3 step (2^-3 of it) and a row holds many: every row within 1/4 (a weight gradient's row of
 // an expert with one token is one product per element), and a row the reference leaves at zero
-// (unused slots) is zero here too.
+// (unused slots) is zero here too. `cancels` (d_topk_weights: a row is k dot products over I of
+// either sign): such a sum can cancel far below its terms, and then a flip in one term is a large
+// part of it (2 of 64 rows over 1/4, seen on an H100 with MOK_TEST_SEED=2378784551): its rows
+// are measured against the larger of their own sum and a quarter of the tensor's mean row sum,
+// which a row of the wrong expert or a lost block still misses by far.
 void expect_close_to_reference(const HostTensor& got, const HostTensor& ref, std::int64_t row,
-                               const std::string& name) {
+                               const std::string& name, bool cancels = false) {
   ASSERT_EQ(got.numel(), ref.numel()) << name;
+  double ref_sum = 0;
+  for (std::int64_t i = 0; i < ref.numel(); ++i) ref_sum += std::fabs(ref.get(i));
+  const double floor = cancels ? ref_sum / std::max<std::int64_t>(1, ref.numel() / row) / 4 : 0.0;
   double diff = 0, sum = 0, worst = 0;
   std::int64_t worst_row = -1, bad_rows = 0;
   for (std::int64_t r0 = 0; r0 < got.numel(); r0 += row) {
@@ -157,7 +165,7 @@ void expect_close_to_reference(const HostTensor& got, const HostTensor& ref, std
       s += std::fabs(ref.get(i));
     }
     diff += d, sum += s;
-    const double rel = s > 0 ? d / s : (d == 0 ? 0.0 : INFINITY);
+    const double rel = s > 0 ? d / std::max(s, floor) : (d == 0 ? 0.0 : INFINITY);
     if (!(rel <= 0.25)) ++bad_rows;
     if (!(rel <= worst)) worst = rel, worst_row = r0 / row;
   }
@@ -202,8 +210,8 @@ TEST_P(Fp8LayerGpu, MatchesTheCpuFp8LayerAndTheF64BoundsAndRepeatsBitwise) {
               static_cast<long long>(p.num_tokens), static_cast<long long>(p.hidden_size),
               static_cast<long long>(p.intermediate_size), static_cast<long long>(p.num_experts),
               static_cast<long long>(p.topk), static_cast<long long>(p.shared_intermediate_size));
-  for (const auto& [name, field, row] : routed_fields(p)) {
-    expect_close_to_reference(gpu.*field, cpu.*field, row, name);
+  for (const auto& [name, field, row, cancels] : routed_fields(p)) {
+    expect_close_to_reference(gpu.*field, cpu.*field, row, name, cancels);
     const Errors e = errors_of(gpu.*field, f64.*field), b = errors_of(bf16.*field, f64.*field);
     std::printf("[ mok ]   %-22s vs f64: fp8 abs max %.3e rel %.3e cos %.6f | bf16 rel %.3e\n",
                 name, e.abs_max, e.rel_sum, e.cosine, b.rel_sum);
@@ -326,9 +334,10 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 
 // The FP8 layer's kernel choices (cuda::Layer::Fp8Kernels) give the defaults' bits on every
 // output and gradient: the down dgrad's quantizing epilogue (its q(du) in the bf16 du scratch),
-// 128 x 256 tiles (H and I multiples of 256, so every M-grouped form takes them), both together,
-// the M-grouped overlap, the plain wgrad loop, its staged store; in one ring pass and in several
-// (experts spanning passes), uniform and skewed; and wide with overlap refused, naming the option.
+// 128 x 128 instead of 128 x 256 tiles (H and I multiples of 256, so that every M-grouped form
+// takes the wide ones), both together, the M-grouped overlap, the plain wgrad loop, the wgrad's
+// store; in one ring pass and in several (experts spanning passes), uniform and skewed; and wide
+// with overlap refused, naming the option.
 TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
   MOK_REQUIRE_HOPPER();
   using Kernels = cuda::Layer::Fp8Kernels;
@@ -339,12 +348,18 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
     Kernels k;
   };
   const Kernels d{};
+  // Each away from the defaults (cuda::Layer::Fp8Kernels), alone and where two interact.
   const Choice choices[] = {
-      {"quantizing_epilogue", {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, true}},
-      {"wide", {false, d.wgrad_overlap, d.wgrad_tma_store, true, d.quantizing_epilogue}},
-      {"wide + quantizing_epilogue", {false, d.wgrad_overlap, d.wgrad_tma_store, true, true}},
-      {"overlap, plain wgrad loop", {true, false, d.wgrad_tma_store, false, d.quantizing_epilogue}},
-      {"wgrad_tma_store", {d.overlap, d.wgrad_overlap, true, d.wide, d.quantizing_epilogue}},
+      {"wide flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, !d.wide, d.quantizing_epilogue}},
+      {"quantizing_epilogue flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, !d.quantizing_epilogue}},
+      {"both flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, !d.wide, !d.quantizing_epilogue}},
+      {"overlap (128 x 128 tiles), plain wgrad loop",
+       {true, !d.wgrad_overlap, d.wgrad_tma_store, false, d.quantizing_epilogue}},
+      {"wgrad_tma_store flipped",
+       {d.overlap, d.wgrad_overlap, !d.wgrad_tma_store, d.wide, d.quantizing_epilogue}},
   };
   // One training step through cuda::Layer with the given choices.
   const auto step = [&](LayerData& data, const Config& config, const Kernels& k) {
@@ -386,7 +401,7 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
         layer.set_fp8_kernels({true, d.wgrad_overlap, false, true, false});
       },
       {"fp8_kernels.wide"});
-  EXPECT_FALSE(layer.fp8_kernels().wide) << "a refused choice was kept";
+  EXPECT_FALSE(layer.fp8_kernels().overlap) << "a refused choice was kept";
 }
 
 // With every slot unused only the shared expert remains: the FP8 layer is the bf16 layer's bits.

@@ -326,10 +326,14 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   each form alone on an H200: the M-grouped forms 0.88-1.00x with it (their consumers then wait
 //   for their stages): off; the weight gradient 1.09-1.15x on dsv3-ep8slice, qwen3-30b-a3b and
 //   mixtral-8x7b (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks): on.
+// - wide (128 x 256 tiles for the M-grouped forms; down and the input gradients where n fills
+//   whole wide tiles, a multiple of 256): NOTES ("58329ee"), each form alone on an H100:
+//   1.10-1.32x the 128 x 128 tiles on gate/up, down and dgrad, dgrad-swiglu 0.96-1.18x: on.
 // - wgrad_tma_store (the weight gradients' bf16 tiles through shared memory and TMA, as the bf16
-//   ones store), wide (128 x 256 tiles for the M-grouped forms; down and the input gradients where
-//   n fills whole wide tiles, a multiple of 256), quantizing_epilogue (the down dgrad writes dg
-//   and du quantized: no bf16 dg and du, no passes over them): off until measured faster.
+//   ones store): 1.02-1.03x with the overlap on the same H100: on.
+// - quantizing_epilogue (the down dgrad writes dg and du quantized: no bf16 dg and du, no passes
+//   over them): the down dgrad alone 0.76-0.91x, the passes it removes not timed beside it: off
+//   until the layer benchmark shows it faster.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).

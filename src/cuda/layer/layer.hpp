@@ -112,10 +112,10 @@ class Layer {
     bool wgrad_overlap = true;
     // The weight gradients' bf16 tiles through shared memory and TMA (WeightGradFp8Args::
     // tma_store).
-    bool wgrad_tma_store = false;
+    bool wgrad_tma_store = true;
     // The M-grouped e4m3 GEMMs on 128 x 256 tiles where n fills whole ones (the launchers'
     // `wide`), else 128 x 128.
-    bool wide = false;
+    bool wide = true;
     // The down dgrad's epilogue writes dg and du quantized for the GEMMs that read them
     // (RowsTimesWeightFp8Args::quantized) instead of bf16 dg and du and four passes over them.
     bool quantizing_epilogue = false;
