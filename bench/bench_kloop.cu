@@ -109,8 +109,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned long long t0 = 0;
   if (timer) c0 = clock64(), t0 = ptx::global_timer_ns();
   float acc[F::kAcc];
+  // Not in the pipe and wait modes, whose first wgmma step starts acc (scale-d 0): accumulators
+  // that ordinary writes define before a wgmma would serialize its pipeline (C7515).
+  if constexpr (kMode != Mode::e4m3_pipe && kMode != Mode::e4m3_wait) {
 #pragma unroll
-  for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
+  }
   if constexpr (kMode == Mode::bf16) {
     for (int kb = 0; kb < blocks; ++kb) {
       gemm::mma_k_block<F>(acc, ring, kb % F::kStages, consumer_wg);
@@ -196,9 +200,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
     ptx::fence_registers(acc);
-  } else {  // each K block's product overwrites acc (the wgmma's first step: scale-d 0)
+  } else {
+    // Every K block's 4 k32 steps accumulate into acc (mma_k_block_fp8's steps with scale-d 1
+    // after the very first). NOTES ("58329ee"): with each block overwriting acc, as
+    // mma_k_block_fp8 does, ptxas dropped every block's wgmma but the last (dead results) and the
+    // modes timed 3x the tensor cores' peak.
+    const std::uint32_t a0 = ptx::smem_addr(ring.a(0)) + consumer_wg * (gemm::kTileABytes / 2);
+    const std::uint32_t b0 = ptx::smem_addr(ring.b(0));
     for (int kb = 0; kb < blocks; ++kb) {
-      gemm::mma_k_block_fp8<F>(acc, ring, kb % F::kStages, consumer_wg);
+      const std::uint32_t stage = (kb % F::kStages) * F::kStageBytes;
+      const std::uint64_t da = ptx::make_smem_desc_sw128(a0 + stage, 16, 1024);
+      const std::uint64_t db = ptx::make_smem_desc_sw128(b0 + stage, 16, 1024);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < F::kBlockK / 32; ++kk) {
+        ptx::wgmma_m64n128k32_e4m3(acc, ptx::smem_desc_advance(da, kk * 32),
+                                   ptx::smem_desc_advance(db, kk * 32), (kb | kk) != 0);
+      }
+      ptx::wgmma_commit_group();
       if constexpr (kMode == Mode::e4m3_pipe) {
         ptx::wgmma_wait_group<1>();
       } else {
