@@ -328,9 +328,9 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   mixtral-8x7b (0.97-1.04x on dsv3-ep1, whose groups hold one or two token blocks): on.
 // - wide (128 x 256 tiles for the M-grouped forms; down and the input gradients where n fills
 //   whole wide tiles, a multiple of 256): NOTES ("58329ee"), each form alone on an H100:
-//   1.10-1.32x the 128 x 128 tiles on gate/up, down and dgrad, dgrad-swiglu 0.96-1.18x: on.
+//   1.09-1.34x the 128 x 128 tiles on gate/up, down and dgrad, dgrad-swiglu 0.96-1.19x: on.
 // - wgrad_tma_store (the weight gradients' bf16 tiles through shared memory and TMA, as the bf16
-//   ones store): 1.02-1.03x with the overlap on the same H100: on.
+//   ones store): 1.01-1.03x with the overlap on the same H100: on.
 // - quantizing_epilogue (the down dgrad writes dg and du quantized: no bf16 dg and du, no passes
 //   over them): the down dgrad alone 0.76-0.91x, the passes it removes not timed beside it: off
 //   until the layer benchmark shows it faster.

@@ -102,8 +102,8 @@ class Layer {
   static std::int64_t forward_trace_words(std::int64_t tickets);
 
   // The FP8 layer's kernel choices, each giving the same bits as the others (tests compare them
-  // bitwise, benchmarks time them on one layer); the defaults are what measured fastest or has
-  // not been measured yet (layer.cu says which, NOTES.md the numbers):
+  // bitwise, benchmarks time them on one layer); the defaults are what measured fastest, the rest
+  // off (layer.cu says why, NOTES.md gives the numbers):
   struct Fp8Kernels {
     // The M-grouped e4m3 GEMMs' K loop with the next K block's wgmma in flight during a
     // promotion (the launchers' `overlap`; not with `wide`).
