@@ -336,8 +336,8 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // output and gradient: the down dgrad's quantizing epilogue (its q(du) in the bf16 du scratch),
 // 128 x 128 instead of 128 x 256 tiles (H and I multiples of 256, so that every M-grouped form
 // takes the wide ones), both together, the M-grouped overlap, the plain wgrad loop, the wgrad's
-// store; in one ring pass and in several (experts spanning passes), uniform and skewed; and wide
-// with overlap refused, naming the option.
+// store, the token-axis quantizer's row loads; in one ring pass and in several (experts spanning
+// passes), uniform and skewed; and wide with overlap refused, naming the option.
 TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
   MOK_REQUIRE_HOPPER();
   using Kernels = cuda::Layer::Fp8Kernels;
@@ -360,6 +360,9 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
        {true, !d.wgrad_overlap, d.wgrad_tma_store, false, d.quantizing_epilogue}},
       {"wgrad_tma_store flipped",
        {d.overlap, d.wgrad_overlap, !d.wgrad_tma_store, d.wide, d.quantizing_epilogue}},
+      {"token_axis_row_loads flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
+        !d.token_axis_row_loads}},
   };
   // One training step through cuda::Layer with the given choices.
   const auto step = [&](LayerData& data, const Config& config, const Kernels& k) {

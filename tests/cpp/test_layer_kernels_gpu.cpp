@@ -660,11 +660,23 @@ TEST(TransferGpu, TokenOrderPullWithFp8RowsQuantizesAsTheReference) {
 // from its start, each block's scales from its real rows (the rest as zeros, whatever the ring
 // holds there), the CPU reference's bits (mok::quantize_token_axis over the group's rows padded
 // with zero rows); blocks past the last group untouched. Groups of 0, 1, 128, 129 and more rows,
-// K of a few and of many 64-column tiles; with row weights, of the rows bf16(w x) (the layer's dy).
+// K of a few and of many 64-column tiles, a last tile cut short (200) and rows too odd for vector
+// loads (100: 200-byte rows); with row weights, of the rows bf16(w x) (the layer's dy). Both
+// kernels (QuantizePassTokenAxisParams::row_loads), the same bits.
 TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
   MOK_REQUIRE_HOPPER();
-  for (const auto [K, weighted] : {std::pair<std::int64_t, bool>{192, false}, {2176, false},
-                                   {192, true}, {2176, true}}) {
+  struct Case {
+    std::int64_t K;
+    bool weighted, row_loads;
+  };
+  std::vector<Case> cases;
+  for (const bool row_loads : {false, true}) {
+    for (const auto [K, weighted] : {std::pair<std::int64_t, bool>{192, false}, {2176, false},
+                                     {192, true}, {2176, true}, {200, false}, {100, true}}) {
+      cases.push_back({K, weighted, row_loads});
+    }
+  }
+  for (const auto [K, weighted, row_loads] : cases) {
     std::mt19937_64 rng(test_seed() + K + weighted);
     const std::vector<std::int32_t> counts = {0, 1, 129, 0, 128, 300, 37};
     const int G = static_cast<int>(counts.size());
@@ -695,6 +707,7 @@ TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
     p.scales = scales.get();
     p.scale_ld = K;
     p.row_weights = weighted ? d_w.get() : nullptr;
+    p.row_loads = row_loads;
     MOK_CUDA_OK(cuda::launch_quantize_pass_token_axis(p, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     std::vector<std::uint8_t> q_want(K * R, 0xff);
@@ -725,7 +738,8 @@ TEST(Fp8PassGpu, TokenAxisQuantizesEachGroupFromItsRows) {
         for (std::int64_t k = 0; k < K; ++k) s_want[(s0 / 128 + mb) * K + k] = s[mb * K + k];
       }
     }
-    const std::string what = "K " + std::to_string(K) + (weighted ? ", row weights" : "");
+    const std::string what = "K " + std::to_string(K) + (weighted ? ", row weights" : "") +
+                             (row_loads ? ", row loads" : "");
     expect_same_bytes(data.download(), q_want, q_want.size(), what + ": e4m3");
     expect_same_bytes(scales.download(), s_want, s_want.size(), what + ": scales");
   }

@@ -10,6 +10,8 @@
 //   store_block_transposed  a 128x128 block of bytes from shared memory into a transposed copy
 //   quantize_token_tile     a 128-row x 64-column tile in the token-axis form (the weight
 //                           gradients' operands), from bf16 or float rows
+//   quantize_token_tile_rows  the same tile from bf16 rows, read whole and transposed in shared
+//                           memory (ldmatrix)
 // Every value goes through the same instruction as fp8::e4m3_from_float on the device, so all of
 // them give the CPU reference's bits.
 #pragma once
@@ -23,6 +25,7 @@
 
 #include "core/fp8.hpp"
 #include "cuda/ptx/e4m3.cuh"
+#include "cuda/ptx/tma.cuh"
 #include "mok/error.hpp"
 
 namespace mok::cuda {
@@ -233,6 +236,134 @@ __device__ inline void quantize_token_tile(const T* x, std::int64_t ld_x, std::i
                    quantize4(v[j][4], v[j][5], v[j][6], v[j][7], inverse));
   }
   if (part == 0) scales[k] = fp8::scale_of(e);
+}
+
+// Eight bf16 of one row from column `col` (one 16-byte chunk), as load_chunk16 reads them: one
+// vector load when `vectors` and the chunk ends within K, else element by element with columns at
+// or past K read as 0.
+__device__ inline uint4 load_chunk8(const std::uint16_t* row, std::int64_t col, std::int64_t K,
+                                    bool vectors) {
+  if (vectors && col + 8 <= K) return *reinterpret_cast<const uint4*>(row + col);
+  std::uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t lo = col + 2 * i < K ? row[col + 2 * i] : 0u;
+    const std::uint32_t hi = col + 2 * i + 1 < K ? row[col + 2 * i + 1] : 0u;
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// bf16(weight * v) of each of a chunk's eight bf16 (quantize_token_tile's weighted rows).
+__device__ inline uint4 weight_chunk8(const uint4& v, float weight) {
+  const std::uint32_t in[4] = {v.x, v.y, v.z, v.w};
+  std::uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = __fmul_rn(weight, bf16_bits_to_float(in[i] & 0xffffu));
+    const float hi = __fmul_rn(weight, bf16_bits_to_float(in[i] >> 16));
+    out[i] = static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+             (static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// a[i] for a runtime i in [0, 4) of a register array (selects: no local-memory indexing).
+__device__ __forceinline__ std::uint32_t pick4(const std::uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
+// quantize_token_tile's tile, arguments and bits, from bf16 rows only, with whole rows read:
+// thread t loads 16 bytes (8 columns) of rows t / 8 + 32 j, so a warp's load is four 128-byte
+// rows (quantize_token_tile's warps load 32-byte pieces of 32 rows: eight times the cache lines
+// an instruction touches, NOTES "2026-12-05, 70fd521"). The rows are staged as bf16 (16 KiB,
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so that each 8-row read below is conflict-free),
+// and warp w reads columns 8w .. 8w + 7 of all 128 rows back transposed (ldmatrix .trans, 4 x .x4):
+// lane l then holds column 8w + l / 4, rows 8m + 2 (l % 4) and + 1 for m < 16. The column's amax is
+// taken across its four lanes (two shuffles); the four lanes' e4m3 pairs are exchanged (three
+// shuffles for two groups of 32 rows) so that each lane stores 8 contiguous bytes, rows 32q + 8 (l
+// % 4)
+// .. + 7 (q < 4): a warp's store is 32 bytes of each of 8 columns, as quantize_token_tile's.
+__device__ inline void quantize_token_tile_rows(const std::uint16_t* x, std::int64_t ld_x,
+                                                std::int64_t valid_rows, bool vectors,
+                                                std::int64_t k0, std::int64_t K, std::uint8_t* data,
+                                                std::int64_t ld, float* scales,
+                                                const float* row_weights = nullptr) {
+  static_assert(kTokenTileThreads == 256 && kTokenTileCols == 64 && fp8::kBlock == 128,
+                "the mapping below");
+  __shared__ __align__(128) uint4 tile[fp8::kBlock][kTokenTileCols / 8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  {
+    const int chunk = threadIdx.x % 8;
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // the four loads first, all in flight together
+      const int r = threadIdx.x / 8 + 32 * j;
+      v[j] = r < valid_rows ? load_chunk8(x + r * ld_x, k0 + 8 * chunk, K, vectors)
+                            : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = threadIdx.x / 8 + 32 * j;
+      if (row_weights != nullptr && r < valid_rows) v[j] = weight_chunk8(v[j], row_weights[r]);
+      tile[r][chunk ^ (r % 8)] = v[j];
+    }
+  }
+  __syncthreads();
+  // pairs[m]: rows 8m + 2 part (low half) and 8m + 2 part + 1 of column c, bf16.
+  const int c = 8 * warp + lane / 4, part = lane % 4;
+  std::uint32_t pairs[16];
+  const std::uint32_t base = ptx::smem_addr(tile);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int r = 32 * q + lane;  // lane l: row l % 8 of matrix l / 8, i.e. rows 32q .. 32q + 31
+    ptx::ldmatrix_x4_trans(base + r * 128 + 16 * (warp ^ (r % 8)), pairs[4 * q], pairs[4 * q + 1],
+                           pairs[4 * q + 2], pairs[4 * q + 3]);
+  }
+  std::uint32_t amax = 0;
+#pragma unroll
+  for (int m = 0; m < 16; ++m) {
+    amax = fp8::amax_update(amax, bf16_bits_to_float(pairs[m] & 0xffffu));
+    amax = fp8::amax_update(amax, bf16_bits_to_float(pairs[m] >> 16));
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  const int e = fp8::scale_exponent(amax);
+  const float inverse = fp8::inverse_scale_of(e);
+  const std::int64_t k = k0 + c;
+  std::uint8_t* column = data + k * ld;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // x[i]: this lane's e4m3 pairs of chunks 8h + i (low half) and 8h + 4 + i (high half).
+    std::uint32_t x4[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t a = pairs[8 * h + i], b = pairs[8 * h + 4 + i];
+      x4[i] = ptx::e4m3x2(bf16_bits_to_float(a & 0xffffu) * inverse,
+                          bf16_bits_to_float(a >> 16) * inverse) |
+              (ptx::e4m3x2(bf16_bits_to_float(b & 0xffffu) * inverse,
+                           bf16_bits_to_float(b >> 16) * inverse)
+               << 16);
+    }
+    // got[d]: lane part ^ d's pairs of this lane's chunks (8h + part, 8h + 4 + part).
+    std::uint32_t got[4];
+    got[0] = pick4(x4, part);
+#pragma unroll
+    for (int d = 1; d < 4; ++d) got[d] = __shfl_xor_sync(0xffffffffu, pick4(x4, part ^ d), d);
+    std::uint32_t piece[4];  // piece[p]: lane p's pairs (rows 2p, 2p + 1 of each chunk)
+#pragma unroll
+    for (int p = 0; p < 4; ++p) piece[p] = pick4(got, p ^ part);
+    if (k < K) {  // no early return: every lane takes part in the shuffles above
+      *reinterpret_cast<uint2*>(column + 64 * h + 8 * part) = make_uint2(
+          (piece[0] & 0xffffu) | (piece[1] << 16), (piece[2] & 0xffffu) | (piece[3] << 16));
+      *reinterpret_cast<uint2*>(column + 64 * h + 32 + 8 * part) = make_uint2(
+          (piece[0] >> 16) | (piece[1] & 0xffff0000u), (piece[2] >> 16) | (piece[3] & 0xffff0000u));
+    }
+  }
+  if (k < K && part == 0) scales[k] = fp8::scale_of(e);
 }
 
 // The largest of every thread's amax in a CTA of `threads` (a multiple of 32, at most 1024);

@@ -56,6 +56,8 @@ __device__ int group_of(const std::int32_t* starts, int groups, std::int64_t m0)
 // A CTA per 128-row block of one group and kTokenTileCols columns (fp8_quantize.cuh's
 // quantize_token_tile), rows past the group's count read as 0, rows scaled by their weights
 // where p.row_weights is given.
+// kRowLoads: quantize_token_tile_rows instead (QuantizePassTokenAxisParams::row_loads).
+template <bool kRowLoads>
 __global__ void __launch_bounds__(kTokenTileThreads)
     quantize_pass_token_axis_kernel(QuantizePassTokenAxisParams p, bool vectors) {
   const std::int64_t col_tiles = (p.K + kTokenTileCols - 1) / kTokenTileCols;
@@ -65,9 +67,14 @@ __global__ void __launch_bounds__(kTokenTileThreads)
   if (g < 0) return;  // the same for the whole CTA
   const std::int64_t end = std::int64_t{p.starts[g]} + max(p.counts[g], 0);
   const std::int64_t valid = max(std::int64_t{0}, min(std::int64_t{fp8::kBlock}, end - m0));
-  quantize_token_tile(p.x + m0 * p.ld_x, p.ld_x, valid, vectors, k0, p.K, p.data + m0, p.ld,
-                      p.scales + mb * p.scale_ld,
-                      p.row_weights != nullptr ? p.row_weights + m0 : nullptr);
+  const float* weights = p.row_weights != nullptr ? p.row_weights + m0 : nullptr;
+  if constexpr (kRowLoads) {
+    quantize_token_tile_rows(p.x + m0 * p.ld_x, p.ld_x, valid, vectors, k0, p.K, p.data + m0, p.ld,
+                             p.scales + mb * p.scale_ld, weights);
+  } else {
+    quantize_token_tile(p.x + m0 * p.ld_x, p.ld_x, valid, vectors, k0, p.K, p.data + m0, p.ld,
+                        p.scales + mb * p.scale_ld, weights);
+  }
 }
 
 }  // namespace
@@ -94,8 +101,14 @@ cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p
     return cudaErrorMisalignedAddress;
   }
   const std::int64_t tiles = (p.rows / fp8::kBlock) * ((p.K + kTokenTileCols - 1) / kTokenTileCols);
-  quantize_pass_token_axis_kernel<<<static_cast<unsigned>(tiles), kTokenTileThreads, 0, stream>>>(
-      p, chunk_vectors_ok(p.x, p.ld_x));
+  const unsigned grid = static_cast<unsigned>(tiles);
+  if (p.row_loads) {
+    quantize_pass_token_axis_kernel<true>
+        <<<grid, kTokenTileThreads, 0, stream>>>(p, chunk_vectors_ok(p.x, p.ld_x));
+  } else {
+    quantize_pass_token_axis_kernel<false>
+        <<<grid, kTokenTileThreads, 0, stream>>>(p, chunk_vectors_ok(p.x, p.ld_x));
+  }
   return cudaGetLastError();
 }
 

@@ -44,6 +44,10 @@ struct QuantizePassTokenAxisParams {
   float* scales = nullptr;  // [rows / 128, scale_ld], scale_ld >= K
   std::int64_t scale_ld = 0;
   const float* row_weights = nullptr;  // [rows], device, or null
+  // The kernel (the same bits either way): false, fp8_quantize.cuh's quantize_token_tile (a warp
+  // loads 32-byte pieces of 32 rows); true, its quantize_token_tile_rows (a warp loads whole
+  // 128-byte rows and transposes them in shared memory).
+  bool row_loads = false;
 };
 cudaError_t launch_quantize_pass_token_axis(const QuantizePassTokenAxisParams& p,
                                             cudaStream_t stream);

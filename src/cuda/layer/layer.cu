@@ -304,6 +304,7 @@ gemm::Fp8TokenAxis quantize_token_axis(const ExpertRows& e, const bf16* x, std::
   p.scales = scales;
   p.scale_ld = K;
   p.row_weights = row_weights;
+  p.row_loads = e.kernels.token_axis_row_loads;
   check(launch_quantize_pass_token_axis(p, e.stream), "FP8 token-axis quantization of a pass");
   return {data, e.segments.capacity_rows, scales, K};
 }
@@ -334,6 +335,8 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 // - quantizing_epilogue (the down dgrad writes dg and du quantized: no bf16 dg and du, no passes
 //   over them): the down dgrad alone 0.76-0.91x, the passes it removes not timed beside it: off
 //   until the layer benchmark shows it faster.
+// - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
+//   quantize_token_tile_rows): not yet timed (NOTES, "2026-12-05, 70fd521"): off.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).

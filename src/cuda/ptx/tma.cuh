@@ -88,4 +88,16 @@ __device__ __forceinline__ void stmatrix_x4(std::uint32_t row_address, std::uint
       : "memory");
 }
 
+// Loads four 8 x 8 b16 matrices from shared memory transposed (ldmatrix .x4 .trans): lanes
+// 8i .. 8i + 7 give the addresses of matrix i's rows (16 bytes each), and register i of lane l
+// receives column l / 4 of matrix i, its rows 2 (l % 4) (low half) and 2 (l % 4) + 1.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t row_address, std::uint32_t& r0,
+                                                  std::uint32_t& r1, std::uint32_t& r2,
+                                                  std::uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(row_address)
+               : "memory");
+}
+
 }  // namespace mok::ptx
