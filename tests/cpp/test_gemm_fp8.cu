@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1306,6 +1307,173 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
   q.d_gate_tokens.data = tokens.get();
   mok::gemm::rows_times_weight_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Waits that give up in the e4m3 forms. With a 1 ns timeout a wait gives up at its first poll
+// that finds its barrier incomplete, so CTAs end through the abort paths: the Producer stops and
+// drains, the Consumers run their remaining K blocks without waiting, still releasing each stage
+// through their warpgroup's named barrier (release_stage_fp8), which must see all 128 threads of
+// the warpgroup every time. Each launch must end (no hang, no trap), its report name a barrier
+// when a wait gave up, and the next launch with the default timeout must give the bits of a
+// launch made before it.
+
+// Runs `launch(waits)` with a 1 ns timeout to its end; returns whether a wait gave up (a failed
+// CUDA call fails the test and counts as none).
+template <class Launch>
+bool impatient_launch_ends(const std::string& what, Launch&& launch) {
+  mok::gemm::TimeoutReport report;
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    ADD_FAILURE() << what << ": the device failed before the launch";
+    return false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  launch(mok::gemm::WaitOptions{1, &report});
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t ended = cudaDeviceSynchronize();  // returns (no hang) and succeeds (no trap)
+  EXPECT_EQ(launched, cudaSuccess) << what << ": " << cudaGetErrorString(launched);
+  EXPECT_EQ(ended, cudaSuccess) << what << ": " << cudaGetErrorString(ended);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string r = report.take();
+  std::printf("[ mok ] %s with a 1 ns timeout ended after %.3f s: %s\n", what.c_str(), seconds,
+              r.empty() ? "no wait gave up" : r.c_str());
+  EXPECT_LT(seconds, 10.0) << what << ": took far longer than its timeout";
+  if (!r.empty()) EXPECT_NE(r.find("barrier "), std::string::npos) << what << ": " << r;
+  return !r.empty();
+}
+
+// The gate/up form (plain, overlapped, wide; pairs below) and the weight gradient (plain,
+// overlapped, overlapped with the staged store): 3 K blocks a tile, more than one tile a CTA for
+// none of them.
+TEST(GemmFp8Waits, GivingUpEndsAndTheNextLaunchIsRight) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({0, 1, 130, 77, 0, 300});
+  const int G = l.groups(), H = 384, I = 256;
+  std::mt19937_64 rng(next_seed());
+  const HostRows x(l, H, rng);
+  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
+  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
+  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
+  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
+  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
+  const std::size_t cells = std::size_t(l.capacity) * I;
+  DeviceBuffer<__nv_bfloat16> want(cells), got(cells);
+  mok::gemm::TimeoutReport report;
+  mok::gemm::GateUpForwardFp8Args args;
+  args.segments = l.segments();
+  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
+  args.w_gate = {d_wg.get(), d_wgs.get()};
+  args.w_up = {d_wu.get(), d_wus.get()};
+  args.ld_out = I;
+  args.hidden_size = H;
+  args.intermediate_size = I;
+  int gave_up = 0;
+  for (const Variant v : {Variant{}, kOverlap, kWide}) {
+    args.pairs = v.pairs, args.overlap = v.overlap, args.wide = v.wide;
+    want.poison();
+    args.hidden = want.get();
+    args.waits = {};
+    mok::gemm::gate_up_forward_fp8(args);
+    args.hidden = got.get();
+    gave_up += impatient_launch_ends("e4m3 gate/up " + v.name(), [&](mok::gemm::WaitOptions w) {
+      args.waits = w;
+      mok::gemm::gate_up_forward_fp8(args);
+    });
+    got.poison();
+    args.waits = {.report = &report};
+    mok::gemm::gate_up_forward_fp8(args);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(want, got)) << "gate/up " << v.name() << " after a launch that gave up";
+    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+  }
+
+  const int M = 256, N = 384;
+  std::vector<std::uint8_t> qa, qb;
+  std::vector<float> sa, sb;
+  token_axis_operand(l, M, rng, qa, sa);
+  token_axis_operand(l, N, rng, qb, sb);
+  DeviceBuffer<std::uint8_t> d_qa(qa.size()), d_qb(qb.size());
+  DeviceBuffer<float> d_sa(sa.size()), d_sb(sb.size());
+  d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
+  const std::size_t dw_cells = std::size_t(G) * M * N;
+  DeviceBuffer<__nv_bfloat16> want_dw(dw_cells), got_dw(dw_cells);
+  mok::gemm::WeightGradFp8Args w;
+  w.grad.segments = l.segments();
+  w.grad.m = M;
+  w.grad.n = N;
+  w.grad.ld_out = N;
+  w.a = {d_qa.get(), l.capacity, d_sa.get(), M};
+  w.b = {d_qb.get(), l.capacity, d_sb.get(), N};
+  for (const auto [overlap, tma_store] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    const std::string name = std::string("e4m3 weight gradient") + (overlap ? ", overlap" : "") +
+                             (tma_store ? ", staged store" : "");
+    w.overlap = overlap, w.tma_store = tma_store;
+    want_dw.poison();
+    w.grad.out = want_dw.get();
+    w.grad.waits = {};
+    mok::gemm::weight_grad_fp8(w);
+    w.grad.out = got_dw.get();
+    gave_up += impatient_launch_ends(name, [&](mok::gemm::WaitOptions waits) {
+      w.grad.waits = waits;
+      mok::gemm::weight_grad_fp8(w);
+    });
+    got_dw.poison();
+    w.grad.waits = {.report = &report};
+    mok::gemm::weight_grad_fp8(w);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(want_dw, got_dw)) << name << " after a launch that gave up";
+    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+  }
+  EXPECT_GT(gave_up, 0) << "no launch gave up: no abort path was run";
+}
+
+// The same for pairs (clusters of two CTAs, each Producer writing both CTAs' stages, each stage
+// released in both): a test of its own, so that a hang there is named apart.
+TEST(GemmFp8Waits, PairsGivingUpEndsAndTheNextLaunchIsRight) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({0, 1, 130, 77, 0, 300});
+  const int G = l.groups(), H = 384, I = 256;
+  std::mt19937_64 rng(next_seed());
+  const HostRows x(l, H, rng);
+  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
+  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
+  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
+  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
+  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
+  const std::size_t cells = std::size_t(l.capacity) * I;
+  DeviceBuffer<__nv_bfloat16> want(cells), got(cells);
+  mok::gemm::TimeoutReport report;
+  mok::gemm::GateUpForwardFp8Args args;
+  args.segments = l.segments();
+  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
+  args.w_gate = {d_wg.get(), d_wgs.get()};
+  args.w_up = {d_wu.get(), d_wus.get()};
+  args.ld_out = I;
+  args.hidden_size = H;
+  args.intermediate_size = I;
+  args.pairs = true;
+  int gave_up = 0;
+  for (const int repeat : {0, 1, 2}) {
+    want.poison();
+    args.hidden = want.get();
+    args.waits = {};
+    mok::gemm::gate_up_forward_fp8(args);
+    args.hidden = got.get();
+    gave_up += impatient_launch_ends(
+        "e4m3 gate/up pairs, launch " + std::to_string(repeat), [&](mok::gemm::WaitOptions w) {
+          args.waits = w;
+          mok::gemm::gate_up_forward_fp8(args);
+        });
+    got.poison();
+    args.waits = {.report = &report};
+    mok::gemm::gate_up_forward_fp8(args);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(want, got)) << "gate/up pairs after a launch that gave up";
+    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+  }
+  EXPECT_GT(gave_up, 0) << "no launch gave up: no abort path was run";
 }
 
 }  // namespace
