@@ -248,6 +248,39 @@ struct Variant {
 constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true},
     kWide{false, false, true};
 
+// The e4m3 gate/up operands of a layout (random rows and weights) on the device, and launch
+// arguments reading them that write hidden only.
+struct GateUpFp8Operands {
+  HostRows x;
+  HostWeight wg, wu;
+  DeviceBuffer<std::uint8_t> d_x, d_wg, d_wu;
+  DeviceBuffer<float> d_xs, d_wgs, d_wus;
+  mok::gemm::GateUpForwardFp8Args args;
+  GateUpFp8Operands(const Layout& l, int H, int I, std::mt19937_64& rng)
+      : x(l, H, rng), wg(l.groups(), I, H, rng), wu(l.groups(), I, H, rng), d_x(x.q.size()),
+        d_wg(wg.q.size()), d_wu(wu.q.size()), d_xs(x.scale.size()), d_wgs(wg.scale.size()),
+        d_wus(wu.scale.size()) {
+    d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
+    d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
+    args.segments = l.segments();
+    args.x = {d_x.get(), H, d_xs.get(), l.capacity};
+    args.w_gate = {d_wg.get(), d_wgs.get()};
+    args.w_up = {d_wu.get(), d_wus.get()};
+    args.ld_out = I;
+    args.hidden_size = H;
+    args.intermediate_size = I;
+  }
+  // The launch for gives_up_then_right.
+  auto launch(Variant v) {
+    return [this, v](__nv_bfloat16* hidden, mok::gemm::WaitOptions waits) {
+      args.pairs = v.pairs, args.overlap = v.overlap, args.wide = v.wide;
+      args.hidden = hidden;
+      args.waits = waits;
+      mok::gemm::gate_up_forward_fp8(args);
+    };
+  }
+};
+
 // `variant`: also that launch (GateUpForwardFp8Args::pairs, ::overlap, ::wide), which must give
 // the same bits.
 void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
@@ -255,23 +288,13 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
-  const HostRows x(l, H, rng);
-  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
-  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
-  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
-  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
-  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
+  GateUpFp8Operands ops(l, H, I, rng);
+  const HostRows& x = ops.x;
+  const HostWeight &wg = ops.wg, &wu = ops.wu;
   const std::size_t cells = std::size_t(l.capacity) * I;
   DeviceBuffer<__nv_bfloat16> g(cells), u(cells), h(cells), g2(cells), u2(cells), h2(cells),
       want_h(cells), h_only(cells), g_variant(cells), u_variant(cells), h_variant(cells);
-  mok::gemm::GateUpForwardFp8Args args;
-  args.segments = l.segments();
-  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
-  args.w_gate = {d_wg.get(), d_wgs.get()};
-  args.w_up = {d_wu.get(), d_wus.get()};
-  args.ld_out = I;
-  args.hidden_size = H;
-  args.intermediate_size = I;
+  mok::gemm::GateUpForwardFp8Args& args = ops.args;
   args.swiglu_limit = limit;
   auto run = [&](DeviceBuffer<__nv_bfloat16>& hb, __nv_bfloat16* gb, __nv_bfloat16* ub) {
     hb.poison();
@@ -830,6 +853,30 @@ void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
       for (int c = 0; c < cols; ++c) q[std::size_t(c) * l.capacity + t] = random_e4m3(rng);
 }
 
+// The K-grouped e4m3 operands of a layout (token_axis_operand: A m columns, B n) on the device,
+// and launch arguments reading them (the output left to the caller).
+struct WeightGradFp8Operands {
+  std::vector<std::uint8_t> qa, qb;
+  std::vector<float> sa, sb;
+  DeviceBuffer<std::uint8_t> d_qa, d_qb;
+  DeviceBuffer<float> d_sa, d_sb;
+  mok::gemm::WeightGradFp8Args args;
+  WeightGradFp8Operands(const Layout& l, int m, int n, std::mt19937_64& rng)
+      : d_qa(std::size_t(m) * l.capacity), d_qb(std::size_t(n) * l.capacity),
+        d_sa(std::size_t((l.capacity + 127) / 128) * m),
+        d_sb(std::size_t((l.capacity + 127) / 128) * n) {
+    token_axis_operand(l, m, rng, qa, sa);
+    token_axis_operand(l, n, rng, qb, sb);
+    d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
+    args.grad.segments = l.segments();
+    args.grad.m = m;
+    args.grad.n = n;
+    args.grad.ld_out = n;
+    args.a = {d_qa.get(), l.capacity, d_sa.get(), m};
+    args.b = {d_qb.get(), l.capacity, d_sb.get(), n};
+  }
+};
+
 // The K-grouped e4m3 form (weight gradients) over token-axis copies: dw[g] = a^T b over group g's
 // rows, each 128-row token block's product times its row's and column's scales. Tokens past a
 // group's end inside its last block hold NaN bytes (the GEMM must zero them); every token block's
@@ -841,23 +888,13 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool over
   Layout l(counts);
   const int G = l.groups();
   std::mt19937_64 rng(next_seed());
-  std::vector<std::uint8_t> qa, qb;
-  std::vector<float> sa, sb;
-  token_axis_operand(l, M, rng, qa, sa);
-  token_axis_operand(l, N, rng, qb, sb);
-  DeviceBuffer<std::uint8_t> d_qa(qa.size()), d_qb(qb.size());
-  DeviceBuffer<float> d_sa(sa.size()), d_sb(sb.size());
-  d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
+  WeightGradFp8Operands ops(l, M, N, rng);
+  const std::vector<std::uint8_t>&qa = ops.qa, &qb = ops.qb;
+  const std::vector<float>&sa = ops.sa, &sb = ops.sb;
   const std::size_t cells = std::size_t(G) * M * N;
   DeviceBuffer<float> out32(cells), out32b(cells);
   DeviceBuffer<__nv_bfloat16> out16(cells);
-  mok::gemm::WeightGradFp8Args args;
-  args.grad.segments = l.segments();
-  args.grad.m = M;
-  args.grad.n = N;
-  args.grad.ld_out = N;
-  args.a = {d_qa.get(), l.capacity, d_sa.get(), M};
-  args.b = {d_qb.get(), l.capacity, d_sb.get(), N};
+  mok::gemm::WeightGradFp8Args& args = ops.args;
   for (auto* o : {&out32, &out32b}) {
     o->poison();
     args.grad.out = o->get();
@@ -1344,6 +1381,25 @@ bool impatient_launch_ends(const std::string& what, Launch&& launch) {
   return !r.empty();
 }
 
+// `launch(out, waits)` first with the default timeout into `want`, then with 1 ns a wait
+// (impatient_launch_ends), then again with the default timeout into `got`, which must hold
+// `want`'s bits, with no report. Returns whether the impatient launch gave up.
+template <class T, class Launch>
+bool gives_up_then_right(const std::string& what, DeviceBuffer<T>& want, DeviceBuffer<T>& got,
+                         Launch&& launch) {
+  want.poison();
+  launch(want.get(), mok::gemm::WaitOptions{});
+  const bool gave_up =
+      impatient_launch_ends(what, [&](mok::gemm::WaitOptions w) { launch(got.get(), w); });
+  mok::gemm::TimeoutReport report;
+  got.poison();
+  launch(got.get(), mok::gemm::WaitOptions{.report = &report});
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  EXPECT_TRUE(same_bits(want, got)) << what << ": the launch after one that gave up differs";
+  EXPECT_EQ(report.take(), "") << what << ": a launch that did not give up left a report";
+  return gave_up;
+}
+
 // The gate/up form (plain, overlapped, wide; pairs below) and the weight gradient (plain,
 // overlapped, overlapped with the staged store): 3 K blocks a tile, more than one tile a CTA for
 // none of them.
@@ -1352,126 +1408,44 @@ TEST(GemmFp8Waits, GivingUpEndsAndTheNextLaunchIsRight) {
   Layout l({0, 1, 130, 77, 0, 300});
   const int G = l.groups(), H = 384, I = 256;
   std::mt19937_64 rng(next_seed());
-  const HostRows x(l, H, rng);
-  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
-  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
-  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
-  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
-  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
-  const std::size_t cells = std::size_t(l.capacity) * I;
-  DeviceBuffer<__nv_bfloat16> want(cells), got(cells);
-  mok::gemm::TimeoutReport report;
-  mok::gemm::GateUpForwardFp8Args args;
-  args.segments = l.segments();
-  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
-  args.w_gate = {d_wg.get(), d_wgs.get()};
-  args.w_up = {d_wu.get(), d_wus.get()};
-  args.ld_out = I;
-  args.hidden_size = H;
-  args.intermediate_size = I;
+  GateUpFp8Operands gate_up(l, H, I, rng);
+  DeviceBuffer<__nv_bfloat16> want(std::size_t(l.capacity) * I), got(std::size_t(l.capacity) * I);
   int gave_up = 0;
   for (const Variant v : {Variant{}, kOverlap, kWide}) {
-    args.pairs = v.pairs, args.overlap = v.overlap, args.wide = v.wide;
-    want.poison();
-    args.hidden = want.get();
-    args.waits = {};
-    mok::gemm::gate_up_forward_fp8(args);
-    args.hidden = got.get();
-    gave_up += impatient_launch_ends("e4m3 gate/up " + v.name(), [&](mok::gemm::WaitOptions w) {
-      args.waits = w;
-      mok::gemm::gate_up_forward_fp8(args);
-    });
-    got.poison();
-    args.waits = {.report = &report};
-    mok::gemm::gate_up_forward_fp8(args);
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(want, got)) << "gate/up " << v.name() << " after a launch that gave up";
-    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+    gave_up += gives_up_then_right("e4m3 gate/up " + v.name(), want, got, gate_up.launch(v));
   }
 
   const int M = 256, N = 384;
-  std::vector<std::uint8_t> qa, qb;
-  std::vector<float> sa, sb;
-  token_axis_operand(l, M, rng, qa, sa);
-  token_axis_operand(l, N, rng, qb, sb);
-  DeviceBuffer<std::uint8_t> d_qa(qa.size()), d_qb(qb.size());
-  DeviceBuffer<float> d_sa(sa.size()), d_sb(sb.size());
-  d_qa.upload(qa), d_qb.upload(qb), d_sa.upload(sa), d_sb.upload(sb);
-  const std::size_t dw_cells = std::size_t(G) * M * N;
-  DeviceBuffer<__nv_bfloat16> want_dw(dw_cells), got_dw(dw_cells);
-  mok::gemm::WeightGradFp8Args w;
-  w.grad.segments = l.segments();
-  w.grad.m = M;
-  w.grad.n = N;
-  w.grad.ld_out = N;
-  w.a = {d_qa.get(), l.capacity, d_sa.get(), M};
-  w.b = {d_qb.get(), l.capacity, d_sb.get(), N};
+  WeightGradFp8Operands dw(l, M, N, rng);
+  mok::gemm::WeightGradFp8Args& w = dw.args;
+  DeviceBuffer<__nv_bfloat16> want_dw(std::size_t(G) * M * N), got_dw(std::size_t(G) * M * N);
   for (const auto [overlap, tma_store] : {std::pair{false, false}, {true, false}, {true, true}}) {
-    const std::string name = std::string("e4m3 weight gradient") + (overlap ? ", overlap" : "") +
-                             (tma_store ? ", staged store" : "");
     w.overlap = overlap, w.tma_store = tma_store;
-    want_dw.poison();
-    w.grad.out = want_dw.get();
-    w.grad.waits = {};
-    mok::gemm::weight_grad_fp8(w);
-    w.grad.out = got_dw.get();
-    gave_up += impatient_launch_ends(name, [&](mok::gemm::WaitOptions waits) {
-      w.grad.waits = waits;
-      mok::gemm::weight_grad_fp8(w);
-    });
-    got_dw.poison();
-    w.grad.waits = {.report = &report};
-    mok::gemm::weight_grad_fp8(w);
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(want_dw, got_dw)) << name << " after a launch that gave up";
-    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+    gave_up += gives_up_then_right(
+        std::string("e4m3 weight gradient") + (overlap ? ", overlap" : "") +
+            (tma_store ? ", staged store" : ""),
+        want_dw, got_dw, [&](__nv_bfloat16* out, mok::gemm::WaitOptions waits) {
+          w.grad.out = out;
+          w.grad.waits = waits;
+          mok::gemm::weight_grad_fp8(w);
+        });
   }
   EXPECT_GT(gave_up, 0) << "no launch gave up: no abort path was run";
 }
 
 // The same for pairs (clusters of two CTAs, each Producer writing both CTAs' stages, each stage
-// released in both): a test of its own, so that a hang there is named apart.
+// released in both), three times: a test of its own, so that a hang there is named apart.
 TEST(GemmFp8Waits, PairsGivingUpEndsAndTheNextLaunchIsRight) {
   MOK_REQUIRE_HOPPER();
   Layout l({0, 1, 130, 77, 0, 300});
-  const int G = l.groups(), H = 384, I = 256;
+  const int H = 384, I = 256;
   std::mt19937_64 rng(next_seed());
-  const HostRows x(l, H, rng);
-  const HostWeight wg(G, I, H, rng), wu(G, I, H, rng);
-  DeviceBuffer<std::uint8_t> d_x(x.q.size()), d_wg(wg.q.size()), d_wu(wu.q.size());
-  DeviceBuffer<float> d_xs(x.scale.size()), d_wgs(wg.scale.size()), d_wus(wu.scale.size());
-  d_x.upload(x.q), d_wg.upload(wg.q), d_wu.upload(wu.q);
-  d_xs.upload(x.scale), d_wgs.upload(wg.scale), d_wus.upload(wu.scale);
-  const std::size_t cells = std::size_t(l.capacity) * I;
-  DeviceBuffer<__nv_bfloat16> want(cells), got(cells);
-  mok::gemm::TimeoutReport report;
-  mok::gemm::GateUpForwardFp8Args args;
-  args.segments = l.segments();
-  args.x = {d_x.get(), H, d_xs.get(), l.capacity};
-  args.w_gate = {d_wg.get(), d_wgs.get()};
-  args.w_up = {d_wu.get(), d_wus.get()};
-  args.ld_out = I;
-  args.hidden_size = H;
-  args.intermediate_size = I;
-  args.pairs = true;
+  GateUpFp8Operands gate_up(l, H, I, rng);
+  DeviceBuffer<__nv_bfloat16> want(std::size_t(l.capacity) * I), got(std::size_t(l.capacity) * I);
   int gave_up = 0;
-  for (const int repeat : {0, 1, 2}) {
-    want.poison();
-    args.hidden = want.get();
-    args.waits = {};
-    mok::gemm::gate_up_forward_fp8(args);
-    args.hidden = got.get();
-    gave_up += impatient_launch_ends(
-        "e4m3 gate/up pairs, launch " + std::to_string(repeat), [&](mok::gemm::WaitOptions w) {
-          args.waits = w;
-          mok::gemm::gate_up_forward_fp8(args);
-        });
-    got.poison();
-    args.waits = {.report = &report};
-    mok::gemm::gate_up_forward_fp8(args);
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(want, got)) << "gate/up pairs after a launch that gave up";
-    EXPECT_EQ(report.take(), "") << "a launch that did not give up left a report";
+  for (const int repeat : {1, 2, 3}) {
+    gave_up += gives_up_then_right("e4m3 gate/up pairs, launch " + std::to_string(repeat), want,
+                                   got, gate_up.launch(kPairs));
   }
   EXPECT_GT(gave_up, 0) << "no launch gave up: no abort path was run";
 }

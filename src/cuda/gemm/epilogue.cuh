@@ -422,11 +422,7 @@ __device__ __forceinline__ void store_row_block_fp8(const std::uint32_t (&w)[4][
       amax = fp8::amax_update(amax, high_bf16(w[c][e]));
     }
   }
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
-    amax = other > amax ? other : amax;
-  }
+  amax = ptx::quad_amax(amax);
   const int e = fp8::scale_exponent(amax);
   const float inverse = fp8::inverse_scale_of(e);
   if (!store) return;

@@ -219,11 +219,7 @@ __device__ inline void quantize_token_tile(const T* x, std::int64_t ld_x, std::i
 #pragma unroll
     for (int e = 0; e < 8; ++e) amax = fp8::amax_update(amax, v[j][e]);
   }
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
-    amax = other > amax ? other : amax;
-  }
+  amax = ptx::quad_amax(amax);
   const std::int64_t k = k0 + c;
   if (k >= K) return;  // past the last column: nothing to store (no barrier follows)
   const int e = fp8::scale_exponent(amax);
@@ -326,11 +322,7 @@ __device__ inline void quantize_token_tile_rows(const std::uint16_t* x, std::int
     amax = fp8::amax_update(amax, bf16_bits_to_float(pairs[m] & 0xffffu));
     amax = fp8::amax_update(amax, bf16_bits_to_float(pairs[m] >> 16));
   }
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
-    amax = other > amax ? other : amax;
-  }
+  amax = ptx::quad_amax(amax);
   const int e = fp8::scale_exponent(amax);
   const float inverse = fp8::inverse_scale_of(e);
   const std::int64_t k = k0 + c;

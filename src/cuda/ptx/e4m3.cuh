@@ -22,4 +22,16 @@ __device__ __forceinline__ std::uint32_t quantize4(float a, float b, float c, fl
          (e4m3x2(c * inverse_scale, d * inverse_scale) << 16);
 }
 
+// The largest of the amax bits (fp8::amax_update's) that the four lanes of a quad hold (lanes
+// 4q .. 4q + 3), given to each of them: a 1x128 block spread over a quad (the GEMM epilogues that
+// quantize, the token-axis quantizers). Every lane of the warp calls it.
+__device__ __forceinline__ std::uint32_t quad_amax(std::uint32_t amax) {
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    const std::uint32_t other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  return amax;
+}
+
 }  // namespace mok::ptx
