@@ -12,8 +12,10 @@
 // Each time is the median of 20 launches (CUDA events, after 3 warm-ups, L2 flushed before each
 // by a 256 MiB memset), inputs random bf16 from a printed seed.
 //
-// Usage: mok_quantize_bench OUT.jsonl [COMMIT]. One JSON object a case, K and kernel: median_ms,
-// the bytes it reads and writes, GB/s, and that rate over the copy's.
+// Usage: mok_quantize_bench OUT.jsonl [COMMIT] [CASE,CASE,...] (default every case). One JSON
+// object a case, K and kernel: median_ms, the bytes it reads and writes, GB/s, and that rate over
+// the copy's. Under ncu, the first two launches of a case and K are the two token-axis kernels
+// (row_loads false, then true) at K = H.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -86,7 +88,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
   std::printf("%-14s %-6s %6s %-18s %10s %9s %9s\n", "case", "form", "K", "kernel", "median_ms",
               "GB/s", "of copy");
+  const std::string only = argc > 3 ? std::string(",") + argv[3] + "," : std::string();
   for (const Case& c : kCases) {
+    if (!only.empty() && only.find(std::string(",") + c.name + ",") == std::string::npos) continue;
     // The routed rows, uniform: each expert's count, its group padded to 128 rows.
     const std::int64_t routed = c.tokens * c.topk;
     std::vector<std::int32_t> counts(c.experts), starts(c.experts + 1, 0);
