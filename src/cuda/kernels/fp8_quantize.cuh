@@ -269,17 +269,17 @@ __device__ __forceinline__ std::uint32_t pick4(const std::uint32_t (&a)[4], int 
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
-// quantize_token_tile's tile, arguments and bits, from bf16 rows only, with whole rows read:
-// thread t loads 16 bytes (8 columns) of rows t / 8 + 32 j, so a warp's load is four 128-byte
-// rows (quantize_token_tile's warps load 32-byte pieces of 32 rows: eight times the cache lines
-// an instruction touches, NOTES "2026-12-05, 70fd521"). The rows are staged as bf16 (16 KiB,
-// 16-byte chunk c of row r at chunk c ^ (r % 8), so that each 8-row read below is conflict-free),
-// and warp w reads columns 8w .. 8w + 7 of all 128 rows back transposed (ldmatrix .trans, 4 x .x4):
-// lane l then holds column 8w + l / 4, rows 8m + 2 (l % 4) and + 1 for m < 16. The column's amax is
-// taken across its four lanes (two shuffles); the four lanes' e4m3 pairs are exchanged (three
-// shuffles for two groups of 32 rows) so that each lane stores 8 contiguous bytes, rows 32q + 8 (l
-// % 4)
-// .. + 7 (q < 4): a warp's store is 32 bytes of each of 8 columns, as quantize_token_tile's.
+// quantize_token_tile's tile, arguments and bits, from bf16 rows only, with whole rows read.
+// Thread t loads 16 bytes (8 columns) of rows t / 8 + 32 j, so a warp's load is four 128-byte
+// rows (quantize_token_tile's warps load 32-byte pieces of 32 rows: eight times the cache lines an
+// instruction touches; NOTES, "2026-12-05, 70fd521"). The rows are staged as bf16 (16 KiB; the
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so that each 8-row read below is free of bank
+// conflicts). Warp w reads columns 8w .. 8w + 7 of all 128 rows back transposed (four ldmatrix
+// .x4 .trans): lane l then holds column 8w + l / 4, rows 8m + 2 (l % 4) and 8m + 2 (l % 4) + 1
+// for m < 16. The column's amax is taken across its four lanes (quad_amax); the four lanes'
+// e4m3 pairs are exchanged (three shuffles for two groups of 32 rows), so that lane l stores the 8
+// contiguous bytes of rows 32q + 8 (l % 4) .. + 7 for q < 4: a warp's store is 32 bytes of each
+// of 8 columns, as quantize_token_tile's.
 __device__ inline void quantize_token_tile_rows(const std::uint16_t* x, std::int64_t ld_x,
                                                 std::int64_t valid_rows, bool vectors,
                                                 std::int64_t k0, std::int64_t K, std::uint8_t* data,
@@ -329,7 +329,7 @@ __device__ inline void quantize_token_tile_rows(const std::uint16_t* x, std::int
   std::uint8_t* column = data + k * ld;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    // x[i]: this lane's e4m3 pairs of chunks 8h + i (low half) and 8h + 4 + i (high half).
+    // x4[i]: this lane's e4m3 pairs of chunks 8h + i (low half) and 8h + 4 + i (high half).
     std::uint32_t x4[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
