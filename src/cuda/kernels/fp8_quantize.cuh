@@ -24,6 +24,7 @@
 #include <string>
 
 #include "core/fp8.hpp"
+#include "cuda/kernels/transfer.cuh"
 #include "cuda/ptx/e4m3.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "mok/error.hpp"
@@ -250,20 +251,6 @@ __device__ inline uint4 load_chunk8(const std::uint16_t* row, std::int64_t col, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// bf16(weight * v) of each of a chunk's eight bf16 (quantize_token_tile's weighted rows).
-__device__ inline uint4 weight_chunk8(const uint4& v, float weight) {
-  const std::uint32_t in[4] = {v.x, v.y, v.z, v.w};
-  std::uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float lo = __fmul_rn(weight, bf16_bits_to_float(in[i] & 0xffffu));
-    const float hi = __fmul_rn(weight, bf16_bits_to_float(in[i] >> 16));
-    out[i] = static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-             (static_cast<std::uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // a[i] for a runtime i in [0, 4) of a register array (selects: no local-memory indexing).
 __device__ __forceinline__ std::uint32_t pick4(const std::uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
@@ -301,7 +288,8 @@ __device__ inline void quantize_token_tile_rows(const std::uint16_t* x, std::int
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = threadIdx.x / 8 + 32 * j;
-      if (row_weights != nullptr && r < valid_rows) v[j] = weight_chunk8(v[j], row_weights[r]);
+      if (row_weights != nullptr && r < valid_rows)
+        v[j] = transfer::scale_vector(v[j], row_weights[r]);
       tile[r][chunk ^ (r % 8)] = v[j];
     }
   }
