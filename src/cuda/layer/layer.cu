@@ -459,6 +459,7 @@ struct WgradStreams {
   cudaStream_t side[plan::kWgradStreams] = {};
   cudaEvent_t forked = nullptr;
   cudaEvent_t done[plan::kWgradStreams] = {};
+  cudaEvent_t handed = nullptr;  // hand_over's
   unsigned* tickets = nullptr;  // [kWgradStreams, 2]
 
   // The side streams wait for what `s` has queued so far.
@@ -467,6 +468,12 @@ struct WgradStreams {
     for (cudaStream_t side_stream : side) {
       check(cudaStreamWaitEvent(side_stream, forked, 0), "cudaStreamWaitEvent (fork)");
     }
+  }
+  // Side stream `to` waits for what side stream `from` has queued so far (one operand two
+  // weight gradients read: the FP8 layer's t(x)).
+  void hand_over(int from, int to) const {
+    check(cudaEventRecord(handed, side[from]), "cudaEventRecord (weight gradients hand-over)");
+    check(cudaStreamWaitEvent(side[to], handed, 0), "cudaStreamWaitEvent (hand-over)");
   }
   // `s` waits for what the side streams have queued so far.
   void join(cudaStream_t s) const {
@@ -507,9 +514,12 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // expert_backward in FP8 (routed experts; b.scaled_hidden null): the same GEMMs on the same
 // streams in the same order. q(d_out) comes from the pull (rows_a); every other e4m3 operand is
 // quantized from the bf16 rows on the stream that reads it, after what wrote them: on the
-// caller's stream after the down dgrad, q(dg) and q(du) (dx reads them there) and t(x) (both
-// side streams 1 and 2 read it); after the fork, t(h) and t(dy) on side stream 0, t(dg) on 1,
-// t(du) on 2, each before its weight gradient, so dx starts as soon as its operands are there.
+// caller's stream after the down dgrad, q(dg) and q(du) (dx reads them there); after the fork,
+// t(h) and t(dy) on side stream 0, t(x) and t(dg) on 1, t(du) on 2, each before its weight
+// gradient, so dx starts as soon as its operands are there. t(x), which both side streams 1 and
+// 2 read, is the widest pass (H columns): side stream 2 quantizes t(du) first and then waits for
+// side stream 1's t(x) (hand_over), so that t(x) is off the caller's stream, where dx waited for
+// it.
 // t(dy) scales the d_out rows by their router weights as it reads them (dy = bf16(w d_out), the
 // reference's, never written in bf16: `between` only pushes d_w here). Scratch: rows_a holds
 // q(d_out), then q(dg) (the down dgrad has read it by then: one stream); the join before the next
@@ -544,10 +554,14 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
     dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
     du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
   }
-  const gemm::Fp8TokenAxis t_x = quantize_token_axis(e, b.x, H, f.t_x, f.t_x_scales);
   w.fork(e.stream);
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
+  if (!e.kernels.quantizing_epilogue) {
+    t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
+  }
+  const gemm::Fp8TokenAxis t_x = quantize_token_axis(on[1], b.x, H, f.t_x, f.t_x_scales);
+  w.hand_over(1, 2);  // t(x) alone: recorded before side stream 1 queues anything else
   const gemm::Fp8TokenAxis t_h = quantize_token_axis(on[0], b.hidden, I, f.t_h, f.t_h_scales);
   between(w.side[0]);  // d_w pushed home
   const gemm::Fp8TokenAxis t_dy =
@@ -557,9 +571,6 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
     t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
   }
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
-  if (!e.kernels.quantizing_epilogue) {
-    t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
-  }
   weight_grad_fp8(on[2], t_du, I, t_x, H, b.d_up, w.tickets + 4);
   gate_up_dgrad_fp8(e, dg, du, b.dx_to);
 }
@@ -636,6 +647,7 @@ struct Layer::Impl {
       if (e != nullptr) cudaEventDestroy(e);
     }
     if (wgrad.forked != nullptr) cudaEventDestroy(wgrad.forked);
+    if (wgrad.handed != nullptr) cudaEventDestroy(wgrad.handed);
     if (call_done != nullptr) cudaEventDestroy(call_done);
     cudaFree(layer);
     cudaFree(fp8_region);
@@ -1011,6 +1023,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
     check(cudaEventCreateWithFlags(&m.wgrad.done[i], cudaEventDisableTiming), "cudaEventCreate");
   }
   check(cudaEventCreateWithFlags(&m.wgrad.forked, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&m.wgrad.handed, cudaEventDisableTiming), "cudaEventCreate");
   check(cudaEventCreateWithFlags(&m.call_done, cudaEventDisableTiming), "cudaEventCreate");
   // Each array: W pointers at its place in the peers buffer.
   auto peers = [&](plan::Peers which) {
