@@ -6,9 +6,7 @@
 // Two consumer warpgroups (and an idle Producer warpgroup, as in the engine) run the mainloop's
 // own K-block code (mainloop.cuh: mma_k_block, mma_k_block_fp8, read_block_scales, promote_fp8)
 // over the ring's stages in turn, filled once with finite e4m3 or bf16 bytes and scales of 1, with
-// no mbarrier between K blocks (the e4m3 loops keep the warpgroup's named barrier of each stage's
-// release, release_stage_fp8; before 1bac74c they had a __syncwarp there, which compiles to
-// nothing). One CTA an SM, long enough (tens of ms a launch, launches back to
+// no barrier between K blocks. One CTA an SM, long enough (tens of ms a launch, launches back to
 // back) that the clock settles at the power limit, as under a real GEMM. Modes:
 //   bf16              the bf16 forms' loop (m64n256k16, one group in flight)
 //   e4m3-pipe         e4m3 m64n128k32, one group in flight and no promotion: the tensor pipe's rate
@@ -133,8 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      // the stage release's warpgroup barrier (release_stage_fp8), without its arrival
-      ptx::named_barrier_sync(gemm::kWarpgroupBarrierId + consumer_wg, 128);
+      __syncwarp();
       gemm::promote_fp8<F>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -150,8 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto finish = [&](auto j) {
       constexpr int J = decltype(j)::value;
       ptx::fence_registers(partial[J]);
-      // the stage release's warpgroup barrier (release_stage_fp8), without its arrival
-      ptx::named_barrier_sync(gemm::kWarpgroupBarrierId + consumer_wg, 128);
+      __syncwarp();
       gemm::promote_fp8<F>(acc, partial[J], scales[J]);
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
@@ -169,8 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      // the stage release's warpgroup barrier (release_stage_fp8), without its arrival
-      ptx::named_barrier_sync(gemm::kWarpgroupBarrierId + consumer_wg, 128);
+      __syncwarp();
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -183,8 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           gemm::read_token_block_scales<F>(ring, s, consumer_wg, warp, lane);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      // the stage release's warpgroup barrier (release_stage_fp8), without its arrival
-      ptx::named_barrier_sync(gemm::kWarpgroupBarrierId + consumer_wg, 128);
+      __syncwarp();
       gemm::promote_tokens<F>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -201,8 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::fence_registers(partial[J]);
       const gemm::TokenBlockScales<F> scales =
           gemm::read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
-      // the stage release's warpgroup barrier (release_stage_fp8), without its arrival
-      ptx::named_barrier_sync(gemm::kWarpgroupBarrierId + consumer_wg, 128);
+      __syncwarp();
       gemm::promote_tokens<F>(acc, partial[J], scales);
     };
     gemm::overlapped_k_loop(blocks, issue, finish);

@@ -8,12 +8,11 @@
 // the forms load B as two boxes of half the rows, and the e4m3 forms also 1 KiB of scales a stage,
 // which this bench leaves out: its e4m3 bytes a FLOP are 1.6% under theirs) into a ring of
 // `stages` stages (the tile bytes only, so 7 stages of 32 KB fit where the e4m3 forms hold 6 of
-// 33); eight consumer warps wait for each stage and release it at once, one arrival a warp, as
-// the bf16 forms' consumers do after their wgmma (the e4m3 forms' arrive once a warpgroup, after
-// its named barrier: no difference to a delivery rate). Persistent CTAs, one per SM, over a
-// dense problem in the M-grouped forms' tile order (panels of kPanelM M tiles; within a panel N
-// tile outer, M tile inner; CTA c runs tiles c, c + grid, ...). Every wait is bounded; a wait
-// that gives up fails the run.
+// 33); eight consumer warps wait for each stage and
+// release it at once, one arrival a warp, as the forms' consumers do after their wgmma. Persistent
+// CTAs, one per SM, over a dense problem in the M-grouped forms' tile order (panels of kPanelM M
+// tiles; within a panel N tile outer, M tile inner; CTA c runs tiles c, c + grid, ...). Every wait
+// is bounded; a wait that gives up fails the run.
 //
 // Configurations: the bf16 forms' K block (128 x 256 tile, K 64: 48 KB), the e4m3 forms' (128 x
 // 128, K 128: 32 KB) and the larger e4m3 tiles that would need fewer bytes a FLOP (128 x 192,

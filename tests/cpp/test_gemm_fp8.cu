@@ -1351,8 +1351,8 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
 // Waits that give up in the e4m3 forms. With a 1 ns timeout a wait gives up at its first poll
 // that finds its barrier incomplete, so CTAs end through the abort paths: the Producer stops and
 // drains, the Consumers run their remaining K blocks without waiting, still releasing each stage
-// through their warpgroup's named barrier (release_stage_fp8), which must see all 128 threads of
-// the warpgroup every time. Each launch must end (no hang, no trap), its report name a barrier
+// (release_stage_fp8), and every barrier among consumer threads (the epilogues' named barriers)
+// must still see all of them. Each launch must end (no hang, no trap), its report name a barrier
 // when a wait gave up, and the next launch with the default timeout must give the bits of a
 // launch made before it.
 

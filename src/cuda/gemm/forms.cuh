@@ -115,12 +115,10 @@ struct Form {
   static constexpr std::uint32_t kStageBytes = kTileABytes + kTileBBytes + kScaleBytes;
   // Arrivals that complete a stage's full phase: the Producer's (with the stage's bulk bytes);
   // the M-grouped e4m3 forms add the one of the weight scales' copy (mainloop.cuh,
-  // load_k_block), pairs the peer Producer's. Its empty phase, of every CTA of the cluster (a
-  // Producer may write its peer's stage): one arrival per consumer warp (bf16: only wgmma read
-  // the stage), or per consumer warpgroup once all its threads have read the stage's scales
-  // (e4m3; mainloop.cuh, release_stage_fp8).
+  // load_k_block), pairs the peer Producer's. Its empty phase: every consumer warp's of every CTA
+  // of the cluster (a Producer may write its peer's stage).
   static constexpr int kFullArrivals = (kFp8 && !kKGrouped ? 2 : 1) + (kCluster - 1);
-  static constexpr int kEmptyArrivals = (kFp8 ? kReaders / 4 : kReaders) * kCluster;
+  static constexpr int kEmptyArrivals = kReaders * kCluster;
   static constexpr std::uint32_t kStagingBytes = kStagedStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");

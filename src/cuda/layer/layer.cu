@@ -336,7 +336,8 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   over them): the down dgrad alone 0.76-0.91x, the passes it removes not timed beside it: off
 //   until the layer benchmark shows it faster.
 // - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
-//   quantize_token_tile_rows): not yet timed (NOTES, "2026-12-05, 70fd521"): off.
+//   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on PERF.md's cases,
+//   0.88-0.94 of a device copy's rate (NOTES, "2026-12-06, 48dbb95"): on.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).

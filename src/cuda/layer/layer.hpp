@@ -120,8 +120,9 @@ class Layer {
     // (RowsTimesWeightFp8Args::quantized) instead of bf16 dg and du and four passes over them.
     bool quantizing_epilogue = false;
     // The token-axis quantizations (the weight gradients' operands) with whole-row loads and a
-    // transposition in shared memory (QuantizePassTokenAxisParams::row_loads).
-    bool token_axis_row_loads = false;
+    // transposition in shared memory (QuantizePassTokenAxisParams::row_loads), else 32-byte
+    // pieces of 32 rows a warp.
+    bool token_axis_row_loads = true;
   };
   Fp8Kernels fp8_kernels() const;
   // Throws mok::Error naming fp8_kernels.wide when asked for both `wide` and `overlap`.
