@@ -4,8 +4,8 @@
 // one arrival from the Producer + the stage's bulk bytes (the M-grouped e4m3 forms: and one from
 // their weight scales' cp.async; pairs: and one from the peer's Producer). Empty barriers: one
 // arrival per reading consumer warp (F::kReaders; pairs: of both CTAs) once its wgmma have read
-// the stage (e4m3 forms: per consumer thread, which also reads the stage's scales). The tile
-// queue (K-grouped forms):
+// the stage (the e4m3 forms but the overlapped ones: per consumer thread, which also reads the
+// stage's scales; release_stage_fp8). The tile queue (K-grouped forms):
 // the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
 // consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
@@ -604,17 +604,28 @@ __device__ __forceinline__ Fp8BlockScales read_block_scales(const SharedRing<F>&
   return {{scales[row], scales[row + 8]}, *reinterpret_cast<const float2*>(scales + kTileM)};
 }
 
-// Consumer: stage `s` released once its wgmma are done and this thread has read its scales: every
-// consumer thread arrives (pairs: in both CTAs of the cluster, whose Producers may both write it),
-// so that each thread's own arrival releases its own reads of the stage. NOTES (2026-12-06): one
-// arrival a warp after __syncwarp is ordered under PTX's memory model too, but racecheck does not
-// see other lanes' reads ordered by it (nor by a warpgroup named barrier) and reported them against
-// the stage's next bulk copy.
+// Consumer: stage `s` released once its wgmma are done and its scales are read (pairs: in both
+// CTAs of the cluster, whose Producers may both write it). F::kThreadRelease: every consumer
+// thread arrives, so that each thread's arrival releases its own reads of the stage. Otherwise
+// (the overlapped loops) lane 0 arrives for its warp after __syncwarp, which PTX's memory model
+// orders as well. NOTES (2026-12-06, 31e4b5f): racecheck sees only the first (the other lanes'
+// reads behind one arrival it reported against the stage's next bulk copy, even behind a
+// warpgroup named barrier), but in the overlapped weight gradient, which releases a stage right
+// after reading its scales, the arrival by every thread cost 8-12% of the kernel's time (H200),
+// and it made ptxas spill 8-36 bytes in the overlapped M-grouped forms.
 template <class F>
-__device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s,
+__device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s, int lane,
                                                   std::uint32_t peer) {
-  ptx::mbarrier_arrive(ring.empty(s));
-  if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
+  if constexpr (F::kThreadRelease) {
+    ptx::mbarrier_arrive(ring.empty(s));
+    if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
+  } else {
+    __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
+    if (lane == 0) {
+      ptx::mbarrier_arrive(ring.empty(s));
+      if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
+    }
+  }
 }
 
 // The CTA's peer in its cluster (pairs; 0, unused, otherwise).
@@ -671,7 +682,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, peer);
+    release_stage_fp8<F>(ring, state.stage, lane, peer);
     state.advance();
     promote_fp8<F>(acc, partial, scales);
   }
@@ -722,7 +733,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 1);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, 0u);
+    release_stage_fp8<F>(ring, state.stage, lane, 0u);
     state.advance();
     promote_fp8_half<F, 1>(acc, partial, scales);
   }
@@ -801,7 +812,7 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
   const auto finish = [&](auto j) {
     constexpr int J = decltype(j)::value;
     ptx::fence_registers(partial[J]);
-    release_stage_fp8<F>(ring, stage[J], peer);
+    release_stage_fp8<F>(ring, stage[J], lane, peer);
     promote_fp8<F>(acc, partial[J], scales[J]);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
@@ -902,7 +913,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
         read_token_block_scales<F>(ring, state.stage, consumer_wg, warp, lane);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, 0u);
+    release_stage_fp8<F>(ring, state.stage, lane, 0u);
     state.advance();
     promote_tokens<F>(acc, partial, scales);
   }
@@ -940,7 +951,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
     ptx::fence_registers(partial[J]);
     const TokenBlockScales<F> scales =
         read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
-    release_stage_fp8<F>(ring, stage[J], 0u);
+    release_stage_fp8<F>(ring, stage[J], lane, 0u);
     promote_tokens<F>(acc, partial[J], scales);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
