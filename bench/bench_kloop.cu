@@ -6,8 +6,9 @@
 // Two consumer warpgroups (and an idle Producer warpgroup, as in the engine) run the mainloop's
 // own K-block code (mainloop.cuh: mma_k_block, mma_k_block_fp8, read_block_scales, promote_fp8)
 // over the ring's stages in turn, filled once with finite e4m3 or bf16 bytes and scales of 1, with
-// no barrier between K blocks. One CTA an SM, long enough (tens of ms a launch, launches back to
-// back) that the clock settles at the power limit, as under a real GEMM. Modes:
+// no barrier between K blocks (nor the stages' releases, release_stage_fp8's arrivals). One CTA an
+// SM, long enough (tens of ms a launch, launches back to back) that the clock settles at the power
+// limit, as under a real GEMM. Modes:
 //   bf16              the bf16 forms' loop (m64n256k16, one group in flight)
 //   e4m3-pipe         e4m3 m64n128k32, one group in flight and no promotion: the tensor pipe's rate
 //   e4m3-wait         each K block waited for (wait_group 0), no promotion
@@ -131,7 +132,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      __syncwarp();
       gemm::promote_fp8<F>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -147,7 +147,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto finish = [&](auto j) {
       constexpr int J = decltype(j)::value;
       ptx::fence_registers(partial[J]);
-      __syncwarp();
       gemm::promote_fp8<F>(acc, partial[J], scales[J]);
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
@@ -165,7 +164,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      __syncwarp();
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -178,7 +176,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           gemm::read_token_block_scales<F>(ring, s, consumer_wg, warp, lane);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      __syncwarp();
       gemm::promote_tokens<F>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -195,7 +192,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::fence_registers(partial[J]);
       const gemm::TokenBlockScales<F> scales =
           gemm::read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
-      __syncwarp();
       gemm::promote_tokens<F>(acc, partial[J], scales);
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
