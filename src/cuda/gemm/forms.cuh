@@ -116,12 +116,11 @@ struct Form {
   // Arrivals that complete a stage's full phase: the Producer's (with the stage's bulk bytes);
   // the M-grouped e4m3 forms add the one of the weight scales' copy (mainloop.cuh,
   // load_k_block), pairs the peer Producer's. Its empty phase: every consumer warp's of every CTA
-  // of the cluster (a Producer may write its peer's stage); the e4m3 forms' loops but the
-  // overlapped ones, whose consumer threads also read the stage's scales, every consumer
-  // thread's (kThreadRelease: mainloop.cuh, release_stage_fp8).
+  // of the cluster (a Producer may write its peer's stage); the e4m3 forms', whose consumer
+  // threads also read the stage's scales, every consumer thread's (mainloop.cuh,
+  // release_stage_fp8).
   static constexpr int kFullArrivals = (kFp8 && !kKGrouped ? 2 : 1) + (kCluster - 1);
-  static constexpr bool kThreadRelease = kFp8 && !kOverlap;
-  static constexpr int kEmptyArrivals = kReaders * (kThreadRelease ? 32 : 1) * kCluster;
+  static constexpr int kEmptyArrivals = kReaders * (kFp8 ? 32 : 1) * kCluster;
   static constexpr std::uint32_t kStagingBytes = kStagedStore ? kTileM * kTileN * 2 : 0;
   static_assert(kStages * kStageBytes + kStagingBytes <= kRingBytes && kStages <= kMaxStages,
                 "ring overflow");

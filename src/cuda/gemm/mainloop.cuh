@@ -4,8 +4,8 @@
 // one arrival from the Producer + the stage's bulk bytes (the M-grouped e4m3 forms: and one from
 // their weight scales' cp.async; pairs: and one from the peer's Producer). Empty barriers: one
 // arrival per reading consumer warp (F::kReaders; pairs: of both CTAs) once its wgmma have read
-// the stage (the e4m3 forms but the overlapped ones: per consumer thread, which also reads the
-// stage's scales; release_stage_fp8). The tile queue (K-grouped forms):
+// the stage (the e4m3 forms: per consumer thread, which also reads the stage's scales;
+// release_stage_fp8). The tile queue (K-grouped forms):
 // the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
 // consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
@@ -597,35 +597,31 @@ struct Fp8BlockScales {
   float2 weight;
 };
 
+// `rows`: the tile's rows (tile.row_count - tile.m0, at least 1). The Producer copies the scales of
+// the tile's rows only (rounded up to 4), so a row past them reads 0 instead of a slot this stage's
+// copy did not write (its product is never stored). NOTES (2026-12-06): racecheck once reported
+// these reads against a later bulk copy of the same slots.
 template <class F>
 __device__ __forceinline__ Fp8BlockScales read_block_scales(const SharedRing<F>& ring, int s,
-                                                            int row) {
+                                                            int row, int rows) {
   const float* scales = reinterpret_cast<const float*>(ring.scales(s));
-  return {{scales[row], scales[row + 8]}, *reinterpret_cast<const float2*>(scales + kTileM)};
+  return {{row < rows ? scales[row] : 0.0f, row + 8 < rows ? scales[row + 8] : 0.0f},
+          *reinterpret_cast<const float2*>(scales + kTileM)};
 }
 
 // Consumer: stage `s` released once its wgmma are done and its scales are read (pairs: in both
-// CTAs of the cluster, whose Producers may both write it). F::kThreadRelease: every consumer
-// thread arrives, so that each thread's arrival releases its own reads of the stage. Otherwise
-// (the overlapped loops) lane 0 arrives for its warp after __syncwarp, which PTX's memory model
-// orders as well. NOTES (2026-12-06, 31e4b5f): racecheck sees only the first (the other lanes'
-// reads behind one arrival it reported against the stage's next bulk copy, even behind a
-// warpgroup named barrier), but in the overlapped weight gradient, which releases a stage right
-// after reading its scales, the arrival by every thread cost 8-12% of the kernel's time (H200),
-// and it made ptxas spill 8-36 bytes in the overlapped M-grouped forms.
+// CTAs of the cluster, whose Producers may both write it). Every consumer thread arrives, so that
+// each thread's arrival releases its own reads of the stage. NOTES (2026-12-06, 31e4b5f):
+// racecheck orders neither another lane's arrival after __syncwarp nor one after a warpgroup
+// named barrier (it reported the other lanes' reads against the stage's next bulk copy). An
+// arrival waits for its thread's earlier loads: in the overlapped loops, which read a block's
+// scales just before releasing its stage, it comes after the promotion, whose FMAs consumed them
+// (right after the loads it cost the overlapped weight gradient 8-12%, H200).
 template <class F>
-__device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s, int lane,
+__device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s,
                                                   std::uint32_t peer) {
-  if constexpr (F::kThreadRelease) {
-    ptx::mbarrier_arrive(ring.empty(s));
-    if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
-  } else {
-    __syncwarp();  // every lane's reads of the stage's scales before lane 0 releases it
-    if (lane == 0) {
-      ptx::mbarrier_arrive(ring.empty(s));
-      if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
-    }
-  }
+  ptx::mbarrier_arrive(ring.empty(s));
+  if constexpr (F::kCluster > 1) ptx::mbarrier_arrive_cluster(ring.empty(s), peer);
 }
 
 // The CTA's peer in its cluster (pairs; 0, unused, otherwise).
@@ -671,6 +667,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
   const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[F::kAcc];
@@ -679,10 +676,10 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
-    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row, rows);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, lane, peer);
+    release_stage_fp8<F>(ring, state.stage, peer);
     state.advance();
     promote_fp8<F>(acc, partial, scales);
   }
@@ -718,6 +715,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
                                                   const Probe& probe, const Lead& lead = Lead{}) {
   static_assert(F::kWideTile && !F::kKGrouped && F::kCluster == 1, "wide e4m3 tiles");
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[64];
@@ -726,14 +724,14 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 0);
     if (kb == lead_block) lead();
-    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row, rows);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     promote_fp8_half<F, 0>(acc, partial, scales);
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 1);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, lane, 0u);
+    release_stage_fp8<F>(ring, state.stage, 0u);
     state.advance();
     promote_fp8_half<F, 1>(acc, partial, scales);
   }
@@ -791,6 +789,7 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
   const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[2][F::kAcc];  // K block kb's product in partial[kb % 2]
@@ -803,17 +802,17 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial[J], ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
-    scales[J] = read_block_scales<F>(ring, state.stage, row);
+    scales[J] = read_block_scales<F>(ring, state.stage, row, rows);
     stage[J] = state.stage;
     state.advance();
   };
-  // K block kb, in partial[j] and waited for (wgmma_wait_group): its stage released, its product
-  // promoted.
+  // K block kb, in partial[j] and waited for (wgmma_wait_group): its product promoted, then its
+  // stage released (release_stage_fp8).
   const auto finish = [&](auto j) {
     constexpr int J = decltype(j)::value;
     ptx::fence_registers(partial[J]);
-    release_stage_fp8<F>(ring, stage[J], lane, peer);
     promote_fp8<F>(acc, partial[J], scales[J]);
+    release_stage_fp8<F>(ring, stage[J], peer);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
   ptx::fence_registers(acc);
@@ -913,7 +912,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
         read_token_block_scales<F>(ring, state.stage, consumer_wg, warp, lane);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, lane, 0u);
+    release_stage_fp8<F>(ring, state.stage, 0u);
     state.advance();
     promote_tokens<F>(acc, partial, scales);
   }
@@ -951,8 +950,8 @@ __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
     ptx::fence_registers(partial[J]);
     const TokenBlockScales<F> scales =
         read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
-    release_stage_fp8<F>(ring, stage[J], lane, 0u);
     promote_tokens<F>(acc, partial[J], scales);
+    release_stage_fp8<F>(ring, stage[J], 0u);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
   ptx::fence_registers(acc);
