@@ -613,10 +613,7 @@ __device__ __forceinline__ Fp8BlockScales read_block_scales(const SharedRing<F>&
 // CTAs of the cluster, whose Producers may both write it). Every consumer thread arrives, so that
 // each thread's arrival releases its own reads of the stage. NOTES (2026-12-06, 31e4b5f):
 // racecheck orders neither another lane's arrival after __syncwarp nor one after a warpgroup
-// named barrier (it reported the other lanes' reads against the stage's next bulk copy). An
-// arrival waits for its thread's earlier loads: in the overlapped loops, which read a block's
-// scales just before releasing its stage, it comes after the promotion, whose FMAs consumed them
-// (right after the loads it cost the overlapped weight gradient 8-12%, H200).
+// named barrier (it reported the other lanes' reads against the stage's next bulk copy).
 template <class F>
 __device__ __forceinline__ void release_stage_fp8(const SharedRing<F>& ring, int s,
                                                   std::uint32_t peer) {
@@ -807,11 +804,13 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
     state.advance();
   };
   // K block kb, in partial[j] and waited for (wgmma_wait_group): its product promoted, then its
-  // stage released (release_stage_fp8).
+  // stage released (release_stage_fp8). NOTES (2026-12-06): the fence keeps the promotion ahead of
+  // the release in the compiler's order (mma_tile_fp8_tokens_overlap).
   const auto finish = [&](auto j) {
     constexpr int J = decltype(j)::value;
     ptx::fence_registers(partial[J]);
     promote_fp8<F>(acc, partial[J], scales[J]);
+    ptx::fence_registers(acc);
     release_stage_fp8<F>(ring, stage[J], peer);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
@@ -923,8 +922,12 @@ __device__ __forceinline__ void mma_tile_fp8_tokens(float (&acc)[F::kAcc],
 // Consumer, the K-grouped e4m3 form overlapped (the Form's kOverlap): mma_tile_fp8_tokens'
 // arithmetic in its order, with K block kb + 1's wgmma issued before K block kb is promoted (as
 // mma_tile_fp8_overlap). Only block kb's scales are held at a time: they are read from its stage
-// after the next block is issued, and the stage is released once they are read, so the 34 scales
-// a thread fit beside the three accumulator sets.
+// after the next block is issued, so the 34 scales a thread fit beside the three accumulator sets;
+// the stage is released once the block is promoted. NOTES (2026-12-06): with the release by every
+// thread and the promotion below it (31e4b5f's order, or the compiler's without the fence), the
+// block's scales stayed live across the next block's wait and ptxas spilled 104-204 bytes in these
+// kernels (31e4b5f's overlapped weight gradient ran 8-12% slower than d374d84's on an H200); with
+// the fence, none.
 template <class F, class Probe>
 __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
     float (&acc)[F::kAcc], const SharedRing<F>& ring, PipelineState<F::kStages>& state,
@@ -951,6 +954,7 @@ __device__ __forceinline__ void mma_tile_fp8_tokens_overlap(
     const TokenBlockScales<F> scales =
         read_token_block_scales<F>(ring, stage[J], consumer_wg, warp, lane);
     promote_tokens<F>(acc, partial[J], scales);
+    ptx::fence_registers(acc);
     release_stage_fp8<F>(ring, stage[J], 0u);
   };
   overlapped_k_loop(tile.k_blocks, issue, finish);
