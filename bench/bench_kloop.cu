@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kb = 0; kb < blocks; ++kb) {
       const int s = kb % F::kStages;
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg);
-      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row, gemm::kTileM);
+      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
       gemm::promote_fp8<F>(acc, partial, scales);
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto issue = [&](auto j, int kb) {
       constexpr int J = decltype(j)::value;
       gemm::mma_k_block_fp8<F>(partial[J], ring, kb % F::kStages, consumer_wg);
-      scales[J] = gemm::read_block_scales<F>(ring, kb % F::kStages, row, gemm::kTileM);
+      scales[J] = gemm::read_block_scales<F>(ring, kb % F::kStages, row);
     };
     const auto finish = [&](auto j) {
       constexpr int J = decltype(j)::value;
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kb = 0; kb < blocks; ++kb) {
       const int s = kb % F::kStages;
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 0);
-      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row, gemm::kTileM);
+      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
       gemm::promote_fp8_half<F, 0>(acc, partial, scales);

@@ -597,16 +597,11 @@ struct Fp8BlockScales {
   float2 weight;
 };
 
-// `rows`: the tile's rows (tile.row_count - tile.m0, at least 1). The Producer copies the scales of
-// the tile's rows only (rounded up to 4), so a row past them reads 0 instead of a slot this stage's
-// copy did not write (its product is never stored). NOTES (2026-12-06): racecheck once reported
-// these reads against a later bulk copy of the same slots.
 template <class F>
 __device__ __forceinline__ Fp8BlockScales read_block_scales(const SharedRing<F>& ring, int s,
-                                                            int row, int rows) {
+                                                            int row) {
   const float* scales = reinterpret_cast<const float*>(ring.scales(s));
-  return {{row < rows ? scales[row] : 0.0f, row + 8 < rows ? scales[row + 8] : 0.0f},
-          *reinterpret_cast<const float2*>(scales + kTileM)};
+  return {{scales[row], scales[row + 8]}, *reinterpret_cast<const float2*>(scales + kTileM)};
 }
 
 // Consumer: stage `s` released once its wgmma are done and its scales are read (pairs: in both
@@ -664,7 +659,6 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
   const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[F::kAcc];
@@ -673,7 +667,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[F::kAcc], const Shared
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
-    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row, rows);
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     release_stage_fp8<F>(ring, state.stage, peer);
@@ -712,7 +706,6 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
                                                   const Probe& probe, const Lead& lead = Lead{}) {
   static_assert(F::kWideTile && !F::kKGrouped && F::kCluster == 1, "wide e4m3 tiles");
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[64];
@@ -721,7 +714,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 0);
     if (kb == lead_block) lead();
-    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row, rows);
+    const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     promote_fp8_half<F, 0>(acc, partial, scales);
@@ -786,7 +779,6 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
   static_assert(F::kFp8 && !F::kKGrouped, "the M-grouped e4m3 forms");
   const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-  const int rows = tile.row_count - tile.m0;                // the tile's (read_block_scales)
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
   float partial[2][F::kAcc];  // K block kb's product in partial[kb % 2]
@@ -799,7 +791,7 @@ __device__ __forceinline__ void mma_tile_fp8_overlap(
     if (kb == 0) probe.landed();
     mma_k_block_fp8<F>(partial[J], ring, state.stage, consumer_wg);
     if (kb == lead_block) lead();
-    scales[J] = read_block_scales<F>(ring, state.stage, row, rows);
+    scales[J] = read_block_scales<F>(ring, state.stage, row);
     stage[J] = state.stage;
     state.advance();
   };
