@@ -35,6 +35,7 @@
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "gemm_layout.hpp"
+#include "gemm_test_waits.hpp"
 #include "gpu_buffer.hpp"
 #include "mok/error.hpp"
 #include "support/kernel_hooks.hpp"
@@ -52,31 +53,14 @@ using mok::test::HostPass;
 using mok::test::Layout;
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 
-// A launch that gives up on a wait (WaitOptions::timeout_ns) ends normally with its outputs void,
-// so without a report a test would see only wrong bits. Every launch of these tests (but those of
-// the timeout tests, which bring their own) goes through run_form(), which hands it this binary's
-// report; a listener names the test during which a wait gave up, and the binary then fails.
-// MOK_TEST_GEMM_TIMEOUT_S (seconds, default 20 as in production) lengthens the waits for runs
-// under compute-sanitizer, where a launch runs hundreds of times slower and a legitimate wait can
-// pass 20 s.
-mok::gemm::TimeoutReport& test_report() {
-  static mok::gemm::TimeoutReport report;
-  return report;
-}
-
-std::uint64_t test_timeout_ns() {
-  static const std::uint64_t ns = [] {
-    const char* text = std::getenv("MOK_TEST_GEMM_TIMEOUT_S");
-    const long long s = text != nullptr ? std::atoll(text) : 0;
-    return s > 0 ? std::uint64_t(s) * 1000000000ull : mok::gemm::WaitOptions{}.timeout_ns;
-  }();
-  return ns;
-}
+// Every launch of these tests (but those of the timeout tests, which bring their own) goes
+// through run_form(), which gives it the binary's wait bound and report (gemm_test_waits.hpp); a
+// listener names the test during which a wait gave up, and the binary then fails.
+mok::gemm::TimeoutReport& test_report() { return mok::test::gemm_test_report(); }
 
 template <class Args>
 void run_form(void (*form)(const Args&), Args args) {
-  args.waits.timeout_ns = test_timeout_ns();
-  args.waits.report = &test_report();
+  args.waits = mok::test::gemm_test_waits();
   form(args);
 }
 

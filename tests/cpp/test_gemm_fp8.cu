@@ -33,6 +33,7 @@
 #include "core/numerics.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "gemm_layout.hpp"
+#include "gemm_test_waits.hpp"
 #include "gpu_buffer.hpp"
 #include "mok/error.hpp"
 #include "test_seed.hpp"
@@ -44,6 +45,29 @@ using mok::test::host_pass;
 using mok::test::HostPass;
 using mok::test::Layout;
 using mok::test::next_seed;
+
+// The e4m3 launchers with the binary's wait bound and report (gemm_test_waits.hpp), so that a
+// launch that gives up on a wait fails its test instead of leaving void outputs, and waits last
+// MOK_TEST_GEMM_TIMEOUT_S under compute-sanitizer. Every launch here goes through them but those
+// of the tests of waits that give up (GemmFp8Waits), which bring their own. NOTES (2026-12-06):
+// before, these launches kept the default 20 s and no report, and under racecheck a slow launch
+// could give up silently: its Consumers then read stages whose loads were still landing.
+void launch_gate_up_forward_fp8(mok::gemm::GateUpForwardFp8Args args) {
+  args.waits = mok::test::gemm_test_waits();
+  mok::gemm::gate_up_forward_fp8(args);
+}
+void launch_rows_times_weight_t_fp8(mok::gemm::RowsTimesWeightTFp8Args args) {
+  args.waits = mok::test::gemm_test_waits();
+  mok::gemm::rows_times_weight_t_fp8(args);
+}
+void launch_rows_times_weight_fp8(mok::gemm::RowsTimesWeightFp8Args args) {
+  args.waits = mok::test::gemm_test_waits();
+  mok::gemm::rows_times_weight_fp8(args);
+}
+void launch_weight_grad_fp8(mok::gemm::WeightGradFp8Args args) {
+  args.grad.waits = mok::test::gemm_test_waits();
+  mok::gemm::weight_grad_fp8(args);
+}
 
 // The value of an e4m3 byte (OCP FP8: bias 7, no infinities, S.1111.111 is NaN).
 double e4m3_decode(std::uint8_t b) {
@@ -301,7 +325,7 @@ void run_gate_up_fp8(const std::vector<int>& counts, int H, int I,
     args.hidden = hb.get();
     args.gate = gb;
     args.up = ub;
-    mok::gemm::gate_up_forward_fp8(args);
+    launch_gate_up_forward_fp8(args);
   };
   g.poison(), u.poison(), g2.poison(), u2.poison(), g_variant.poison(), u_variant.poison();
   run(h, g.get(), u.get());
@@ -389,7 +413,7 @@ void run_rows_fp8(const std::vector<int>& counts, int N, int K, bool scaled, Var
     args.pairs = o == &out_variant && variant.pairs;
     args.overlap = o == &out_variant && variant.overlap;
     args.wide = o == &out_variant && variant.wide;
-    mok::gemm::rows_times_weight_t_fp8(args);
+    launch_rows_times_weight_t_fp8(args);
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -498,7 +522,7 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
     mok::gemm::RowsTimesWeightFp8Args f = args;
     f.out = o.get();
     f.out_fp32 = true;
-    mok::gemm::rows_times_weight_fp8(f);
+    launch_rows_times_weight_fp8(f);
   };
   fp32_run(acc);
   fp32_run(acc2);
@@ -506,7 +530,7 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
   {
     mok::gemm::RowsTimesWeightFp8Args f = args;
     f.out = out.get();
-    mok::gemm::rows_times_weight_fp8(f);
+    launch_rows_times_weight_fp8(f);
   }
   for (auto* b : {&dg, &du, &wh}) b->poison();
   dot.poison();
@@ -514,7 +538,7 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
     mok::gemm::RowsTimesWeightFp8Args f = args;
     f.swiglu = {g.get(),         u.get(),   dg.get(), du.get(),
                 row_scale.get(), dot.get(), wh.get(), std::nullopt};
-    mok::gemm::rows_times_weight_fp8(f);
+    launch_rows_times_weight_fp8(f);
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -580,14 +604,14 @@ void run_input_grad_fp8(const std::vector<int>& counts, int N, int K, bool dual,
   f.wide = variant.wide;
   f.out = acc_p.get();
   f.out_fp32 = true;
-  mok::gemm::rows_times_weight_fp8(f);
+  launch_rows_times_weight_fp8(f);
   f.out = out_p.get();
   f.out_fp32 = false;
-  mok::gemm::rows_times_weight_fp8(f);
+  launch_rows_times_weight_fp8(f);
   f.out = nullptr;
   f.swiglu = {g.get(),         u.get(),     dg_p.get(), du_p.get(),
               row_scale.get(), dot_p.get(), wh_p.get(), std::nullopt};
-  mok::gemm::rows_times_weight_fp8(f);
+  launch_rows_times_weight_fp8(f);
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(same_bits(acc, acc_p) && same_bits(out, out_p))
@@ -734,7 +758,7 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
   {
     mok::gemm::RowsTimesWeightFp8Args f = args;
     f.swiglu = {g.get(), u.get(), dg.get(), du.get(), row_scale.get(), dot.get(), nullptr, limit};
-    mok::gemm::rows_times_weight_fp8(f);
+    launch_rows_times_weight_fp8(f);
   }
   for (int run = 0; run < 2; ++run) {
     mok::gemm::RowsTimesWeightFp8Args f = args;
@@ -750,7 +774,7 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
     f.quantized.d_up_rows = out[run][1].rows_out(ql);
     f.quantized.d_gate_tokens = out[run][0].tokens_out(ql);
     f.quantized.d_up_tokens = out[run][1].tokens_out(ql);
-    mok::gemm::rows_times_weight_fp8(f);
+    launch_rows_times_weight_fp8(f);
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -899,12 +923,12 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool over
     o->poison();
     args.grad.out = o->get();
     args.grad.out_fp32 = true;
-    mok::gemm::weight_grad_fp8(args);
+    launch_weight_grad_fp8(args);
   }
   out16.poison();
   args.grad.out = out16.get();
   args.grad.out_fp32 = false;
-  mok::gemm::weight_grad_fp8(args);
+  launch_weight_grad_fp8(args);
   const bool variant = overlap || tma_store;
   DeviceBuffer<float> out32_overlap(variant ? cells : 1);
   DeviceBuffer<__nv_bfloat16> out16_overlap(variant ? cells : 1);
@@ -914,10 +938,10 @@ void run_weight_grad_fp8(const std::vector<int>& counts, int M, int N, bool over
     out32_overlap.poison(), out16_overlap.poison();
     args.grad.out = out32_overlap.get();
     args.grad.out_fp32 = true;
-    mok::gemm::weight_grad_fp8(args);
+    launch_weight_grad_fp8(args);
     args.grad.out = out16_overlap.get();
     args.grad.out_fp32 = false;
-    mok::gemm::weight_grad_fp8(args);
+    launch_weight_grad_fp8(args);
   }
   MOK_CUDA_OK(cudaGetLastError());
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -1022,7 +1046,7 @@ void run_weight_grad_pass_plan_fp8(bool overlap, bool tma_store = false) {
     reset(whole);
     mok::gemm::WeightGradFp8Args one = args_at(o, whole.get(), 0);
     one.grad.segments = l.segments();
-    mok::gemm::weight_grad_fp8(one);
+    launch_weight_grad_fp8(one);
     for (int pass_rows : {640, 256, 128}) {
       const int passes = (l.starts.back() + pass_rows - 1) / pass_rows;
       const int slots = std::min(passes - 1, G);
@@ -1038,10 +1062,10 @@ void run_weight_grad_pass_plan_fp8(bool overlap, bool tma_store = false) {
         args.tma_store = tma_store;
         args.grad.segments = {d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.grad.passes = {d_steps.get(), carry.get(), slots};
-        mok::gemm::weight_grad_fp8(args);
+        launch_weight_grad_fp8(args);
         if (pass > 0) {
           args.grad.continue_reduction = true;
-          mok::gemm::weight_grad_fp8(args);
+          launch_weight_grad_fp8(args);
         }
         MOK_CUDA_OK(cudaDeviceSynchronize());  // d_starts and friends die with this iteration
       }
@@ -1215,7 +1239,7 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   args.k = 256;
   auto expect_error = [&](const char* argument) {
     try {
-      mok::gemm::rows_times_weight_t_fp8(args);
+      launch_rows_times_weight_t_fp8(args);
       ADD_FAILURE() << "accepted without the error naming " << argument;
     } catch (const mok::Error& e) {
       EXPECT_EQ(e.argument(), argument) << e.what();
@@ -1251,7 +1275,7 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   expect_error("n");
   args.n = 256;
   args.wide = false;
-  mok::gemm::rows_times_weight_t_fp8(args);  // and the good call still runs
+  launch_rows_times_weight_t_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
   // The other two M-grouped launchers refuse the same (with_mainloop, check_wide_n).
   mok::gemm::GateUpForwardFp8Args up;
@@ -1264,7 +1288,7 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   up.intermediate_size = 256;
   up.wide = up.overlap = true;
   try {
-    mok::gemm::gate_up_forward_fp8(up);
+    launch_gate_up_forward_fp8(up);
     ADD_FAILURE() << "gate/up: wide with overlap accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "wide") << e.what();
@@ -1279,7 +1303,7 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   dgrad.k = 256;
   dgrad.wide = true;
   try {
-    mok::gemm::rows_times_weight_fp8(dgrad);
+    launch_rows_times_weight_fp8(dgrad);
     ADD_FAILURE() << "input gradient: wide with n 128 accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "n") << e.what();
@@ -1313,7 +1337,7 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
   q.d_up_tokens = {tokens.get() + std::size_t(N) * ld, ld, ts.get() + (ld / 128) * N, N};
   auto expect_error = [&](const char* argument) {
     try {
-      mok::gemm::rows_times_weight_fp8(args);
+      launch_rows_times_weight_fp8(args);
       ADD_FAILURE() << "accepted without the error naming " << argument;
     } catch (const mok::Error& e) {
       EXPECT_EQ(e.argument(), argument) << e.what();
@@ -1342,7 +1366,7 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
   q.d_gate_tokens.data = tokens.get() + 8;
   expect_error("quantized.d_gate_tokens.data");
   q.d_gate_tokens.data = tokens.get();
-  mok::gemm::rows_times_weight_fp8(args);  // and the good call still runs
+  launch_rows_times_weight_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
 }
 
