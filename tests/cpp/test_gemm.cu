@@ -56,8 +56,6 @@ constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff (2^-8)
 // Every launch of these tests (but those of the timeout tests, which bring their own) goes
 // through run_form(), which gives it the binary's wait bound and report (gemm_test_waits.hpp); a
 // listener names the test during which a wait gave up, and the binary then fails.
-mok::gemm::TimeoutReport& test_report() { return mok::test::gemm_test_report(); }
-
 template <class Args>
 void run_form(void (*form)(const Args&), Args args) {
   args.waits = mok::test::gemm_test_waits();
@@ -72,7 +70,7 @@ class GiveUpListener : public ::testing::EmptyTestEventListener {
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (!mok::test::hopper_skip_reason().empty()) return;
     (void)cudaDeviceSynchronize();  // a failed test may have left a launch running
-    const std::string text = test_report().take();
+    const std::string text = mok::test::gemm_test_report().take();
     if (text.empty()) return;
     g_gave_up = true;
     std::printf("[ mok ] a GEMM launch of %s.%s gave up (its outputs are void): %s\n",
