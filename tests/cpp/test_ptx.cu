@@ -147,7 +147,9 @@ TEST(PtxMbarrier, ParityOfOneThreadsPhases) {
 // The bounded wait on a phase that never completes (a barrier of count 1, no arrival), by thread
 // 0: mode 0 no abort flag (times out), mode 1 the flag already set (gives up at once), mode 2 the
 // flag set by warp 1 after kAbortAfterNs (gives up then), mode 3 the flag set but the phase
-// complete (completes: the flag is read only when the phase is not). out: [status, ns waited].
+// complete (completes: the flag is read only when the phase is not), mode 4 no flag and warp 1
+// arriving after kAbortAfterNs (a deadline shorter than that times out: the blocking probe must
+// not sleep past it until the phase completes; a longer one completes). out: [status, ns waited].
 constexpr std::uint64_t kAbortAfterNs = 50'000;
 
 __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uint64_t* out) {
@@ -159,16 +161,17 @@ __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uin
     if (mode == 3) ptx::mbarrier_arrive(&bar);
   }
   __syncthreads();
-  if (threadIdx.x == 32 && mode == 2) {
+  if (threadIdx.x == 32 && (mode == 2 || mode == 4)) {
     const std::uint64_t start = ptx::global_timer_ns();
     while (ptx::global_timer_ns() - start < kAbortAfterNs) {
     }
-    atomicExch(&abort_flag, 1);
+    if (mode == 2) atomicExch(&abort_flag, 1);
+    if (mode == 4) ptx::mbarrier_arrive(&bar);
   }
   if (threadIdx.x == 0) {
     const std::uint64_t t0 = ptx::global_timer_ns();
-    const ptx::WaitStatus s =
-        ptx::mbarrier_wait(&bar, 0, timeout_ns, mode == 0 ? nullptr : &abort_flag);
+    const ptx::WaitStatus s = ptx::mbarrier_wait(&bar, 0, timeout_ns,
+                                                 mode == 0 || mode == 4 ? nullptr : &abort_flag);
     out[1] = ptx::global_timer_ns() - t0;
     out[0] = static_cast<std::uint64_t>(s);
   }
@@ -189,6 +192,10 @@ TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
       {1, kLongNs, ptx::WaitStatus::aborted, 0, 1'000'000},
       {2, kLongNs, ptx::WaitStatus::aborted, kAbortAfterNs - 10'000, 100'000'000},
       {3, kLongNs, ptx::WaitStatus::complete, 0, 1'000'000},
+      // NOTES (2026-12-06): before kShortWaitNs, a 1 ns deadline did not end the pairs GEMM's
+      // waits on an H100; 2 us here, below the phase's 50 us and a globaltimer tick or two.
+      {4, 2'000, ptx::WaitStatus::timed_out, 2'000, kAbortAfterNs - 10'000},
+      {4, 500'000, ptx::WaitStatus::complete, kAbortAfterNs - 10'000, 500'000},  // hinted, in time
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("mode " + std::to_string(c.mode));
