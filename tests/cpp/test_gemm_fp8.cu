@@ -1458,11 +1458,15 @@ TEST(GemmFp8Waits, GivingUpEndsAndTheNextLaunchIsRight) {
 }
 
 // The same for pairs (clusters of two CTAs, each Producer writing both CTAs' stages, each stage
-// released in both), three times: a test of its own, so that a hang there is named apart.
+// released in both), three times: a test of its own, so that a hang there is named apart. NOTES
+// (2026-12-06): with 3 K blocks a tile (H 384) each CTA of a pairs launch had at most one tile,
+// its loads landing within a tick of the global timer, and no 1 ns wait gave up (H100); 24 K
+// blocks a tile (H 3072, four times the ring's 6 stages) make the Producers wait for released
+// stages, a K block's MMAs each.
 TEST(GemmFp8Waits, PairsGivingUpEndsAndTheNextLaunchIsRight) {
   MOK_REQUIRE_HOPPER();
   Layout l({0, 1, 130, 77, 0, 300});
-  const int H = 384, I = 256;
+  const int H = 3072, I = 256;
   std::mt19937_64 rng(next_seed());
   GateUpFp8Operands gate_up(l, H, I, rng);
   DeviceBuffer<__nv_bfloat16> want(std::size_t(l.capacity) * I), got(std::size_t(l.capacity) * I);

@@ -147,10 +147,18 @@ TEST(PtxMbarrier, ParityOfOneThreadsPhases) {
 // The bounded wait on a phase that never completes (a barrier of count 1, no arrival), by thread
 // 0: mode 0 no abort flag (times out), mode 1 the flag already set (gives up at once), mode 2 the
 // flag set by warp 1 after kAbortAfterNs (gives up then), mode 3 the flag set but the phase
-// complete (completes: the flag is read only when the phase is not), mode 4 no flag and warp 1
-// arriving after kAbortAfterNs (a deadline shorter than that times out: the blocking probe must
-// not sleep past it until the phase completes; a longer one completes). out: [status, ns waited].
+// complete (completes: the flag is read only when the phase is not), mode 4 no flag, the phase
+// owing 16 bytes of transactions, which warp 1 completes after kAbortAfterNs as a copy landing
+// late would (a deadline shorter than that times out: the wait must not sleep until the bytes
+// land; a longer one completes). out: [status, ns waited].
 constexpr std::uint64_t kAbortAfterNs = 50'000;
+
+__device__ void complete_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(
+                   ptx::smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
 
 __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uint64_t* out) {
   __shared__ std::uint64_t bar;
@@ -159,6 +167,7 @@ __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uin
     ptx::mbarrier_init(&bar, 1);
     abort_flag = mode == 1 || mode == 3 ? 1 : 0;
     if (mode == 3) ptx::mbarrier_arrive(&bar);
+    if (mode == 4) ptx::mbarrier_arrive_expect_tx(&bar, 16);
   }
   __syncthreads();
   if (threadIdx.x == 32 && (mode == 2 || mode == 4)) {
@@ -166,7 +175,7 @@ __global__ void bounded_wait_kernel(int mode, std::uint64_t timeout_ns, std::uin
     while (ptx::global_timer_ns() - start < kAbortAfterNs) {
     }
     if (mode == 2) atomicExch(&abort_flag, 1);
-    if (mode == 4) ptx::mbarrier_arrive(&bar);
+    if (mode == 4) complete_tx(&bar, 16);
   }
   if (threadIdx.x == 0) {
     const std::uint64_t t0 = ptx::global_timer_ns();
@@ -192,10 +201,11 @@ TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
       {1, kLongNs, ptx::WaitStatus::aborted, 0, 1'000'000},
       {2, kLongNs, ptx::WaitStatus::aborted, kAbortAfterNs - 10'000, 100'000'000},
       {3, kLongNs, ptx::WaitStatus::complete, 0, 1'000'000},
-      // NOTES (2026-12-06): before kShortWaitNs, a 1 ns deadline did not end the pairs GEMM's
-      // waits on an H100; 2 us here, below the phase's 50 us and a globaltimer tick or two.
+      // NOTES (2026-12-06): before ptx::kShortWaitNs, a 1 ns deadline did not end the pairs
+      // GEMM's waits on an H100. Short deadlines (non-blocking probes), then a long one.
       {4, 2'000, ptx::WaitStatus::timed_out, 2'000, kAbortAfterNs - 10'000},
-      {4, 500'000, ptx::WaitStatus::complete, kAbortAfterNs - 10'000, 500'000},  // hinted, in time
+      {4, 500'000, ptx::WaitStatus::complete, kAbortAfterNs - 10'000, 500'000},
+      {4, kShortNs, ptx::WaitStatus::complete, kAbortAfterNs - 10'000, kShortNs},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("mode " + std::to_string(c.mode));
@@ -204,6 +214,9 @@ TEST(PtxMbarrier, BoundedWaitTimesOutOrGivesUpOnAbortWithoutTrapping) {
     MOK_CUDA_OK(cudaGetLastError());
     MOK_CUDA_OK(cudaDeviceSynchronize());  // no trap: the context survives every case
     const auto r = out.download();
+    std::printf("[ mok ] mode %d, deadline %llu ns: status %llu after %llu ns\n", c.mode,
+                static_cast<unsigned long long>(c.timeout_ns), static_cast<unsigned long long>(r[0]),
+                static_cast<unsigned long long>(r[1]));
     EXPECT_EQ(r[0], static_cast<std::uint64_t>(c.want));
     EXPECT_GE(r[1], c.min_ns);
     EXPECT_LE(r[1], c.max_ns);

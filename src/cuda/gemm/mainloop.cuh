@@ -161,15 +161,18 @@ static_assert((2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth *
 
 // An engine wait: true once the phase with `parity` of `bar` (a kBarrier* `id`) completed; false
 // when the CTA gives up (this wait passed p.wait_timeout_ns, or the CTA had already aborted), and
-// the caller goes on without the data. `heed_abort` false: only the deadline ends it (the
-// Producer's drain, which must outlast an abort).
+// the caller goes on without the data. `heed_abort` false: only the deadline ends it, and it is
+// at least ptx::kShortWaitNs (the Producer's drain, which must outlast an abort and let the copies
+// in flight land even when the launch's deadline is a test's few nanoseconds).
 template <class F>
 __device__ __forceinline__ bool wait_barrier(const SharedRing<F>& ring, std::uint64_t* bar,
                                              std::uint32_t parity, int id, const GemmParams& p,
                                              bool heed_abort = true) {
   CtaAbort* abort = ring.abort();
+  const unsigned long long timeout_ns =
+      heed_abort || p.wait_timeout_ns >= ptx::kShortWaitNs ? p.wait_timeout_ns : ptx::kShortWaitNs;
   const ptx::WaitStatus s =
-      ptx::mbarrier_wait(bar, parity, p.wait_timeout_ns, heed_abort ? &abort->aborted : nullptr);
+      ptx::mbarrier_wait(bar, parity, timeout_ns, heed_abort ? &abort->aborted : nullptr);
   if (s == ptx::WaitStatus::complete) return true;
   if (s == ptx::WaitStatus::timed_out) abort->give_up(bar, parity, id);
   return false;

@@ -67,28 +67,12 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(std::uint64_t* bar, std
   return done != 0;
 }
 
-// The same probe with `suspend_ns` as the time limit of the suspension instead of the
-// system-dependent one.
-__device__ __forceinline__ bool mbarrier_try_wait_parity(std::uint64_t* bar, std::uint32_t parity,
-                                                         std::uint32_t suspend_ns) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity), "r"(suspend_ns)
-      : "memory");
-  return done != 0;
-}
-
-// A bounded wait shorter than this hands its deadline to each blocking probe as the suspension's
-// limit. NOTES (2026-12-06): the system's own limit is long enough that a probe on a phase that
-// completes within it returns complete, however short the deadline: with a 1 ns deadline, no wait
-// of a pairs GEMM launch gave up on an H100. Longer waits keep the plain probe (the production
-// kernels' wait, unchanged).
+// A bounded wait shorter than this probes without blocking until its deadline, so that it gives
+// up once its phase has stayed incomplete for a tick of the global timer (32 ns on an H100),
+// whatever the hardware does with a blocking probe. NOTES (2026-12-06, H100): how long a blocking
+// probe sleeps is the hardware's choice: with a suspend-time hint it slept 3.9 us whatever the
+// hint (0 to 100 us), and with a 1 ns deadline no wait of a pairs GEMM launch gave up. Waits this
+// long or longer (the production kernels') keep the blocking probe.
 inline constexpr std::uint64_t kShortWaitNs = 1'000'000;
 
 // How a bounded wait ended.
@@ -99,7 +83,8 @@ enum class WaitStatus : int { complete, aborted, timed_out };
 // already complete costs one non-blocking probe; the abort flag and the clock are read only on
 // the slow path, before each blocking probe, and the first probe does not block, so once a CTA
 // has aborted each of its waits on a phase that will not complete returns at once. A wait
-// shorter than kShortWaitNs gives up by its deadline even when the phase completes soon after.
+// shorter than kShortWaitNs gives up by its deadline (within a tick of the global timer, 32 ns
+// on an H100) even when the phase completes soon after.
 // Never traps: the caller decides what giving up means (a trap would kill the CUDA context, and
 // the training job with it).
 __device__ __forceinline__ WaitStatus mbarrier_wait(std::uint64_t* bar, std::uint32_t parity,
@@ -109,10 +94,8 @@ __device__ __forceinline__ WaitStatus mbarrier_wait(std::uint64_t* bar, std::uin
   const std::uint64_t start = global_timer_ns();
   for (;;) {
     if (abort != nullptr && *abort != 0) return WaitStatus::aborted;
-    const bool done = timeout_ns < kShortWaitNs
-                          ? mbarrier_try_wait_parity(bar, parity,
-                                                     static_cast<std::uint32_t>(timeout_ns))
-                          : mbarrier_try_wait_parity(bar, parity);
+    const bool done = timeout_ns < kShortWaitNs ? mbarrier_test_wait_parity(bar, parity)
+                                                : mbarrier_try_wait_parity(bar, parity);
     if (done) return WaitStatus::complete;
     if (global_timer_ns() - start > timeout_ns) return WaitStatus::timed_out;
   }
