@@ -69,7 +69,9 @@ class TimeoutReport {
 
 // How long any wait inside a launch may take before the launch gives up (default 20 s: no
 // legitimate wait comes near it), and where it says so. A launch that gives up ends normally with
-// its outputs void and, with a `report`, leaves its report there.
+// its outputs void and, with a `report`, leaves its report there. A timeout under 1 ms (a test of
+// the give-up path) is kept by polling, to within a tick of the global timer; the Producer's last
+// wait, for its copies in flight, still takes up to 1 ms (ptx::kShortWaitNs).
 struct WaitOptions {
   std::uint64_t timeout_ns = 20ull * 1000 * 1000 * 1000;
   TimeoutReport* report = nullptr;  // null: no report (the outputs are void all the same)
