@@ -1459,10 +1459,10 @@ TEST(GemmFp8Waits, GivingUpEndsAndTheNextLaunchIsRight) {
 
 // The same for pairs (clusters of two CTAs, each Producer writing both CTAs' stages, each stage
 // released in both), three times: a test of its own, so that a hang there is named apart. NOTES
-// (2026-12-06): with 3 K blocks a tile (H 384) each CTA of a pairs launch had at most one tile,
-// its loads landing within a tick of the global timer, and no 1 ns wait gave up (H100); 24 K
+// (2026-12-06, H100): with 3 K blocks a tile (H 384, at most one tile a CTA) and blocking probes,
+// no 1 ns wait of a pairs launch gave up. Short waits now poll (ptx::kShortWaitNs), and 24 K
 // blocks a tile (H 3072, four times the ring's 6 stages) make the Producers wait for released
-// stages, a K block's MMAs each.
+// stages too.
 TEST(GemmFp8Waits, PairsGivingUpEndsAndTheNextLaunchIsRight) {
   MOK_REQUIRE_HOPPER();
   Layout l({0, 1, 130, 77, 0, 300});
