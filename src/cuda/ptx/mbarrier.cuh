@@ -84,9 +84,8 @@ enum class WaitStatus : int { complete, aborted, timed_out };
 // the slow path, before each blocking probe, and the first probe does not block, so once a CTA
 // has aborted each of its waits on a phase that will not complete returns at once. A wait
 // shorter than kShortWaitNs gives up by its deadline (within a tick of the global timer, 32 ns
-// on an H100) even when the phase completes soon after.
-// Never traps: the caller decides what giving up means (a trap would kill the CUDA context, and
-// the training job with it).
+// on an H100) even when the phase completes soon after. Never traps: the caller decides what
+// giving up means (a trap would kill the CUDA context, and the training job with it).
 __device__ __forceinline__ WaitStatus mbarrier_wait(std::uint64_t* bar, std::uint32_t parity,
                                                     std::uint64_t timeout_ns,
                                                     const volatile int* abort) {
