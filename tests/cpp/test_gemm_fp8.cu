@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -1401,7 +1402,17 @@ bool impatient_launch_ends(const std::string& what, Launch&& launch) {
   std::printf("[ mok ] %s with a 1 ns timeout ended after %.3f s: %s\n", what.c_str(), seconds,
               r.empty() ? "no wait gave up" : r.c_str());
   EXPECT_LT(seconds, 10.0) << what << ": took far longer than its timeout";
-  if (!r.empty()) EXPECT_NE(r.find("barrier "), std::string::npos) << what << ": " << r;
+  if (!r.empty()) {
+    EXPECT_NE(r.find("barrier "), std::string::npos) << what << ": " << r;
+    // The barrier's offset in its CTA's shared memory (within an SM's 228 KiB on Hopper),
+    // whatever the CTA's rank in a cluster.
+    const std::size_t at = r.find("shared offset ");
+    EXPECT_NE(at, std::string::npos) << what << ": " << r;
+    if (at != std::string::npos) {
+      const unsigned long offset = std::strtoul(r.c_str() + at + 14, nullptr, 10);
+      EXPECT_LT(offset, 228ul * 1024) << what << ": not an offset in the CTA's shared memory: " << r;
+    }
+  }
   return !r.empty();
 }
 

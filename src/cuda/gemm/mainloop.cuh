@@ -98,7 +98,10 @@ struct CtaAbort {
     if (atomicCAS(&aborted, 0, 1) != 0) return;  // not the first: the report is another wait's
     barrier_id = id;
     parity = wait_parity;
-    smem_address = ptx::smem_addr(bar);
+    // The low 24 bits: the offset in the CTA's own shared memory (under 228 KiB). In a cluster
+    // launch the address carries the CTA's rank above them (rank 1 reported 0x1000000 plus the
+    // offset rank 0 reports, NOTES 2026-12-06, 6b922ca).
+    smem_address = ptx::smem_addr(bar) & 0xFFFFFFu;
     thread = static_cast<int>(threadIdx.x);
   }
 };
