@@ -6,7 +6,8 @@
 // a warm-up round over all items of a case, then `rounds` measured rounds over all items (the
 // items interleaved), each item's round = 5 warm-up runs and `reps` timed runs with CUDA events
 // around each launch, L2 flushed (256 MB memset) before each. Reported: the median over rounds of
-// the rounds' medians, and the smallest and largest round median (the spread).
+// the rounds' medians, the smallest and largest round median (the spread), and the SM clock and
+// board power over the item's rounds (NVML: nvml_clocks.hpp; absent where NVML is).
 // Every form is timed as "mok"; the plain gate/up GEMM (no SwiGLU epilogue) as "mok-unfused".
 // "dgrad-swiglu" is the layer's routed down dgrad: dh = dy W_down with the SwiGLU-backward
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
@@ -51,6 +52,7 @@
 #include <vector>
 
 #include "bench_check.hpp"
+#include "nvml_clocks.hpp"
 #include "core/fp8.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
 
@@ -285,6 +287,9 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  ClockSampler clocks(device);
   std::printf("%-14s %-8s %-15s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
               "median_ms", "tflops", "rel_err", "[round min, max]");
   for (const Case& c : kCases) {
@@ -826,9 +831,12 @@ int main(int argc, char** argv) {
       });
       for (const Item& it : items) time_median_ms(it.fn, flush, flush_bytes, 5);
       std::vector<std::vector<double>> round_ms(items.size());
+      std::vector<std::vector<ClockSampler::Window>> windows(items.size());
       for (int r = 0; r < rounds; ++r) {
         for (std::size_t i = 0; i < items.size(); ++i) {
+          const double t0 = clocks.now();
           round_ms[i].push_back(time_median_ms(items[i].fn, flush, flush_bytes, reps));
+          windows[i].push_back({t0, clocks.now()});
         }
       }
       for (std::size_t i = 0; i < items.size(); ++i) {
@@ -837,15 +845,26 @@ int main(int argc, char** argv) {
         std::sort(v.begin(), v.end());
         const double ms = v[v.size() / 2];
         const double tf = it.flops / (ms * 1e-3) / 1e12;
-        std::printf("%-14s %-8s %-15s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]\n", c.name, routing,
-                    it.pass, it.impl.c_str(), ms, tf, err, v.front(), v.back());
+        // The SM clock and power over the item's timed rounds (flushes included: 256 MB of
+        // memset, about 2-5% of a round's time at these shapes).
+        const std::optional<ClockSampler::Summary> clk = clocks.over(windows[i]);
+        char clk_text[64] = "", clk_json[96] = "";
+        if (clk) {
+          std::snprintf(clk_text, sizeof(clk_text), "  %.0f MHz %.0f W", clk->sm_mhz_median,
+                        clk->power_w_mean);
+          std::snprintf(clk_json, sizeof(clk_json),
+                        ", \"sm_mhz\": %.0f, \"power_w\": %.1f, \"clock_samples\": %d",
+                        clk->sm_mhz_median, clk->power_w_mean, clk->samples);
+        }
+        std::printf("%-14s %-8s %-15s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]%s\n", c.name,
+                    routing, it.pass, it.impl.c_str(), ms, tf, err, v.front(), v.back(), clk_text);
         std::fprintf(
             json,
             "{\"suite\": \"gemm\", \"case\": \"%s\", \"routing\": \"%s\", \"pass\": \"%s\", "
             "\"impl\": \"%s\", \"median_ms\": %.5f, \"tflops\": %.2f, \"rel_err\": %.3e, "
-            "\"rows\": %lld, \"rounds\": %d, \"round_min_ms\": %.5f, \"round_max_ms\": %.5f}\n",
+            "\"rows\": %lld, \"rounds\": %d, \"round_min_ms\": %.5f, \"round_max_ms\": %.5f%s}\n",
             c.name, routing, it.pass, it.impl.c_str(), ms, tf, err, rows, rounds, v.front(),
-            v.back());
+            v.back(), clk_json);
         std::fflush(json);
       }
       for (void* p :

@@ -28,6 +28,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fp8_bars  # noqa: E402
+from gpu_clocks import ClockSampler  # noqa: E402
 
 CASES = [("dsv3-ep8slice", 4096, 7168, 2048, 32, 8), ("dsv3-ep1", 4096, 7168, 2048, 256, 8),
          ("qwen3-30b-a3b", 16384, 2048, 768, 128, 8), ("mixtral-8x7b", 8192, 4096, 14336, 8, 2)]
@@ -253,10 +254,11 @@ def dense_fp8_rows(torch):
             return torch._scaled_mm(a8, b8.t(), scale_a=a_s[:, None], scale_b=b_s[None, :],
                                     out_dtype=torch.bfloat16)
         fn()
-        ms = median_ms(fn)
+        with ClockSampler() as clocks:  # the clock it sustains, against the forms' (bench_gemm.cu)
+            ms = median_ms(fn)
         return [dict(suite="gemm", case="dense-8192", routing="none", **{"pass": "mm"},
                      impl="cublas-fp8-dense", median_ms=round(ms, 5),
-                     tflops=round(2.0 * n ** 3 / ms / 1e9, 2))]
+                     tflops=round(2.0 * n ** 3 / ms / 1e9, 2), clocks=clocks.summary())]
     except Exception as ex:  # noqa: BLE001
         return [dict(suite="gemm", case="dense-8192", routing="none", **{"pass": "mm"},
                      impl="cublas-fp8-dense", error=str(ex)[:300])]
