@@ -8,6 +8,10 @@
 //   const double t0 = clocks.now(); ...timed work...; windows.push_back({t0, clocks.now()});
 //   clocks.over(windows)                  // median SM clock and mean power inside the windows
 //
+// The power is NVML's board reading, which on Hopper is a trailing average over about a second: an
+// item timed for a fraction of a second between others reports partly their power; the clock is
+// the current one.
+//
 // Reads only (clock, power); never changes a setting. NVML is loaded with dlopen, so nothing is
 // linked against it; where it cannot be loaded (no driver library) `over` returns nothing and the
 // benchmark runs as before.
