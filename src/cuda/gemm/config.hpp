@@ -42,12 +42,6 @@ inline constexpr int kThreads = 384;           // Producer, Consumer0, Consumer1
 inline constexpr int kConsumerBarrierId = 1;   // named barrier among the two consumer warpgroups
 inline constexpr int kWarpgroupBarrierId = 2;  // + w: named barrier of consumer warpgroup w
 inline constexpr int kConsumerThreads = 256;
-// + w: consumer warpgroup w's turn to issue wgmma (wide e4m3 tiles: mainloop.cuh, WideTurns).
-inline constexpr int kTurnBarrierId = 6;
-#ifndef MOK_WIDE_TURNS
-#define MOK_WIDE_TURNS 1
-#endif
-inline constexpr bool kWideTurns = MOK_WIDE_TURNS;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
 // NOTES: the registers each thread has at entry (__launch_bounds__(kThreads, 1): 65536 / 384,

@@ -218,9 +218,9 @@ class GemmEngine {
       mma_tile_fp8_overlap<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe);
     } else if constexpr (F::kWideTile && epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
-      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, turns_, probe, lead);
+      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);
     } else if constexpr (F::kWideTile) {
-      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, turns_, probe);
+      mma_tile_fp8_wide<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe);
     } else if constexpr (F::kFp8 && epilogue::ReadsRows<E, F>) {
       const auto lead = [&] { E::template lead<F>(tile, d_.p, wg, warp_, lane_); };
       mma_tile_fp8<F>(acc, ring_, state_, tile, d_.p, wg, warp_, lane_, probe, lead);
@@ -263,7 +263,6 @@ class GemmEngine {
     if constexpr (F::kTmaStore) {
       if (warp_ == 0 && lane_ == 0) ptx::tma_store_wait<0>();
     }
-    if constexpr (F::kWideTile) turns_.finish(consumer());
   }
 
   // One thread, after a CTA barrier that every role reaches once out of its loops: a CTA that gave
@@ -292,7 +291,6 @@ class GemmEngine {
   PipelineState<F::kStages> state_;
   TileQueueState queue_;
   ProducerLoads loads_;
-  WideTurns turns_;  // wide e4m3 tiles: the consumer warpgroups' turns to issue
 };
 
 }  // namespace mok::gemm

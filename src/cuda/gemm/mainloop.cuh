@@ -700,33 +700,6 @@ __device__ __forceinline__ void promote_fp8_half(float (&acc)[F::kAcc], const fl
   }
 }
 
-// Consumer, wide e4m3 tiles: the two consumer warpgroups issue their half blocks of wgmma in turn
-// (warpgroup 0's first, then 1's, then 0's, ...) over the CTA's whole life, so that the tensor
-// pipe, which runs wgmma in the order they were issued, always holds the other warpgroup's half
-// block while one waits for its own and promotes it. NOTES: both warpgroups leave the same full
-// barrier at once; left alone they issue, wait and promote in step, and the pipe idles through
-// every promotion. Named barriers kTurnBarrierId + w (256 threads: w's 128 waiting, the other's
-// 128 arriving); both warpgroups walk the same tiles, so every turn passed is taken. Warpgroup 0's
-// first half block goes unasked, so warpgroup 1 passes one turn more than 0 takes in the loop:
-// warpgroup 0 takes it in finish(), once out of its tiles.
-struct WideTurns {
-  bool issued = false;  // this warpgroup issued a half block
-  __device__ __forceinline__ void take(int wg) {
-    if constexpr (kWideTurns) {
-      if (wg == 1 || issued) ptx::named_barrier_sync(kTurnBarrierId + wg, kConsumerThreads);
-    }
-    issued = true;
-  }
-  __device__ __forceinline__ void pass(int wg) const {
-    if constexpr (kWideTurns) ptx::named_barrier_arrive(kTurnBarrierId + (wg ^ 1), kConsumerThreads);
-  }
-  __device__ __forceinline__ void finish(int wg) const {
-    if constexpr (kWideTurns) {
-      if (wg == 0 && issued) ptx::named_barrier_sync(kTurnBarrierId, kConsumerThreads);
-    }
-  }
-};
-
 // Consumer, wide e4m3 tiles (kWideTile): mma_tile_fp8 over a 128 x 256 tile. Per K block, each half
 // of the B tile in turn: its 4 wgmma k32 steps into `partial`, waited for, promoted into its half
 // of the accumulators; the stage is released once the second half's wgmma are done. One partial
@@ -736,8 +709,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
                                                   PipelineState<F::kStages>& state,
                                                   const TileInfo& tile, const GemmParams& p,
                                                   int consumer_wg, int warp, int lane,
-                                                  WideTurns& turns, const Probe& probe,
-                                                  const Lead& lead = Lead{}) {
+                                                  const Probe& probe, const Lead& lead = Lead{}) {
   static_assert(F::kWideTile && !F::kKGrouped, "wide e4m3 tiles");
   const std::uint32_t peer = pair_peer<F>();
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
@@ -747,17 +719,13 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
   for (int kb = 0; kb < tile.k_blocks; ++kb) {
     (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
     if (kb == 0) probe.landed();
-    turns.take(consumer_wg);
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 0);
-    turns.pass(consumer_wg);
     if (kb == lead_block) lead();
     const Fp8BlockScales scales = read_block_scales<F>(ring, state.stage, row);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     promote_fp8_half<F, 0>(acc, partial, scales);
-    turns.take(consumer_wg);
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 1);
-    turns.pass(consumer_wg);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
     release_stage_fp8<F>(ring, state.stage, peer);

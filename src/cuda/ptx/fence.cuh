@@ -38,11 +38,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
 }
 
-// bar.arrive on a named hardware barrier: counts towards its `num_threads` without waiting.
-__device__ __forceinline__ void named_barrier_arrive(int id, int num_threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(num_threads) : "memory");
-}
-
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
