@@ -26,8 +26,7 @@
 // overlap": both (its wgrad the overlap's); "mok-fp8-staged" and "mok-fp8-overlap-staged": the
 // weight gradient with its bf16 tiles stored through shared memory and TMA (`tma_store`), without
 // and with the overlap; "mok-fp8-wide": gemm1, gemm2, dgrad and dgrad-swiglu on 128 x 256 tiles
-// (`wide`); "mok-fp8-pairs-wide": gemm1 and gemm2 on 128 x 256 tiles in pairs (both);
-// "mok-fp8-quantized": dgrad-swiglu writing dg and du quantized only, in the rows and
+// (`wide`); "mok-fp8-quantized": dgrad-swiglu writing dg and du quantized only, in the rows and
 // token-axis forms the next GEMMs read (`quantized`, what the layer's
 // Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here). Each checked
 // bitwise against mok-fp8 first (the quantized one: its bf16 dg, du and dot, and the rows form of
@@ -528,18 +527,14 @@ int main(int argc, char** argv) {
       // clusters of two CTAs sharing weight tiles (`pairs`), with the overlapped promotion
       // (`overlap`), or both; each checked bitwise against the plain launch over the whole
       // outputs before timing.
-      // mok-fp8-pairs-wide: the forward forms only (the input gradients' launcher takes no pairs
-      // with wide tiles).
       struct Fp8Variant {
         const char* impl;
         bool pairs, overlap, wide;
-        bool input_gradients = true;
       };
       const Fp8Variant fp8_variants[] = {{"mok-fp8-pairs", true, false, false},
                                          {"mok-fp8-overlap", false, true, false},
                                          {"mok-fp8-pairs-overlap", true, true, false},
-                                         {"mok-fp8-wide", false, false, true},
-                                         {"mok-fp8-pairs-wide", true, false, true, false}};
+                                         {"mok-fp8-wide", false, false, true}};
       const auto any_variant_named = [&] {
         for (const Fp8Variant& v : fp8_variants) {
           if (impls.find(std::string(",") + v.impl + ",") != std::string::npos) return true;
@@ -715,7 +710,7 @@ int main(int argc, char** argv) {
         };
         const auto want = backward(dgrad8, dgrad8_swiglu);
         for (size_t v = 0; v < std::size(fp8_variants); ++v) {
-          if (!named(fp8_variants[v].impl) || !fp8_variants[v].input_gradients) continue;
+          if (!named(fp8_variants[v].impl)) continue;
           const auto got = backward(dgrad8v[v], dgrad8v_swiglu[v]);
           if (want.first != got.first ||
               std::memcmp(want.second.data(), got.second.data(), dots * 4) != 0) {
@@ -811,11 +806,9 @@ int main(int argc, char** argv) {
         const auto dg = dgrad8v[v], dgs = dgrad8v_swiglu[v];
         items.push_back({"gemm1", impl, 2 * flops, [=] { mok::gemm::gate_up_forward_fp8(up); }});
         items.push_back({"gemm2", impl, flops, [=] { mok::gemm::rows_times_weight_t_fp8(dn); }});
-        if (fp8_variants[v].input_gradients) {
-          items.push_back({"dgrad", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dg); }});
-          items.push_back(
-              {"dgrad-swiglu", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dgs); }});
-        }
+        items.push_back({"dgrad", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dg); }});
+        items.push_back(
+            {"dgrad-swiglu", impl, flops, [=] { mok::gemm::rows_times_weight_fp8(dgs); }});
         if (fp8_variants[v].overlap) {  // K-grouped: overlap only
           items.push_back({"wgrad", impl, flops, [=] { mok::gemm::weight_grad_fp8(wgrad8o); }});
         }

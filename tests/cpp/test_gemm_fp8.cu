@@ -263,8 +263,7 @@ struct Variant {
   bool wide = false;
   bool any() const { return pairs || overlap || wide; }
   std::string name() const {
-    return wide && pairs      ? "pairs + wide"
-           : wide             ? "wide"
+    return wide               ? "wide"
            : pairs && overlap ? "pairs + overlap"
            : pairs            ? "pairs"
            : overlap          ? "overlap"
@@ -272,7 +271,7 @@ struct Variant {
   }
 };
 constexpr Variant kPairs{true, false}, kOverlap{false, true}, kPairsOverlap{true, true},
-    kWide{false, false, true}, kPairsWide{true, false, true};
+    kWide{false, false, true};
 
 // The e4m3 gate/up operands of a layout (random rows and weights) on the device, and launch
 // arguments reading them that write hidden only.
@@ -1158,27 +1157,6 @@ TEST(GemmFp8Pairs, SameBitsAsUnpaired) {
   run_input_grad_fp8({130, 0, 77}, 256, 128, true, kPairs);  // two products
 }
 
-// Pairs of wide tiles (the forward forms: a pair's two 128 x 256 tiles share their 256-row weight
-// tile, each CTA loading and multicasting one 128-row half): the unpaired launch's bits on odd
-// tile counts, steps across groups and N tiles, one tile, the clamped SwiGLU and the row scale.
-TEST(GemmFp8Pairs, WideSameBitsAsUnpaired) {
-  MOK_REQUIRE_HOPPER();
-  run_gate_up_fp8({0, 1, 130, 77, 0, 300}, 256, 384, std::nullopt, kPairsWide);
-  run_gate_up_fp8({1000, 0, 2, 1}, 128, 256, 0.5f, kPairsWide);
-  run_rows_fp8({0, 1, 130, 77, 0, 300}, 512, 256, false, kPairsWide);
-  run_rows_fp8({1000, 0, 2, 1}, 256, 384, true, kPairsWide);
-  run_rows_fp8({5}, 256, 128, false, kPairsWide);  // one tile: rank 1 only mirrors it
-}
-
-// ... and past the ring's 4 stages (10 K blocks) with more tiles than SMs (300 one-row groups:
-// every step across groups, a CTA's later tiles after its first's epilogue).
-TEST(GemmFp8Wide, PairsPastTheRingAndManyTiles) {
-  MOK_REQUIRE_HOPPER();
-  run_gate_up_fp8({0, 1, 130, 77}, 1280, 384, std::nullopt, kPairsWide);
-  run_rows_fp8(std::vector<int>(300, 1), 256, 1280, true, kPairsWide);
-  run_rows_fp8({700, 900}, 512, 1280, true, kPairsWide);
-}
-
 // The overlapped promotion (K block kb + 1's wgmma issued before K block kb is promoted): the same
 // bits as the plain launch for every count of K blocks its loop treats apart (1; 2 and 3, the
 // tails; 4 and 5, through the two-block steady state), the epilogues' early loads (lead) at each
@@ -1244,8 +1222,8 @@ TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
 }
 
 // Shapes the 128 x 128 blocks cannot cover, missing scales, and what a wide launch cannot do
-// (the overlap with it, pairs with it in the input gradients; an n that leaves a half tile, each
-// half reading its own weight block), on each M-grouped launcher: mok::Error naming the argument.
+// (pairs or the overlap with it; an n that leaves a half tile, each half reading its own weight
+// block), on each M-grouped launcher: mok::Error naming the argument.
 TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   MOK_REQUIRE_HOPPER();
   Layout l({100});
@@ -1288,6 +1266,9 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
   expect_error("w.scale");
   args.w.scale = ws.get();
   args.wide = true;
+  args.pairs = true;
+  expect_error("wide");
+  args.pairs = false;
   args.overlap = true;
   expect_error("wide");
   args.overlap = false;
@@ -1327,14 +1308,6 @@ TEST(GemmFp8Arguments, SizesAndScalesAreChecked) {
     ADD_FAILURE() << "input gradient: wide with n 128 accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "n") << e.what();
-  }
-  dgrad.n = 256;
-  dgrad.pairs = true;  // the input gradients take no pairs with wide tiles (the forward forms do)
-  try {
-    launch_rows_times_weight_fp8(dgrad);
-    ADD_FAILURE() << "input gradient: wide with pairs accepted";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.argument(), "wide") << e.what();
   }
 }
 

@@ -71,8 +71,8 @@ struct Form {
   static_assert(!kPair || (kFp8 && !kKGrouped), "pairs: the M-grouped e4m3 forms");
   static_assert(!kOverlap || kFp8, "overlap: the e4m3 forms");
   static constexpr bool kWideTile = kWide;
-  static_assert(!kWide || (kFp8 && !kKGrouped && !kOverlap),
-                "wide tiles: the M-grouped e4m3 forms, without the overlap");
+  static_assert(!kWide || (kFp8 && !kKGrouped && !kPair && !kOverlap),
+                "wide tiles: the M-grouped e4m3 forms, without pairs or the overlap");
   // NOTES: a separate instantiation, because accumulators defined by ordinary loads before the
   // first wgmma make ptxas serialize the wgmma pipeline (C7515) for the whole kernel.
   static constexpr bool kSeeded = kKind == FormKind::kWeightGradContinued;

@@ -187,10 +187,8 @@ struct GateUpForwardFp8Args {
   // gradient's large cases, where the layer uses it (docs/perf/NOTES.md, 642f5ff).
   bool overlap = false;
   // 128 x 256 tiles instead of 128 x 128 (each K block as two 128-column halves, one partial set):
-  // the same results, bit for bit, with a quarter fewer tile bytes a FLOP. Not with overlap;
-  // with pairs in the forward forms (this one and RowsTimesWeightTFp8Args) only, where a pair's
-  // two tiles then share a 256-row weight tile (a third fewer L2 reads a K block); mok's error
-  // names `wide`. On in the layer (docs/perf/NOTES.md, 58329ee).
+  // the same results, bit for bit, with a quarter fewer tile bytes a FLOP. Not with pairs or
+  // overlap (mok's error names `wide`). Off until measured faster (docs/perf/NOTES.md, 642f5ff).
   bool wide = false;
   cudaStream_t stream = nullptr;
   WaitOptions waits;

@@ -341,20 +341,14 @@ template <bool kPair, bool kOverlap = false, bool kWide = false>
 using Fp8RowsWT = Form<FormKind::kRowsWT, Operand::e4m3, kPair, kOverlap, false, kWide>;
 
 // The M-grouped e4m3 launchers' mainloop options: body(form) with std::type_identity<Form> of the
-// one they pick (pairs and overlap in any combination; `wide` alone, or with pairs where
-// kWidePairs: the forward launchers), made from Form<pairs, overlap, wide>. A wide tile with the
-// overlap, or with pairs where it has none, is refused, naming `wide`.
-template <template <bool, bool, bool> class Form3, bool kWidePairs = false, class Body>
+// one they pick (`wide` alone, or pairs and overlap in any combination), made from Form<pairs,
+// overlap, wide>. A wide tile with pairs or the overlap is refused, naming `wide`.
+template <template <bool, bool, bool> class Form3, class Body>
 void with_mainloop(bool pairs, bool overlap, bool wide, Body&& body) {
   if (wide) {
-    if constexpr (kWidePairs) {
-      check(!overlap, "wide", "without the overlap", "with overlap");
-      with_flag(pairs, [&](auto p) { body(std::type_identity<Form3<p(), false, true>>{}); });
-    } else {
-      check(!pairs && !overlap, "wide", "alone (wide tiles run without pairs and the overlap)",
-            std::string("with") + (pairs ? " pairs" : "") + (overlap ? " overlap" : ""));
-      body(std::type_identity<Form3<false, false, true>>{});
-    }
+    check(!pairs && !overlap, "wide", "alone (wide tiles run without pairs and the overlap)",
+          std::string("with") + (pairs ? " pairs" : "") + (overlap ? " overlap" : ""));
+    body(std::type_identity<Form3<false, false, true>>{});
     return;
   }
   with_flag(pairs, [&](auto p) {
@@ -424,7 +418,7 @@ void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args) {
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
   const Fp8Params fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
                       args.w_up.scale, N / 128, K / F::kBlockK};
-  with_mainloop<Fp8GateUp, true>(args.pairs, args.overlap, args.wide, [&](auto form) {
+  with_mainloop<Fp8GateUp>(args.pairs, args.overlap, args.wide, [&](auto form) {
     using L = typename decltype(form)::type;
     with_flag(args.gate != nullptr, [&](auto pre_activations) {
       with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
@@ -464,7 +458,7 @@ void rows_times_weight_t_fp8_launch(const RowsTimesWeightTFp8Args& args) {
   p.row_scale = args.row_scale;
   const Fp8Params fp8{args.a.scale, nullptr,      args.a.scale_ld,    args.w.scale,
                       args.w.scale, args.n / 128, args.k / F::kBlockK};
-  with_mainloop<Fp8RowsWT, true>(args.pairs, args.overlap, args.wide, [&](auto form) {
+  with_mainloop<Fp8RowsWT>(args.pairs, args.overlap, args.wide, [&](auto form) {
     using L = typename decltype(form)::type;
     with_flag(args.row_scale != nullptr, [&](auto scaled) {
       with_flag(args.scatter.rows != nullptr, [&](auto scattered) {

@@ -710,8 +710,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
                                                   const TileInfo& tile, const GemmParams& p,
                                                   int consumer_wg, int warp, int lane,
                                                   const Probe& probe, const Lead& lead = Lead{}) {
-  static_assert(F::kWideTile && !F::kKGrouped, "wide e4m3 tiles");
-  const std::uint32_t peer = pair_peer<F>();
+  static_assert(F::kWideTile && !F::kKGrouped && F::kCluster == 1, "wide e4m3 tiles");
   const int row = consumer_wg * 64 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int lead_block =
       tile.k_blocks > kEpilogueLeadBlocks ? tile.k_blocks - kEpilogueLeadBlocks : 0;
@@ -728,7 +727,7 @@ __device__ __forceinline__ void mma_tile_fp8_wide(float (&acc)[F::kAcc], const S
     mma_k_block_fp8<F>(partial, ring, state.stage, consumer_wg, 1);
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(partial);
-    release_stage_fp8<F>(ring, state.stage, peer);
+    release_stage_fp8<F>(ring, state.stage, 0u);
     state.advance();
     promote_fp8_half<F, 1>(acc, partial, scales);
   }

@@ -44,14 +44,11 @@ using GateUpPairsOverlap = GateUp<true, true>;
 using DownPairsOverlap = Down<true, true>;
 using GateUpWide = GateUp<false, false, true>;  // 128 x 256 tiles
 using DownWide = Down<false, false, true>;
-using GateUpPairsWide = GateUp<true, false, true>;  // 128 x 256 tiles in clusters of two
-using DownPairsWide = Down<true, false, true>;
 MOK_FP8_FORWARD_KERNELS(GateUpPlain, DownPlain)
 MOK_FP8_FORWARD_KERNELS(GateUpPairs, DownPairs)
 MOK_FP8_FORWARD_KERNELS(GateUpOverlap, DownOverlap)
 MOK_FP8_FORWARD_KERNELS(GateUpPairsOverlap, DownPairsOverlap)
 MOK_FP8_FORWARD_KERNELS(GateUpWide, DownWide)
-MOK_FP8_FORWARD_KERNELS(GateUpPairsWide, DownPairsWide)
 #undef MOK_FP8_FORWARD_KERNELS
 
 }  // namespace mok::gemm
