@@ -188,7 +188,8 @@ struct GateUpForwardFp8Args {
   bool overlap = false;
   // 128 x 256 tiles instead of 128 x 128 (each K block as two 128-column halves, one partial set):
   // the same results, bit for bit, with a quarter fewer tile bytes a FLOP. Not with pairs or
-  // overlap (mok's error names `wide`). Off until measured faster (docs/perf/NOTES.md, 642f5ff).
+  // overlap (mok's error names `wide`). Off by default here; the FP8 layer turns it on where n
+  // fills whole wide tiles (docs/perf/NOTES.md, 58329ee).
   bool wide = false;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
