@@ -18,6 +18,14 @@
 //                     kb + 1's wgmma in flight while block kb is promoted
 //   e4m3-wide         the 128 x 256 loop (mma_tile_fp8_wide without its barriers): two halves
 //                     a K block, each waited for and promoted
+//   e4m3-wide-fill    e4m3-wide while one Producer thread streams bulk copies into the same stages
+//                     (their tiles, not their scales) as fast as they complete, from a 4 MiB
+//                     buffer the L2 holds, up to kStages copies of a stage's 48 KiB in flight:
+//                     the wide loop with the shared-memory writes of its tiles' delivery beside
+//                     its wgmma's reads, which neither ceiling alone has (NOTES, "51c7fa2"). The
+//                     copies' bytes are finite e4m3 like the fill's, so the products stay finite;
+//                     what they are does not matter to the timing. Reported beside the rate: the
+//                     bytes a clock and SM the copies moved.
 //   e4m3-tokens       the weight gradient's loop (mma_tile_fp8_tokens without its barriers):
 //                     the 1D1D promotion, a row scale times a column scale for every accumulator
 //   e4m3-tokens-overlap  the same overlapped (mma_tile_fp8_tokens_overlap)
@@ -58,6 +66,7 @@ enum class Mode {
   e4m3_promote,
   e4m3_overlap,
   e4m3_wide,
+  e4m3_wide_fill,
   e4m3_tokens,
   e4m3_tokens_overlap
 };
@@ -71,11 +80,14 @@ constexpr int kBlocks = 40000;
 struct Clocks {
   long long cycles;
   unsigned long long ns;
+  unsigned long long fill_bytes;  // e4m3-wide-fill: bytes CTA 0's copies delivered
 };
+
+constexpr std::size_t kFillSourceBytes = 4u << 20;
 
 template <class F, Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
-    kloop_kernel(float* sink, Clocks* clocks, int blocks) {
+    kloop_kernel(float* sink, Clocks* clocks, int blocks, const std::uint8_t* fill_source) {
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   std::uint8_t* base = reinterpret_cast<std::uint8_t*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
@@ -94,12 +106,54 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = threadIdx.x; i < int(F::kScaleBytes / 4); i += blockDim.x) scales[i] = 1.0f;
     }
   }
+  // e4m3-wide-fill: one barrier a stage for its copies, and the consumers' end flag, after the
+  // stages (make_run allots the 128 bytes).
+  std::uint64_t* fill_bars = reinterpret_cast<std::uint64_t*>(base + F::kStages * F::kStageBytes);
+  volatile int* consumers_done = reinterpret_cast<volatile int*>(fill_bars + F::kStages);
+  if constexpr (kMode == Mode::e4m3_wide_fill) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < F::kStages; ++s) ptx::mbarrier_init(&fill_bars[s], 1);
+      *consumers_done = 0;
+    }
+  }
   ptx::fence_proxy_async_shared();  // the generic writes above, before wgmma reads them
   __syncthreads();
   // The engine's register budgets (config.hpp): the overlapped and wide loops hold 192
   // accumulators a thread, more than the 168 a thread has at entry.
-  if (threadIdx.x < 128) {  // the idle Producer warpgroup
+  if (threadIdx.x < 128) {  // the idle Producer warpgroup (e4m3-wide-fill: its first thread copies)
     ptx::setmaxnreg_dec<gemm::kProducerRegisters>();
+    if constexpr (kMode == Mode::e4m3_wide_fill) {
+      if (threadIdx.x != 0) return;
+      constexpr std::uint32_t kTileBytes = gemm::kTileABytes + F::kTileBBytes;  // 48 KiB
+      constexpr std::uint32_t kCopy = 16384;
+      static_assert(kTileBytes % kCopy == 0, "whole copies a stage");
+      constexpr std::uint64_t kWaitNs = 1'000'000'000;  // a bench's bound: a copy that never lands
+      std::uint32_t phase = 0;  // of stage s's barrier, for its next wait (bit s)
+      std::size_t offset = blockIdx.x * std::size_t{kCopy} % kFillSourceBytes;
+      unsigned long long copies = 0;
+      for (int s = 0; *consumers_done == 0; s = (s + 1) % F::kStages) {
+        if (copies >= F::kStages) {  // the stage's previous copies landed
+          if (ptx::mbarrier_wait(&fill_bars[s], (phase >> s) & 1u, kWaitNs, nullptr) !=
+              ptx::WaitStatus::complete) {
+            break;
+          }
+          phase ^= 1u << s;
+        }
+        ptx::mbarrier_arrive_expect_tx(&fill_bars[s], kTileBytes);
+        for (std::uint32_t c = 0; c < kTileBytes; c += kCopy) {
+          ptx::bulk_load(ring.a(s) + c, fill_source + offset, kCopy, &fill_bars[s]);
+          offset = (offset + kCopy) % kFillSourceBytes;
+        }
+        ++copies;
+      }
+      // The copies in flight land before the CTA may exit.
+      for (unsigned long long i = copies > F::kStages ? copies - F::kStages : 0; i < copies; ++i) {
+        const int s = static_cast<int>(i % F::kStages);
+        (void)ptx::mbarrier_wait(&fill_bars[s], (phase >> s) & 1u, kWaitNs, nullptr);
+        phase ^= 1u << s;
+      }
+      if (blockIdx.x == 0) clocks->fill_bytes = copies * kTileBytes;
+    }
     return;
   }
   ptx::setmaxnreg_inc<gemm::kConsumerRegisters>();
@@ -151,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
     ptx::fence_registers(acc);
-  } else if constexpr (kMode == Mode::e4m3_wide) {
+  } else if constexpr (kMode == Mode::e4m3_wide || kMode == Mode::e4m3_wide_fill) {
     const int row = consumer_wg * 64 + warp * 16 + lane / 4;
     float partial[64];
     for (int kb = 0; kb < blocks; ++kb) {
@@ -224,6 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_wait_group<0>();
     ptx::fence_registers(acc);
   }
+  if constexpr (kMode == Mode::e4m3_wide_fill) {
+    if (threadIdx.x == 128) *consumers_done = 1;  // the Producer's copies stop
+  }
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < F::kAcc; ++i) sum += acc[i];
@@ -236,14 +293,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 struct Run {
   const char* name;
-  void (*kernel)(float*, Clocks*, int);
+  void (*kernel)(float*, Clocks*, int, const std::uint8_t*);
   std::uint32_t smem;
   double flop_per_block;  // a CTA's
 };
 
 template <class F, Mode kMode>
 Run make_run(const char* name) {
-  const std::uint32_t smem = F::kStages * F::kStageBytes + 1024;
+  // e4m3-wide-fill's barriers and flag after the stages: 128 bytes.
+  const std::uint32_t smem = F::kStages * F::kStageBytes + 1024 + 128;
   CHECK_CUDA(cudaFuncSetAttribute(kloop_kernel<F, kMode>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   return {name, kloop_kernel<F, kMode>, smem, 2.0 * gemm::kTileM * F::kTileN * F::kBlockK};
@@ -263,6 +321,10 @@ int main(int argc, char** argv) {
   Clocks* clocks = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, size_t(sms) * kThreads * sizeof(float)));
   CHECK_CUDA(cudaMalloc(&clocks, sizeof(Clocks)));
+  // e4m3-wide-fill's source: finite e4m3 bytes (exponent never all ones), as the stages' fill.
+  std::uint8_t* fill_source = nullptr;
+  CHECK_CUDA(cudaMalloc(&fill_source, kFillSourceBytes));
+  CHECK_CUDA(cudaMemset(fill_source, 0x35, kFillSourceBytes));
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -273,17 +335,19 @@ int main(int argc, char** argv) {
       make_run<E4m3Form, Mode::e4m3_promote>("e4m3-promote"),
       make_run<E4m3Form, Mode::e4m3_overlap>("e4m3-overlap"),
       make_run<E4m3WideForm, Mode::e4m3_wide>("e4m3-wide"),
+      make_run<E4m3WideForm, Mode::e4m3_wide_fill>("e4m3-wide-fill"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens>("e4m3-tokens"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens_overlap>("e4m3-tokens-overlap"),
   };
   std::printf("%s, %d SMs, %d K blocks a CTA and launch\n", prop.name, sms, kBlocks);
-  std::printf("%-20s %9s %9s %9s\n", "mode", "ms", "TFLOP/s", "SM MHz");
+  std::printf("%-20s %9s %9s %9s %10s\n", "mode", "ms", "TFLOP/s", "SM MHz", "fill B/clk");
   for (const Run& r : runs) {
     std::vector<float> ms;
-    std::vector<double> mhz;
+    std::vector<double> mhz, fill;  // fill: CTA 0's copied bytes over its consumer's cycles
     for (int rep = 0; rep < 18; ++rep) {
+      CHECK_CUDA(cudaMemset(clocks, 0, sizeof(Clocks)));
       CHECK_CUDA(cudaEventRecord(start));
-      r.kernel<<<sms, kThreads, r.smem>>>(sink, clocks, kBlocks);
+      r.kernel<<<sms, kThreads, r.smem>>>(sink, clocks, kBlocks, fill_source);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
@@ -294,20 +358,23 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMemcpy(&c, clocks, sizeof(Clocks), cudaMemcpyDeviceToHost));
       ms.push_back(t);
       mhz.push_back(c.ns > 0 ? 1e3 * double(c.cycles) / double(c.ns) : 0.0);
+      fill.push_back(c.cycles > 0 ? double(c.fill_bytes) / double(c.cycles) : 0.0);
     }
     std::vector<float> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     std::sort(mhz.begin(), mhz.end());
     const double clock = mhz[mhz.size() / 2];
+    std::sort(fill.begin(), fill.end());
+    const double fill_rate = fill[fill.size() / 2];
     const double tflops = r.flop_per_block * kBlocks * sms / (median * 1e-3) / 1e12;
-    std::printf("%-20s %9.3f %9.0f %9.0f\n", r.name, median, tflops, clock);
+    std::printf("%-20s %9.3f %9.0f %9.0f %10.1f\n", r.name, median, tflops, clock, fill_rate);
     std::fprintf(json,
                  "{\"suite\": \"kloop\", \"gpu\": \"%s\", \"commit\": \"%s\", \"mode\": \"%s\", "
                  "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"tflops\": %.1f, "
-                 "\"sm_mhz\": %.0f}\n",
+                 "\"sm_mhz\": %.0f, \"fill_bytes_per_clock_sm\": %.2f}\n",
                  prop.name, commit.c_str(), r.name, median, sorted.front(), sorted.back(), tflops,
-                 clock);
+                 clock, fill_rate);
   }
   std::fclose(json);
   return 0;
