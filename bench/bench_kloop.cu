@@ -26,6 +26,16 @@
 //                     copies' bytes are finite e4m3 like the fill's, so the products stay finite;
 //                     what they are does not matter to the timing. Reported beside the rate: the
 //                     bytes a clock and SM the copies moved.
+//   e4m3-wide-pipeline  the wide loop fed as the engine feeds it: the Producer thread copies K
+//                     block kb's tiles into stage kb % kStages once every consumer thread released
+//                     the stage's previous round (an empty barrier of 256 arrivals, as
+//                     release_stage_fp8), arming a full barrier the consumers wait on (bounded,
+//                     as the engine's waits) before each K block; the same copies as
+//                     e4m3-wide-fill. Between e4m3-wide-fill and the form itself: what the
+//                     stage protocol costs the loop, without the epilogue, the tile scheduling,
+//                     the tensor maps or the scales' copies (NOTES, "51c7fa2": about 280 cycles a
+//                     K block separate the form from the loop beside its delivery). Waits that
+//                     gave up are counted (`timeouts`); any makes the row void.
 //   e4m3-tokens       the weight gradient's loop (mma_tile_fp8_tokens without its barriers):
 //                     the 1D1D promotion, a row scale times a column scale for every accumulator
 //   e4m3-tokens-overlap  the same overlapped (mma_tile_fp8_tokens_overlap)
@@ -67,6 +77,7 @@ enum class Mode {
   e4m3_overlap,
   e4m3_wide,
   e4m3_wide_fill,
+  e4m3_wide_pipeline,
   e4m3_tokens,
   e4m3_tokens_overlap
 };
@@ -80,7 +91,8 @@ constexpr int kBlocks = 40000;
 struct Clocks {
   long long cycles;
   unsigned long long ns;
-  unsigned long long fill_bytes;  // e4m3-wide-fill: bytes CTA 0's copies delivered
+  unsigned long long fill_bytes;  // e4m3-wide-fill and -pipeline: bytes CTA 0's copies delivered
+  unsigned int timeouts;          // e4m3-wide-pipeline: waits that gave up, all CTAs
 };
 
 constexpr std::size_t kFillSourceBytes = 4u << 20;
@@ -107,12 +119,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // e4m3-wide-fill: one barrier a stage for its copies, and the consumers' end flag, after the
-  // stages (make_run allots the 128 bytes).
+  // stages; e4m3-wide-pipeline: those barriers as the stages' full barriers, then their empty
+  // barriers (make_run allots the 128 bytes).
   std::uint64_t* fill_bars = reinterpret_cast<std::uint64_t*>(base + F::kStages * F::kStageBytes);
-  volatile int* consumers_done = reinterpret_cast<volatile int*>(fill_bars + F::kStages);
-  if constexpr (kMode == Mode::e4m3_wide_fill) {
+  std::uint64_t* empty_bars = fill_bars + F::kStages;
+  volatile int* consumers_done = reinterpret_cast<volatile int*>(empty_bars + F::kStages);
+  constexpr int kReleases = 256;  // every consumer thread releases a stage (release_stage_fp8)
+  if constexpr (kMode == Mode::e4m3_wide_fill || kMode == Mode::e4m3_wide_pipeline) {
     if (threadIdx.x == 0) {
-      for (int s = 0; s < F::kStages; ++s) ptx::mbarrier_init(&fill_bars[s], 1);
+      for (int s = 0; s < F::kStages; ++s) {
+        ptx::mbarrier_init(&fill_bars[s], 1);
+        ptx::mbarrier_init(&empty_bars[s], kReleases);
+      }
       *consumers_done = 0;
     }
   }
@@ -153,6 +171,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         phase ^= 1u << s;
       }
       if (blockIdx.x == 0) clocks->fill_bytes = copies * kTileBytes;
+    }
+    if constexpr (kMode == Mode::e4m3_wide_pipeline) {
+      if (threadIdx.x != 0) return;
+      constexpr std::uint32_t kTileBytes = gemm::kTileABytes + F::kTileBBytes;  // 48 KiB
+      constexpr std::uint32_t kCopy = 16384;
+      constexpr std::uint64_t kWaitNs = 1'000'000'000;
+      std::size_t offset = blockIdx.x * std::size_t{kCopy} % kFillSourceBytes;
+      for (int kb = 0; kb < blocks; ++kb) {
+        const int s = kb % F::kStages;
+        const int round = kb / F::kStages;
+        // The stage's previous round released by every consumer thread (round r's releases
+        // complete the empty barrier's phase r - 1).
+        if (round > 0 && ptx::mbarrier_wait(&empty_bars[s], (round - 1) & 1, kWaitNs, nullptr) !=
+                             ptx::WaitStatus::complete) {
+          atomicAdd(&clocks->timeouts, 1u);
+        }
+        ptx::mbarrier_arrive_expect_tx(&fill_bars[s], kTileBytes);
+        for (std::uint32_t c = 0; c < kTileBytes; c += kCopy) {
+          ptx::bulk_load(ring.a(s) + c, fill_source + offset, kCopy, &fill_bars[s]);
+          offset = (offset + kCopy) % kFillSourceBytes;
+        }
+      }
+      // Every copy is waited for by the consumers before they finish, so none is in flight
+      // when the CTA exits.
+      if (blockIdx.x == 0) clocks->fill_bytes = std::uint64_t(blocks) * kTileBytes;
     }
     return;
   }
@@ -221,6 +264,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
+  } else if constexpr (kMode == Mode::e4m3_wide_pipeline) {
+    // mma_tile_fp8_wide's loop with its waits and releases, on the bench's barriers.
+    const int row = consumer_wg * 64 + warp * 16 + lane / 4;
+    float partial[64];
+    unsigned int gave_up = 0;
+    for (int kb = 0; kb < blocks; ++kb) {
+      const int s = kb % F::kStages;
+      gave_up += ptx::mbarrier_wait(&fill_bars[s], (kb / F::kStages) & 1, 1'000'000'000,
+                                    nullptr) != ptx::WaitStatus::complete;
+      gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 0);
+      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_registers(partial);
+      gemm::promote_fp8_half<F, 0>(acc, partial, scales);
+      gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_registers(partial);
+      ptx::mbarrier_arrive(&empty_bars[s]);
+      gemm::promote_fp8_half<F, 1>(acc, partial, scales);
+    }
+    ptx::fence_registers(acc);
+    if (gave_up != 0) atomicAdd(&clocks->timeouts, gave_up);
   } else if constexpr (kMode == Mode::e4m3_tokens) {
     float partial[F::kAcc];
     for (int kb = 0; kb < blocks; ++kb) {
@@ -336,6 +401,7 @@ int main(int argc, char** argv) {
       make_run<E4m3Form, Mode::e4m3_overlap>("e4m3-overlap"),
       make_run<E4m3WideForm, Mode::e4m3_wide>("e4m3-wide"),
       make_run<E4m3WideForm, Mode::e4m3_wide_fill>("e4m3-wide-fill"),
+      make_run<E4m3WideForm, Mode::e4m3_wide_pipeline>("e4m3-wide-pipeline"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens>("e4m3-tokens"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens_overlap>("e4m3-tokens-overlap"),
   };
@@ -344,6 +410,7 @@ int main(int argc, char** argv) {
   for (const Run& r : runs) {
     std::vector<float> ms;
     std::vector<double> mhz, fill;  // fill: CTA 0's copied bytes over its consumer's cycles
+    unsigned int timeouts = 0;      // waits that gave up, over the repetitions
     for (int rep = 0; rep < 18; ++rep) {
       CHECK_CUDA(cudaMemset(clocks, 0, sizeof(Clocks)));
       CHECK_CUDA(cudaEventRecord(start));
@@ -359,6 +426,7 @@ int main(int argc, char** argv) {
       ms.push_back(t);
       mhz.push_back(c.ns > 0 ? 1e3 * double(c.cycles) / double(c.ns) : 0.0);
       fill.push_back(c.cycles > 0 ? double(c.fill_bytes) / double(c.cycles) : 0.0);
+      timeouts += c.timeouts;
     }
     std::vector<float> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
@@ -368,13 +436,14 @@ int main(int argc, char** argv) {
     std::sort(fill.begin(), fill.end());
     const double fill_rate = fill[fill.size() / 2];
     const double tflops = r.flop_per_block * kBlocks * sms / (median * 1e-3) / 1e12;
-    std::printf("%-20s %9.3f %9.0f %9.0f %10.1f\n", r.name, median, tflops, clock, fill_rate);
+    std::printf("%-20s %9.3f %9.0f %9.0f %10.1f%s\n", r.name, median, tflops, clock, fill_rate,
+                timeouts != 0 ? "  VOID: waits gave up" : "");
     std::fprintf(json,
                  "{\"suite\": \"kloop\", \"gpu\": \"%s\", \"commit\": \"%s\", \"mode\": \"%s\", "
                  "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"tflops\": %.1f, "
-                 "\"sm_mhz\": %.0f, \"fill_bytes_per_clock_sm\": %.2f}\n",
+                 "\"sm_mhz\": %.0f, \"fill_bytes_per_clock_sm\": %.2f, \"timeouts\": %u}\n",
                  prop.name, commit.c_str(), r.name, median, sorted.front(), sorted.back(), tflops,
-                 clock, fill_rate);
+                 clock, fill_rate, timeouts);
   }
   std::fclose(json);
   return 0;
