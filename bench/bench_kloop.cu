@@ -248,31 +248,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     gemm::overlapped_k_loop(blocks, issue, finish);
     ptx::fence_registers(acc);
-  } else if constexpr (kMode == Mode::e4m3_wide || kMode == Mode::e4m3_wide_fill) {
-    const int row = consumer_wg * 64 + warp * 16 + lane / 4;
-    float partial[64];
-    for (int kb = 0; kb < blocks; ++kb) {
-      const int s = kb % F::kStages;
-      gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 0);
-      const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_registers(partial);
-      gemm::promote_fp8_half<F, 0>(acc, partial, scales);
-      gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_registers(partial);
-      gemm::promote_fp8_half<F, 1>(acc, partial, scales);
-    }
-    ptx::fence_registers(acc);
-  } else if constexpr (kMode == Mode::e4m3_wide_pipeline) {
-    // mma_tile_fp8_wide's loop with its waits and releases, on the bench's barriers.
+  } else if constexpr (kMode == Mode::e4m3_wide || kMode == Mode::e4m3_wide_fill ||
+                       kMode == Mode::e4m3_wide_pipeline) {
+    // mma_tile_fp8_wide's loop; e4m3-wide-pipeline: with its waits and releases, on the bench's
+    // barriers.
+    constexpr bool kPipeline = kMode == Mode::e4m3_wide_pipeline;
     const int row = consumer_wg * 64 + warp * 16 + lane / 4;
     float partial[64];
     unsigned int gave_up = 0;
     for (int kb = 0; kb < blocks; ++kb) {
       const int s = kb % F::kStages;
-      gave_up += ptx::mbarrier_wait(&fill_bars[s], (kb / F::kStages) & 1, 1'000'000'000,
-                                    nullptr) != ptx::WaitStatus::complete;
+      if constexpr (kPipeline) {
+        gave_up += ptx::mbarrier_wait(&fill_bars[s], (kb / F::kStages) & 1, 1'000'000'000,
+                                      nullptr) != ptx::WaitStatus::complete;
+      }
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 0);
       const gemm::Fp8BlockScales scales = gemm::read_block_scales<F>(ring, s, row);
       ptx::wgmma_wait_group<0>();
@@ -281,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      ptx::mbarrier_arrive(&empty_bars[s]);
+      if constexpr (kPipeline) ptx::mbarrier_arrive(&empty_bars[s]);
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
