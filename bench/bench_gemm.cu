@@ -6,8 +6,8 @@
 // a warm-up round over all items of a case, then `rounds` measured rounds over all items (the
 // items interleaved), each item's round = 5 warm-up runs and `reps` timed runs with CUDA events
 // around each launch, L2 flushed (256 MB memset) before each. Reported: the median over rounds of
-// the rounds' medians, the smallest and largest round median (the spread), and the SM clock and
-// board power over the item's rounds (NVML: nvml_clocks.hpp; absent where NVML is).
+// the rounds' medians, the smallest and largest round median (the spread), and the median SM clock
+// over the item's rounds (NVML: nvml_clocks.hpp; absent where NVML is not).
 // Every form is timed as "mok"; the plain gate/up GEMM (no SwiGLU epilogue) as "mok-unfused".
 // "dgrad-swiglu" is the layer's routed down dgrad: dh = dy W_down with the SwiGLU-backward
 // epilogue, the row scale (router weight) and the router-gradient dot partials; "dgrad-swiglu-wh"
@@ -845,16 +845,14 @@ int main(int argc, char** argv) {
         std::sort(v.begin(), v.end());
         const double ms = v[v.size() / 2];
         const double tf = it.flops / (ms * 1e-3) / 1e12;
-        // The SM clock and power over the item's timed rounds (flushes included: 256 MB of
-        // memset, about 2-5% of a round's time at these shapes).
+        // The SM clock over the item's timed rounds (flushes included: 256 MB of memset, about
+        // 2-5% of a round's time at these shapes).
         const std::optional<ClockSampler::Summary> clk = clocks.over(windows[i]);
         char clk_text[64] = "", clk_json[96] = "";
         if (clk) {
-          std::snprintf(clk_text, sizeof(clk_text), "  %.0f MHz %.0f W", clk->sm_mhz_median,
-                        clk->power_w_mean);
-          std::snprintf(clk_json, sizeof(clk_json),
-                        ", \"sm_mhz\": %.0f, \"power_w\": %.1f, \"clock_samples\": %d",
-                        clk->sm_mhz_median, clk->power_w_mean, clk->samples);
+          std::snprintf(clk_text, sizeof(clk_text), "  %.0f MHz", clk->sm_mhz_median);
+          std::snprintf(clk_json, sizeof(clk_json), ", \"sm_mhz\": %.0f, \"clock_samples\": %d",
+                        clk->sm_mhz_median, clk->samples);
         }
         std::printf("%-14s %-8s %-15s %-24s %10.4f %9.1f %9.2e  [%.4f, %.4f]%s\n", c.name,
                     routing, it.pass, it.impl.c_str(), ms, tf, err, v.front(), v.back(), clk_text);

@@ -1,18 +1,16 @@
-// The SM clock and board power while a benchmark's timings run, read from the driver's NVML on a
-// background thread (the C++ twin of bench/gpu_clocks.py). At the power limit a kernel's time is
+// The SM clock while a benchmark's timings run, read from the driver's NVML on a background
+// thread (the C++ twin of bench/gpu_clocks.py, without its power reading: NVML's board power is a
+// trailing average over about a second on Hopper, so an item timed for a fraction of a second
+// between others would report partly their power). At the power limit a kernel's time is
 // its energy, so a form that is slower than another at the same clock is slower per clock (its
 // loop), and one that is slower at a lower clock spends more energy per FLOP (its data movement):
 // the two call for different changes (docs/perf/NOTES.md).
 //
 //   ClockSampler clocks(device);          // starts sampling every 5 ms
 //   const double t0 = clocks.now(); ...timed work...; windows.push_back({t0, clocks.now()});
-//   clocks.over(windows)                  // median SM clock and mean power inside the windows
+//   clocks.over(windows)                  // median SM clock inside the windows
 //
-// The power is NVML's board reading, which on Hopper is a trailing average over about a second: an
-// item timed for a fraction of a second between others reports partly their power; the clock is
-// the current one.
-//
-// Reads only (clock, power); never changes a setting. NVML is loaded with dlopen, so nothing is
+// Reads only; never changes a setting. NVML is loaded with dlopen, so nothing is
 // linked against it; where it cannot be loaded (no driver library) `over` returns nothing and the
 // benchmark runs as before.
 #pragma once
@@ -33,7 +31,6 @@ class ClockSampler {
  public:
   struct Summary {
     double sm_mhz_median = 0;
-    double power_w_mean = 0;
     int samples = 0;
   };
   using Window = std::pair<double, double>;  // [start, end) in seconds of now()
@@ -59,22 +56,18 @@ class ClockSampler {
   // inside (a window shorter than the 5 ms period).
   std::optional<Summary> over(const std::vector<Window>& windows) const {
     std::vector<double> mhz;
-    double watts = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const Sample& s : samples_) {
         const bool inside = std::any_of(windows.begin(), windows.end(), [&](const Window& w) {
           return s.t >= w.first && s.t < w.second;
         });
-        if (!inside) continue;
-        mhz.push_back(s.mhz);
-        watts += s.watts;
+        if (inside) mhz.push_back(s.mhz);
       }
     }
     if (mhz.empty()) return std::nullopt;
     Summary r;
     r.samples = static_cast<int>(mhz.size());
-    r.power_w_mean = watts / r.samples;
     std::nth_element(mhz.begin(), mhz.begin() + mhz.size() / 2, mhz.end());
     r.sm_mhz_median = mhz[mhz.size() / 2];
     return r;
@@ -82,13 +75,12 @@ class ClockSampler {
 
  private:
   struct Sample {
-    double t, mhz, watts;
+    double t, mhz;
   };
   using Device = void*;  // nvmlDevice_t
   using InitFn = int (*)();
   using HandleByBusFn = int (*)(const char*, Device*);
   using ClockFn = int (*)(Device, int, unsigned*);
-  using PowerFn = int (*)(Device, unsigned*);
   static constexpr int kClockSm = 1;  // NVML_CLOCK_SM
 
   bool load(int cuda_device) {
@@ -98,10 +90,7 @@ class ClockSampler {
     const auto by_bus =
         reinterpret_cast<HandleByBusFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
     clock_ = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-    power_ = reinterpret_cast<PowerFn>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
-    if (init == nullptr || by_bus == nullptr || clock_ == nullptr || power_ == nullptr) {
-      return false;
-    }
+    if (init == nullptr || by_bus == nullptr || clock_ == nullptr) return false;
     // The CUDA device's NVML handle by its PCI bus id: CUDA's and NVML's device orders can differ.
     char bus[32] = {};
     if (cudaDeviceGetPCIBusId(bus, sizeof(bus), cuda_device) != cudaSuccess) return false;
@@ -110,10 +99,10 @@ class ClockSampler {
 
   void run() {
     while (!stop_) {
-      unsigned mhz = 0, milliwatts = 0;
-      if (clock_(device_, kClockSm, &mhz) == 0 && power_(device_, &milliwatts) == 0) {
+      unsigned mhz = 0;
+      if (clock_(device_, kClockSm, &mhz) == 0) {
         std::lock_guard<std::mutex> lock(mutex_);
-        samples_.push_back({now(), double(mhz), milliwatts / 1000.0});
+        samples_.push_back({now(), double(mhz)});
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -122,7 +111,6 @@ class ClockSampler {
   const std::chrono::steady_clock::time_point start_;
   Device device_ = nullptr;
   ClockFn clock_ = nullptr;
-  PowerFn power_ = nullptr;
   std::atomic<bool> stop_{false};
   mutable std::mutex mutex_;
   std::vector<Sample> samples_;
