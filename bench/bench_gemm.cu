@@ -46,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -66,6 +67,14 @@ const Case kCases[] = {{"dsv3-ep8slice", 4096, 7168, 2048, 32, 8},
                        {"dsv3-ep1", 4096, 7168, 2048, 256, 8},
                        {"qwen3-30b-a3b", 16384, 2048, 768, 128, 8},
                        {"mixtral-8x7b", 8192, 4096, 14336, 8, 2}};
+// dsv3-ep8slice with H (the gate/up GEMM's K) from 1,792 to 14,336: the same 4,096 tiles of
+// gate/up with 14 to 112 K blocks each. Timed only when named, uniform routing only. Their
+// gate/up cycles against K blocks a tile split a form's time into a cost a K block (the slope)
+// and a cost a tile (the intercept: epilogue, tile switch, the last wave), NOTES "2026-12-06,
+// 6bea76e".
+const Case kSweepCases[] = {{"ksweep-h1792", 4096, 1792, 2048, 32, 8},
+                            {"ksweep-h3584", 4096, 3584, 2048, 32, 8},
+                            {"ksweep-h14336", 4096, 14336, 2048, 32, 8}};
 
 // Rows per expert: uniform splits T*k evenly; skewed gives expert 0 half of them and splits the
 // rest evenly (remainders to the lowest experts). bench_gemm.py uses the same function.
@@ -292,9 +301,13 @@ int main(int argc, char** argv) {
   ClockSampler clocks(device);
   std::printf("%-14s %-8s %-15s %-24s %10s %9s %9s  %s\n", "case", "routing", "pass", "impl",
               "median_ms", "tflops", "rel_err", "[round min, max]");
-  for (const Case& c : kCases) {
-    if (!only.empty() && only.find(std::string(",") + c.name + ",") == std::string::npos) continue;
-    for (int skew = 0; skew < 2; ++skew) {
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.insert(cases.end(), std::begin(kSweepCases), std::end(kSweepCases));
+  for (const Case& c : cases) {
+    const bool named = only.find(std::string(",") + c.name + ",") != std::string::npos;
+    const bool sweep = std::string(c.name).rfind("ksweep-", 0) == 0;
+    if ((!only.empty() || sweep) && !named) continue;
+    for (int skew = 0; skew < (sweep ? 1 : 2); ++skew) {
       const std::vector<int> counts = routing_counts(c, skew != 0);
       const int G = c.e;
       std::vector<int> starts(G + 1, 0);
