@@ -18,7 +18,8 @@ Suites (--suite):
             and the FP8 peer: mok-fp8 (weights quantized once, outside the timing: mok's
             quantization cache holds them, as a training step's calls after its first find them),
             mok-fp8-quant (the same with the once-per-step weight quantization,
-            mok._fp8_layer.requantize, inside every timed call), torchao-fp8 (torchao's FP8 rowwise
+            mok._fp8_layer.requantize, inside every timed call), mok-fp8-bf16-wgrad (precision
+            "fp8-bf16-wgrad": bf16 weight gradients), torchao-fp8 (torchao's FP8 rowwise
             MoE training recipe on torch._scaled_grouped_mm, where torchao imports) or torch-fp8
             (the same recipe written in bench/torch_fp8_moe.py). Every implementation is first
             checked against the f64 layer of the bf16 values, output and every gradient
@@ -100,7 +101,8 @@ SUITES = {
                      timing="solo", out="docs/perf/layer.json", name="layer", f64=False),
     "small": dict(cases=SMALL_CASES, impls="mok,torch", routings="uniform", timing="solo",
                   out="docs/perf/layer_small.json", name="layer", f64=False),
-    "fp8": dict(cases=CASES, impls="mok,mok-fp8,mok-fp8-quant,torch,torchao-fp8",
+    "fp8": dict(cases=CASES,
+                impls="mok,mok-fp8,mok-fp8-quant,mok-fp8-bf16-wgrad,torch,torchao-fp8",
                 routings="uniform,skewed", timing="solo,interleaved",
                 out="docs/perf/layer_fp8.json", name="layer-fp8", f64=True),
 }
@@ -376,11 +378,13 @@ class MokFp8Impl:
     weight tensor, checked against its version): with `quantize_each_call` False once at set-up,
     outside the timing (every call finds them: a training step's calls after its first); with it
     True, mok._fp8_layer.requantize(gate, up, down) at the start of every timed call, the
-    once-per-step quantization a training step pays."""
+    once-per-step quantization a training step pays. `fp8_weight_grads` False: precision
+    "fp8-bf16-wgrad" (bf16 weight gradients from the bf16 rows)."""
     keep_grads = False
 
-    def __init__(self, quantize_each_call):
+    def __init__(self, quantize_each_call, fp8_weight_grads=True):
         self.quantize_each_call = quantize_each_call
+        self.fp8_weight_grads = fp8_weight_grads
         self.pending = None  # (FP8 weights, context) from a forward, for its backward
 
     def setup(self, inp):
@@ -407,7 +411,8 @@ class MokFp8Impl:
         inp = self.inp
         fp8 = self.quantized_weights()
         out, *context = self.call(self.fp8.forward_fp8, inp["x"], inp["ids"], inp["w"],
-                                  *self.weights, *self.shared, *fp8, self.ws.handle, None)
+                                  *self.weights, *self.shared, *fp8, self.ws.handle, None,
+                                  self.fp8_weight_grads)
         # Held for a backward only where one may follow (grad mode: the forward+backward timing
         # and the checks), so that the forward-only timing does not keep stale FP8 copies alive.
         self.pending = (fp8, context) if torch.is_grad_enabled() else None
@@ -418,7 +423,8 @@ class MokFp8Impl:
         fp8, context = self.pending
         self.pending = None
         grads = self.call(self.fp8.backward_fp8, inp["d_out"], inp["x"], inp["ids"], inp["w"],
-                          *self.weights, *self.shared, *fp8, *context, self.ws.handle, None)
+                          *self.weights, *self.shared, *fp8, *context, self.ws.handle, None,
+                          self.fp8_weight_grads)
         self.last_grads = grads if self.keep_grads else None
 
     def grads(self):
@@ -450,10 +456,13 @@ IMPLS = {
     # The FP8 layer (issue 43) and its peers (suite fp8).
     "mok-fp8": (lambda: MokFp8Impl(quantize_each_call=False), "mok-fp8"),
     "mok-fp8-quant": (lambda: MokFp8Impl(quantize_each_call=True), "mok-fp8-quant"),
+    "mok-fp8-bf16-wgrad": (lambda: MokFp8Impl(quantize_each_call=False, fp8_weight_grads=False),
+                           "mok-fp8-bf16-wgrad"),
     "torchao-fp8": (lambda: TorchFp8Impl("torchao"), "torchao-fp8"),
     "torch-fp8": (lambda: TorchFp8Impl("recipe"), "torch-fp8"),
 }
-FP8_IMPLS = ("mok-fp8", "mok-fp8-quant", "torchao-fp8", "torch-fp8")
+FP8_IMPLS = ("mok-fp8", "mok-fp8-quant", "mok-fp8-bf16-wgrad", "torchao-fp8",
+             "torch-fp8")
 FP8_PEERS = ("torchao-fp8", "torch-fp8")
 # MoK's bounds are mok's correctness gate before timing. FP8 peers are timed wherever their
 # distance from the f64 layer is FP8 rounding rather than a wrong layer: within 2.5x MoK's bounds

@@ -142,6 +142,14 @@ struct BackwardOptions {
   // With f32 weight-gradient views: add into them (fp32 main-grad accumulation) instead of
   // overwriting. bf16 gradient views are always overwritten.
   bool accumulate_weight_grads = false;
+  // The FP8 layer's backward (the calls given Fp8Weights): the three routed weight gradients as
+  // e4m3 products of token-axis copies (true, MoK's recipe), or as the bf16 layer computes them,
+  // bf16 products of the bf16 rows the layer holds anyway (dW_down = dy^T h, dW_gate = dg^T x,
+  // dW_up = du^T x: torchao's "gradient of the weight in high precision"). false skips the five
+  // token-axis quantizations and is the closer of the two to the f64 layer; the forward and the
+  // input gradients are FP8 either way. Calls without Fp8Weights compute bf16 weight gradients
+  // whatever it says.
+  bool fp8_weight_grads = true;
 };
 
 // The scratch of a layer's calls: the schedule table, ring buffers, symmetric buffers. Sized from

@@ -43,18 +43,30 @@ from mok._native import lib, views
 FP8_NAMES = tuple(f"{w}_{part}" for w in ("gate", "up", "down")
                   for part in ("fp8", "scales", "fp8_t", "scales_t"))
 _FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
+# The backward's BackwardOptions::fp8_weight_grads (precision 'fp8-bf16-wgrad': False); the
+# forward ops take it too, for their autograd formula to pass on.
+_WGRAD_ARG = "bool fp8_weight_grads=True"
 
-PRECISIONS = ("bf16", "fp8")
+# "fp8-bf16-wgrad": the FP8 layer with its three routed weight gradients computed as the bf16
+# layer's, bf16 products of the bf16 rows (C++: BackwardOptions::fp8_weight_grads false), no
+# token-axis quantization: the forward and the input gradients are FP8 either way.
+PRECISIONS = ("bf16", "fp8", "fp8-bf16-wgrad")
+_PRECISIONS_TEXT = "'bf16', 'fp8' or 'fp8-bf16-wgrad'"
 
 
 def check_precision(precision):
-    """'bf16' or 'fp8' (mok's error naming `precision` otherwise); returns it."""
+    """One of PRECISIONS (mok's error naming `precision` otherwise); returns it."""
     if not isinstance(precision, str):
-        _checks.fail("precision", "'bf16' or 'fp8'", f"{type(precision).__name__} {precision!r}",
+        _checks.fail("precision", _PRECISIONS_TEXT, f"{type(precision).__name__} {precision!r}",
                      TypeError)
     if precision not in PRECISIONS:
-        _checks.fail("precision", "'bf16' or 'fp8'", repr(precision))
+        _checks.fail("precision", _PRECISIONS_TEXT, repr(precision))
     return precision
+
+
+def is_fp8(precision):
+    """Whether a checked precision runs the FP8 layer."""
+    return precision != "bf16"
 
 
 def check_device(name, t):
@@ -170,10 +182,11 @@ def requantize(*weights):
 
 
 def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
-        handle, swiglu_limit, quantize_routed=None, packed=None):
+        handle, swiglu_limit, quantize_routed=None, packed=None, fp8_weight_grads=True):
     """mok.moe's body for precision='fp8' (its arguments checked there). `quantize_routed`:
     a function returning the quantizations of gate, up and down (default: quantized() of each).
-    `packed`: (gate_up, interleaved) when gate and up are its halves (moe_packed)."""
+    `packed`: (gate_up, interleaved) when gate and up are its halves (moe_packed).
+    `fp8_weight_grads` False: precision='fp8-bf16-wgrad'."""
     check_device("x", x)
     for name, w in (("routed_gate_weights", gate), ("routed_up_weights", up),
                     ("routed_down_weights", down)):
@@ -207,14 +220,16 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
     if packed is not None:
         gate_up, interleaved = packed
         out, *_context = call(forward_fp8_packed, x, topk_experts, topk_weights, gate_up, down,
-                              *fp8_weights, handle, interleaved, swiglu_limit)
+                              *fp8_weights, handle, interleaved, swiglu_limit, fp8_weight_grads)
         return out
     out, *_context = call(forward_fp8, x, topk_experts, topk_weights, gate, up, down, shared_gate,
-                          shared_up, shared_down, *fp8_weights, handle, swiglu_limit)
+                          shared_up, shared_down, *fp8_weights, handle, swiglu_limit,
+                          fp8_weight_grads)
     return out
 
 
-def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle, swiglu_limit):
+def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle, swiglu_limit,
+               fp8_weight_grads=True):
     """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
     weights (forward_fp8_packed: their gradient comes back packed), the halves' quantizations
     cached with the packed tensor."""
@@ -222,7 +237,7 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
     return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
                swiglu_limit,
                quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)),
-               packed=(gate_up, interleaved))
+               packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
 
 
 def _check_one_rank(ws, x):
@@ -247,7 +262,7 @@ def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swi
 
 
 def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, context, workspace,
-              swiglu_limit, packed_grads=None):
+              swiglu_limit, fp8_weight_grads, packed_grads=None):
     """backward_fp8's body: (d_x, d_topk_weights, d_gate, d_up, d_down, *shared gradients). The
     packed form (no shared expert) passes `packed_grads(shape)`, called after the checks: the
     routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
@@ -265,7 +280,8 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     ws.core(shape, config, fp8=True).run(
         lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
         *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
-        swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)))
+        swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)),
+        fp8_weight_grads=fp8_weight_grads)
     shared = [g if g is not None else x.new_empty(0) for g in shared]
     return (d_x, d_w, *returned, *shared)
 
@@ -273,12 +289,13 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
 @keep_body(torch.library.custom_op(
     "mok::forward_fp8", mutates_args=(),
     schema=f"(Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
-           f"{_FP8_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> (Tensor, {CONTEXT_OUT})"))
+           f"{_FP8_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}, {_WGRAD_ARG}) -> "
+           f"(Tensor, {CONTEXT_OUT})"))
 def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
                 routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
                 gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                 up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
-                swiglu_limit=None):
+                swiglu_limit=None, fp8_weight_grads=True):
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
@@ -289,14 +306,14 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
 @keep_body(torch.library.custom_op(
     "mok::backward_fp8", mutates_args=(),
     schema=f"(Tensor d_out, Tensor x, Tensor topk_experts, Tensor topk_weights, {LAYER_ARGS}, "
-           f"{_FP8_ARGS}, {CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}) -> "
+           f"{_FP8_ARGS}, {CONTEXT_ARGS}, int workspace, {SWIGLU_LIMIT_ARG}, {_WGRAD_ARG}) -> "
            "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"))
 def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
                  routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
                  gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                  up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, x_routed,
                  gate_routed, up_routed, hidden_routed, gate_shared, up_shared, hidden_shared,
-                 workspace, swiglu_limit=None):
+                 workspace, swiglu_limit=None, fp8_weight_grads=True):
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
@@ -304,7 +321,7 @@ def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, rout
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     return _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, context,
-                     workspace, swiglu_limit)
+                     workspace, swiglu_limit, fp8_weight_grads)
 
 
 # The FP8 layer on packed gate/up weights [E, 2I, H] (mok.moe_packed with precision='fp8'; the
@@ -313,7 +330,7 @@ def backward_fp8(d_out, x, topk_experts, topk_weights, routed_gate_weights, rout
 # written in place by the backward (no copy, no scatter of two half-gradients by autograd). One
 # rank, no shared expert.
 _PACKED_SCHEMA_ARGS = f"Tensor gate_up_weights, Tensor down_weights, {_FP8_ARGS}"
-_PACKED_SCHEMA_FLAGS = f"int workspace, bool interleaved, {SWIGLU_LIMIT_ARG}"
+_PACKED_SCHEMA_FLAGS = f"int workspace, bool interleaved, {SWIGLU_LIMIT_ARG}, {_WGRAD_ARG}"
 
 
 @keep_body(torch.library.custom_op(
@@ -323,7 +340,7 @@ _PACKED_SCHEMA_FLAGS = f"int workspace, bool interleaved, {SWIGLU_LIMIT_ARG}"
 def forward_fp8_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, gate_fp8,
                        gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                        up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
-                       interleaved, swiglu_limit=None):
+                       interleaved, swiglu_limit=None, fp8_weight_grads=True):
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     gate, up = split_gate_up(gate_up_weights, interleaved)
@@ -340,7 +357,8 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
                         gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales,
                         up_fp8_t, up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t,
                         x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
-                        hidden_shared, workspace, interleaved, swiglu_limit=None):
+                        hidden_shared, workspace, interleaved, swiglu_limit=None,
+                        fp8_weight_grads=True):
     """(d_x, d_topk_weights, d_gate_up [E, 2I, H] packed as gate_up_weights, d_down)."""
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
@@ -356,7 +374,8 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
 
     d_x, d_w, d_gate_up, d_down, *_shared = _backward(
         d_out, x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
-        fp8_weights, context, workspace, swiglu_limit, packed_grads=packed_grads)
+        fp8_weights, context, workspace, swiglu_limit, fp8_weight_grads,
+        packed_grads=packed_grads)
     return d_x, d_w, d_gate_up, d_down
 
 
@@ -364,7 +383,7 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
 def _forward_fp8_fake(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up,
                       shared_down, gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8,
                       up_scales, up_fp8_t, up_scales_t, down_fp8, down_scales, down_fp8_t,
-                      down_scales_t, workspace, swiglu_limit=None):
+                      down_scales_t, workspace, swiglu_limit=None, fp8_weight_grads=True):
     _checks.check_swiglu_limit(swiglu_limit)
     weights = (gate, up, down, shared_gate, shared_up, shared_down)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
@@ -378,7 +397,7 @@ def _backward_fp8_fake(d_out, x, topk_experts, topk_weights, gate, up, down, sha
                        up_fp8, up_scales, up_fp8_t, up_scales_t, down_fp8, down_scales,
                        down_fp8_t, down_scales_t, x_routed, gate_routed, up_routed,
                        hidden_routed, gate_shared, up_shared, hidden_shared, workspace,
-                       swiglu_limit=None):
+                       swiglu_limit=None, fp8_weight_grads=True):
     shared = [w.new_empty(w.shape) if w is not None else x.new_empty(0)
               for w in (shared_gate, shared_up, shared_down)]
     return (x.new_empty(x.shape), topk_weights.new_empty(topk_weights.shape),
@@ -390,7 +409,7 @@ def _backward_fp8_fake(d_out, x, topk_experts, topk_weights, gate, up, down, sha
 def _forward_fp8_packed_fake(x, topk_experts, topk_weights, gate_up, down, gate_fp8, gate_scales,
                              gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t, up_scales_t,
                              down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
-                             interleaved, swiglu_limit=None):
+                             interleaved, swiglu_limit=None, fp8_weight_grads=True):
     _checks.check_swiglu_limit(swiglu_limit)
     gate, up = split_gate_up(gate_up, interleaved)
     weights = (gate, up, down, None, None, None)
@@ -405,7 +424,7 @@ def _backward_fp8_packed_fake(d_out, x, topk_experts, topk_weights, gate_up, dow
                               up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t,
                               x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
                               up_shared, hidden_shared, workspace, interleaved,
-                              swiglu_limit=None):
+                              swiglu_limit=None, fp8_weight_grads=True):
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     _checks.check_swiglu_limit(swiglu_limit)
@@ -419,9 +438,10 @@ def _backward_fp8_packed_fake(d_out, x, topk_experts, topk_weights, gate_up, dow
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, workspace, swiglu_limit = inputs
+    *tensors, workspace, swiglu_limit, fp8_weight_grads = inputs
     ctx.save_for_backward(*tensors, *output[1:])
     ctx.workspace, ctx.swiglu_limit = workspace, swiglu_limit
+    ctx.fp8_weight_grads = fp8_weight_grads
 
 
 def _backward_formula(ctx, d_out, *_d_context):
@@ -429,11 +449,11 @@ def _backward_formula(ctx, d_out, *_d_context):
     x, topk_experts, topk_weights = saved[:3]
     weights, fp8_weights, context = saved[3:9], saved[9:21], saved[21:]
     grads = call(backward_fp8, d_out.contiguous(), x, topk_experts, topk_weights, *weights,
-                 *fp8_weights, *context, ctx.workspace, ctx.swiglu_limit)
+                 *fp8_weights, *context, ctx.workspace, ctx.swiglu_limit, ctx.fp8_weight_grads)
     d_x, d_w, d_gate, d_up, d_down, d_sgate, d_sup, d_sdown = grads
     shared = (d_sgate, d_sup, d_sdown) if weights[3] is not None else (None, None, None)
     return (d_x, None, d_w, d_gate, d_up, d_down, *shared, *[None] * len(fp8_weights), None,
-            None)
+            None, None)
 
 
 torch.library.register_autograd("mok::forward_fp8", _backward_formula,
@@ -441,9 +461,10 @@ torch.library.register_autograd("mok::forward_fp8", _backward_formula,
 
 
 def _setup_packed_context(ctx, inputs, output):
-    *tensors, workspace, interleaved, swiglu_limit = inputs
+    *tensors, workspace, interleaved, swiglu_limit, fp8_weight_grads = inputs
     ctx.save_for_backward(*tensors, *output[1:])
     ctx.workspace, ctx.interleaved, ctx.swiglu_limit = workspace, interleaved, swiglu_limit
+    ctx.fp8_weight_grads = fp8_weight_grads
 
 
 def _packed_backward_formula(ctx, d_out, *_d_context):
@@ -452,8 +473,10 @@ def _packed_backward_formula(ctx, d_out, *_d_context):
     fp8_weights, context = saved[5:5 + len(FP8_NAMES)], saved[5 + len(FP8_NAMES):]
     d_x, d_w, d_gate_up, d_down = call(backward_fp8_packed, d_out.contiguous(), x, topk_experts,
                                        topk_weights, gate_up, down, *fp8_weights, *context,
-                                       ctx.workspace, ctx.interleaved, ctx.swiglu_limit)
-    return (d_x, None, d_w, d_gate_up, d_down, *[None] * len(fp8_weights), None, None, None)
+                                       ctx.workspace, ctx.interleaved, ctx.swiglu_limit,
+                                       ctx.fp8_weight_grads)
+    return (d_x, None, d_w, d_gate_up, d_down, *[None] * len(fp8_weights), None, None, None,
+            None)
 
 
 torch.library.register_autograd("mok::forward_fp8_packed", _packed_backward_formula,

@@ -40,7 +40,9 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
     H and I multiples of 128, CPU or CUDA tensors (CUDA: the launches' forward path). The routed
     weights stay the bf16 parameters (their gradients are returned); each is quantized when it
     changed since its last use (its version counter: an optimizer step), not per call, and on
-    every call inside a CUDA graph capture (mok/_fp8_layer.py).
+    every call inside a CUDA graph capture (mok/_fp8_layer.py). precision="fp8-bf16-wgrad": the
+    same FP8 layer with its three routed weight gradients computed as the bf16 layer computes
+    them, from the bf16 rows (no token-axis quantization; closer to the f64 layer).
     """
     if workspace is not None and not isinstance(workspace, _workspace.Workspace):
         _checks.fail("workspace", "None (the automatic workspace) or a mok.functional workspace",
@@ -59,10 +61,11 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             _checks.require_tensor(name, t)
     handle = 0 if workspace is None else workspace.handle
     swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
-    if _fp8_layer.check_precision(precision) == "fp8":
+    if _fp8_layer.is_fp8(_fp8_layer.check_precision(precision)):
         return _fp8_layer.moe(x, topk_experts, topk_weights, routed_gate_weights,
                               routed_up_weights, routed_down_weights, shared_gate_weights,
-                              shared_up_weights, shared_down_weights, handle, swiglu_limit)
+                              shared_up_weights, shared_down_weights, handle, swiglu_limit,
+                              fp8_weight_grads=precision == "fp8")
     # call: the op itself wherever autograd records it or something traces it.
     out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,
                                      routed_gate_weights, routed_up_weights, routed_down_weights,
@@ -90,9 +93,10 @@ def moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *,
     if not isinstance(interleaved, bool):
         _checks.fail("interleaved", "a bool", type(interleaved).__name__, TypeError)
     handle = 0 if workspace is None else workspace.handle
-    if _fp8_layer.check_precision(precision) == "fp8":
+    if _fp8_layer.is_fp8(_fp8_layer.check_precision(precision)):
         return _fp8_layer.moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
-                                     interleaved, handle, _checks.check_swiglu_limit(swiglu_limit))
+                                     interleaved, handle, _checks.check_swiglu_limit(swiglu_limit),
+                                     fp8_weight_grads=precision == "fp8")
     out, *_context = _layer_ops.call(_layer_ops.forward_packed, x, topk_experts, topk_weights,
                                      gate_up_weights, down_weights, handle, interleaved,
                                      _checks.check_swiglu_limit(swiglu_limit))
@@ -141,11 +145,11 @@ class MoE(torch.nn.Module):
     CPU backend's exact mode). Initialisation as torch.nn.Linear (uniform in +-1/sqrt(fan_in)).
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
-    precision="fp8": the FP8 layer (mok.moe's precision; bf16 dtype, H and I multiples of 128,
-    CPU or CUDA). The routed weights stay bf16 parameters, quantized again whenever they changed
-    (an optimizer step), and in every call a CUDA graph captures; after a change PyTorch's version
-    counter cannot see (through `.data`, or graph replays that stepped the optimizer), call
-    quantize_weights().
+    precision="fp8" or "fp8-bf16-wgrad": the FP8 layer (mok.moe's precision; bf16 dtype, H and I
+    multiples of 128, CPU or CUDA). The routed weights stay bf16 parameters, quantized again
+    whenever they changed (an optimizer step), and in every call a CUDA graph captures; after a
+    change PyTorch's version counter cannot see (through `.data`, or graph replays that stepped
+    the optimizer), call quantize_weights().
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
@@ -198,15 +202,15 @@ class MoE(torch.nn.Module):
                          str(dtype), TypeError)
         self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
         self.precision = _fp8_layer.check_precision(precision)
-        if self.precision == "fp8":
+        if _fp8_layer.is_fp8(self.precision):
             if backend != "mok":
                 _checks.fail("precision", "'bf16' with backend='torch' (the pure-PyTorch "
-                             "baseline has no FP8 layer)", "'fp8'")
+                             "baseline has no FP8 layer)", repr(self.precision))
             if dtype != torch.bfloat16:
                 _checks.fail("dtype", "torch.bfloat16 for precision='fp8'", str(dtype), TypeError)
             if group is not None and _workspace.group_rank_size(group)[1] > 1:
                 _checks.fail("precision", "'bf16' with a group of several ranks (not yet in "
-                             "Python for the FP8 layer)", "'fp8'")
+                             "Python for the FP8 layer)", repr(self.precision))
             for name, size in (("hidden_size", hidden_size),
                                ("intermediate_size", intermediate_size)):
                 if size % 128:
@@ -322,9 +326,9 @@ class MoE(torch.nn.Module):
         """precision='fp8': quantize the routed weights now. Needed only after a change their
         version counter does not show (an in-place change through `.data`); an optimizer step
         and any other in-place or replacing change is seen by the next forward."""
-        if self.precision != "fp8":
-            _checks.fail("precision", "'fp8' (only the FP8 layer quantizes its weights)",
-                         repr(self.precision))
+        if not _fp8_layer.is_fp8(self.precision):
+            _checks.fail("precision", "'fp8' or 'fp8-bf16-wgrad' (only the FP8 layer quantizes "
+                         "its weights)", repr(self.precision))
         _fp8_layer.requantize(self.routed_gate_weights, self.routed_up_weights,
                               self.routed_down_weights)
 

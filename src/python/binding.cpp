@@ -545,7 +545,8 @@ NB_MODULE(_C, m) {
          nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out, nb::handle d_x,
          nb::handle d_topk_weights, nb::handle d_gate, nb::handle d_up, nb::handle d_down,
          nb::handle d_shared_gate, nb::handle d_shared_up, nb::handle d_shared_down,
-         bool accumulate_weight_grads, std::optional<double> swiglu_limit, nb::handle fp8_weights) {
+         bool accumulate_weight_grads, std::optional<double> swiglu_limit, nb::handle fp8_weights,
+         bool fp8_weight_grads) {
         const Inputs in = inputs_of(x, topk_experts, topk_weights);
         const Weights w =
             weights_of(gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit);
@@ -556,6 +557,7 @@ NB_MODULE(_C, m) {
                                  d_shared_up, d_shared_down);
         BackwardOptions options;
         options.accumulate_weight_grads = accumulate_weight_grads;
+        options.fp8_weight_grads = fp8_weight_grads;
         const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
         if (q) {
@@ -574,7 +576,8 @@ NB_MODULE(_C, m) {
       nb::arg("d_routed_up_weights"), nb::arg("d_routed_down_weights"),
       nb::arg("d_shared_gate_weights").none(), nb::arg("d_shared_up_weights").none(),
       nb::arg("d_shared_down_weights").none(), nb::arg("accumulate_weight_grads") = false,
-      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none());
+      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none(),
+      nb::arg("fp8_weight_grads") = true);
   // mok's weight quantizer and MoK's MX-to-blocks conversion (include/mok/fp8.hpp), for the FP8
   // layer's weights (mok/_fp8_layer.py): views in; on CUDA one launch on `stream`.
   m.def(

@@ -107,4 +107,17 @@ void gemm(ThreadPool& pool, const GemmArgs<Real>& g) {
   });
 }
 
+// One expert's three weight gradients over its `rows` rows, reduced over the rows in order:
+// d_down [H, N] = dy^T h, d_gate [N, H] = dg^T xr, d_up [N, H] = du^T xr (dy, xr [rows, H]; h,
+// dg, du [rows, N]). The bf16 layer's, and the FP8 layer's with BackwardOptions::fp8_weight_grads
+// false.
+template <typename Real>
+void weight_grad_products(ThreadPool& pool, std::int64_t rows, std::int64_t H, std::int64_t N,
+                          const Real* dy, const Real* h, const Real* dg, const Real* du,
+                          const Real* xr, Real* d_down, Real* d_gate, Real* d_up) {
+  gemm<Real>(pool, {H, N, rows, dy, 1, H, h, N, 1, d_down, N});
+  gemm<Real>(pool, {N, H, rows, dg, 1, N, xr, H, 1, d_gate, H});
+  gemm<Real>(pool, {N, H, rows, du, 1, N, xr, H, 1, d_up, H});
+}
+
 }  // namespace mok::reference

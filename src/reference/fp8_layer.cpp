@@ -5,6 +5,7 @@
 
 #include "core/fp8_layout.hpp"
 #include "core/fp8_params.hpp"
+#include "reference/cpu_gemm.hpp"
 #include "reference/fp8_quant.hpp"
 
 namespace mok::reference {
@@ -133,6 +134,10 @@ void Fp8Products::gate_up_dgrad(const float* dg, const float* du, float* dx) con
 
 void Fp8Products::weight_grads(const float* dy, const float* h, const float* dg, const float* du,
                                const float* xr, float* d_down, float* d_gate, float* d_up) const {
+  if (!fp8_weight_grads) {
+    weight_grad_products<float>(pool, rows, H, N, dy, h, dg, du, xr, d_down, d_gate, d_up);
+    return;
+  }
   const TokenOperand tx = quantize_tokens_of(xr, rows, H);
   token_axis_product(pool, quantize_tokens_of(dy, rows, H), quantize_tokens_of(h, rows, N), d_down);
   token_axis_product(pool, quantize_tokens_of(dg, rows, N), tx, d_gate);

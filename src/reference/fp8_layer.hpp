@@ -15,7 +15,8 @@
 //                                                       accumulator: gate blocks, then up blocks
 //   weight_grads   token-axis copies (128-row blocks of the expert's rows in schedule order, the
 //                  last block zero-padded, so a block's scales come from its real rows only):
-//                  dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x
+//                  dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x; or, with
+//                  fp8_weight_grads false, the same three products of the bf16 operands in fp32
 // Every C element is computed by one task in a fixed order: bitwise independent of the thread
 // count.
 #pragma once
@@ -43,6 +44,9 @@ struct Fp8Products {
   ThreadPool& pool;
   std::int64_t rows, H, N;
   Fp8Expert w;
+  // BackwardOptions::fp8_weight_grads: false, weight_grads are the bf16 layer's products (fp32
+  // sums over the rows in order) of the same bf16 operands.
+  bool fp8_weight_grads = true;
 
   void gate_up(const float* xr, float* g, float* u) const;                // [rows, I] each
   void down(const float* h, float* y) const;                              // [rows, H]

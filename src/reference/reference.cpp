@@ -117,9 +117,7 @@ struct DenseProducts {
   // dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x, over the rows in order.
   void weight_grads(const Real* dy, const Real* h, const Real* dg, const Real* du, const Real* xr,
                     Real* d_down, Real* d_gate, Real* d_up) const {
-    gemm<Real>(pool, {H, N, rows, dy, 1, H, h, N, 1, d_down, N});
-    gemm<Real>(pool, {N, H, rows, dg, 1, N, xr, H, 1, d_gate, H});
-    gemm<Real>(pool, {N, H, rows, du, 1, N, xr, H, 1, d_up, H});
+    weight_grad_products<Real>(pool, rows, H, N, dy, h, dg, du, xr, d_down, d_gate, d_up);
   }
 };
 
@@ -247,11 +245,12 @@ constexpr std::int64_t kTokensPerTask = 16;
 // `fp8` is given, else the bf16 layer's over the master weights (W_down read when `with_down`).
 template <typename Real, typename F>
 void with_routed_products(State& st, const Problem& p, const Weights& w, const Fp8Weights* fp8,
-                          std::int64_t e, std::int64_t rows, bool with_down, F&& f) {
+                          std::int64_t e, std::int64_t rows, bool with_down, F&& f,
+                          bool fp8_weight_grads = true) {
   const std::int64_t H = p.hidden_size, I = p.intermediate_size;
   if (fp8 != nullptr) {
     if constexpr (std::is_same_v<Real, float>) {
-      f(Fp8Products{st.pool, rows, H, I, fp8_expert(*fp8, e)});
+      f(Fp8Products{st.pool, rows, H, I, fp8_expert(*fp8, e), fp8_weight_grads});
       return;
     }
     throw Error("internal: the FP8 layer runs on bf16 activations only");
@@ -372,8 +371,9 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
                      const std::vector<Real>& d_out, const std::int64_t* ids,
                      const TensorView& topk_weights, std::int64_t num_slots, const Weights& w,
                      const Fp8Weights* fp8, const ForwardContext& ctx, const Grads& grads,
-                     bool acc_w, Emit&& emit) {
+                     const BackwardOptions& options, Emit&& emit) {
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk;
+  const bool acc_w = options.accumulate_weight_grads;
   const auto groups = group_slots(p, ids, num_slots);
   for (std::int64_t e = 0; e < p.num_local_experts(); ++e) {
     const auto& slots = groups[e];
@@ -396,11 +396,14 @@ void routed_backward(State& st, const Problem& p, const std::vector<Real>& x,
       row_w[r] = load<Real>(topk_weights, s);
     }
     std::vector<Real> d_gate(I * H), d_up(I * H), d_down(H * I);
-    with_routed_products<Real>(st, p, w, fp8, e, rows, true, [&](const auto& mm) {
-      expert_backward<Real>(mm, rows, I, xr.data(), g.data(), u.data(), h.data(), d_outr.data(),
-                            row_w.data(), dx.data(), d_gate.data(), d_up.data(), d_down.data(),
-                            dw.data(), w.swiglu_limit);
-    });
+    with_routed_products<Real>(
+        st, p, w, fp8, e, rows, true,
+        [&](const auto& mm) {
+          expert_backward<Real>(mm, rows, I, xr.data(), g.data(), u.data(), h.data(),
+                                d_outr.data(), row_w.data(), dx.data(), d_gate.data(),
+                                d_up.data(), d_down.data(), dw.data(), w.swiglu_limit);
+        },
+        options.fp8_weight_grads);
     for (std::int64_t r = 0; r < rows; ++r) emit(slots[r], &dx[r * H], dw[r]);
     write_weight_grad<Real>(grads.d_gate, e, d_gate, acc_w);
     write_weight_grad<Real>(grads.d_up, e, d_up, acc_w);
@@ -478,7 +481,7 @@ void backward_impl(State& st, const Problem& p, const Inputs& in, const Weights&
   std::vector<Real> dx_slots(T * k * H);  // dx_routed: one row per slot
   std::vector<Real> dw_slots(T * k, Real(0));
   routed_backward<Real>(st, p, x, d_out, in.topk_experts.ptr<const std::int64_t>(), in.topk_weights,
-                        T * k, w, fp8, ctx, grads, acc_w,
+                        T * k, w, fp8, ctx, grads, options,
                         [&](std::int64_t s, const Real* dx, Real dw) {
                           std::copy_n(dx, H, &dx_slots[s * H]);
                           dw_slots[s] = dw;
@@ -528,7 +531,7 @@ void ep_expert_backward_impl(State& st, const Problem& p, const Inputs& gathered
   const auto* ids = gathered.topk_experts.ptr<const std::int64_t>();
   const std::vector<std::int64_t> row_of_slot = host_ep::send_rows(p, ids);
   routed_backward<Real>(st, p, x, d_out, ids, gathered.topk_weights, slots, w, fp8, ctx, grads,
-                        options.accumulate_weight_grads,
+                        options,
                         [&](std::int64_t s, const Real* dx, Real dw) {
                           store_rows<Real>(dx_send, row_of_slot[s], H, dx);
                           store<Real>(dw_send, row_of_slot[s], dw);

@@ -41,14 +41,14 @@ struct HostFp8Weights {
 // One step (forward, backward) of the CPU FP8 layer over `d` with quantized weights `q`; without
 // `routed_masters` the routed bf16 weights are not passed at all.
 inline void run_fp8(LayerData& d, const Fp8Weights& q, int threads = 0, const Config& config = {},
-                    bool routed_masters = true) {
+                    bool routed_masters = true, const BackwardOptions& options = {}) {
   Workspace ws(d.problem, config,
                {.backend = Backend::cpu, .activation_dtype = DType::bf16, .num_threads = threads});
   HostContext ctx(ws);
   Weights w = d.weights();
   if (!routed_masters) w.gate = w.up = w.down = TensorView{};  // not read by the FP8 layer
   forward(ws, d.inputs(), w, q, d.out.view(), ctx.get());
-  backward(ws, d.inputs(), w, q, ctx.get(), d.d_out.view(), d.grads());
+  backward(ws, d.inputs(), w, q, ctx.get(), d.d_out.view(), d.grads(), options);
 }
 
 // `got` against `ref`: the largest |difference|, sum |difference| / sum |ref|, and the cosine.

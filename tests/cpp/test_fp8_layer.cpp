@@ -111,7 +111,10 @@ struct Model {
   std::vector<float> out, d_x, d_w, d_gate, d_up, d_down;
 };
 
-Model fp8_model(const LayerData& d, const Fp8Weights& q) {
+// `fp8_wgrads` false (BackwardOptions::fp8_weight_grads): the weight gradients are fp32 sums, over
+// the expert's rows in order, of products of the bf16 operands (exact in fp32), as the bf16
+// layer's.
+Model fp8_model(const LayerData& d, const Fp8Weights& q, bool fp8_wgrads = true) {
   const Problem& p = d.problem;
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size,
                      E = p.num_experts, k = p.topk;
@@ -185,6 +188,22 @@ Model fp8_model(const LayerData& d, const Fp8Weights& q) {
       for (std::int64_t c = 0; c < H; ++c) dyr.push_back(bf16_round(w * d_out[c]));
     }
     if (rows == 0) continue;
+    if (!fp8_wgrads) {
+      for (std::int64_t i = 0; i < I; ++i) {
+        for (std::int64_t c = 0; c < H; ++c) {
+          float gate = 0.0f, up = 0.0f, down = 0.0f;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            gate += dgr[r * I + i] * xr[r * H + c];
+            up += dur[r * I + i] * xr[r * H + c];
+            down += dyr[r * H + c] * hr[r * I + i];
+          }
+          m.d_gate[(e * I + i) * H + c] = gate;
+          m.d_up[(e * I + i) * H + c] = up;
+          m.d_down[(e * H + c) * I + i] = down;
+        }
+      }
+      continue;
+    }
     const auto tx = dequantized_tokens(xr, rows, H), th = dequantized_tokens(hr, rows, I),
                tdy = dequantized_tokens(dyr, rows, H), tdg = dequantized_tokens(dgr, rows, I),
                tdu = dequantized_tokens(dur, rows, I);
@@ -266,6 +285,33 @@ TEST_P(Fp8LayerDefinition, BitwiseEqualsTheLayerWrittenOut) {
   expect_same(d.d_down, m.d_down, "d_routed_down_weights");
 }
 
+// BackwardOptions::fp8_weight_grads false: the weight gradients are the bf16 products of the
+// written-out layer's bf16 operands, bit for bit, and everything else is the FP8 layer's, bit for
+// bit.
+TEST_P(Fp8LayerDefinition, Bf16WeightGradsEqualTheLayerWrittenOut) {
+  const DefinitionCase& c = GetParam();
+  LayerData d = make_layer_data(c.problem, DType::bf16, test_seed(), c.routing);
+  if (c.unused_slots) {
+    for (std::int64_t s = 1; s < d.topk_experts.numel(); s += 4) d.topk_experts.set(s, -1);
+  }
+  d.poison_outputs();
+  LayerData fp8_wgrads = d;
+  const HostFp8Weights q(d);
+  BackwardOptions options;
+  options.fp8_weight_grads = false;
+  run_fp8(d, q.get(), 3, {}, true, options);
+  run_fp8(fp8_wgrads, q.get(), 3);
+  const Model m = fp8_model(d, q.get(), /*fp8_wgrads=*/false);
+  expect_same(d.d_gate, m.d_gate, "d_routed_gate_weights");
+  expect_same(d.d_up, m.d_up, "d_routed_up_weights");
+  expect_same(d.d_down, m.d_down, "d_routed_down_weights");
+  EXPECT_TRUE(same_view_bits(d.out.view(), fp8_wgrads.out.view()));
+  EXPECT_TRUE(same_view_bits(d.d_x.view(), fp8_wgrads.d_x.view()));
+  EXPECT_TRUE(same_view_bits(d.d_topk_weights.view(), fp8_wgrads.d_topk_weights.view()));
+  // The two recipes' weight gradients are different numbers (e4m3 against bf16 operands).
+  EXPECT_FALSE(same_view_bits(d.d_gate.view(), fp8_wgrads.d_gate.view()));
+}
+
 // Skewed routing puts more than 128 rows on expert 0 (two token blocks, the second partial);
 // odd token counts; an expert with no rows (E = 4, one_expert).
 INSTANTIATE_TEST_SUITE_P(
@@ -294,9 +340,13 @@ TEST(Fp8LayerAccuracy, WithinMoKsMxfp8TolerancesOfTheF64Layer) {
     LayerData d = make_layer_data(p, DType::bf16, test_seed(), Routing::skewed);
     d.poison_outputs();
     LayerData b = d;
+    LayerData hp = d;  // the FP8 layer with bf16 weight gradients
     LayerData x = convert_layer_data(d, DType::f64);
     const HostFp8Weights q(d);
     run_fp8(d, q.get(), 0, {}, /*routed_masters=*/false);
+    BackwardOptions bf16_wgrads;
+    bf16_wgrads.fp8_weight_grads = false;
+    run_fp8(hp, q.get(), 0, {}, /*routed_masters=*/false, bf16_wgrads);
     run_layer(b);
     run_layer(x);
     std::printf("[ mok ] T %lld H %lld I %lld E %lld k %lld S %lld, against the f64 layer:\n",
@@ -321,6 +371,19 @@ TEST(Fp8LayerAccuracy, WithinMoKsMxfp8TolerancesOfTheF64Layer) {
       if (field == &LayerData::out || field == &LayerData::d_x) EXPECT_LE(f.abs_max, 1.0) << name;
       EXPECT_LE(f.rel_sum, 0.1) << name;
       EXPECT_GE(f.cosine, 0.996) << name;
+      // bf16 weight gradients (BackwardOptions::fp8_weight_grads false): their operands' error
+      // only (dg and du come from the FP8 dgrads), none of the token-axis quantization's.
+      const bool routed_wgrad = field == &LayerData::d_gate || field == &LayerData::d_up ||
+                                field == &LayerData::d_down;
+      if (routed_wgrad) {
+        const Errors h = errors_of(hp.*field, x.*field);
+        std::printf("[ mok ]   %-22s fp8 with bf16 weight grads: rel %.3e cos %.6f\n", name,
+                    h.rel_sum, h.cosine);
+        EXPECT_LT(h.rel_sum, f.rel_sum) << name;
+        EXPECT_GE(h.cosine, 0.996) << name;
+      } else {
+        EXPECT_TRUE(same_view_bits((hp.*field).view(), (d.*field).view())) << name;
+      }
     }
   }
 }

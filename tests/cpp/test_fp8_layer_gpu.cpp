@@ -92,9 +92,9 @@ void run_fp8_step(DeviceLayer& g, const Problem& p, const Config& config = {},
 }
 
 // One FP8 training step of `d`; every output and gradient back in `d`.
-void run_fp8_gpu(LayerData& d, const Config& config = {}) {
+void run_fp8_gpu(LayerData& d, const Config& config = {}, const BackwardOptions& options = {}) {
   DeviceLayer g(d);
-  run_fp8_step(g, d.problem, config);
+  run_fp8_step(g, d.problem, config, options);
   g.download(d);
 }
 
@@ -268,6 +268,63 @@ TEST(Fp8LayerGpuRing, SeveralPassesGiveTheBitsOfOne) {
     LayerData many = make_case(c, seed);
     run_fp8_gpu(many, small);
     EXPECT_TRUE(all_outputs_same(one, many)) << "macrobatch_size " << macro;
+  }
+}
+
+// BackwardOptions::fp8_weight_grads false: the routed weight gradients are bf16 products of the
+// bf16 rows (no token-axis copy), everything else the default FP8 step's bits. Against the CPU
+// FP8 layer with the same option (its bf16 operands dg, du, h differ from the GPU's only by the
+// FP8 GEMMs' bf16 flips, as in expect_close_to_reference), closer to the f64 layer than the e4m3
+// weight gradients, bitwise run to run, and the bits of one ring pass in several (the fp32 carry of
+// experts spanning passes), uniform and skewed.
+TEST(Fp8LayerGpuWeightGrads, Bf16WeightGradsMatchTheCpuLayerAndTheBitsOfOnePass) {
+  MOK_REQUIRE_HOPPER();
+  const std::uint64_t seed = test_seed();
+  BackwardOptions bf16_wgrads;
+  bf16_wgrads.fp8_weight_grads = false;
+  const Fp8Case cases[] = {
+      {"uniform_shared", layer_shape(257, 256, 384, 8, 2, 128), Routing::softmax, false},
+      {"skewed_unused_slots", layer_shape(300, 128, 256, 5, 3, 64), Routing::skewed, true}};
+  for (const Fp8Case& c : cases) {
+    LayerData gpu = make_case(c, seed);
+    run_fp8_gpu(gpu, {}, bf16_wgrads);
+    LayerData fp8 = make_case(c, seed);
+    run_fp8_gpu(fp8);
+    LayerData cpu = make_case(c, seed);
+    const HostFp8Weights hq(cpu);
+    run_fp8(cpu, hq.get(), 0, {}, true, bf16_wgrads);
+    LayerData f64 = convert_layer_data(make_case(c, seed), DType::f64);
+    run_layer(f64);
+    std::printf("[ mok ] %s, bf16 weight gradients\n", c.name);
+    EXPECT_TRUE(same_bits(gpu.out, fp8.out)) << c.name;
+    EXPECT_TRUE(same_bits(gpu.d_x, fp8.d_x)) << c.name;
+    EXPECT_TRUE(same_bits(gpu.d_topk_weights, fp8.d_topk_weights)) << c.name;
+    EXPECT_TRUE(same_bits(gpu.d_shared_gate, fp8.d_shared_gate)) << c.name;
+    EXPECT_TRUE(same_bits(gpu.d_shared_down, fp8.d_shared_down)) << c.name;
+    for (const auto& [name, field, row, cancels] : routed_fields(c.problem)) {
+      if (field != &LayerData::d_gate && field != &LayerData::d_up && field != &LayerData::d_down) {
+        continue;
+      }
+      expect_close_to_reference(gpu.*field, cpu.*field, row, name, cancels);
+      const Errors e = errors_of(gpu.*field, f64.*field), f = errors_of(fp8.*field, f64.*field);
+      std::printf("[ mok ]   %-22s vs f64: bf16 wgrad rel %.3e cos %.6f | e4m3 wgrad rel %.3e\n",
+                  name, e.rel_sum, e.cosine, f.rel_sum);
+      EXPECT_LT(e.rel_sum, f.rel_sum) << name;
+      EXPECT_GE(e.cosine, 0.996) << name;
+    }
+    for (int run = 1; run < std::min(3, test_runs()); ++run) {
+      LayerData again = make_case(c, seed);
+      run_fp8_gpu(again, {}, bf16_wgrads);
+      EXPECT_TRUE(all_outputs_same(gpu, again)) << c.name << ": run " << run << " differs";
+    }
+    Config one_pass, passes;
+    one_pass.minibatch_size = passes.minibatch_size = 128;
+    one_pass.macrobatch_size = 4096;
+    passes.macrobatch_size = 256;
+    LayerData one = make_case(c, seed), many = make_case(c, seed);
+    run_fp8_gpu(one, one_pass, bf16_wgrads);
+    run_fp8_gpu(many, passes, bf16_wgrads);
+    EXPECT_TRUE(all_outputs_same(one, many)) << c.name << ": several passes";
   }
 }
 

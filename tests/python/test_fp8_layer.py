@@ -61,6 +61,39 @@ def test_within_moks_mxfp8_bounds_of_the_f64_layer(gen, S):
             assert fe[1] > 2 * be[1], name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_weight_grads_precision(gen, device):
+    """precision="fp8-bf16-wgrad": the FP8 layer's forward and input gradients bit for bit, its
+    routed weight gradients bf16 products of the bf16 rows (C++ BackwardOptions::fp8_weight_grads
+    false: their bits are tested against the layer's definition in tests/cpp), closer to the f64
+    layer than the e4m3 ones and within MoK's bounds; bitwise run to run; and mok.nn.MoE takes it
+    (quantize_weights included)."""
+    data = make_layer(gen, 150, 256, 128, 6, 2, 128).to(device)
+    fp8 = grads_of(data, "fp8")
+    hp = grads_of(data, "fp8-bf16-wgrad")
+    again = grads_of(data, "fp8-bf16-wgrad")
+    d64 = type(data)(data.x.double(), data.topk_experts, data.topk_weights.double(),
+                     tuple(w.double() if w is not None else None for w in data.weights),
+                     data.d_out.double()).to("cpu")
+    exact = grads_of(d64, "bf16")
+    for name, f, h, a, e in zip(NAMES, fp8, hp, again, exact):
+        assert torch.equal(h, a), f"{name}: two runs differ"
+        if name not in ("d_routed_gate", "d_routed_up", "d_routed_down"):
+            assert torch.equal(h, f), f"{name}: differs from precision='fp8'"
+            continue
+        fe, he = errors(f.cpu(), e), errors(h.cpu(), e)
+        print(f"{name:16s} e4m3 wgrad rel {fe[1]:.3e} cos {fe[2]:.6f} | bf16 wgrad rel "
+              f"{he[1]:.3e} cos {he[2]:.6f}")
+        assert he[1] < fe[1], name
+        assert he[1] <= 0.1 and he[2] >= 0.996, name
+    m = mok.nn.MoE(128, 128, 4, 2, precision="fp8-bf16-wgrad", device=device)
+    out, _ = m(torch.randn(32, 128, generator=gen).bfloat16().to(device))
+    out.float().square().mean().backward()
+    assert all(torch.isfinite(p.grad.float()).all() for p in m.parameters() if p.grad is not None)
+    m.quantize_weights()
+    assert "precision='fp8-bf16-wgrad'" in repr(m)
+
+
 def test_bitwise_run_to_run(gen):
     data = make_layer(gen, 77, 128, 256, 4, 3, 64)
     a, b = grads_of(data, "fp8"), grads_of(data, "fp8")
@@ -111,7 +144,8 @@ def test_quantization_is_reused_while_the_weights_are_unchanged(gen):
 
 def test_bad_arguments_name_the_argument(gen):
     data = make_layer(gen, 8, 128, 128, 2, 2, 0)
-    with pytest.raises(ValueError, match="invalid precision: expected 'bf16' or 'fp8', got 'fp16'"):
+    with pytest.raises(ValueError, match="invalid precision: expected 'bf16', 'fp8' or "
+                       "'fp8-bf16-wgrad', got 'fp16'"):
         mok.moe(*data.args(), precision="fp16")
     with pytest.raises(TypeError, match="invalid precision"):
         mok.moe(*data.args(), precision=8)

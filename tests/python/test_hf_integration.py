@@ -424,8 +424,8 @@ def test_fp32_weights_refused():
 
 @requires_transformers
 def test_configure():
-    with pytest.raises(ValueError, match=r"mok: invalid precision: expected 'bf16' or 'fp8', "
-                       r"got 'fp4'"):
+    with pytest.raises(ValueError, match=r"mok: invalid precision: expected 'bf16', 'fp8' or "
+                       r"'fp8-bf16-wgrad', got 'fp4'"):
         mok_hf.configure(precision="fp4")
     with pytest.raises(TypeError, match="mok: invalid config: expected None"):
         mok_hf.configure(config=3)

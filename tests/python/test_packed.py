@@ -71,7 +71,7 @@ def test_packed_refusals(gen):
                    interleaved=True)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "fp8-bf16-wgrad"])
 def test_packed_compiles(gen, precision):
     """Under torch.compile (the ops' fake implementations, then their bodies), bitwise eager; the
     FP8 form quantizes the halves inside the graph (mok::quantize_weights)."""

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import torch
 import transformers.integrations.moe as hf_moe
 
-from mok import _checks, _workspace, nn
+from mok import _checks, _fp8_layer, _workspace, nn
 from mok._config import MoKConfig
 
 NAME = "mok"  # the experts_implementation this module registers
-PRECISIONS = ("bf16", "fp8")  # configure(precision=...)
+PRECISIONS = _fp8_layer.PRECISIONS  # configure(precision=...)
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,13 @@ _settings = _Settings("bf16", _workspace.for_config(None))
 def configure(config=None, *, precision="bf16"):
     """The MoKConfig every "mok" experts call uses (None: the default) and the precision: "bf16",
     or "fp8", mok's FP8 layer (bf16 weights, H and I multiples of 128; each weight quantized once
-    per version, docs/architecture.md "The FP8 layer"). Experts of one shape share the config's
-    workspace."""
+    per version, docs/architecture.md "The FP8 layer"), or "fp8-bf16-wgrad", the same with bf16
+    weight gradients (mok.moe's precision). Experts of one shape share the config's workspace."""
     global _settings
     if config is not None and not isinstance(config, MoKConfig):
         _checks.fail("config", "None (the default MoKConfig) or a MoKConfig",
                      type(config).__name__, TypeError)
-    if precision not in PRECISIONS:
-        _checks.fail("precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision))
+    _fp8_layer.check_precision(precision)
     _settings = _Settings(precision, _workspace.for_config(config))
 
 

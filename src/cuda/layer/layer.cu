@@ -530,14 +530,19 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // goes to rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise:
 // [R, I] bf16 holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch
 // does not grow.
+// fp8_wgrads false (BackwardOptions::fp8_weight_grads): no token-axis copy; the three weight
+// gradients are expert_backward's bf16 GEMMs of the bf16 rows (`between` has scaled d_out into
+// dy), on the same side streams; the dgrads stay e4m3. The quantizing epilogue, which writes no
+// bf16 dg and du, is then not used.
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
-                         Between&& between) {
+                         bool fp8_wgrads, Between&& between) {
   const Fp8Buffers& f = *e.fp8;
   const std::int64_t H = e.hidden, I = e.width, R = e.segments.capacity_rows;
+  const bool quantizing_epilogue = e.kernels.quantizing_epilogue && fp8_wgrads;
   gemm::Fp8Rows dg, du;
   gemm::Fp8TokenAxis t_dg, t_du;
-  if (e.kernels.quantizing_epilogue) {
+  if (quantizing_epilogue) {
     std::uint8_t* const du_q = reinterpret_cast<std::uint8_t*>(b.du);
     float* const du_q_scales = reinterpret_cast<float*>(du_q + R * I);  // 16 KiB-aligned offset
     gemm::SwigluBackwardFp8Out q;
@@ -558,7 +563,15 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   w.fork(e.stream);
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
-  if (!e.kernels.quantizing_epilogue) {
+  if (!fp8_wgrads) {
+    between(w.side[0]);  // d_w pushed home, d_out scaled into dy
+    weight_grad(on[0], b.d_out, H, b.hidden, I, b.d_down, w.tickets);
+    weight_grad(on[1], b.dg, I, b.x, H, b.d_gate, w.tickets + 2);
+    weight_grad(on[2], b.du, I, b.x, H, b.d_up, w.tickets + 4);
+    gate_up_dgrad_fp8(e, dg, du, b.dx_to);
+    return;
+  }
+  if (!quantizing_epilogue) {
     t_du = quantize_token_axis(on[2], b.du, I, f.t_du, f.t_du_scales);
   }
   const gemm::Fp8TokenAxis t_x = quantize_token_axis(on[1], b.x, H, f.t_x, f.t_x_scales);
@@ -568,7 +581,7 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const gemm::Fp8TokenAxis t_dy =
       quantize_token_axis(on[0], b.d_out, H, f.t_dy, f.t_dy_scales, b.row_weights);
   weight_grad_fp8(on[0], t_dy, H, t_h, I, b.d_down, w.tickets);
-  if (!e.kernels.quantizing_epilogue) {
+  if (!quantizing_epilogue) {
     t_dg = quantize_token_axis(on[1], b.dg, I, f.t_dg, f.t_dg_scales);
   }
   weight_grad_fp8(on[1], t_dg, I, t_x, H, b.d_gate, w.tickets + 2);
@@ -1211,6 +1224,9 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
   m.stage(ranks, /*x=*/m.passes > 1, /*weights=*/true, /*d_out=*/true, s);
 
   const bool add = options.accumulate_weight_grads;
+  // The FP8 layer's routed weight gradients in e4m3 (else bf16 products of the bf16 rows, as the
+  // bf16 layer's: BackwardOptions::fp8_weight_grads).
+  const bool fp8_wgrads = fp8 && options.fp8_weight_grads;
   // Shared expert (dense, every token): one pass.
   for (int r = m.first; r < m.first + m.count && S > 0; ++r) {
     RankBuffers& b = m.buffers(r);
@@ -1257,8 +1273,9 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       if (fp8) pull_fp8(pull, e);  // q(d_out), the down dgrad's operand
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
-      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h); its
-      // token-axis quantizer scales the d_out rows into dy as it reads them.
+      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h): the
+      // token-axis quantizer scales the d_out rows into dy as it reads them (fp8_wgrads), else
+      // `between` does, as the bf16 layer's does where the dgrad wrote no bf16(w h).
       bf16* const wh = fp8 ? nullptr : b.wh;
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
@@ -1267,7 +1284,7 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
         check(launch_router_grad_push(push, on), "router weight gradient");
-        if (wh == nullptr && !fp8) {
+        if (wh == nullptr && !fp8_wgrads) {
           ScaleRowsParams scale{rows, m.geometry(), b.row_weights, b.y};
           check(launch_scale_rows(scale, on), "scaling of d_out rows");
         }
@@ -1288,7 +1305,7 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
                         m.to_home_slots(r, pass, m.dx_peers),  // the backward combine
                         wh};
       if (fp8) {
-        expert_backward_fp8(e, eb, m.wgrad, between);
+        expert_backward_fp8(e, eb, m.wgrad, fp8_wgrads, between);
       } else {
         expert_backward(e, eb, m.wgrad, between);
       }
