@@ -71,15 +71,16 @@ const Case kCases[] = {{"dsv3-ep8slice", 4096, 7168, 2048, 32, 8},
 // gate/up with 14 to 112 K blocks each. Timed only when named, uniform routing only. Their
 // gate/up cycles against K blocks a tile split a form's time into a cost a K block (the slope)
 // and a cost a tile (the intercept: epilogue, tile switch, the last wave), NOTES "2026-12-06,
-// c3cc991 to a7fd29e" (where the short items' clock reading is the L2 flushes', not theirs).
-// "l2w-h7168": dsv3-ep8slice's K (7,168) and row count (32,768) on one expert with I = 256, whose
-// gate/up weights (3.7 MB in e4m3) stay in the L2: 512 tiles of 128 x 256, each weight tile read
-// by every row tile. Against dsv3-ep8slice (0.9 GB of weights) at the same K: how much of the
-// wide forms' loss a K block is their weights' traffic (NOTES, "2026-12-06, c3cc991 to a7fd29e").
+// c3cc991 to a7fd29e" (where the short items' NVML clock, 1,980 MHz, is in doubt).
+// "l2w-h7168": dsv3-ep8slice's K (7,168) on one expert of 196,608 rows with I = 256, whose gate/up
+// weights (3.7 MB in e4m3) stay in the L2: 3,072 tiles of 128 x 256, each weight tile read by
+// every row tile, a call about as long as dsv3-ep8slice's (whose clock reading is the kernel's).
+// Against dsv3-ep8slice (0.9 GB of weights) at the same K: how much of the wide forms' loss a K
+// block is their weights' traffic (NOTES, "2026-12-06, c3cc991 to a7fd29e").
 const Case kSweepCases[] = {{"ksweep-h1792", 4096, 1792, 2048, 32, 8},
                             {"ksweep-h3584", 4096, 3584, 2048, 32, 8},
                             {"ksweep-h14336", 4096, 14336, 2048, 32, 8},
-                            {"l2w-h7168", 32768, 7168, 256, 1, 1}};
+                            {"l2w-h7168", 196608, 7168, 256, 1, 1}};
 
 // Rows per expert: uniform splits T*k evenly; skewed gives expert 0 half of them and splits the
 // rest evenly (remainders to the lowest experts). bench_gemm.py uses the same function.
