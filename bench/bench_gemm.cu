@@ -74,7 +74,8 @@ const Case kCases[] = {{"dsv3-ep8slice", 4096, 7168, 2048, 32, 8},
 // c3cc991 to a7fd29e" (where the short items' NVML clock, 1,980 MHz, is in doubt).
 // "l2w-h7168": dsv3-ep8slice's K (7,168) on one expert of 196,608 rows with I = 256, whose gate/up
 // weights (3.7 MB in e4m3) stay in the L2: 3,072 tiles of 128 x 256, each weight tile read by
-// every row tile, a call about as long as dsv3-ep8slice's (whose clock reading is the kernel's).
+// every row tile, a call about as long as dsv3-ep8slice's (whose NVML clock reads as the power
+// limit's, 1,470 MHz on an H100).
 // Against dsv3-ep8slice (0.9 GB of weights) at the same K: how much of the wide forms' loss a K
 // block is their weights' traffic (NOTES, "2026-12-06, c3cc991 to a7fd29e").
 const Case kSweepCases[] = {{"ksweep-h1792", 4096, 1792, 2048, 32, 8},
