@@ -15,7 +15,9 @@ change through ``.data``, or through another tensor sharing the memory) needs an
 
 The ops (torch.library, namespace ``mok::``): ``forward_fp8`` and ``backward_fp8`` are
 ``forward`` and ``backward`` (mok/ops.py) with one more argument, ``fp8_weights``: the twelve
-tensors (data, scales, data_t, scales_t) of gate, up and down from ``quantize_weights``.
+tensors (data, scales, data_t, scales_t) of gate, up and down from ``quantize_weights``; and a
+last one, ``fp8_weight_grads`` (default True; False for precision "fp8-bf16-wgrad": the backward's
+routed weight gradients in bf16), which the forward op passes on to its gradient.
 ``forward_fp8`` is differentiable in x, topk_weights and the bf16 weights. CPU and CUDA tensors;
 on CUDA the C++ workspace is made with the FP8 scratch (``WorkspaceOptions::fp8``), one beside the
 bf16 layer's for the same shape, and the forward path is the launches (the megakernel has no FP8
