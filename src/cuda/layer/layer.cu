@@ -1279,8 +1279,9 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       bf16* const wh = fp8 ? nullptr : b.wh;
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
-        // the dgrad did not write bf16(w h) (bf16 only), dy = bf16(w d_out) in place for the down
-        // weight gradient.
+        // the dgrad did not write bf16(w h) and the down weight gradient is a bf16 GEMM (the bf16
+        // layer where I > H, the FP8 layer with bf16 weight gradients), dy = bf16(w d_out) in
+        // place for it.
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
         check(launch_router_grad_push(push, on), "router weight gradient");
