@@ -378,12 +378,14 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   gemm::rows_times_weight_t_fp8(a);
 }
 
-// down_dgrad_swiglu from q(d_out) (pulled_rows) and the transposed W_down copy (no
-// scaled_hidden: dW_down takes the reference's operands, dy and h). With `quantized`, dg and du
-// are written quantized only (dg and du null).
+// down_dgrad_swiglu from q(d_out) (pulled_rows) and the transposed W_down copy. With `quantized`,
+// dg and du are written quantized only (dg and du null). scaled_hidden: as down_dgrad_swiglu's,
+// only where dW_down is the bf16 layer's GEMM (BackwardOptions::fp8_weight_grads false); the e4m3
+// dW_down takes the reference's operands, t(dy) and t(h).
 void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf16* dg, bf16* du,
                            const float* row_weights, float* dot,
-                           const gemm::SwigluBackwardFp8Out& quantized = {}) {
+                           const gemm::SwigluBackwardFp8Out& quantized = {},
+                           bf16* scaled_hidden = nullptr) {
   gemm::RowsTimesWeightFp8Args a;
   a.segments = e.segments;
   a.a = pulled_rows(e);
@@ -394,6 +396,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.swiglu.d_up = du;
   a.swiglu.row_scale = row_weights;
   a.swiglu.dot = dot;
+  a.swiglu.scaled_hidden = scaled_hidden;
   a.swiglu.limit = e.swiglu_limit;
   a.quantized = quantized;
   a.ld_out = e.width;
@@ -451,7 +454,7 @@ struct ExpertBackward {
   bf16 *dg, *du, *dx;        // scratch rows and the input gradient
   GradTarget d_gate, d_up, d_down;
   gemm::RowScatter dx_to;         // routed: dx rows go to their home slots
-  bf16* scaled_hidden = nullptr;  // routed, I <= H: bf16(w h), written by the down dgrad
+  bf16* scaled_hidden = nullptr;  // routed, I <= H, bf16 dW_down: bf16(w h), by the down dgrad
 };
 
 // Streams beside the caller's, one per weight gradient (plan::kWgradStreams), and the events that
@@ -512,7 +515,7 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
   gate_up_dgrad(e, b.dg, b.du, b.dx, b.dx_to);
 }
 
-// expert_backward in FP8 (routed experts; b.scaled_hidden null): the same GEMMs on the same
+// expert_backward in FP8 (routed experts): the same GEMMs on the same
 // streams in the same order. q(d_out) comes from the pull (rows_a); every other e4m3 operand is
 // quantized from the bf16 rows on the stream that reads it, after what wrote them: on the
 // caller's stream after the down dgrad, q(dg) and q(du) (dx reads them there); after the fork,
@@ -531,9 +534,11 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // [R, I] bf16 holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch
 // does not grow.
 // fp8_wgrads false (BackwardOptions::fp8_weight_grads): no token-axis copy; the three weight
-// gradients are expert_backward's bf16 GEMMs of the bf16 rows (`between` has scaled d_out into
-// dy), on the same side streams; the dgrads stay e4m3. The quantizing epilogue, which writes no
-// bf16 dg and du, is then not used.
+// gradients are expert_backward's bf16 GEMMs of the bf16 rows, on the same side streams, with the
+// router weight where the bf16 layer puts it: in bf16(w h), which the down dgrad's epilogue writes
+// (b.scaled_hidden, I <= H), else in dy (`between` scales the d_out rows in place). The dgrads
+// stay e4m3. The quantizing epilogue, which writes no bf16 dg and du, is then not used. With
+// fp8_wgrads, b.scaled_hidden is null (t(dy) scales d_out as it reads it).
 template <class Between>
 void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const WgradStreams& w,
                          bool fp8_wgrads, Between&& between) {
@@ -556,7 +561,8 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
     t_dg = {f.t_dg, R, f.t_dg_scales, I};
     t_du = {f.t_du, R, f.t_du_scales, I};
   } else {
-    down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot);
+    down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot, {},
+                          b.scaled_hidden);
     dg = quantize_rows(e, b.dg, I, f.rows_a, f.rows_a_scales);
     du = quantize_rows(e, b.du, I, f.rows_b, f.rows_b_scales);
   }
@@ -564,8 +570,9 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   ExpertRows on[plan::kWgradStreams] = {e, e, e};
   for (int i = 0; i < plan::kWgradStreams; ++i) on[i].stream = w.side[i];
   if (!fp8_wgrads) {
-    between(w.side[0]);  // d_w pushed home, d_out scaled into dy
-    weight_grad(on[0], b.d_out, H, b.hidden, I, b.d_down, w.tickets);
+    between(w.side[0]);  // d_w pushed home; without scaled_hidden, d_out scaled into dy
+    const bf16* h = b.scaled_hidden != nullptr ? b.scaled_hidden : b.hidden;
+    weight_grad(on[0], b.d_out, H, h, I, b.d_down, w.tickets);
     weight_grad(on[1], b.dg, I, b.x, H, b.d_gate, w.tickets + 2);
     weight_grad(on[2], b.du, I, b.x, H, b.d_up, w.tickets + 4);
     gate_up_dgrad_fp8(e, dg, du, b.dx_to);
@@ -1273,14 +1280,14 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       if (fp8) pull_fp8(pull, e);  // q(d_out), the down dgrad's operand
       check(launch_pull_tokens(pull, m.row_of_slot(r), s), "dispatch of d_out");
       const PassRows rows = m.pass_rows(r, pass);
-      // The FP8 layer's dW_down takes dy and h (the reference's operands), never bf16(w h): the
-      // token-axis quantizer scales the d_out rows into dy as it reads them (fp8_wgrads), else
-      // `between` does, as the bf16 layer's does where the dgrad wrote no bf16(w h).
-      bf16* const wh = fp8 ? nullptr : b.wh;
+      // bf16(w h) from the down dgrad's epilogue (I <= H; b.wh null otherwise) where dW_down is a
+      // bf16 GEMM; the e4m3 dW_down takes dy and h (the reference's operands): the token-axis
+      // quantizer scales the d_out rows into dy as it reads them.
+      bf16* const wh = fp8_wgrads ? nullptr : b.wh;
       auto between = [&](cudaStream_t on) {
         // d_w = the sum of the dgrad epilogue's partials, pushed into its home slot; then, where
-        // the dgrad did not write bf16(w h) and the down weight gradient is a bf16 GEMM (the bf16
-        // layer where I > H, the FP8 layer with bf16 weight gradients), dy = bf16(w d_out) in
+        // the dgrad did not write bf16(w h) and the down weight gradient is a bf16 GEMM (I > H, in
+        // the bf16 layer and in the FP8 layer with bf16 weight gradients), dy = bf16(w d_out) in
         // place for it.
         RouterGradPushParams push{rows, m.geometry(), b.dot, static_cast<int>(dot_chunks),
                                   m.dw_peers};
