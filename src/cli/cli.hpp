@@ -26,9 +26,16 @@ struct Preset {
 const Preset* find_preset(const std::string& name);
 std::string preset_list();
 
-// --precision: the bf16 layer, or the FP8 layer (api.hpp, Fp8Weights: routed GEMMs in e4m3).
-enum class Precision : std::uint8_t { bf16, fp8 };
+// --precision: the bf16 layer, or the FP8 layer (api.hpp, Fp8Weights: routed GEMMs in e4m3),
+// or the FP8 layer with its three routed weight gradients computed as the bf16 layer computes
+// them (BackwardOptions::fp8_weight_grads false; Python's precision "fp8-bf16-wgrad").
+enum class Precision : std::uint8_t { bf16, fp8, fp8_bf16_wgrad };
 const char* precision_name(Precision p);
+// Whether `p` runs the FP8 layer (its forward and input gradients on e4m3): fp8 and
+// fp8-bf16-wgrad.
+bool is_fp8(Precision p);
+// The BackwardOptions a step of `p` passes to the FP8 layer's backward.
+BackwardOptions backward_options(Precision p);
 
 // --check: compare everything, a sample of tokens and weight slices, or decide by cost.
 enum class CheckSize : std::uint8_t { automatic, full, sampled };

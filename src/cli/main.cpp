@@ -85,12 +85,17 @@ run options:
                         (bitwise on the CPU backend; on CUDA sum|diff|/sum|ref| <= 2^-5 and every
                         row <= 1/4) and against the f64 layer of the unquantized bf16 values with
                         MoK's MXFP8 bounds (abs max <= 1 on out and d_x, sum|diff|/sum|ref| <= 0.1,
-                        cosine >= 0.996), both errors printed per output and gradient
+                        cosine >= 0.996), both errors printed per output and gradient |
+                        fp8-bf16-wgrad: the same FP8 layer with the three routed weight gradients
+                        computed as the bf16 layer computes them, bf16 products of the bf16 rows
+                        (BackwardOptions::fp8_weight_grads false); checked the same way, the CPU
+                        FP8 layer computing them likewise
   --check C             auto (default: a sample where the f64 layer costs over 2e10 FLOPs) | full |
                         sampled: what the checks compare
   --plan                print the workspace plan (every buffer's bytes: symmetric, local and layer) for
-                        the shape and config, and exit; with --precision fp8 also the FP8 scratch,
-                        the quantized weights and the forward context: the memory per layer
+                        the shape and config, and exit; with --precision fp8 (or fp8-bf16-wgrad)
+                        also the FP8 scratch, the quantized weights and the forward context: the
+                        memory per layer
   --ep-size W           ranks in the expert-parallel group (default 1; the CPU run needs 1)
   --minibatch N         config.minibatch_size, rows (default 4096)
   --macrobatch N        config.macrobatch_size, rows of the ring buffer (default 0: automatic, 131072
@@ -105,9 +110,9 @@ run options:
                         of the clamp than in the f64 layer and the gradient check can fail
 
 The check compares every output and gradient with the exact f64 layer on the same bf16 inputs
-(relative Frobenius error, tolerances derived from bf16 rounding; with --precision fp8 as above);
-large layers are checked on a sample of tokens and weight slices. Exit status: 0 passed, 1 check
-failed, 2 bad arguments.
+(relative Frobenius error, tolerances derived from bf16 rounding; with the FP8 precisions as
+above); large layers are checked on a sample of tokens and weight slices. Exit status: 0 passed,
+1 check failed, 2 bad arguments.
 )";
 
 std::int64_t parse_int(const std::string& flag, const std::string& value) {
@@ -177,8 +182,10 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
         a.precision = Precision::bf16;
       else if (value == "fp8")
         a.precision = Precision::fp8;
+      else if (value == "fp8-bf16-wgrad")
+        a.precision = Precision::fp8_bf16_wgrad;
       else
-        throw UsageError("--precision: expected bf16 or fp8, got '" + value + "'");
+        throw UsageError("--precision: expected bf16, fp8 or fp8-bf16-wgrad, got '" + value + "'");
     } else if (flag == "--check") {
       if (value == "auto")
         a.check = CheckSize::automatic;
@@ -232,7 +239,25 @@ RunArgs parse_run(const std::vector<std::string>& argv) {
 }  // namespace
 
 const char* precision_name(Precision p) {
-  return p == Precision::fp8 ? "fp8" : "bf16";
+  switch (p) {
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp8:
+      return "fp8";
+    case Precision::fp8_bf16_wgrad:
+      return "fp8-bf16-wgrad";
+  }
+  return "?";
+}
+
+bool is_fp8(Precision p) {
+  return p != Precision::bf16;
+}
+
+BackwardOptions backward_options(Precision p) {
+  BackwardOptions o;
+  o.fp8_weight_grads = p != Precision::fp8_bf16_wgrad;
+  return o;
 }
 
 const Preset* find_preset(const std::string& name) {

@@ -37,12 +37,14 @@ std::string json_string(const std::string& v) {
 }
 
 // The FP8 layer quantizes in 128-wide blocks along H and I: checked before any allocation.
-void require_fp8_shape(const Problem& p) {
+void require_fp8_shape(const Problem& p, Precision precision) {
   const std::pair<const char*, std::int64_t> sizes[] = {{"hidden_size", p.hidden_size},
                                                         {"intermediate_size", p.intermediate_size}};
   for (const auto& [name, size] : sizes) {
     if (size % 128 != 0) {
-      throw Error(name, "a multiple of 128 for --precision fp8", to_text(size));
+      throw Error(name,
+                  std::string("a multiple of 128 for --precision ") + precision_name(precision),
+                  to_text(size));
     }
   }
 }
@@ -80,8 +82,11 @@ std::string json_fp8_reference(const Fp8ReferenceReport& r) {
 int run(const RunArgs& args) {
   const Problem& p = args.problem;
   p.validate(DType::bf16);  // before any allocation, so bad shapes fail fast with their name
-  const bool fp8 = args.precision == Precision::fp8;
-  if (fp8) require_fp8_shape(p);
+  const bool fp8 = is_fp8(args.precision);
+  if (fp8) require_fp8_shape(p, args.precision);
+  // The FP8 layer's backward: fp8_weight_grads false for fp8-bf16-wgrad (both backends, and the
+  // CPU FP8 layer the check compares with).
+  const BackwardOptions backward_opts = backward_options(args.precision);
   const Backend backend = resolve_backend(args.backend);
   require_backend(backend);
   args.config.validate();
@@ -97,8 +102,9 @@ int run(const RunArgs& args) {
   if (backend == Backend::cuda) {
     // One untimed step, then the median of three timed with CUDA events (FP8: the weights'
     // quantization likewise, on its own).
-    const cuda::StepTimes t = fp8 ? cuda::run_synthetic_step_fp8(data, args.config, 0, 1, 3)
-                                  : cuda::run_synthetic_step(data, args.config, 0, 1, 3);
+    const cuda::StepTimes t =
+        fp8 ? cuda::run_synthetic_step_fp8(data, args.config, backward_opts, 0, 1, 3)
+            : cuda::run_synthetic_step(data, args.config, 0, 1, 3);
     fwd_ms = t.fwd_ms;
     bwd_ms = t.bwd_ms;
     quant_ms = t.quant_ms;
@@ -125,7 +131,7 @@ int run(const RunArgs& args) {
     const auto t1 = clock::now();
     if (fp8) {
       backward(ws, data.inputs(), data.weights(), q->get(), ctx.get(), data.d_out.view(),
-               data.grads());
+               data.grads(), backward_opts);
     } else {
       backward(ws, data.inputs(), data.weights(), ctx.get(), data.d_out.view(), data.grads());
     }
@@ -143,7 +149,8 @@ int run(const RunArgs& args) {
   const CheckReport report = check_against_f64(data, check_options);
   std::optional<Fp8ReferenceReport> reference;
   if (fp8) {
-    reference = check_against_fp8_reference(data, backend == Backend::cpu, check_options);
+    reference = check_against_fp8_reference(data, backend == Backend::cpu,
+                                            backward_opts.fp8_weight_grads, check_options);
   }
   const bool passed = fp8 ? within_mxfp8_bounds(report) && reference->passed() : report.passed();
 
@@ -182,10 +189,10 @@ int run(const RunArgs& args) {
   } else {
     const std::string where =
         backend == Backend::cuda ? cuda::device_summary(0) : std::to_string(threads) + " threads";
-    std::printf("mok run: preset %s, backend %s (%s), %s routing, seed %llu%s\n",
+    std::printf("mok run: preset %s, backend %s (%s), %s routing, seed %llu%s%s\n",
                 args.preset.c_str(), backend_name(backend), where.c_str(),
                 routing_name(args.routing), static_cast<unsigned long long>(args.seed),
-                fp8 ? ", precision fp8" : "");
+                fp8 ? ", precision " : "", fp8 ? precision_name(args.precision) : "");
     std::printf("  shape     %s, %lld routed rows\n", p.to_string().c_str(),
                 static_cast<long long>(routed_rows));
     if (fp8) {
@@ -269,8 +276,10 @@ Fp8Memory fp8_memory(const Problem& p, const Config& c) {
 int print_plan(const RunArgs& args) {
   const Problem& p = args.problem;
   p.validate(DType::bf16);
-  const bool fp8 = args.precision == Precision::fp8;
-  if (fp8) require_fp8_shape(p);
+  // fp8-bf16-wgrad's workspace is fp8's (WorkspaceOptions::fp8 holds the token-axis scratch
+  // whichever way the weight gradients are computed).
+  const bool fp8 = is_fp8(args.precision);
+  if (fp8) require_fp8_shape(p, args.precision);
   validate_schedule_problem(p, args.config);
   const plan::WorkspacePlan wp = plan::make_workspace_plan(plan_shape_of(p, args.config));
   const Fp8Memory f = fp8 ? fp8_memory(p, args.config) : Fp8Memory{};
@@ -315,8 +324,8 @@ int print_plan(const RunArgs& args) {
     std::printf("%s\n", j.str().c_str());
     return 0;
   }
-  std::printf("mok workspace plan: preset %s, %s%s\n", args.preset.c_str(), p.to_string().c_str(),
-              fp8 ? ", precision fp8" : "");
+  std::printf("mok workspace plan: preset %s, %s%s%s\n", args.preset.c_str(), p.to_string().c_str(),
+              fp8 ? ", precision " : "", fp8 ? precision_name(args.precision) : "");
   std::printf(
       "  config: minibatch_size=%lld macrobatch_size=%lld (a ring of %lld rows); schedule "
       "capacity %lld rows, segments aligned to %d rows\n",

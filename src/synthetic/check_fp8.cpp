@@ -107,7 +107,8 @@ HostTensor like(const HostTensor& t) {
 
 // ---- Full: the CPU backend's FP8 layer over the whole problem ----
 
-Fp8ReferenceReport check_full(const LayerData& got, bool bitwise, const CheckOptions& o) {
+Fp8ReferenceReport check_full(const LayerData& got, bool bitwise, bool fp8_weight_grads,
+                              const CheckOptions& o) {
   const Problem& p = got.problem;
   const std::int64_t H = p.hidden_size, I = p.intermediate_size, k = p.topk,
                      S = p.shared_intermediate_size;
@@ -118,10 +119,13 @@ Fp8ReferenceReport check_full(const LayerData& got, bool bitwise, const CheckOpt
   const HostFp8Weights q(got);
   Workspace ws(p, Config{}, {.backend = Backend::cpu, .num_threads = o.num_threads});
   HostContext ctx(ws);
+  BackwardOptions options;
+  options.fp8_weight_grads = fp8_weight_grads;
   forward(ws, got.inputs(), got.weights(), q.get(), out.view(), ctx.get());
   backward(ws, got.inputs(), got.weights(), q.get(), ctx.get(), got.d_out.view(),
            {d_x.view(), d_w.view(), d_gate.view(), d_up.view(), d_down.view(), d_sg.view(),
-            d_su.view(), d_sd.view()});
+            d_su.view(), d_sd.view()},
+           options);
   Fp8ReferenceReport r;
   r.bitwise = bitwise;
   auto add = [&](const char* name, const HostTensor& g, const HostTensor& f, std::int64_t row) {
@@ -256,14 +260,16 @@ void token_rows(const LayerData& d, const Fp8Expert& w, ThreadPool& pool, const 
 
 // One expert's weight gradients in columns [i0, i0 + n) of I, over all its rows: d_gate and d_up
 // rows [n, H], d_down columns [H, n]. A column's g, u, h, dh, dg, du depend on that column of the
-// weights only, and its token-axis blocks are quantized by themselves.
+// weights only, and its token-axis blocks are quantized by themselves (or, `fp8_weight_grads`
+// false, each element is a sum over the rows of that column alone).
 struct ColumnGrads {
   std::int64_t expert = 0, i0 = 0, n = 0;
   std::vector<float> d_gate, d_up, d_down;
 };
 
 ColumnGrads column_grads(const LayerData& d, const Fp8Expert& w, ThreadPool& pool, const Rows& rows,
-                         std::int64_t expert, std::int64_t i0, std::int64_t n) {
+                         std::int64_t expert, std::int64_t i0, std::int64_t n,
+                         bool fp8_weight_grads) {
   const std::int64_t H = d.problem.hidden_size;
   ColumnGrads c{expert,
                 i0,
@@ -276,7 +282,7 @@ ColumnGrads column_grads(const LayerData& d, const Fp8Expert& w, ThreadPool& poo
   slice.gate = rows_of(w.gate, i0, n);
   slice.up = rows_of(w.up, i0, n);
   slice.down_t = rows_of(w.down_t, i0, n);
-  const Fp8Products mm{pool, rows.n, H, n, slice};
+  const Fp8Products mm{pool, rows.n, H, n, slice, fp8_weight_grads};
   const Activations a(mm, rows, d.swiglu_limit);
   std::vector<float> dy(rows.n * H);
   for (std::int64_t r = 0; r < rows.n; ++r) {
@@ -339,7 +345,8 @@ double stored(float v, const HostTensor& like) {
   return like.view().dtype == DType::bf16 ? double{round_to_bf16(v)} : double{v};
 }
 
-Fp8ReferenceReport check_sampled(const LayerData& d, bool bitwise, const CheckOptions& o) {
+Fp8ReferenceReport check_sampled(const LayerData& d, bool bitwise, bool fp8_weight_grads,
+                                 const CheckOptions& o) {
   const Problem& p = d.problem;
   const std::int64_t T = p.num_tokens, H = p.hidden_size, I = p.intermediate_size, k = p.topk,
                      E = p.num_local_experts(), n_cols = kFp8SampleColumns;
@@ -399,8 +406,8 @@ Fp8ReferenceReport check_sampled(const LayerData& d, bool bitwise, const CheckOp
       if (std::find(experts.begin(), experts.end(), e) == experts.end()) continue;
       const Rows expert_rows(d, slots_of[e]);
       for (std::int64_t group : sample_indices(I / n_cols, 3, o.seed + 2 + e)) {
-        columns.push_back(
-            column_grads(d, q[i]->get(), pool, expert_rows, e, group * n_cols, n_cols));
+        columns.push_back(column_grads(d, q[i]->get(), pool, expert_rows, e, group * n_cols, n_cols,
+                                       fp8_weight_grads));
       }
     }
   }
@@ -469,9 +476,9 @@ std::string scientific(double v) {
 }  // namespace
 
 Fp8ReferenceReport check_against_fp8_reference(const LayerData& got, bool bitwise,
-                                               const CheckOptions& options) {
-  return uses_sample(got.problem, options) ? check_sampled(got, bitwise, options)
-                                           : check_full(got, bitwise, options);
+                                               bool fp8_weight_grads, const CheckOptions& options) {
+  return uses_sample(got.problem, options) ? check_sampled(got, bitwise, fp8_weight_grads, options)
+                                           : check_full(got, bitwise, fp8_weight_grads, options);
 }
 
 std::string fp8_summary(const CheckReport& f64, const Fp8ReferenceReport& reference) {

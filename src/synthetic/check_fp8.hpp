@@ -1,5 +1,5 @@
 // Checking an FP8 layer result (api.hpp, Fp8Weights; docs/architecture.md, "The FP8 layer"), as
-// `mok run --precision fp8` does, two ways:
+// `mok run --precision fp8` (and fp8-bf16-wgrad) does, two ways:
 //
 // 1. Against the CPU FP8 layer (the reference: src/reference/fp8_layer.hpp) over weights quantized
 //    on the host (the device's quantizer gives the same bits). A result of the CPU backend is that
@@ -23,7 +23,10 @@
 // over all the expert's rows (a column's token-axis blocks are quantized by themselves). Each is
 // computed with the reference's own products and roundings, so on the CPU backend the sample
 // agrees bit for bit too. The shared expert's weight gradients are compared only in a full check
-// (a sample of them would run the shared expert over every token).
+// (a sample of them would run the shared expert over every token). With the bf16 routed weight
+// gradients (BackwardOptions::fp8_weight_grads false) the reference computes them as the layer
+// did, with the reference's own products (Fp8Products::fp8_weight_grads): every element an fp32
+// sum over the expert's rows in order, so a sample of columns has the whole tensor's bits.
 #pragma once
 
 #include <string>
@@ -69,9 +72,12 @@ struct Fp8ReferenceReport {
 };
 
 // `got` holds bf16 inputs and what a backend's FP8 layer produced from them (forward and
-// backward). `bitwise`: the backend was the CPU one. Full or sampled as check_against_f64 decides
-// with the same options.
+// backward). `bitwise`: the backend was the CPU one. `fp8_weight_grads`: the BackwardOptions the
+// layer's backward was given (false: the routed weight gradients are the bf16 layer's products,
+// and the reference computes them so). Full or sampled as check_against_f64 decides with the same
+// options.
 Fp8ReferenceReport check_against_fp8_reference(const LayerData& got, bool bitwise,
+                                               bool fp8_weight_grads,
                                                const CheckOptions& options = {});
 
 // Both checks as a table, one line per output and gradient, each error beside its bound.

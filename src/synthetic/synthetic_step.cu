@@ -90,8 +90,8 @@ StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, 
   return t;
 }
 
-StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config, int device, int warmup,
-                                 int reps) {
+StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config,
+                                 const BackwardOptions& options, int device, int warmup, int reps) {
   if (reps < 1) throw Error("reps", "at least 1", to_text(reps));
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   const Problem& p = data.problem;
@@ -121,7 +121,9 @@ StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config, int devi
   StepTimes t = timed_steps(
       ws, g, warmup, reps,
       [&] { forward(ws, g.inputs(), g.weights(), q, g.out.view(), ctx.get()); },
-      [&] { backward(ws, g.inputs(), g.weights(), q, ctx.get(), g.d_out.view(), g.grads()); });
+      [&] {
+        backward(ws, g.inputs(), g.weights(), q, ctx.get(), g.d_out.view(), g.grads(), options);
+      });
   t.quant_ms = median(quant);
   g.download(data);
   return t;

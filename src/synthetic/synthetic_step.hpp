@@ -19,8 +19,9 @@ StepTimes run_synthetic_step(LayerData& data, const Config& config, int device, 
 // The same for the FP8 layer (api.hpp, Fp8Weights): the routed weights are quantized on the device
 // (mok::quantize_weights, as a training step quantizes them once per weight version), timed on
 // their own, `warmup` + `reps` times; then the steps, on a workspace made with
-// WorkspaceOptions::fp8, read the quantized weights.
-StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config, int device, int warmup,
-                                 int reps);
+// WorkspaceOptions::fp8, read the quantized weights. `options` goes to every step's backward
+// (fp8_weight_grads false: bf16 routed weight gradients, `mok run --precision fp8-bf16-wgrad`).
+StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config,
+                                 const BackwardOptions& options, int device, int warmup, int reps);
 
 }  // namespace mok::cuda

@@ -8,7 +8,7 @@ StepTimes run_synthetic_step(LayerData&, const Config&, int, int, int) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 
-StepTimes run_synthetic_step_fp8(LayerData&, const Config&, int, int, int) {
+StepTimes run_synthetic_step_fp8(LayerData&, const Config&, const BackwardOptions&, int, int, int) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 

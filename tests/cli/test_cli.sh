@@ -52,17 +52,20 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     fail "run --backend cuda: $out"
   fi
   # The FP8 layer on the GPU: within the bounds against the CPU FP8 layer and MoK's against f64,
-  # compared in full and on a sample.
-  for check in full sampled; do
-    out=$("$mok" run --backend cuda --precision fp8 --routing skewed --tokens 300 --check $check --json 2>&1)
-    if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); c=j["check"]; r=c["fp8_reference"]; assert j["backend"]=="cuda" and j["precision"]=="fp8" and c["passed"] is True and r["bitwise"] is False and r["passed"] is True and j["quant_ms"] > 0, j' 2>/dev/null; then
-      pass "run --backend cuda --precision fp8 --check $check --json"
-    else
-      fail "run --backend cuda --precision fp8 --check $check: $out"
-    fi
+  # compared in full and on a sample; with bf16 weight gradients (fp8-bf16-wgrad) the CPU FP8
+  # layer computes them likewise.
+  for precision in fp8 fp8-bf16-wgrad; do
+    for check in full sampled; do
+      out=$("$mok" run --backend cuda --precision $precision --routing skewed --tokens 300 --check $check --json 2>&1)
+      if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); c=j["check"]; r=c["fp8_reference"]; assert j["backend"]=="cuda" and j["precision"]==sys.argv[1] and c["passed"] is True and r["bitwise"] is False and r["passed"] is True and j["quant_ms"] > 0, j' "$precision" 2>/dev/null; then
+        pass "run --backend cuda --precision $precision --check $check --json"
+      else
+        fail "run --backend cuda --precision $precision --check $check: $out"
+      fi
+    done
+    # The megakernel has no FP8 form: refused with the option's name.
+    expect_usage "forward_path" run --backend cuda --precision $precision --forward fused
   done
-  # The megakernel has no FP8 form: refused with the option's name.
-  expect_usage "forward_path" run --backend cuda --precision fp8 --forward fused
   # The forward megakernel: the same check.
   out=$("$mok" run --backend cuda --forward fused --tokens 300 --json 2>&1)
   if printf '%s' "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["backend"]=="cuda" and j["check"]["passed"] is True, j' 2>/dev/null; then
@@ -111,15 +114,18 @@ done
 #     layer: the check runs it again, or in a sampled check repeats its arithmetic on the sampled
 #     rows and columns), and within MoK's MXFP8 bounds of the f64 layer of the bf16 values, with
 #     errors of FP8's size (bf16 gives about 0.003: a run that fell back to bf16 fails here).
-for args in "" "--routing skewed --tokens 131 --shared 0 --check sampled" \
+#     fp8-bf16-wgrad likewise: its routed weight gradients come from FP8 dg, du and h, so their
+#     error is still FP8's, and the CPU FP8 layer computes them as the run did (bitwise).
+for precision in fp8 fp8-bf16-wgrad; do for args in "" \
+  "--routing skewed --tokens 131 --shared 0 --check sampled" \
   "--routing one-expert --topk 1 --swiglu-limit 5 --check sampled" "--tokens 1 --threads 1"; do
   # shellcheck disable=SC2086
-  out=$("$mok" run --backend cpu --precision fp8 --json $args 2>&1)
+  out=$("$mok" run --backend cpu --precision $precision --json $args 2>&1)
   rc=$?
-  if [ $rc -eq 0 ] && python3 - "$out" <<'PY'
+  if [ $rc -eq 0 ] && python3 - "$out" "$precision" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1])
-assert j["precision"] == "fp8" and j["quant_ms"] > 0 and j["fwd_ms"] > 0, j
+assert j["precision"] == sys.argv[2] and j["quant_ms"] > 0 and j["fwd_ms"] > 0, j
 c = j["check"]
 assert c["passed"] is True, c
 assert c["mxfp8_bounds"] == {"abs_max": 1.0, "rel_sum": 0.1, "cosine": 0.996}, c
@@ -139,7 +145,29 @@ assert set(names[:6]) <= set(ref), ref
 for e in r["entries"]:
     assert e["differing"] == 0 and e["rel_sum"] == 0 and e["compared"] > 0, e
 PY
-  then pass "run --precision fp8 $args"; else fail "run --precision fp8 $args (rc=$rc): $out"; fi
+  then pass "run --precision $precision $args"; else fail "run --precision $precision $args (rc=$rc): $out"; fi
+done; done
+# fp8-bf16-wgrad is fp8 but for the three routed weight gradients: on the same inputs (one seed)
+# every other output and gradient has fp8's error against the f64 layer to the bit, and those three
+# have another (so the option reached the layer; the bitwise check above, that it reached the CPU
+# FP8 layer the run is compared with too).
+for args in "" "--routing skewed --tokens 131 --check sampled"; do
+  # shellcheck disable=SC2086
+  fp8=$("$mok" run --backend cpu --precision fp8 --json $args 2>&1)
+  # shellcheck disable=SC2086
+  wgrad=$("$mok" run --backend cpu --precision fp8-bf16-wgrad --json $args 2>&1)
+  if python3 - "$fp8" "$wgrad" <<'PY'
+import json, sys
+fp8, wgrad = (json.loads(a)["check"]["entries"] for a in sys.argv[1:3])
+assert [e["name"] for e in fp8] == [e["name"] for e in wgrad], (fp8, wgrad)
+routed = ("d_routed_gate_weights", "d_routed_up_weights", "d_routed_down_weights")
+for a, b in zip(fp8, wgrad):
+    same = (a["rel_err"], a["abs_max"], a["rel_sum"], a["cosine"]) == \
+           (b["rel_err"], b["abs_max"], b["rel_sum"], b["cosine"])
+    assert same != (a["name"] in routed), (a, b)
+PY
+  then pass "run --precision fp8-bf16-wgrad $args: fp8 but for the routed weight gradients"
+  else fail "run --precision fp8-bf16-wgrad $args against fp8: $fp8 $wgrad"; fi
 done
 # The text names both references and prints both errors on each line, beside the bounds.
 out=$("$mok" run --backend cpu --precision fp8 2>&1)
@@ -152,11 +180,23 @@ if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "check against the CPU FP8 layer
 else
   fail "run --precision fp8 (text): $out"
 fi
-expect_usage "--precision: expected bf16 or fp8, got 'fp16'" run --precision fp16
+out=$("$mok" run --backend cpu --precision fp8-bf16-wgrad 2>&1)
+if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "seed 1, precision fp8-bf16-wgrad$" &&
+  printf '%s' "$out" | grep -q "check against the CPU FP8 layer (bitwise" &&
+  printf '%s' "$out" | grep -Eq "^  d_routed_down_weights +\| identical +\| - +[0-9.e+-]+  0\.99[0-9]+  ok$" &&
+  printf '%s' "$out" | grep -q "quantize " && printf '%s' "$out" | grep -q "check passed"; then
+  pass "run --precision fp8-bf16-wgrad (text)"
+else
+  fail "run --precision fp8-bf16-wgrad (text): $out"
+fi
+expect_usage "--precision: expected bf16, fp8 or fp8-bf16-wgrad, got 'fp16'" run --precision fp16
+expect_usage "--precision: expected bf16, fp8 or fp8-bf16-wgrad, got 'fp8-bf16'" run --precision fp8-bf16
 expect_usage "--check: expected auto, full or sampled, got 'some'" run --check some
 expect_usage "hidden_size: expected a multiple of 128 for --precision fp8, got 192" run --precision fp8 --hidden 192
 expect_usage "intermediate_size: expected a multiple of 128 for --precision fp8, got 64" run --precision fp8 --intermediate 64
 expect_usage "hidden_size: expected a multiple of 128 for --precision fp8, got 320" run --plan --precision fp8 --hidden 320
+expect_usage "intermediate_size: expected a multiple of 128 for --precision fp8-bf16-wgrad, got 64" run --precision fp8-bf16-wgrad --intermediate 64
+expect_usage "hidden_size: expected a multiple of 128 for --precision fp8-bf16-wgrad, got 320" run --plan --precision fp8-bf16-wgrad --hidden 320
 # bf16 has no such rule.
 if "$mok" run --backend cpu --hidden 192 >/dev/null 2>&1; then pass "run --hidden 192 (bf16)"; else fail "run --hidden 192 (bf16)"; fi
 
@@ -197,6 +237,26 @@ then
   pass "run --plan --precision fp8"
 else
   fail "run --plan --precision fp8: $plan $json"
+fi
+# fp8-bf16-wgrad's plan is fp8's (the same workspace; the header and "precision" name it).
+wplan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8-bf16-wgrad 2>&1)
+rc=$?
+wjson=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8-bf16-wgrad --json 2>&1)
+rc=$((rc | $?))
+if [ $rc -eq 0 ] && python3 - "$plan" "$json" "$wplan" "$wjson" <<'PY'
+import json, sys
+plan, j, wplan, wj = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+assert j.pop("precision") == "fp8" and wj.pop("precision") == "fp8-bf16-wgrad", (j, wj)
+assert j == wj, (j, wj)
+head, rest = plan.split("\n", 1)
+whead, wrest = wplan.split("\n", 1)
+assert head.endswith(", precision fp8") and whead == head + "-bf16-wgrad", (head, whead)
+assert rest == wrest
+PY
+then
+  pass "run --plan --precision fp8-bf16-wgrad"
+else
+  fail "run --plan --precision fp8-bf16-wgrad: $wplan $wjson"
 fi
 
 # 5. Help.
