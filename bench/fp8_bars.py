@@ -10,6 +10,9 @@ over mok bf16 (the time of `mok-unfused`, the default config, over the FP8 path'
   with the per-step quantization (`mok-fp8-quant`): 1.25, 1.2, 1.4, and at least 1.0 on dsv3-ep1;
 and mok's FP8 faster than the torchao recipe (`torchao-fp8`, or this repository's writing of it,
 `torch-fp8`, where torchao did not run) in every case, with a smaller error against the f64 layer.
+The bars are the all-FP8 recipe's; mok's other FP8 recipe, bf16 routed weight gradients
+(`mok-fp8-bf16-wgrad`, torchao's own choice for the weight gradients), is tabled beside it against
+the same bf16 time and the same peer, for information.
 The bars are set on PERF.md's routing (uniform); skewed rows show the same ratios against the
 same bars, reported apart.
 
@@ -23,6 +26,7 @@ torch._scaled_grouped_mm (`torch-fp8`) at the same shape.
 BF16 = "mok-unfused"
 FP8 = "mok-fp8"
 FP8_QUANT = "mok-fp8-quant"
+FP8_BF16_WGRAD = "mok-fp8-bf16-wgrad"  # precision "fp8-bf16-wgrad": shown beside, no bar of its own
 PEERS = ("torchao-fp8", "torch-fp8")  # the first one present is the peer
 LAYER_BARS = {"dsv3-ep8slice": (1.4, 1.25), "qwen3-30b-a3b": (1.3, 1.2),
               "mixtral-8x7b": (1.5, 1.4), "dsv3-ep1": (1.6, 1.0)}  # (FP8, FP8 with quantization)
@@ -90,6 +94,7 @@ def layer_rows(records, suite="layer-fp8"):
         case, routing, pss = key
         base = idx[key + (BF16,)]
         fp8, quant = idx.get(key + (FP8,)), idx.get(key + (FP8_QUANT,))
+        wgrad = idx.get(key + (FP8_BF16_WGRAD,))
         other = idx.get(key + (peer,)) if peer else None
         bars = LAYER_BARS.get(case, (None, None)) if pss == BAR_PASS else (None, None)
         r8, rq = _ratio(base, fp8), _ratio(base, quant)
@@ -100,6 +105,8 @@ def layer_rows(records, suite="layer-fp8"):
                      "quant_bar": bars[1], "quant_verdict": verdict(rq, bars[1]),
                      "peer": peer, "peer_ms": other and other["median_ms"],
                      "fp8_over_peer": _ratio(other, fp8), "quant_over_peer": _ratio(other, quant),
+                     "wgrad_ms": wgrad and wgrad["median_ms"], "wgrad_speedup": _ratio(base, wgrad),
+                     "wgrad_over_peer": _ratio(other, wgrad),
                      "commit": base.get("commit") or "-"})
     return rows
 
@@ -114,21 +121,24 @@ def layer_lines(records, suite="layer-fp8"):
     lines = [f"## FP8 layer against mok bf16, each path alone at the power limit ({suite})", "",
              "Speedup: mok bf16's time (`mok-unfused`, the default config) over the FP8 path's, "
              "same run. `mok-fp8`: weights quantized beforehand; `mok-fp8-quant`: the per-step "
-             "weight quantization inside every call. Bars (issue 43) on forward+backward, "
+             "weight quantization inside every call; `mok-fp8-bf16-wgrad`: the weight gradients "
+             "in bf16 (precision 'fp8-bf16-wgrad'; no bar). Bars (issue 43) on forward+backward, "
              f"{BAR_ROUTING} routing; skewed rows against the same bars for information. Peer: "
              f"{peer or 'none in this run'} (its time over mok's: above 1, mok is faster).", "",
              "| case | routing | pass | bf16 ms | fp8 ms | speedup | bar | | fp8+quant ms | "
-             "speedup | bar | | peer ms | peer / fp8 | peer / fp8+quant | commit |",
+             "speedup | bar | | bf16-wgrad ms | speedup | peer ms | peer / fp8 | peer / fp8+quant | "
+             "peer / bf16-wgrad | commit |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-             "| --- | --- |"]
+             "| --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['routing']} | {r['pass']} | {r['bf16_ms']:.3f} | "
             f"{_fmt(r['fp8_ms'])} | {_fmt(r['fp8_speedup'], '.2f')}x | {_fmt(r['fp8_bar'], '.2f')} "
             f"| {r['fp8_verdict']} | {_fmt(r['quant_ms'])} | {_fmt(r['quant_speedup'], '.2f')}x | "
-            f"{_fmt(r['quant_bar'], '.2f')} | {r['quant_verdict']} | {_fmt(r['peer_ms'])} | "
+            f"{_fmt(r['quant_bar'], '.2f')} | {r['quant_verdict']} | {_fmt(r['wgrad_ms'])} | "
+            f"{_fmt(r['wgrad_speedup'], '.2f')}x | {_fmt(r['peer_ms'])} | "
             f"{_fmt(r['fp8_over_peer'], '.2f')} | {_fmt(r['quant_over_peer'], '.2f')} | "
-            f"{r['commit']} |")
+            f"{_fmt(r['wgrad_over_peer'], '.2f')} | {r['commit']} |")
     lines += [""] + bar_summary(rows) + [""] + error_lines(records, suite) + memory_lines(
         records, suite)
     return lines

@@ -41,6 +41,7 @@ STANDARD_CASES = ["dsv3-ep8slice", "dsv3-ep1", "qwen3-30b-a3b", "mixtral-8x7b"]
 IMPL_LABELS = {"torch": "PyTorch baseline", "mok-unfused": "mok (launches, default)",
                "mok-fused": "mok (forward megakernel)", "mok-fp8": "mok FP8 (weights quantized)",
                "mok-fp8-quant": "mok FP8 (with the weight quantization)",
+               "mok-fp8-bf16-wgrad": "mok FP8, bf16 weight gradients",
                "torchao-fp8": "torchao FP8 rowwise", "torch-fp8": "FP8 rowwise recipe (torch)"}
 MOK_VARIANTS = ("mok-unfused-1pass", "mok-unfused-2pass")  # ring experiments, not plotted
 # layer_fused.json holds both bench_virtual_ranks suites: layer-fused (pairs) and layer-fused-solo.

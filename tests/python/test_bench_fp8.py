@@ -390,8 +390,9 @@ def test_fp8_suite_end_to_end_on_cpu(tmp_path, gen, capsys):
 # ---- the bars, fed synthetic results ------------------------------------------------------------
 
 def _layer_doc(suite="layer-fp8", commit="abc1234", fp8_speedup=None, quant_speedup=None,
-               peer="torchao-fp8", peer_over=1.2):
-    """Synthetic FP8 suite results: bf16 10 ms forward+backward, 4 ms forward in every case."""
+               peer="torchao-fp8", peer_over=1.2, wgrad_speedup=None):
+    """Synthetic FP8 suite results: bf16 10 ms forward+backward, 4 ms forward in every case
+    (`wgrad_speedup`: mok-fp8-bf16-wgrad's too, that speedup in every case)."""
     fp8_speedup = fp8_speedup or {"dsv3-ep8slice": 1.5, "dsv3-ep1": 1.55, "qwen3-30b-a3b": 1.35,
                                   "mixtral-8x7b": 1.6}
     quant_speedup = quant_speedup or {"dsv3-ep8slice": 1.3, "dsv3-ep1": 0.95,
@@ -412,6 +413,8 @@ def _layer_doc(suite="layer-fp8", commit="abc1234", fp8_speedup=None, quant_spee
                 fp8_ms = base / fp8_speedup[case]
                 rec("mok-fp8", fp8_ms, **({"f64_errors": err} if pss == "fwd" else {}))
                 rec("mok-fp8-quant", base / quant_speedup[case])
+                if wgrad_speedup is not None:
+                    rec("mok-fp8-bf16-wgrad", base / wgrad_speedup)
                 rec(peer, fp8_ms * peer_over, **({"f64_errors": peer_err} if pss == "fwd" else {}))
     return {"gpu": "NVIDIA H200", "commit": commit, "date": "2026-12-06", "cases": cases}
 
@@ -433,6 +436,22 @@ def test_layer_bars_say_pass_and_fail():
             "dsv3-ep1 fp8+quant 0.95x < 1.00x; mok-fp8 faster than the peer in 8 of 8") in text
     assert "| dsv3-ep8slice | uniform | mok-unfused | 3072 | 5120 |" in text
     assert "0.0500 / 0.99800" in text and "| pass |" in text  # mok-fp8's error below the peer's
+
+
+def test_layer_table_shows_the_bf16_weight_gradient_recipe_without_a_bar():
+    doc = _layer_doc(wgrad_speedup=1.25)
+    rows = {(r["case"], r["routing"], r["pass"]): r for r in fp8_bars.layer_rows(doc["cases"])}
+    r = rows[("qwen3-30b-a3b", "uniform", "fwdbwd")]
+    assert r["wgrad_ms"] == pytest.approx(8.0) and r["wgrad_speedup"] == pytest.approx(1.25)
+    assert r["wgrad_over_peer"] == pytest.approx(10 / 1.35 * 1.2 / 8.0)
+    text = "\n".join(fp8_bars.layer_lines(doc["cases"]))
+    # mixtral-8x7b: the quantizing path's columns, then the bf16-wgrad ones, then the peer's.
+    assert ("| 6.897 | 1.45x | 1.40 | pass | 8.000 | 1.25x | 7.500 | 1.20 | 1.09 | 0.94 | "
+            "abc1234 |") in text
+    # No bar of its own: the bar count is that of the runs without it.
+    assert "6 of 8 bars met" in text
+    without = "\n".join(fp8_bars.layer_lines(_layer_doc()["cases"]))
+    assert "| 1.45x | 1.40 | pass | - | -x | " in without
 
 
 def test_layer_bars_fall_back_to_the_torch_recipe_and_count_missing_paths():
