@@ -36,6 +36,20 @@
 //                     the tensor maps or the scales' copies (NOTES, "51c7fa2": about 280 cycles a
 //                     K block separate the form from the loop beside its delivery). Waits that
 //                     gave up are counted (`timeouts`); any makes the row void.
+//   e4m3-wide-tma     e4m3-wide-pipeline fed by the form's own loads: the Producer thread runs
+//                     load_k_block (mainloop.cuh) on the ring's own full and empty barriers (the
+//                     engine's arrival counts): each K block's A and B tiles by TMA through tensor
+//                     maps over a dense problem of dsv3-ep8slice's gate/up size in HBM (16,128 x
+//                     7,168 e4m3 rows against 4,608 weight rows, as mok_supply_bench), tiles in the
+//                     M-grouped forms' order (panels of kPanelM M tiles, N tile outer), 56 K blocks
+//                     a tile; and the block's scales as the form copies them (its rows' 512 bytes
+//                     by a bulk copy, the weight blocks' two floats by cp.async), all 1.0. Against
+//                     e4m3-wide-pipeline: what the real operand and scale loads cost the loop a K
+//                     block (NOTES, "709b383": l2w-h7168 could not tell); against the form: what is
+//                     left is its epilogue and its tile scheduling.
+//   e4m3-wide-tma-noscales  the same without the scales' copies (the stages' scales stay 1; the
+//                     Producer arrives once more on the full barrier in place of the cp.async's
+//                     arrival).
 //   e4m3-tokens       the weight gradient's loop (mma_tile_fp8_tokens without its barriers):
 //                     the 1D1D promotion, a row scale times a column scale for every accumulator
 //   e4m3-tokens-overlap  the same overlapped (mma_tile_fp8_tokens_overlap)
@@ -57,6 +71,7 @@
 
 #include "bench_check.hpp"
 #include "cuda/gemm/mainloop.cuh"
+#include "cuda/gemm/tensor_map.hpp"
 
 namespace {
 
@@ -78,6 +93,8 @@ enum class Mode {
   e4m3_wide,
   e4m3_wide_fill,
   e4m3_wide_pipeline,
+  e4m3_wide_tma,
+  e4m3_wide_tma_noscales,
   e4m3_tokens,
   e4m3_tokens_overlap
 };
@@ -97,9 +114,35 @@ struct Clocks {
 
 constexpr std::size_t kFillSourceBytes = 4u << 20;
 
+// e4m3-wide-tma's operands: the dense problem (mok_supply_bench's) and the scales' arrays.
+constexpr int kTmaRows = 16128, kTmaWeightRows = 4608, kTmaK = 7168;
+constexpr int kTmaKBlocks = kTmaK / 128;
+struct TmaOperands {
+  CUtensorMap a, b;       // [kTmaRows, kTmaK] and [kTmaWeightRows, kTmaK] e4m3, K-major
+  const float* a_scales;  // [kTmaKBlocks, kTmaRows]: each row's scale of each K block
+  const float* b_scales;  // [kTmaWeightRows / 128, kTmaKBlocks]: the weight blocks'
+};
+
+template <Mode kMode>
+constexpr bool kTmaMode = kMode == Mode::e4m3_wide_tma || kMode == Mode::e4m3_wide_tma_noscales;
+
+// K block kb of a CTA's walk in e4m3-wide-tma: its tile (CTA c takes tiles c, c + grid, ... of the
+// M-grouped order, wrapping around the problem) and the block within it.
+__device__ __forceinline__ gemm::TileInfo tma_tile(int kb, int& k_block) {
+  constexpr int kMTiles = kTmaRows / gemm::kTileM, kNTiles = kTmaWeightRows / 256;
+  const int t = (blockIdx.x + (kb / kTmaKBlocks) * gridDim.x) % (kMTiles * kNTiles);
+  const int panel_tiles = gemm::kPanelM * kNTiles;
+  const int panel = t / panel_tiles, i = t - panel * panel_tiles;
+  const int m_first = panel * gemm::kPanelM;
+  const int pm = min(gemm::kPanelM, kMTiles - m_first);
+  k_block = kb % kTmaKBlocks;
+  return {0, 0, kTmaRows, (m_first + i % pm) * gemm::kTileM, i / pm, kTmaKBlocks};
+}
+
 template <class F, Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
-    kloop_kernel(float* sink, Clocks* clocks, int blocks, const std::uint8_t* fill_source) {
+    kloop_kernel(float* sink, Clocks* clocks, int blocks, const std::uint8_t* fill_source,
+                 const __grid_constant__ TmaOperands ops) {
   extern __shared__ __align__(1024) std::uint8_t smem_raw[];
   std::uint8_t* base = reinterpret_cast<std::uint8_t*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
@@ -132,6 +175,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbarrier_init(&empty_bars[s], kReleases);
       }
       *consumers_done = 0;
+    }
+  }
+  if constexpr (kTmaMode<kMode>) {
+    if (threadIdx.x == 0) {
+      ring.init_barriers();  // the engine's arrival counts: the Producer and the cp.async, 256
+      ptx::fence_barrier_init();
     }
   }
   ptx::fence_proxy_async_shared();  // the generic writes above, before wgmma reads them
@@ -197,6 +246,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       // when the CTA exits.
       if (blockIdx.x == 0) clocks->fill_bytes = std::uint64_t(blocks) * kTileBytes;
     }
+    if constexpr (kTmaMode<kMode>) {
+      if (threadIdx.x != 0) return;
+      constexpr std::uint64_t kWaitNs = 1'000'000'000;
+      const gemm::TensorMaps maps{&ops.a, &ops.b, nullptr, nullptr};
+      gemm::GemmParams p{};
+      p.b_rows_per_group = kTmaWeightRows;
+      gemm::Fp8Params fp8{};
+      fp8.a = ops.a_scales;
+      fp8.a_ld = kTmaRows;
+      fp8.b = ops.b_scales;
+      fp8.b_n_blocks = kTmaWeightRows / 128;
+      fp8.b_k_blocks = kTmaKBlocks;
+      for (int kb = 0; kb < blocks; ++kb) {
+        const int s = kb % F::kStages;
+        const int round = kb / F::kStages;
+        if (round > 0 && ptx::mbarrier_wait(ring.empty(s), (round - 1) & 1, kWaitNs, nullptr) !=
+                             ptx::WaitStatus::complete) {
+          atomicAdd(&clocks->timeouts, 1u);
+        }
+        int k_block = 0;
+        const gemm::TileInfo tile = tma_tile(kb, k_block);
+        if constexpr (kMode == Mode::e4m3_wide_tma) {
+          gemm::load_k_block<F>(maps, ring, s, tile, k_block, p, &fp8);
+        } else {
+          ptx::mbarrier_arrive_expect_tx(ring.full(s), gemm::kTileABytes + F::kTileBBytes);
+          ptx::tma_load_2d(ring.a(s), maps.a, ring.full(s), k_block * F::kBlockK, tile.m0);
+          gemm::load_b_half<F>(maps, ring, s, tile, k_block, p, 0);
+          gemm::load_b_half<F>(maps, ring, s, tile, k_block, p, 1);
+          ptx::mbarrier_arrive(ring.full(s));  // the cp.async's arrival, which this mode has not
+        }
+      }
+      if (blockIdx.x == 0) {
+        clocks->fill_bytes = std::uint64_t(blocks) * (gemm::kTileABytes + F::kTileBBytes);
+      }
+    }
     return;
   }
   ptx::setmaxnreg_inc<gemm::kConsumerRegisters>();
@@ -249,17 +333,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm::overlapped_k_loop(blocks, issue, finish);
     ptx::fence_registers(acc);
   } else if constexpr (kMode == Mode::e4m3_wide || kMode == Mode::e4m3_wide_fill ||
-                       kMode == Mode::e4m3_wide_pipeline) {
-    // mma_tile_fp8_wide's loop; e4m3-wide-pipeline: with its waits and releases, on the bench's
-    // barriers.
-    constexpr bool kPipeline = kMode == Mode::e4m3_wide_pipeline;
+                       kMode == Mode::e4m3_wide_pipeline || kTmaMode<kMode>) {
+    // mma_tile_fp8_wide's loop; e4m3-wide-pipeline and -tma: with its waits and releases, on the
+    // bench's barriers or the ring's own.
+    constexpr bool kPipeline = kMode == Mode::e4m3_wide_pipeline || kTmaMode<kMode>;
+    std::uint64_t* const full_bars = kTmaMode<kMode> ? ring.full(0) : fill_bars;
+    std::uint64_t* const release_bars = kTmaMode<kMode> ? ring.empty(0) : empty_bars;
     const int row = consumer_wg * 64 + warp * 16 + lane / 4;
     float partial[64];
     unsigned int gave_up = 0;
     for (int kb = 0; kb < blocks; ++kb) {
       const int s = kb % F::kStages;
       if constexpr (kPipeline) {
-        gave_up += ptx::mbarrier_wait(&fill_bars[s], (kb / F::kStages) & 1, 1'000'000'000,
+        gave_up += ptx::mbarrier_wait(&full_bars[s], (kb / F::kStages) & 1, 1'000'000'000,
                                       nullptr) != ptx::WaitStatus::complete;
       }
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 0);
@@ -270,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       gemm::mma_k_block_fp8<F>(partial, ring, s, consumer_wg, 1);
       ptx::wgmma_wait_group<0>();
       ptx::fence_registers(partial);
-      if constexpr (kPipeline) ptx::mbarrier_arrive(&empty_bars[s]);
+      if constexpr (kPipeline) ptx::mbarrier_arrive(&release_bars[s]);
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
     }
     ptx::fence_registers(acc);
@@ -347,15 +433,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 struct Run {
   const char* name;
-  void (*kernel)(float*, Clocks*, int, const std::uint8_t*);
+  void (*kernel)(float*, Clocks*, int, const std::uint8_t*, TmaOperands);
   std::uint32_t smem;
   double flop_per_block;  // a CTA's
 };
 
 template <class F, Mode kMode>
 Run make_run(const char* name) {
-  // e4m3-wide-fill's barriers and flag after the stages: 128 bytes.
-  const std::uint32_t smem = F::kStages * F::kStageBytes + 1024 + 128;
+  // e4m3-wide-fill's barriers and flag after the stages: 128 bytes; e4m3-wide-tma: the engine's
+  // layout (the ring's barriers after kRingBytes).
+  const std::uint32_t smem =
+      kTmaMode<kMode> ? gemm::kSharedBytes : F::kStages * F::kStageBytes + 1024 + 128;
   CHECK_CUDA(cudaFuncSetAttribute(kloop_kernel<F, kMode>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   return {name, kloop_kernel<F, kMode>, smem, 2.0 * gemm::kTileM * F::kTileN * F::kBlockK};
@@ -379,6 +467,27 @@ int main(int argc, char** argv) {
   std::uint8_t* fill_source = nullptr;
   CHECK_CUDA(cudaMalloc(&fill_source, kFillSourceBytes));
   CHECK_CUDA(cudaMemset(fill_source, 0x35, kFillSourceBytes));
+  // e4m3-wide-tma's operands: finite e4m3 bytes, every scale 1.0.
+  void *tma_a = nullptr, *tma_b = nullptr;
+  float *a_scales = nullptr, *b_scales = nullptr;
+  const std::size_t a_scale_count = std::size_t(kTmaKBlocks) * kTmaRows;
+  const std::size_t b_scale_count = std::size_t(kTmaWeightRows / 128) * kTmaKBlocks;
+  CHECK_CUDA(cudaMalloc(&tma_a, std::size_t(kTmaRows) * kTmaK));
+  CHECK_CUDA(cudaMalloc(&tma_b, std::size_t(kTmaWeightRows) * kTmaK));
+  CHECK_CUDA(cudaMalloc(&a_scales, a_scale_count * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&b_scales, b_scale_count * sizeof(float)));
+  CHECK_CUDA(cudaMemset(tma_a, 0x35, std::size_t(kTmaRows) * kTmaK));
+  CHECK_CUDA(cudaMemset(tma_b, 0x35, std::size_t(kTmaWeightRows) * kTmaK));
+  const std::vector<float> ones(a_scale_count, 1.0f);
+  CHECK_CUDA(cudaMemcpy(a_scales, ones.data(), a_scale_count * sizeof(float),
+                        cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b_scales, ones.data(), b_scale_count * sizeof(float),
+                        cudaMemcpyHostToDevice));
+  const TmaOperands ops{
+      gemm::make_tensor_map_e4m3(tma_a, kTmaRows, kTmaK, kTmaK, E4m3WideForm::kBoxRowsA, "a"),
+      gemm::make_tensor_map_e4m3(tma_b, kTmaWeightRows, kTmaK, kTmaK, E4m3WideForm::kBoxRowsB,
+                                 "b"),
+      a_scales, b_scales};
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -391,6 +500,8 @@ int main(int argc, char** argv) {
       make_run<E4m3WideForm, Mode::e4m3_wide>("e4m3-wide"),
       make_run<E4m3WideForm, Mode::e4m3_wide_fill>("e4m3-wide-fill"),
       make_run<E4m3WideForm, Mode::e4m3_wide_pipeline>("e4m3-wide-pipeline"),
+      make_run<E4m3WideForm, Mode::e4m3_wide_tma_noscales>("e4m3-wide-tma-noscales"),
+      make_run<E4m3WideForm, Mode::e4m3_wide_tma>("e4m3-wide-tma"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens>("e4m3-tokens"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens_overlap>("e4m3-tokens-overlap"),
   };
@@ -403,7 +514,7 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 18; ++rep) {
       CHECK_CUDA(cudaMemset(clocks, 0, sizeof(Clocks)));
       CHECK_CUDA(cudaEventRecord(start));
-      r.kernel<<<sms, kThreads, r.smem>>>(sink, clocks, kBlocks, fill_source);
+      r.kernel<<<sms, kThreads, r.smem>>>(sink, clocks, kBlocks, fill_source, ops);
       CHECK_CUDA(cudaGetLastError());
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
