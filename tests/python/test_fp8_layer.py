@@ -306,14 +306,15 @@ def test_compile_fullgraph_quantizes_in_the_graph(gen, device):
                 t.grad = None
 
 
-def test_training_follows_the_bf16_loss_curve():
-    """examples/train_tiny_moe.py --precision fp8 (a short run): the loss falls and mok's FP8
-    student's windowed losses stay within 1% of the bf16 PyTorch student's."""
+@pytest.mark.parametrize("precision", ["fp8", "fp8-bf16-wgrad"])
+def test_training_follows_the_bf16_loss_curve(precision):
+    """examples/train_tiny_moe.py --precision fp8 or fp8-bf16-wgrad (a short run): the loss falls
+    and mok's FP8 student's windowed losses stay within 1% of the bf16 PyTorch student's."""
     path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_tiny_moe.py"
     spec = importlib.util.spec_from_file_location("train_tiny_moe", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    result = example.main(["--device", "cpu", "--precision", "fp8", "--dim", "128",
+    result = example.main(["--device", "cpu", "--precision", precision, "--dim", "128",
                            "--intermediate", "128", "--steps", "75", "--batch", "64",
                            "--experts", "4", "--shared", "0"])
     print(f"largest relative difference of the windowed losses: {result['worst']:.3%}")
