@@ -265,15 +265,20 @@ void PrintTo(const DefinitionCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-class Fp8LayerDefinition : public ::testing::TestWithParam<DefinitionCase> {};
-
-TEST_P(Fp8LayerDefinition, BitwiseEqualsTheLayerWrittenOut) {
-  const DefinitionCase& c = GetParam();
+// The case's bf16 inputs (every fourth slot unused where it says so), outputs poisoned.
+LayerData definition_case_data(const DefinitionCase& c) {
   LayerData d = make_layer_data(c.problem, DType::bf16, test_seed(), c.routing);
   if (c.unused_slots) {
     for (std::int64_t s = 1; s < d.topk_experts.numel(); s += 4) d.topk_experts.set(s, -1);
   }
   d.poison_outputs();
+  return d;
+}
+
+class Fp8LayerDefinition : public ::testing::TestWithParam<DefinitionCase> {};
+
+TEST_P(Fp8LayerDefinition, BitwiseEqualsTheLayerWrittenOut) {
+  LayerData d = definition_case_data(GetParam());
   const HostFp8Weights q(d);
   run_fp8(d, q.get(), 3);
   const Model m = fp8_model(d, q.get());
@@ -289,12 +294,7 @@ TEST_P(Fp8LayerDefinition, BitwiseEqualsTheLayerWrittenOut) {
 // written-out layer's bf16 operands, bit for bit, and everything else is the FP8 layer's, bit for
 // bit.
 TEST_P(Fp8LayerDefinition, Bf16WeightGradsEqualTheLayerWrittenOut) {
-  const DefinitionCase& c = GetParam();
-  LayerData d = make_layer_data(c.problem, DType::bf16, test_seed(), c.routing);
-  if (c.unused_slots) {
-    for (std::int64_t s = 1; s < d.topk_experts.numel(); s += 4) d.topk_experts.set(s, -1);
-  }
-  d.poison_outputs();
+  LayerData d = definition_case_data(GetParam());
   LayerData fp8_wgrads = d;
   const HostFp8Weights q(d);
   BackwardOptions options;
