@@ -169,26 +169,21 @@ PY
   then pass "run --precision fp8-bf16-wgrad $args: fp8 but for the routed weight gradients"
   else fail "run --precision fp8-bf16-wgrad $args against fp8: $fp8 $wgrad"; fi
 done
-# The text names both references and prints both errors on each line, beside the bounds.
-out=$("$mok" run --backend cpu --precision fp8 2>&1)
-if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "check against the CPU FP8 layer (bitwise" &&
-  printf '%s' "$out" | grep -q "f64 layer of the unquantized bf16 values (MoK's MXFP8 bounds: abs max <= 1 on out and d_x, sum|diff|/sum|ref| <= 0.1, cosine >= 0.996)" &&
-  printf '%s' "$out" | grep -Eq "^  out +\| identical +\| [0-9.e+-]+  [0-9.e+-]+  0\.99[0-9]+  ok$" &&
-  printf '%s' "$out" | grep -Eq "^  d_routed_down_weights +\| identical +\| - +[0-9.e+-]+  0\.99[0-9]+  ok$" &&
-  printf '%s' "$out" | grep -q "quantize " && printf '%s' "$out" | grep -q "check passed"; then
-  pass "run --precision fp8 (text)"
-else
-  fail "run --precision fp8 (text): $out"
-fi
-out=$("$mok" run --backend cpu --precision fp8-bf16-wgrad 2>&1)
-if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "seed 1, precision fp8-bf16-wgrad$" &&
-  printf '%s' "$out" | grep -q "check against the CPU FP8 layer (bitwise" &&
-  printf '%s' "$out" | grep -Eq "^  d_routed_down_weights +\| identical +\| - +[0-9.e+-]+  0\.99[0-9]+  ok$" &&
-  printf '%s' "$out" | grep -q "quantize " && printf '%s' "$out" | grep -q "check passed"; then
-  pass "run --precision fp8-bf16-wgrad (text)"
-else
-  fail "run --precision fp8-bf16-wgrad (text): $out"
-fi
+# The text names the precision and both references, and prints both errors on each line, beside
+# the bounds.
+for precision in fp8 fp8-bf16-wgrad; do
+  out=$("$mok" run --backend cpu --precision $precision 2>&1)
+  if [ $? -eq 0 ] && printf '%s' "$out" | grep -q "seed 1, precision $precision$" &&
+    printf '%s' "$out" | grep -q "check against the CPU FP8 layer (bitwise" &&
+    printf '%s' "$out" | grep -q "f64 layer of the unquantized bf16 values (MoK's MXFP8 bounds: abs max <= 1 on out and d_x, sum|diff|/sum|ref| <= 0.1, cosine >= 0.996)" &&
+    printf '%s' "$out" | grep -Eq "^  out +\| identical +\| [0-9.e+-]+  [0-9.e+-]+  0\.99[0-9]+  ok$" &&
+    printf '%s' "$out" | grep -Eq "^  d_routed_down_weights +\| identical +\| - +[0-9.e+-]+  0\.99[0-9]+  ok$" &&
+    printf '%s' "$out" | grep -q "quantize " && printf '%s' "$out" | grep -q "check passed"; then
+    pass "run --precision $precision (text)"
+  else
+    fail "run --precision $precision (text): $out"
+  fi
+done
 expect_usage "--precision: expected bf16, fp8 or fp8-bf16-wgrad, got 'fp16'" run --precision fp16
 expect_usage "--precision: expected bf16, fp8 or fp8-bf16-wgrad, got 'fp8-bf16'" run --precision fp8-bf16
 expect_usage "--check: expected auto, full or sampled, got 'some'" run --check some
