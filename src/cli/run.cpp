@@ -239,6 +239,8 @@ constexpr Fp8BufferInfo kFp8Buffers[] = {
     {"rows_a_scales", &plan::Fp8Plan::rows_a_scales, "f32 [max(H, I)/128, R]"},
     {"rows_b", &plan::Fp8Plan::rows_b, "e4m3 [R, I]"},
     {"rows_b_scales", &plan::Fp8Plan::rows_b_scales, "f32 [I/128, R]"},
+    {"rows_c", &plan::Fp8Plan::rows_c, "e4m3 [R, I]"},
+    {"rows_c_scales", &plan::Fp8Plan::rows_c_scales, "f32 [I/128, R]"},
     {"t_x", &plan::Fp8Plan::t_x, "e4m3 [H, R]"},
     {"t_x_scales", &plan::Fp8Plan::t_x_scales, "f32 [R/128, H]"},
     {"t_dy", &plan::Fp8Plan::t_dy, "e4m3 [H, R]"},

@@ -248,12 +248,15 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
 // multiple of 128; M = max(H, I).
 //   rows_a, rows_a_scales   e4m3 [R, M], f32 [M/128, R]  1x128 along K: forward x, then h;
 //                                                        backward d_out, then dg
-//   rows_b, rows_b_scales   e4m3 [R, I], f32 [I/128, R]  backward du (dx reads dg and du at once)
+//   rows_b, rows_b_scales   e4m3 [R, I], f32 [I/128, R]  backward du (dx reads dg and du at once);
+//                                                        with the rows epilogues (Layer::
+//                                                        Fp8Kernels), forward h, backward dg
+//   rows_c, rows_c_scales   e4m3 [R, I], f32 [I/128, R]  the rows epilogues' backward du
 //   t_x, t_dy               e4m3 [H, R], scales f32 [R/128, H]  token-axis copies (the pass's rows
 //   t_dg, t_du, t_h         e4m3 [I, R], scales f32 [R/128, I]  as columns), the weight gradients'
 // The five token-axis copies exist at once: the three weight gradients run at the same time.
 struct Fp8Plan {
-  Buffer rows_a, rows_a_scales, rows_b, rows_b_scales;
+  Buffer rows_a, rows_a_scales, rows_b, rows_b_scales, rows_c, rows_c_scales;
   Buffer t_x, t_x_scales, t_dy, t_dy_scales, t_dg, t_dg_scales, t_du, t_du_scales, t_h, t_h_scales;
   std::int64_t bytes = 0;
 };
@@ -267,6 +270,8 @@ constexpr Fp8Plan make_fp8_plan(const PlanShape& s) {
   p.rows_a_scales = carve(end, M / 128 * R * f32);
   p.rows_b = carve(end, R * I);
   p.rows_b_scales = carve(end, I / 128 * R * f32);
+  p.rows_c = carve(end, R * I);
+  p.rows_c_scales = carve(end, I / 128 * R * f32);
   p.t_x = carve(end, H * R);
   p.t_x_scales = carve(end, blocks * H * f32);
   p.t_dy = carve(end, H * R);

@@ -208,6 +208,7 @@ H, I, T, S = 7168, 2048, 4096, 2048
 f32 = 4
 want = {"rows_a": R * max(H, I), "rows_a_scales": max(H, I) // 128 * R * f32,
         "rows_b": R * I, "rows_b_scales": I // 128 * R * f32,
+        "rows_c": R * I, "rows_c_scales": I // 128 * R * f32,
         "t_x": H * R, "t_x_scales": R // 128 * H * f32, "t_dy": H * R,
         "t_dy_scales": R // 128 * H * f32}
 for t in ("t_dg", "t_du", "t_h"):

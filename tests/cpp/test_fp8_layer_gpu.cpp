@@ -396,8 +396,12 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // output and gradient: the down dgrad's quantizing epilogue (its q(du) in the bf16 du scratch),
 // 128 x 128 instead of 128 x 256 tiles (H and I multiples of 256, so that every M-grouped form
 // takes the wide ones), both together, the M-grouped overlap, the plain wgrad loop, the wgrad's
-// store, the token-axis quantizer's row loads; in one ring pass and in several (experts spanning
-// passes), uniform and skewed; and wide with overlap refused, naming the option.
+// store, the token-axis quantizer's row loads, the rows epilogues (q(h), q(dg), q(du) from the
+// GEMMs that write h, dg and du: alone, with 128 x 128 tiles, where the gate/up form leaves q(h)
+// to its pass, and beside the quantizing epilogue, which takes precedence); in one ring pass and
+// in several (experts spanning passes), uniform and skewed, with e4m3 and with bf16 weight
+// gradients (BackwardOptions::fp8_weight_grads); and wide with overlap refused, naming the
+// option.
 TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
   MOK_REQUIRE_HOPPER();
   using Kernels = cuda::Layer::Fp8Kernels;
@@ -423,9 +427,19 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
       {"token_axis_row_loads flipped",
        {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
         !d.token_axis_row_loads}},
+      {"rows_epilogues flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
+        d.token_axis_row_loads, !d.rows_epilogues}},
+      {"rows_epilogues and wide flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, !d.wide, d.quantizing_epilogue,
+        d.token_axis_row_loads, !d.rows_epilogues}},
+      {"rows_epilogues and quantizing_epilogue flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, !d.quantizing_epilogue,
+        d.token_axis_row_loads, !d.rows_epilogues}},
   };
   // One training step through cuda::Layer with the given choices.
-  const auto step = [&](LayerData& data, const Config& config, const Kernels& k) {
+  const auto step = [&](LayerData& data, const Config& config, const Kernels& k,
+                        bool fp8_weight_grads) {
     DeviceLayer g(data);
     const DeviceFp8Weights q(g);
     cuda::Layer layer(p, config, 0, {}, /*fp8=*/true);
@@ -436,7 +450,9 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
     const Fp8Weights w = q.get();
     ranks[0].q = &w;
     layer.forward(ranks, true, nullptr);
-    layer.backward(ranks, BackwardOptions{}, nullptr);
+    BackwardOptions options;
+    options.fp8_weight_grads = fp8_weight_grads;
+    layer.backward(ranks, options, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     layer.check_errors(nullptr);
     g.download(data);
@@ -446,15 +462,18 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
   passes.macrobatch_size = 512;
   for (Routing routing : {Routing::softmax, Routing::skewed}) {
     for (const Config& config : {Config{}, passes}) {
-      const Fp8Case c{"kernels", p, routing, false};
-      LayerData want = make_case(c, seed);
-      step(want, config, d);
-      for (const Choice& choice : choices) {
-        LayerData got = make_case(c, seed);
-        step(got, config, choice.k);
-        EXPECT_TRUE(all_outputs_same(want, got))
-            << choice.name << (routing == Routing::softmax ? ", uniform" : ", skewed")
-            << (config.macrobatch_size == passes.macrobatch_size ? ", several passes" : "");
+      for (const bool fp8_weight_grads : {true, false}) {
+        const Fp8Case c{"kernels", p, routing, false};
+        LayerData want = make_case(c, seed);
+        step(want, config, d, fp8_weight_grads);
+        for (const Choice& choice : choices) {
+          LayerData got = make_case(c, seed);
+          step(got, config, choice.k, fp8_weight_grads);
+          EXPECT_TRUE(all_outputs_same(want, got))
+              << choice.name << (routing == Routing::softmax ? ", uniform" : ", skewed")
+              << (config.macrobatch_size == passes.macrobatch_size ? ", several passes" : "")
+              << (fp8_weight_grads ? "" : ", bf16 weight gradients");
+        }
       }
     }
   }

@@ -866,6 +866,195 @@ TEST(GemmFp8InputGrad, QuantizedDgAndDuHeavyGroupAndClamped) {
   run_quantized_swiglu_fp8(std::vector<int>(300, 1), 384, 128, std::nullopt);
 }
 
+// The rows form of `got` (data [capacity, rows_ld], scales [n / 128, rows_scale_ld]) against
+// `want`'s on every kept row; *stray counts bytes and scales written elsewhere (poisoned: 0xff
+// bytes, NaN scales). Returns the differing bytes and scales.
+long long rows_form_differs(const Layout& l, const QuantizedLayout& ql, QuantizedOut& got,
+                            const HostQuantized& want, long long* stray) {
+  const std::vector<char> kept = kept_rows(l);
+  const auto r_h = got.rows.download();
+  const auto rs_h = got.row_scales.download();
+  long long differ = 0;
+  for (int r = 0; r < l.capacity; ++r) {
+    for (int c = 0; c < ql.rows_ld; ++c) {
+      const std::size_t i = std::size_t(r) * ql.rows_ld + c;
+      if (kept[r] && c < ql.n) {
+        differ += r_h[i] != want.rows[i];
+      } else {
+        *stray += r_h[i] != 0xff;
+      }
+    }
+  }
+  for (int b = 0; b < ql.n / 128; ++b) {
+    for (int r = 0; r < ql.rows_scale_ld; ++r) {
+      const std::size_t i = std::size_t(b) * ql.rows_scale_ld + r;
+      if (r < l.capacity && kept[r]) {
+        differ += std::memcmp(&rs_h[i], &want.row_scales[i], 4) != 0;
+      } else {
+        *stray += !std::isnan(rs_h[i]);
+      }
+    }
+  }
+  return differ;
+}
+
+// The rows forms alone (RowsTimesWeightFp8Args::quantized without the token-axis outputs: the FP8
+// layer's down dgrad with Fp8Kernels::rows_epilogues), beside dg and du in bf16, on the plain or
+// the wide tiles, with or without bf16(w h): the bf16 dg, du, dot and bf16(w h) the bits of the
+// launch without quantized outputs; the rows forms of dg and du the rows quantizer's maths over
+// those bf16 dg and du (host_quantized) on every kept row, nothing written past the groups.
+void run_quantized_rows_swiglu_fp8(const std::vector<int>& counts, int N, int K,
+                                   std::optional<float> limit, bool wide, bool scaled_hidden) {
+  Layout l(counts);
+  const QuantizedLayout ql(l, N);
+  std::mt19937_64 rng(next_seed());
+  const HostRows a(l, K, rng);
+  const HostWeight w(l.groups(), N, K, rng);
+  DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
+  DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size());
+  d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
+  const int ld_out = N + 8;
+  const std::size_t cells = std::size_t(l.capacity) * ld_out;
+  const int chunks = (N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
+  DeviceBuffer<float> row_scale(l.capacity), dot(std::size_t(l.capacity) * chunks),
+      dot_q(std::size_t(l.capacity) * chunks);
+  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), dg(cells), du(cells), wh(cells), dg_q(cells),
+      du_q(cells), wh_q(cells);
+  std::vector<float> hscale(l.capacity);
+  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+  row_scale.upload(hscale);
+  fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
+  fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
+  QuantizedOut out[2] = {{l, ql}, {l, ql}};  // dg, du
+  for (auto* b : {&dg, &du, &wh, &dg_q, &du_q, &wh_q}) b->poison();
+  dot.poison(), dot_q.poison();
+
+  mok::gemm::RowsTimesWeightFp8Args args;
+  args.segments = l.segments();
+  args.a = {d_a.get(), K, d_as.get(), l.capacity};
+  args.w_t = {d_w.get(), d_ws.get()};
+  args.ld_out = ld_out;
+  args.n = N;
+  args.k = K;
+  args.wide = wide;
+  mok::gemm::RowsTimesWeightFp8Args f = args;
+  f.swiglu = {g.get(),
+              u.get(),
+              dg.get(),
+              du.get(),
+              row_scale.get(),
+              dot.get(),
+              scaled_hidden ? wh.get() : nullptr,
+              limit};
+  launch_rows_times_weight_fp8(f);
+  f = args;
+  f.swiglu = {g.get(),
+              u.get(),
+              dg_q.get(),
+              du_q.get(),
+              row_scale.get(),
+              dot_q.get(),
+              scaled_hidden ? wh_q.get() : nullptr,
+              limit};
+  f.quantized.d_gate_rows = out[0].rows_out(ql);
+  f.quantized.d_up_rows = out[1].rows_out(ql);
+  launch_rows_times_weight_fp8(f);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const std::string what = std::string(wide ? "wide" : "plain") + (limit ? ", clamped" : "") +
+                           (scaled_hidden ? ", bf16(w h)" : "");
+  EXPECT_TRUE(same_bits(dg, dg_q) && same_bits(du, du_q) && same_bits(dot, dot_q))
+      << what << ": the bf16 dg, du or dot differ from the launch without quantized outputs";
+  EXPECT_TRUE(same_bits(wh, wh_q)) << what << ": bf16(w h) differs";
+  const HostQuantized want[2] = {host_quantized(l, dg.download(), ld_out, ql),
+                                 host_quantized(l, du.download(), ld_out, ql)};
+  const char* names[2] = {"dg", "du"};
+  for (int t = 0; t < 2; ++t) {
+    long long stray = 0;
+    EXPECT_EQ(rows_form_differs(l, ql, out[t], want[t], &stray), 0)
+        << what << ": " << names[t] << "'s rows form differs from the rows quantizer's";
+    EXPECT_EQ(stray, 0) << what << ": " << names[t] << "'s rows form written past the groups";
+  }
+  std::printf("[ mok ] quantized rows of dg, du N=%d K=%d G=%d, %s: %d rows\n", N, K, l.groups(),
+              what.c_str(), l.capacity);
+}
+
+// The rows forms alone: plain and wide tiles, plain and clamped, with and without bf16(w h); odd
+// counts and empty groups, one and several tiles of N, short enough for the sanitizers' steps
+// (*SmallOdd*) ...
+TEST(GemmFp8InputGrad, QuantizedRowsSmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  for (const bool wide : {false, true}) {
+    run_quantized_rows_swiglu_fp8({0, 1, 130, 77, 0, 300}, 512, 256, std::nullopt, wide, false);
+    run_quantized_rows_swiglu_fp8({0, 1, 130, 77}, 256, 128, 0.5f, wide, true);
+  }
+}
+
+// ... a heavy group, 1 to 3 K blocks, and more tiles than SMs (300 one-row groups).
+TEST(GemmFp8InputGrad, QuantizedRowsHeavyGroupAndManyTiles) {
+  MOK_REQUIRE_HOPPER();
+  for (const bool wide : {false, true}) {
+    run_quantized_rows_swiglu_fp8({1000, 0, 2, 1}, 256, 384, std::nullopt, wide, true);
+    run_quantized_rows_swiglu_fp8(std::vector<int>(300, 1), 768, 128, 0.5f, wide, false);
+  }
+  run_quantized_rows_swiglu_fp8({129, 256, 3}, 384, 256, std::nullopt, false, true);
+}
+
+// The gate/up epilogue that quantizes hidden (GateUpForwardFp8Args::hidden_quantized, wide tiles):
+// g, u and hidden the bits of the launch without it; the rows form of hidden the rows
+// quantizer's maths over that hidden on every kept row, nothing written past the groups.
+void run_gate_up_quantized_hidden_fp8(const std::vector<int>& counts, int H, int I,
+                                      std::optional<float> limit, bool pre_activations) {
+  Layout l(counts);
+  std::mt19937_64 rng(next_seed());
+  GateUpFp8Operands ops(l, H, I, rng);
+  const QuantizedLayout ql(l, I);
+  const std::size_t cells = std::size_t(l.capacity) * I;
+  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), h(cells), g_q(cells), u_q(cells), h_q(cells);
+  for (auto* b : {&g, &u, &h, &g_q, &u_q, &h_q}) b->poison();
+  QuantizedOut out(l, ql);
+  mok::gemm::GateUpForwardFp8Args& args = ops.args;
+  args.swiglu_limit = limit;
+  args.wide = true;
+  args.hidden = h.get();
+  args.gate = pre_activations ? g.get() : nullptr;
+  args.up = pre_activations ? u.get() : nullptr;
+  launch_gate_up_forward_fp8(args);
+  args.hidden = h_q.get();
+  args.gate = pre_activations ? g_q.get() : nullptr;
+  args.up = pre_activations ? u_q.get() : nullptr;
+  args.hidden_quantized = out.rows_out(ql);
+  launch_gate_up_forward_fp8(args);
+  MOK_CUDA_OK(cudaGetLastError());
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const std::string what = std::string(limit ? "clamped" : "plain") +
+                           (pre_activations ? ", with g and u" : ", hidden alone");
+  EXPECT_TRUE(same_bits(h, h_q) && same_bits(g, g_q) && same_bits(u, u_q))
+      << what << ": g, u or hidden differ from the launch without the quantized hidden";
+  const HostQuantized want = host_quantized(l, h.download(), I, ql);
+  long long stray = 0;
+  EXPECT_EQ(rows_form_differs(l, ql, out, want, &stray), 0)
+      << what << ": the quantized hidden differs from the rows quantizer's";
+  EXPECT_EQ(stray, 0) << what << ": the quantized hidden written past the groups";
+  std::printf("[ mok ] quantized hidden H=%d I=%d G=%d, %s: %d rows\n", H, I, l.groups(),
+              what.c_str(), l.capacity);
+}
+
+// Odd counts and empty groups, 1 to 3 K blocks, one and several wide tiles, both SwiGLUs, with
+// and without g and u; short enough for the sanitizers' steps (*SmallOdd*) ...
+TEST(GemmFp8GateUp, QuantizedHiddenSmallOddAndEmptyGroups) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_quantized_hidden_fp8({0, 1, 130, 77}, 256, 384, std::nullopt, true);
+  run_gate_up_quantized_hidden_fp8({0, 1, 130, 77}, 128, 128, 0.5f, false);
+}
+
+// ... a heavy group and more tiles than SMs (300 one-row groups, 5 K blocks).
+TEST(GemmFp8GateUp, QuantizedHiddenHeavyGroupAndManyTiles) {
+  MOK_REQUIRE_HOPPER();
+  run_gate_up_quantized_hidden_fp8({1000, 0, 2, 1}, 384, 256, 0.5f, true);
+  run_gate_up_quantized_hidden_fp8(std::vector<int>(300, 1), 640, 768, std::nullopt, true);
+}
+
 // A token-axis operand [cols, capacity] of `l`'s rows: random finite bytes on each group's rows,
 // NaN bytes past a group's end; random power-of-two scales [blocks, cols].
 void token_axis_operand(const Layout& l, int cols, std::mt19937_64& rng,
@@ -1369,8 +1558,69 @@ TEST(GemmFp8Arguments, QuantizedOutputsAreChecked) {
   q.d_gate_tokens.data = tokens.get();
   launch_rows_times_weight_fp8(args);  // and the good call still runs
   MOK_CUDA_OK(cudaDeviceSynchronize());
+
+  // The rows forms alone: dg and du in bf16 too, no pairs or overlap; wide tiles and bf16(w h)
+  // allowed.
+  q.d_gate_tokens = q.d_up_tokens = {};
+  expect_error("swiglu.d_gate/d_up");  // dg and du not in bf16
+  DeviceBuffer<__nv_bfloat16> dg(std::size_t(l.capacity) * N), du(std::size_t(l.capacity) * N);
+  args.swiglu.d_gate = dg.get();
+  args.swiglu.d_up = du.get();
+  args.pairs = true;
+  expect_error("quantized");
+  args.pairs = false;
+  q.d_gate_rows.scale_ld = q.d_up_rows.scale_ld = l.capacity - 1;
+  expect_error("quantized.d_gate_rows.scale_ld");
+  q.d_gate_rows.scale_ld = q.d_up_rows.scale_ld = l.capacity;
+  q.d_up_rows.data = nullptr;
+  expect_error("quantized");
+  q.d_up_rows.data = rows.get() + std::size_t(l.capacity) * N;
+  args.swiglu.scaled_hidden = g.get() + 1;  // not 16-byte aligned
+  expect_error("swiglu.scaled_hidden");
+  args.swiglu.scaled_hidden = nullptr;
+  launch_rows_times_weight_fp8(args);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
 }
 
+// GateUpForwardFp8Args::hidden_quantized: wide tiles alone, its layout and alignment; mok::Error
+// names the argument, and the good call still runs.
+TEST(GemmFp8Arguments, QuantizedHiddenIsChecked) {
+  MOK_REQUIRE_HOPPER();
+  Layout l({100, 30});
+  std::mt19937_64 rng(next_seed());
+  const int H = 128, I = 256;
+  GateUpFp8Operands ops(l, H, I, rng);
+  DeviceBuffer<__nv_bfloat16> h(std::size_t(l.capacity) * I);
+  DeviceBuffer<std::uint8_t> q(std::size_t(l.capacity) * I + 8);
+  DeviceBuffer<float> qs(std::size_t(I / 128) * l.capacity);
+  mok::gemm::GateUpForwardFp8Args& args = ops.args;
+  args.hidden = h.get();
+  args.hidden_quantized = {q.get(), I, qs.get(), l.capacity};
+  auto expect_error = [&](const char* argument) {
+    try {
+      launch_gate_up_forward_fp8(args);
+      ADD_FAILURE() << "accepted without the error naming " << argument;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  expect_error("hidden_quantized");  // without wide
+  args.wide = true;
+  args.hidden_quantized.ld = I - 8;
+  expect_error("hidden_quantized.ld");
+  args.hidden_quantized.ld = I;
+  args.hidden_quantized.scale_ld = l.capacity - 1;
+  expect_error("hidden_quantized.scale_ld");
+  args.hidden_quantized.scale_ld = l.capacity;
+  args.hidden_quantized.data = q.get() + 4;
+  expect_error("hidden_quantized.data");
+  args.hidden_quantized.data = q.get();
+  args.hidden_quantized.scale = nullptr;
+  expect_error("hidden_quantized.scale");
+  args.hidden_quantized.scale = qs.get();
+  launch_gate_up_forward_fp8(args);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+}
 
 // ---------------------------------------------------------------------------------------------
 // Waits that give up in the e4m3 forms. With a 1 ns timeout a wait gives up at its first poll

@@ -88,6 +88,36 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
   return upper ? make_uint4(c, d, a, b) : make_uint4(a, b, c, d);
 }
 
+// One row's 1x128 block of bf16 pairs held by a quad as the SwiGLU epilogues hold it (lane q:
+// w[c], the pairs of columns 8 (4c + q) .. + 7), quantized as quantize_pass_fp8.cu's rows kernel
+// quantizes it from memory: the block's amax across the quad, then each lane's 4 pieces of 8 bytes
+// to out + 8 (4c + q) and (lane 0 of the quad) the scale, when `store`. Every lane of the warp
+// calls it (the amax crosses the quad's lanes, which hold one row: rows never mix).
+__device__ __forceinline__ void store_row_block_fp8(const std::uint32_t (&w)[4][4], int q,
+                                                    bool store, std::uint8_t* out, float* scale) {
+  std::uint32_t amax = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      amax = fp8::amax_update(amax, low_bf16(w[c][e]));
+      amax = fp8::amax_update(amax, high_bf16(w[c][e]));
+    }
+  }
+  amax = ptx::quad_amax(amax);
+  const int e = fp8::scale_exponent(amax);
+  const float inverse = fp8::inverse_scale_of(e);
+  if (!store) return;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const std::uint32_t(&v)[4] = w[c];
+    *reinterpret_cast<uint2*>(out + 8 * (4 * c + q)) = make_uint2(
+        ptx::quantize4(low_bf16(v[0]), high_bf16(v[0]), low_bf16(v[1]), high_bf16(v[1]), inverse),
+        ptx::quantize4(low_bf16(v[2]), high_bf16(v[2]), low_bf16(v[3]), high_bf16(v[3]), inverse));
+  }
+  if (q == 0) *scale = fp8::scale_of(e);
+}
+
 // SwiGLU: in the accumulators, the first half of the columns is the gate tile, the second
 // the up tile of the same kTileN / 2 output columns.
 //   g = bf16(acc_g), u = bf16(acc_u), hidden = bf16(silu(g) * u) (numerics::swiglu_fast)
@@ -96,9 +126,16 @@ __device__ __forceinline__ uint4 quad_gather(std::uint32_t v0, std::uint32_t v1,
 // (numerics::swiglu_clamped_fast); g and u are stored unclamped. NOTES: a template parameter, not
 // a runtime flag, so the unclamped instantiations' code is what it was (docs/perf/NOTES.md,
 // ## clamped SwiGLU, has the ptxas counts of both).
-template <class F, bool kPreActivations, bool kClamped>
+// kQuantizedHidden (e4m3 tiles of 128 output columns: a row's 1x128 block of hidden is the quad's
+// after the column loop): hidden quantized as well, for the down GEMM that reads it
+// (GateUpForwardFp8Args::hidden_quantized; Fp8Params::q_rows[0]), with the rows quantizer's bits
+// (store_row_block_fp8).
+template <class F, bool kPreActivations, bool kClamped, bool kQuantizedHidden = false>
 __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const TileInfo& t,
-                                             const GemmParams& p, int wg, int warp, int lane) {
+                                             const GemmParams& p, int wg, int warp, int lane,
+                                             const Fp8Params* fp8 = nullptr) {
+  static_assert(!kQuantizedHidden || (F::kFp8 && F::kOutTileN == 128),
+                "quantized hidden: e4m3 tiles of 128 output columns (one 1x128 block a row)");
   auto* hidden = static_cast<__nv_bfloat16*>(p.out);
   float limit = 0.0f;
   if constexpr (kClamped) limit = p.swiglu_limit;
@@ -107,6 +144,7 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const GroupRow row = group_row(t, p, wg, warp, lane, h);
+    std::uint32_t held[F::kTileN / 64][4];  // kQuantizedHidden: the row's block, as stored
 #pragma unroll
     for (int c = 0; c < F::kTileN / 64; ++c) {
       std::uint32_t hv[4], gv[4], uv[4];
@@ -131,6 +169,9 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
       const bool ok = row.ok && col < p.n;
       const uint4 hs = quad_gather(hv[0], hv[1], hv[2], hv[3], q);
       if (ok) *reinterpret_cast<uint4*>(hidden + row.offset + col) = hs;
+      if constexpr (kQuantizedHidden) {
+        held[c][0] = hs.x, held[c][1] = hs.y, held[c][2] = hs.z, held[c][3] = hs.w;
+      }
       if constexpr (kPreActivations) {
         const uint4 gs = quad_gather(gv[0], gv[1], gv[2], gv[3], q);
         const uint4 us = quad_gather(uv[0], uv[1], uv[2], uv[3], q);
@@ -139,6 +180,12 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[F::kAcc], const 
           *reinterpret_cast<uint4*>(p.up_out + row.offset + col) = us;
         }
       }
+    }
+    if constexpr (kQuantizedHidden) {  // n is a multiple of 128: the block is whole
+      const Fp8Params& f = *fp8;
+      store_row_block_fp8(
+          held, q, row.ok, f.q_rows[0] + static_cast<long long>(row.index) * f.q_rows_ld + n0,
+          f.q_rows_scales[0] + static_cast<long long>(n0 / 128) * f.q_rows_scale_ld + row.index);
     }
   }
 }
@@ -406,36 +453,6 @@ __device__ __forceinline__ std::uint8_t* staging_piece(std::uint8_t* staging, in
   return staging + r * 256 + ((k ^ staging_swizzle(r)) * 16);
 }
 
-// One row's 1x128 block of bf16 pairs held by a quad as store_swiglu_backward holds it (lane q:
-// w[c], the pairs of columns 8 (4c + q) .. + 7), quantized as quantize_pass_fp8.cu's rows kernel
-// quantizes it from memory: the block's amax across the quad, then each lane's 4 pieces of 8 bytes
-// to out + 8 (4c + q) and (lane 0 of the quad) the scale, when `store`. Every lane of the warp
-// calls it (the amax crosses the quad's lanes, which hold one row: rows never mix).
-__device__ __forceinline__ void store_row_block_fp8(const std::uint32_t (&w)[4][4], int q,
-                                                    bool store, std::uint8_t* out, float* scale) {
-  std::uint32_t amax = 0;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      amax = fp8::amax_update(amax, low_bf16(w[c][e]));
-      amax = fp8::amax_update(amax, high_bf16(w[c][e]));
-    }
-  }
-  amax = ptx::quad_amax(amax);
-  const int e = fp8::scale_exponent(amax);
-  const float inverse = fp8::inverse_scale_of(e);
-  if (!store) return;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const std::uint32_t(&v)[4] = w[c];
-    *reinterpret_cast<uint2*>(out + 8 * (4 * c + q)) = make_uint2(
-        ptx::quantize4(low_bf16(v[0]), high_bf16(v[0]), low_bf16(v[1]), high_bf16(v[1]), inverse),
-        ptx::quantize4(low_bf16(v[2]), high_bf16(v[2]), low_bf16(v[3]), high_bf16(v[3]), inverse));
-  }
-  if (q == 0) *scale = fp8::scale_of(e);
-}
-
 // The token-axis form of the 128 x 128 bf16 block in the staging tile (one tile's dg or du: its
 // rows are one 128-row token block of the group, rows past the group's count staged as 0), as
 // quantize_token_tile (cuda/kernels/fp8_quantize.cuh) writes it from memory: per column, the
@@ -506,15 +523,18 @@ __device__ __forceinline__ void store_token_block(std::uint8_t* staging, int thr
 // kClamped: dg, du = bf16(swiglu_backward_clamped_fast(g, u, dh, L)) (zero where the clamp acts)
 // and h = bf16(swiglu_clamped_fast(g, u, L)), the forward epilogue's hidden bit for bit.
 // kScaledHidden (with kRowScale and kDot): bf16(scale * h) to p.scaled_hidden as well.
-// kQuantized (e4m3, 128-wide tiles with a staging tile; RowsTimesWeightFp8Args::quantized): dg and
-// du also quantized for the GEMMs that read them, with the standalone quantizers' bits: each row's
-// 1x128 block from the quad that holds it (store_row_block_fp8, fp8->q_rows), and the tile's token
-// block column by column (store_token_block, fp8->q_tokens) from the staging tile, where both
-// warpgroups stage dg, then du (four barriers of the 256 consumer threads: staged, read, staged,
-// read; the last one keeps the next tile's dg from overwriting du while it is read). dg and du in
-// bf16 only where p.d_gate is set.
+// kQuantized (e4m3; RowsTimesWeightFp8Args::quantized): dg and du also quantized for the GEMMs
+// that read them, with the standalone quantizers' bits:
+//   rows: each row's 1x128 block from the quad that holds it (a batch of pieces is one block:
+//     store_row_block_fp8, fp8->q_rows), beside dg and du in bf16; any tile width;
+//   rows_and_tokens (128-wide tiles with a staging tile): and the tile's token block column by
+//     column (store_token_block, fp8->q_tokens) from the staging tile, where both warpgroups
+//     stage dg, then du (four barriers of the 256 consumer threads: staged, read, staged, read;
+//     the last one keeps the next tile's dg from overwriting du while it is read). dg and du in
+//     bf16 only where p.d_gate is set.
+enum class QuantizedDgDu { none, rows, rows_and_tokens };
 template <class F, bool kRowScale, bool kDot, bool kClamped, bool kScaledHidden,
-          bool kQuantized = false>
+          QuantizedDgDu kQuantized = QuantizedDgDu::none>
 __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc],
                                                       const TileInfo& t, const GemmParams& p,
                                                       int wg, int warp, int lane,
@@ -525,10 +545,14 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
   constexpr int kPieces = F::kTileN / 32;  // 16-byte pieces of a row a lane stores
   constexpr int kBatch = 4;
   static_assert(kPieces % kBatch == 0, "whole batches");
-  static_assert(!kQuantized || (F::kFp8 && kPieces == kBatch && !kScaledHidden &&
-                                F::kStagingBytes == kTileM * F::kTileN * 2),
-                "quantized dg and du: 128-wide e4m3 tiles with a staging tile");
-  std::uint32_t du_held[2][kBatch][4];  // kQuantized: du of both rows, staged after dg
+  constexpr bool kRows = kQuantized != QuantizedDgDu::none;
+  constexpr bool kTokens = kQuantized == QuantizedDgDu::rows_and_tokens;
+  static_assert(!kRows || F::kFp8, "quantized dg and du: e4m3 forms");
+  static_assert(!kTokens || (kPieces == kBatch && !kScaledHidden &&
+                             F::kStagingBytes == kTileM * F::kTileN * 2),
+                "quantized token blocks of dg and du: 128-wide tiles with a staging tile");
+  std::uint32_t du_held[2][kBatch][4];  // kRows: du of the block (kTokens: of both rows, staged
+                                        // after dg)
   static_assert(kBatch * 32 == kDotColumns, "a batch of pieces is one dot chunk");
   const int n0 = t.n0 * F::kTileN;
   const int q = lane % 4;
@@ -556,7 +580,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
         }
       }
       float dot = 0.0f;
-      std::uint32_t dg_row[kBatch][4];  // kQuantized: dg of this row's block
+      std::uint32_t dg_row[kBatch][4];  // kRows: dg of this row's block
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int c = c0 + i;
@@ -623,23 +647,27 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
           }
         }
         const int col = n0 + 8 * (4 * c + q);
-        if (row.ok && col < p.n && (!kQuantized || p.d_gate != nullptr)) {
+        if (row.ok && col < p.n && (!kTokens || p.d_gate != nullptr)) {
           *reinterpret_cast<uint4*>(p.d_gate + row.offset + col) =
               make_uint4(dg_w[0], dg_w[1], dg_w[2], dg_w[3]);
           *reinterpret_cast<uint4*>(p.d_up + row.offset + col) =
               make_uint4(du_w[0], du_w[1], du_w[2], du_w[3]);
         }
-        if constexpr (kQuantized) {
+        if constexpr (kRows) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) dg_row[i][e] = dg_w[e], du_held[h][i][e] = du_w[e];
         }
       }
-      if constexpr (kQuantized) {
+      if constexpr (kRows) {  // the batch's 128 columns from block0: n is a multiple of 128
         const Fp8Params& f = *fp8;
-        const long long at = static_cast<long long>(row.index) * f.q_rows_ld + n0;
-        const long long scale_at = static_cast<long long>(n0 / 128) * f.q_rows_scale_ld + row.index;
+        const int block0 = n0 + 32 * c0;
+        const long long at = static_cast<long long>(row.index) * f.q_rows_ld + block0;
+        const long long scale_at =
+            static_cast<long long>(block0 / 128) * f.q_rows_scale_ld + row.index;
         store_row_block_fp8(dg_row, q, row.ok, f.q_rows[0] + at, f.q_rows_scales[0] + scale_at);
         store_row_block_fp8(du_held[h], q, row.ok, f.q_rows[1] + at, f.q_rows_scales[1] + scale_at);
+      }
+      if constexpr (kTokens) {
         const int r = acc_row(wg, warp, lane, h);
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
@@ -658,7 +686,7 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
       }
     }
   }
-  if constexpr (kQuantized) {
+  if constexpr (kTokens) {
     const int thread = wg * 128 + warp * 32 + lane;
     const long long row0 = t.row_base + t.m0;  // a multiple of 128: the tile is a token block
     const long long block = row0 / 128;
@@ -777,15 +805,27 @@ concept HoldsRows = requires {
 };
 
 // Gate/up: hidden = bf16(silu(g) * u); kPreActivations: g and u too (GateUpForwardArgs gate, up);
-// kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit.
-template <bool kPreActivations, bool kClamped = false>
+// kClamped: MoK's clamped SwiGLU with the limit GemmParams::swiglu_limit; kQuantizedHidden: and
+// hidden quantized (Fp8Params::q_rows[0]; store_swiglu), with the store that takes the e4m3
+// kernel's Fp8Params (WritesFp8).
+template <bool kPreActivations, bool kClamped = false, bool kQuantizedHidden = false>
 struct SwigluForward {
+  static constexpr bool kWritesFp8 = kQuantizedHidden;
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
     static_assert(F::kind == FormKind::kGateUp, "the gate/up epilogue");
+    static_assert(!kQuantizedHidden, "the quantizing epilogue's store takes the Fp8Params");
     store_swiglu<F, kPreActivations, kClamped>(acc, t, d.p, wg, warp, lane);
+  }
+  template <class F>
+  __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmDescriptor& d, int wg, int warp, int lane,
+                                               std::uint8_t* staging, const Fp8Params& fp8) {
+    static_assert(F::kind == FormKind::kGateUp, "the gate/up epilogue");
+    static_assert(kQuantizedHidden, "the store without quantized outputs takes no Fp8Params");
+    store_swiglu<F, kPreActivations, kClamped, true>(acc, t, d.p, wg, warp, lane, &fp8);
   }
 };
 
@@ -831,26 +871,26 @@ struct RowsFp32 {
 // kDot: and the router-weight dot partials (SwigluBackwardEpilogue); kClamped: the clamped
 // SwiGLU's backward (GemmParams::swiglu_limit); kScaledHidden (with both kRowScale and kDot):
 // and bf16(w h) (SwigluBackwardEpilogue::scaled_hidden, GemmParams::scaled_hidden).
-// kQuantized: and dg, du quantized (Fp8Params::q_rows, q_tokens; store_swiglu_backward), with
-// the store that takes the e4m3 kernel's Fp8Params (WritesFp8).
+// kQuantized: and dg, du quantized (Fp8Params::q_rows, and q_tokens with rows_and_tokens;
+// store_swiglu_backward), with the store that takes the e4m3 kernel's Fp8Params (WritesFp8).
 template <bool kRowScale, bool kDot, bool kClamped = false, bool kScaledHidden = false,
-          bool kQuantized = false>
+          QuantizedDgDu kQuantized = QuantizedDgDu::none>
 struct SwigluBackward {
-  static constexpr bool kWritesFp8 = kQuantized;
+  static constexpr bool kWritesFp8 = kQuantized != QuantizedDgDu::none;
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging) {
-    static_assert(!kQuantized, "the quantizing epilogue's store takes the Fp8Params");
+    static_assert(!kWritesFp8, "the quantizing epilogue's store takes the Fp8Params");
     store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden>(acc, t, d.p, wg, warp, lane);
   }
   template <class F>
   __device__ __forceinline__ static void store(const float (&acc)[F::kAcc], const TileInfo& t,
                                                const GemmDescriptor& d, int wg, int warp, int lane,
                                                std::uint8_t* staging, const Fp8Params& fp8) {
-    static_assert(kQuantized, "the store without quantized outputs takes no Fp8Params");
-    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden, true>(acc, t, d.p, wg, warp,
-                                                                             lane, staging, &fp8);
+    static_assert(kWritesFp8, "the store without quantized outputs takes no Fp8Params");
+    store_swiglu_backward<F, kRowScale, kDot, kClamped, kScaledHidden, kQuantized>(
+        acc, t, d.p, wg, warp, lane, staging, &fp8);
   }
   // Before the end of the K loop (Engine::consume): g and u of the tile's rows into L2.
   template <class F>

@@ -163,6 +163,15 @@ struct Fp8Weight {
   const float* scale = nullptr;
 };
 
+// Where an e4m3 GEMM writes an output quantized (layouts as Fp8Rows and Fp8TokenAxis say,
+// Fp8TokenAxis's below).
+struct Fp8Out {
+  std::uint8_t* data = nullptr;
+  std::int64_t ld = 0;
+  float* scale = nullptr;
+  std::int64_t scale_ld = 0;
+};
+
 // GateUpForwardArgs over e4m3 operands: g and u are the promoted fp32 sums (each K block's
 // product times its row's and weight block's scales, added in K order), then the same epilogue.
 struct GateUpForwardFp8Args {
@@ -191,6 +200,12 @@ struct GateUpForwardFp8Args {
   // overlap (mok's error names `wide`). Off by default here; the FP8 layer turns it on where n
   // fills whole wide tiles (docs/perf/NOTES.md, 58329ee).
   bool wide = false;
+  // Optional: hidden quantized as well, in the rows form the down GEMM reads (Fp8Out below:
+  // 1x128 along intermediate_size, data [capacity_rows, ld], scale [intermediate_size / 128,
+  // scale_ld], ld >= intermediate_size a multiple of 8, scale_ld >= capacity_rows), with the
+  // rows quantizer's bits over the bf16 hidden (src/cuda/kernels/quantize_pass_fp8.hpp), which is
+  // written too. Needs `wide` (a tile's 128 output columns are one block of each row).
+  Fp8Out hidden_quantized;
   cudaStream_t stream = nullptr;
   WaitOptions waits;
 };
@@ -272,14 +287,6 @@ struct RowsTimesWeightArgs {
   WaitOptions waits;
 };
 
-// Where an e4m3 GEMM writes an output quantized (layouts as Fp8Rows and Fp8TokenAxis say).
-struct Fp8Out {
-  std::uint8_t* data = nullptr;
-  std::int64_t ld = 0;
-  float* scale = nullptr;
-  std::int64_t scale_ld = 0;
-};
-
 // The SwiGLU backward of an e4m3 input gradient can write dg and du already quantized for the
 // GEMMs that read them (the FP8 layer's down dgrad; docs/architecture.md, "The FP8 layer"): in the
 // rows form the gate/up input gradient reads (Fp8Rows: 1x128 along n, data [capacity_rows, ld],
@@ -288,20 +295,21 @@ struct Fp8Out {
 // [ceil(capacity_rows / 128), scale_ld]; 128-row blocks from each group's first row, scales from
 // the group's rows, rows past its count stored as 0), each from
 // the bf16 values the epilogue rounds, with the bits of the standalone quantizers
-// (src/cuda/kernels/quantize_pass_fp8.hpp) over the bf16 dg and du. All four or none; dg and du
-// in bf16 are then optional (swiglu.d_gate and d_up both null: not written). Needs swiglu with
-// row_scale and dot (no scaled_hidden) and the plain mainloop (no pairs, overlap or wide): the
-// one combination the layer runs, the only one compiled. The rows forms share ld and scale_ld,
-// and so do the token-axis forms. NOTES: each token-axis block is the tile's 128 rows down one
-// column, so the epilogue stages dg, then du, as bf16 in a staging tile, which costs the ring one
-// of its six stages.
+// (src/cuda/kernels/quantize_pass_fp8.hpp) over the bf16 dg and du. Needs swiglu with row_scale
+// and dot, the combination the layer runs, the only one compiled. Either
+//   - all four: dg and du in bf16 are then optional (swiglu.d_gate and d_up both null: not
+//     written); no scaled_hidden; the plain mainloop (no pairs, overlap or wide). NOTES: each
+//     token-axis block is the tile's 128 rows down one column, so the epilogue stages dg, then
+//     du, as bf16 in a staging tile, which costs the ring one of its six stages; or
+//   - the rows forms alone (the FP8 layer's dgrads read them; its weight gradients then read the
+//     bf16 dg and du, or token-axis copies of them): dg and du in bf16 written too; scaled_hidden
+//     allowed; the plain or the wide mainloop (no pairs or overlap).
+// The rows forms share ld and scale_ld, and so do the token-axis forms.
 struct SwigluBackwardFp8Out {
   Fp8Out d_gate_rows, d_up_rows;
   Fp8Out d_gate_tokens, d_up_tokens;
-  bool any() const {
-    return d_gate_rows.data != nullptr || d_up_rows.data != nullptr ||
-           d_gate_tokens.data != nullptr || d_up_tokens.data != nullptr;
-  }
+  bool any() const { return d_gate_rows.data != nullptr || d_up_rows.data != nullptr || tokens(); }
+  bool tokens() const { return d_gate_tokens.data != nullptr || d_up_tokens.data != nullptr; }
 };
 
 // RowsTimesWeightArgs (the input gradients) over e4m3 operands. wgmma reads e4m3 K-major only, so

@@ -222,6 +222,19 @@ void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Params& fp8 =
   launch_grouped_gemm<F, E>(d, stream, fp8);
 }
 
+// An output an epilogue writes in the rows form (1x128 blocks along its n columns, 8-byte stores
+// of a row's pieces, a block's scale at [block][row]): mok::Error naming `name`.
+void check_rows_out(const Fp8Out& o, std::int64_t n, std::int64_t rows, const std::string& name) {
+  check(o.data != nullptr && reinterpret_cast<std::uintptr_t>(o.data) % 8 == 0, name + ".data",
+        "a device pointer with 8-byte alignment", to_text(static_cast<const void*>(o.data)));
+  check(o.scale != nullptr && reinterpret_cast<std::uintptr_t>(o.scale) % 4 == 0, name + ".scale",
+        "a device pointer with 4-byte alignment", to_text(o.scale));
+  check(o.ld >= n && o.ld % 8 == 0, name + ".ld", "a multiple of 8 and >= n (" + to_text(n) + ")",
+        to_text(o.ld));
+  check(o.scale_ld >= rows, name + ".scale_ld", ">= segments.capacity_rows (" + to_text(rows) + ")",
+        to_text(o.scale_ld));
+}
+
 }  // namespace
 
 template <class F>
@@ -399,6 +412,15 @@ void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args) {
   check_multiple_of_128(args.intermediate_size, "intermediate_size");
   check_gate_up_outputs(args);
   const RowSegments& s = args.segments;
+  if (args.hidden_quantized.data != nullptr) {
+    check(args.wide && !args.pairs && !args.overlap, "hidden_quantized",
+          "null without `wide` alone (128 x 256 tiles: a tile's 128 columns of hidden are one "
+          "1x128 block of each row)",
+          std::string("set with") + (args.wide ? " wide" : "out wide") +
+              (args.pairs ? " and pairs" : "") + (args.overlap ? " and overlap" : ""));
+    check_rows_out(args.hidden_quantized, args.intermediate_size, s.capacity_rows,
+                   "hidden_quantized");
+  }
   if (s.capacity_rows == 0) return;
   const int G = s.num_groups, N = args.intermediate_size, K = args.hidden_size;
   const CUtensorMap a = fp8_rows_map(args.x, s.capacity_rows, K, F::kBoxRowsA, "x");
@@ -416,8 +438,23 @@ void gate_up_forward_fp8_launch(const GateUpForwardFp8Args& args) {
   p.gate_out = args.gate;
   p.up_out = args.up;
   p.swiglu_limit = args.swiglu_limit.value_or(0.0f);
-  const Fp8Params fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
-                      args.w_up.scale, N / 128, K / F::kBlockK};
+  Fp8Params fp8{args.x.scale,    nullptr, args.x.scale_ld, args.w_gate.scale,
+                args.w_up.scale, N / 128, K / F::kBlockK};
+  if (args.hidden_quantized.data != nullptr) {
+    if constexpr (F::kWideTile) {
+      fp8.q_rows[0] = args.hidden_quantized.data;
+      fp8.q_rows_scales[0] = args.hidden_quantized.scale;
+      fp8.q_rows_ld = args.hidden_quantized.ld;
+      fp8.q_rows_scale_ld = args.hidden_quantized.scale_ld;
+      with_flag(args.gate != nullptr, [&](auto pre_activations) {
+        with_flag(args.swiglu_limit.has_value(), [&](auto clamped) {
+          launch<F, epilogue::SwigluForward<pre_activations(), clamped(), true>>(d, args.stream,
+                                                                                 fp8);
+        });
+      });
+      return;
+    }
+  }
   with_mainloop<Fp8GateUp>(args.pairs, args.overlap, args.wide, [&](auto form) {
     using L = typename decltype(form)::type;
     with_flag(args.gate != nullptr, [&](auto pre_activations) {
@@ -605,41 +642,54 @@ void check_quantized_swiglu(const RowsTimesWeightFp8Args& args) {
   const SwigluBackwardFp8Out& q = args.quantized;
   const SwigluBackwardEpilogue& sw = args.swiglu;
   const std::int64_t rows = args.segments.capacity_rows;
+  const bool tokens = q.tokens();
   check(q.d_gate_rows.data != nullptr && q.d_up_rows.data != nullptr &&
-            q.d_gate_tokens.data != nullptr && q.d_up_tokens.data != nullptr,
-        "quantized", "all four of d_gate_rows, d_up_rows, d_gate_tokens, d_up_tokens, or none",
-        "some of them null");
+            (q.d_gate_tokens.data != nullptr) == (q.d_up_tokens.data != nullptr),
+        "quantized",
+        "all four of d_gate_rows, d_up_rows, d_gate_tokens, d_up_tokens, the two rows forms "
+        "alone, or none",
+        "d_gate_rows " + to_text(static_cast<const void*>(q.d_gate_rows.data)) + ", d_up_rows " +
+            to_text(static_cast<const void*>(q.d_up_rows.data)) + ", d_gate_tokens " +
+            to_text(static_cast<const void*>(q.d_gate_tokens.data)) + ", d_up_tokens " +
+            to_text(static_cast<const void*>(q.d_up_tokens.data)));
   check(sw.gate != nullptr && sw.up != nullptr, "swiglu.gate/up",
         "device pointers (quantized outputs come from the SwiGLU backward)", "null");
   check((sw.d_gate == nullptr) == (sw.d_up == nullptr), "swiglu.d_gate/d_up",
         "both device pointers or both null", "one of them null");
+  check(tokens || sw.d_gate != nullptr, "swiglu.d_gate/d_up",
+        "device pointers with the rows forms alone (dg and du are written in bf16 as well)",
+        "null");
   check(sw.row_scale != nullptr && sw.dot != nullptr, "swiglu.row_scale/dot",
         "both set with quantized outputs (the one epilogue compiled with them)",
         "row_scale " + to_text(sw.row_scale) + ", dot " + to_text(sw.dot));
-  check(sw.scaled_hidden == nullptr, "swiglu.scaled_hidden", "null with quantized outputs",
-        to_text(sw.scaled_hidden));
-  check(!args.pairs && !args.overlap && !args.wide, "quantized",
-        "the plain mainloop (no pairs, overlap or wide)",
-        std::string("with") + (args.pairs ? " pairs" : "") + (args.overlap ? " overlap" : "") +
-            (args.wide ? " wide" : ""));
+  check_rows_out(q.d_gate_rows, args.n, rows, "quantized.d_gate_rows");
+  check_rows_out(q.d_up_rows, args.n, rows, "quantized.d_up_rows");
   const Fp8Out &gr = q.d_gate_rows, &ur = q.d_up_rows, &gt = q.d_gate_tokens, &ut = q.d_up_tokens;
   check(ur.ld == gr.ld && ur.scale_ld == gr.scale_ld, "quantized.d_up_rows",
         "d_gate_rows' ld and scale_ld (" + to_text(gr.ld) + ", " + to_text(gr.scale_ld) + ")",
         to_text(ur.ld) + ", " + to_text(ur.scale_ld));
+  if (!tokens) {
+    check(!args.pairs && !args.overlap, "quantized",
+          "the plain or the wide mainloop with the rows forms alone (no pairs or overlap)",
+          std::string("with") + (args.pairs ? " pairs" : "") + (args.overlap ? " overlap" : ""));
+    return;
+  }
+  check(sw.scaled_hidden == nullptr, "swiglu.scaled_hidden", "null with the token-axis outputs",
+        to_text(sw.scaled_hidden));
+  check(!args.pairs && !args.overlap && !args.wide, "quantized",
+        "the plain mainloop with the token-axis outputs (no pairs, overlap or wide)",
+        std::string("with") + (args.pairs ? " pairs" : "") + (args.overlap ? " overlap" : "") +
+            (args.wide ? " wide" : ""));
   check(ut.ld == gt.ld && ut.scale_ld == gt.scale_ld, "quantized.d_up_tokens",
         "d_gate_tokens' ld and scale_ld (" + to_text(gt.ld) + ", " + to_text(gt.scale_ld) + ")",
         to_text(ut.ld) + ", " + to_text(ut.scale_ld));
-  // The rows form: 8-byte stores of a row's pieces; the token-axis form: 16-byte stores of a
-  // column's 32 rows and 8-byte stores of two columns' scales.
-  check(gr.ld >= args.n && gr.ld % 8 == 0, "quantized.d_gate_rows.ld",
-        "a multiple of 8 and >= n (" + to_text(args.n) + ")", to_text(gr.ld));
-  check(gr.scale_ld >= rows, "quantized.d_gate_rows.scale_ld",
-        ">= segments.capacity_rows (" + to_text(rows) + ")", to_text(gr.scale_ld));
-  // A tile stores all 128 rows of its token block down each column, rows past the count as 0.
+  // The token-axis form: 16-byte stores of a column's 32 rows and 8-byte stores of two columns'
+  // scales. A tile stores all 128 rows of its token block down each column, rows past the count
+  // as 0.
   const std::int64_t block_rows = (rows + 127) / 128 * 128;
   check(gt.ld >= block_rows && gt.ld % 16 == 0, "quantized.d_gate_tokens.ld",
-        "a multiple of 16 and >= segments.capacity_rows rounded up to 128 (" +
-            to_text(block_rows) + ")",
+        "a multiple of 16 and >= segments.capacity_rows rounded up to 128 (" + to_text(block_rows) +
+            ")",
         to_text(gt.ld));
   check(gt.scale_ld >= args.n && gt.scale_ld % 2 == 0, "quantized.d_gate_tokens.scale_ld",
         "even and >= n (" + to_text(args.n) + ")", to_text(gt.scale_ld));
@@ -648,10 +698,6 @@ void check_quantized_swiglu(const RowsTimesWeightFp8Args& args) {
           "a device pointer with " + to_text(static_cast<long long>(bytes)) + "-byte alignment",
           to_text(ptr));
   };
-  aligned(gr.data, 8, "quantized.d_gate_rows.data");
-  aligned(ur.data, 8, "quantized.d_up_rows.data");
-  aligned(gr.scale, 4, "quantized.d_gate_rows.scale");
-  aligned(ur.scale, 4, "quantized.d_up_rows.scale");
   aligned(gt.data, 16, "quantized.d_gate_tokens.data");
   aligned(ut.data, 16, "quantized.d_up_tokens.data");
   aligned(gt.scale, 8, "quantized.d_gate_tokens.scale");
@@ -710,11 +756,22 @@ void rows_times_weight_fp8_launch(const RowsTimesWeightFp8Args& args) {
                              args.n);
   Fp8Params fp8{args.a.scale,    args.a2.scale, args.a.scale_ld, args.w_t.scale,
                 args.w2_t.scale, args.n / 128,  k_blocks};
-  if (quantized) {
+  if (quantized && args.quantized.tokens()) {
     set_quantized_outputs(args.quantized, fp8);
     with_flag(args.swiglu.limit.has_value(), [&](auto clamped) {
-      launch<Fp8RowsWTStaged, epilogue::SwigluBackward<true, true, clamped(), false, true>>(
+      launch<Fp8RowsWTStaged, epilogue::SwigluBackward<true, true, clamped(), false,
+                                                       QuantizedDgDu::rows_and_tokens>>(
           d, args.stream, fp8);
+    });
+    return;
+  }
+  if (quantized) {  // the rows forms alone, on F (plain or wide: check_quantized_swiglu)
+    set_quantized_outputs(args.quantized, fp8);
+    with_flag(args.swiglu.limit.has_value(), [&](auto clamped) {
+      with_flag(args.swiglu.scaled_hidden != nullptr, [&](auto wh) {
+        launch<F, epilogue::SwigluBackward<true, true, clamped(), wh(), QuantizedDgDu::rows>>(
+            d, args.stream, fp8);
+      });
     });
     return;
   }

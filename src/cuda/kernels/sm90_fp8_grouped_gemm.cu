@@ -1,7 +1,8 @@
 // The library's e4m3 instantiations of the standalone grouped GEMM kernel
 // (sm90_bf16_grouped_gemm.cuh, the same kernel over Form<kind, Operand::e4m3>): the (form,
 // epilogue) pairs gate_up_forward_fp8 and rows_times_weight_t_fp8 pick (src/cuda/gemm/launch.cu),
-// for each mainloop (the launchers' `pairs`, `overlap` and `wide`).
+// for each mainloop (the launchers' `pairs`, `overlap` and `wide`), and the gate/up epilogue that
+// quantizes hidden (::hidden_quantized, wide tiles only).
 #include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
 
 namespace mok::gemm {
@@ -50,5 +51,14 @@ MOK_FP8_FORWARD_KERNELS(GateUpOverlap, DownOverlap)
 MOK_FP8_FORWARD_KERNELS(GateUpPairsOverlap, DownPairsOverlap)
 MOK_FP8_FORWARD_KERNELS(GateUpWide, DownWide)
 #undef MOK_FP8_FORWARD_KERNELS
+// GateUpForwardFp8Args::hidden_quantized: the SwiGLU that also quantizes hidden, on wide tiles.
+template void launch_grouped_gemm<GateUpWide, SwigluForward<false, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<GateUpWide, SwigluForward<true, false, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<GateUpWide, SwigluForward<false, true, true>>(
+    const GemmDescriptor&, Stream, Scales);
+template void launch_grouped_gemm<GateUpWide, SwigluForward<true, true, true>>(
+    const GemmDescriptor&, Stream, Scales);
 
 }  // namespace mok::gemm

@@ -50,11 +50,30 @@ using RowsWTWide = Form<FormKind::kRowsWT, Operand::e4m3, false, false, false, t
 MOK_INPUT_GRADIENT_KERNELS(RowsWTWide)
 #undef MOK_INPUT_GRADIENT_KERNELS
 // RowsTimesWeightFp8Args::quantized: the SwiGLU backward with the row scale and dot that also
-// quantizes dg and du, plain and clamped, on the form with a staging tile.
+// quantizes dg and du, plain and clamped: both forms on the form with a staging tile; the rows
+// forms alone (with and without bf16(w h)) on the plain and the wide tiles.
 using RowsWTStaged = Form<FormKind::kRowsWT, Operand::e4m3, false, false, true>;
-template void launch_grouped_gemm<RowsWTStaged, SwigluBackward<true, true, false, false, true>>(
+template void launch_grouped_gemm<
+    RowsWTStaged, SwigluBackward<true, true, false, false, QuantizedDgDu::rows_and_tokens>>(
     const GemmDescriptor&, Stream, Scales);
-template void launch_grouped_gemm<RowsWTStaged, SwigluBackward<true, true, true, false, true>>(
+template void launch_grouped_gemm<
+    RowsWTStaged, SwigluBackward<true, true, true, false, QuantizedDgDu::rows_and_tokens>>(
     const GemmDescriptor&, Stream, Scales);
+#define MOK_QUANTIZED_ROWS_KERNELS(F)                                                    \
+  template void                                                                          \
+  launch_grouped_gemm<F, SwigluBackward<true, true, false, false, QuantizedDgDu::rows>>( \
+      const GemmDescriptor&, Stream, Scales);                                            \
+  template void                                                                          \
+  launch_grouped_gemm<F, SwigluBackward<true, true, true, false, QuantizedDgDu::rows>>(  \
+      const GemmDescriptor&, Stream, Scales);                                            \
+  template void                                                                          \
+  launch_grouped_gemm<F, SwigluBackward<true, true, false, true, QuantizedDgDu::rows>>(  \
+      const GemmDescriptor&, Stream, Scales);                                            \
+  template void                                                                          \
+  launch_grouped_gemm<F, SwigluBackward<true, true, true, true, QuantizedDgDu::rows>>(   \
+      const GemmDescriptor&, Stream, Scales);
+MOK_QUANTIZED_ROWS_KERNELS(RowsWT)
+MOK_QUANTIZED_ROWS_KERNELS(RowsWTWide)
+#undef MOK_QUANTIZED_ROWS_KERNELS
 
 }  // namespace mok::gemm

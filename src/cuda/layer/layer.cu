@@ -34,8 +34,8 @@ void check(cudaError_t e, const char* what) {
 
 // One rank's FP8 scratch (plan::Fp8Plan; null without it): the e4m3 operands of a pass.
 struct Fp8Buffers {
-  std::uint8_t *rows_a = nullptr, *rows_b = nullptr;  // 1x128 along K
-  float *rows_a_scales = nullptr, *rows_b_scales = nullptr;
+  std::uint8_t *rows_a = nullptr, *rows_b = nullptr, *rows_c = nullptr;  // 1x128 along K
+  float *rows_a_scales = nullptr, *rows_b_scales = nullptr, *rows_c_scales = nullptr;
   std::uint8_t *t_x = nullptr, *t_dy = nullptr, *t_dg = nullptr, *t_du = nullptr, *t_h = nullptr;
   float *t_x_scales = nullptr, *t_dy_scales = nullptr, *t_dg_scales = nullptr,
         *t_du_scales = nullptr, *t_h_scales = nullptr;
@@ -338,10 +338,23 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 // - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
 //   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on PERF.md's cases,
 //   0.88-0.94 of a device copy's rate (NOTES, "2026-12-06, 48dbb95"): on.
+// - rows_epilogues (the gate/up epilogue writes q(h), the down dgrad's q(dg) and q(du), beside
+//   the bf16 rows: three rows passes fewer): off until the layer benchmark shows it faster.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
-// g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows).
-void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
+// Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::rows_epilogues; its
+// tiles must be wide: a tile's 128 columns of h are one 1x128 block). q(h) then goes to rows_b,
+// which no forward GEMM reads (rows_a holds q(x) while gate/up runs).
+bool gate_up_quantizes_hidden(const ExpertRows& e) {
+  return e.kernels.rows_epilogues && e.kernels.wide;
+}
+gemm::Fp8Rows quantized_hidden(const ExpertRows& e) {
+  return {e.fp8->rows_b, e.width, e.fp8->rows_b_scales, e.segments.capacity_rows};
+}
+
+// g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows); with
+// `quantize_hidden` (where the down GEMM follows) and gate_up_quantizes_hidden, q(h) as well.
+void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h, bool quantize_hidden) {
   gemm::GateUpForwardFp8Args a;
   a.segments = e.segments;
   a.x = pulled_rows(e);
@@ -358,14 +371,21 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h) {
   a.waits = e.waits;
   a.overlap = e.kernels.overlap;
   a.wide = e.kernels.wide;
+  if (quantize_hidden && gate_up_quantizes_hidden(e)) {
+    const gemm::Fp8Rows q = quantized_hidden(e);
+    a.hidden_quantized = {e.fp8->rows_b, q.ld, e.fp8->rows_b_scales, q.scale_ld};
+  }
   gemm::gate_up_forward_fp8(a);
 }
 
-// y = bf16(q(h).W_down), its rows to their home slots (the combine).
+// y = bf16(q(h).W_down), its rows to their home slots (the combine). q(h) from the gate/up
+// epilogue (gate_up_quantizes_hidden), else quantized here from h.
 void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter& to) {
   gemm::RowsTimesWeightTFp8Args a;
   a.segments = e.segments;
-  a.a = quantize_rows(e, h, e.width, e.fp8->rows_a, e.fp8->rows_a_scales);
+  a.a = gate_up_quantizes_hidden(e)
+            ? quantized_hidden(e)
+            : quantize_rows(e, h, e.width, e.fp8->rows_a, e.fp8->rows_a_scales);
   a.w = fp8_weight(e.q->down);
   a.scatter = to;
   a.ld_out = e.hidden;
@@ -379,7 +399,8 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
 }
 
 // down_dgrad_swiglu from q(d_out) (pulled_rows) and the transposed W_down copy. With `quantized`,
-// dg and du are written quantized only (dg and du null). scaled_hidden: as down_dgrad_swiglu's,
+// dg and du are written quantized as well: in both forms with dg and du null (not in bf16), or in
+// the rows forms alone beside the bf16 dg and du. scaled_hidden: as down_dgrad_swiglu's,
 // only where dW_down is the bf16 layer's GEMM (BackwardOptions::fp8_weight_grads false); the e4m3
 // dW_down takes the reference's operands, t(dy) and t(h).
 void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf16* dg, bf16* du,
@@ -405,7 +426,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = quantized.any() ? false : e.kernels.overlap;
-  a.wide = quantized.any() ? false : fp8_wide(e, a.n);
+  a.wide = quantized.tokens() ? false : fp8_wide(e, a.n);
   gemm::rows_times_weight_fp8(a);
 }
 
@@ -533,6 +554,9 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // goes to rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise:
 // [R, I] bf16 holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch
 // does not grow.
+// kernels.rows_epilogues (and not the quantizing epilogue): the down dgrad writes q(dg) and q(du)
+// beside the bf16 dg and du (the token-axis copies, or the bf16 weight gradients, read those),
+// into rows_b and rows_c: rows_a holds the dgrad's own operand meanwhile.
 // fp8_wgrads false (BackwardOptions::fp8_weight_grads): no token-axis copy; the three weight
 // gradients are expert_backward's bf16 GEMMs of the bf16 rows, on the same side streams, with the
 // router weight where the bf16 layer puts it: in bf16(w h), which the down dgrad's epilogue writes
@@ -547,7 +571,14 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const bool quantizing_epilogue = e.kernels.quantizing_epilogue && fp8_wgrads;
   gemm::Fp8Rows dg, du;
   gemm::Fp8TokenAxis t_dg, t_du;
-  if (quantizing_epilogue) {
+  if (!quantizing_epilogue && e.kernels.rows_epilogues) {
+    gemm::SwigluBackwardFp8Out q;
+    q.d_gate_rows = {f.rows_b, I, f.rows_b_scales, R};
+    q.d_up_rows = {f.rows_c, I, f.rows_c_scales, R};
+    down_dgrad_swiglu_fp8(e, b.gate, b.up, b.dg, b.du, b.row_weights, b.dot, q, b.scaled_hidden);
+    dg = {f.rows_b, I, f.rows_b_scales, R};
+    du = {f.rows_c, I, f.rows_c_scales, R};
+  } else if (quantizing_epilogue) {
     std::uint8_t* const du_q = reinterpret_cast<std::uint8_t*>(b.du);
     float* const du_q_scales = reinterpret_cast<float*>(du_q + R * I);  // 16 KiB-aligned offset
     gemm::SwigluBackwardFp8Out q;
@@ -901,14 +932,14 @@ struct Layer::Impl {
   // the dispatch in token order reads each source token once (the row order read it once per
   // row: 8 times on qwen3-30b-a3b, mostly from DRAM).
   void gate_up_pass(int r, int pass, const RankTensors& t, const RankBuffers::PassSet& set,
-                    cudaStream_t s) {
+                    bool down_follows, cudaStream_t s) {
     const ExpertRows e = routed(r, t, s);
     PullParams pull{pass_rows(r, pass), geometry(), x_peers, nullptr, set.x};
     if (problem.ep_size == 1) pull.src_own = t.in.x.data;
     if (e.q != nullptr) pull_fp8(pull, e);
     check(launch_pull_tokens(pull, row_of_slot(r), s), "dispatch of x");
     if (e.q != nullptr) {
-      gate_up_forward_fp8(e, set.gate, set.up, set.hidden);
+      gate_up_forward_fp8(e, set.gate, set.up, set.hidden, down_follows);
     } else {
       gate_up_forward(e, set.x, set.gate, set.up, set.hidden);
     }
@@ -1026,6 +1057,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
       Fp8Buffers& f = m.ranks[i].fp8;
       at(f.rows_a, fp.rows_a), at(f.rows_a_scales, fp.rows_a_scales);
       at(f.rows_b, fp.rows_b), at(f.rows_b_scales, fp.rows_b_scales);
+      at(f.rows_c, fp.rows_c), at(f.rows_c_scales, fp.rows_c_scales);
       at(f.t_x, fp.t_x), at(f.t_x_scales, fp.t_x_scales);
       at(f.t_dy, fp.t_dy), at(f.t_dy_scales, fp.t_dy_scales);
       at(f.t_dg, fp.t_dg), at(f.t_dg_scales, fp.t_dg_scales);
@@ -1185,7 +1217,7 @@ void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaS
         m.fused_pass(r, pass, ranks[r - m.first], set, pass == 0 && S > 0, s);
         continue;
       }
-      m.gate_up_pass(r, pass, ranks[r - m.first], set, s);
+      m.gate_up_pass(r, pass, ranks[r - m.first], set, write_output, s);
       // The combine: the down GEMM stores each row in its slot of the home rank's `combine`.
       if (write_output) {
         const ExpertRows e = m.routed(r, ranks[r - m.first], s);
@@ -1268,7 +1300,7 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
       const RankTensors& t = ranks[r - m.first];
       const RankBuffers::PassSet set = m.pass_set(r, pass, t);
       m.compute_pass_segments(r, pass, s);
-      if (!first) m.gate_up_pass(r, pass, t, set, s);  // replay: only pass 0 was kept
+      if (!first) m.gate_up_pass(r, pass, t, set, false, s);  // replay: only pass 0 was kept
       // The rows' d_out, unscaled, and their router weights, pulled from the home ranks.
       PullParams pull{m.pass_rows(r, pass), m.geometry(), m.d_out_peers, m.w_peers, b.y,
                       b.row_weights};
