@@ -396,9 +396,10 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 // output and gradient: the down dgrad's quantizing epilogue (its q(du) in the bf16 du scratch),
 // 128 x 128 instead of 128 x 256 tiles (H and I multiples of 256, so that every M-grouped form
 // takes the wide ones), both together, the M-grouped overlap, the plain wgrad loop, the wgrad's
-// store, the token-axis quantizer's row loads, the rows epilogues (q(h), q(dg), q(du) from the
-// GEMMs that write h, dg and du: alone, with 128 x 128 tiles, where the gate/up form leaves q(h)
-// to its pass, and beside the quantizing epilogue, which takes precedence); in one ring pass and
+// store, the token-axis quantizer's row loads, the rows epilogues (q(h), and q(dg) and q(du), from
+// the GEMMs that write h, dg and du: each flipped alone, both with 128 x 128 tiles, where the
+// gate/up form leaves q(h) to its pass, and both beside the quantizing epilogue, which takes
+// precedence); in one ring pass and
 // in several (experts spanning passes), uniform and skewed, with e4m3 and with bf16 weight
 // gradients (BackwardOptions::fp8_weight_grads); and wide with overlap refused, naming the
 // option.
@@ -427,15 +428,18 @@ TEST(Fp8LayerGpuKernels, EveryChoiceGivesTheDefaultsBits) {
       {"token_axis_row_loads flipped",
        {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
         !d.token_axis_row_loads}},
-      {"rows_epilogues flipped",
+      {"hidden_epilogue flipped",
        {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
-        d.token_axis_row_loads, !d.rows_epilogues}},
-      {"rows_epilogues and wide flipped",
+        d.token_axis_row_loads, !d.hidden_epilogue, d.dgrad_rows_epilogue}},
+      {"dgrad_rows_epilogue flipped",
+       {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, d.quantizing_epilogue,
+        d.token_axis_row_loads, d.hidden_epilogue, !d.dgrad_rows_epilogue}},
+      {"both rows epilogues on, wide flipped",
        {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, !d.wide, d.quantizing_epilogue,
-        d.token_axis_row_loads, !d.rows_epilogues}},
-      {"rows_epilogues and quantizing_epilogue flipped",
+        d.token_axis_row_loads, true, true}},
+      {"both rows epilogues on, quantizing_epilogue flipped",
        {d.overlap, d.wgrad_overlap, d.wgrad_tma_store, d.wide, !d.quantizing_epilogue,
-        d.token_axis_row_loads, !d.rows_epilogues}},
+        d.token_axis_row_loads, true, true}},
   };
   // One training step through cuda::Layer with the given choices.
   const auto step = [&](LayerData& data, const Config& config, const Kernels& k,

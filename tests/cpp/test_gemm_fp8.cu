@@ -899,7 +899,7 @@ long long rows_form_differs(const Layout& l, const QuantizedLayout& ql, Quantize
 }
 
 // The rows forms alone (RowsTimesWeightFp8Args::quantized without the token-axis outputs: the FP8
-// layer's down dgrad with Fp8Kernels::rows_epilogues), beside dg and du in bf16, on the plain or
+// layer's down dgrad with Fp8Kernels::dgrad_rows_epilogue), beside dg and du in bf16, on the plain or
 // the wide tiles, with or without bf16(w h): the bf16 dg, du, dot and bf16(w h) the bits of the
 // launch without quantized outputs; the rows forms of dg and du the rows quantizer's maths over
 // those bf16 dg and du (host_quantized) on every kept row, nothing written past the groups.

@@ -338,15 +338,19 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 // - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
 //   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on PERF.md's cases,
 //   0.88-0.94 of a device copy's rate (NOTES, "2026-12-06, 48dbb95"): on.
-// - rows_epilogues (the gate/up epilogue writes q(h), the down dgrad's q(dg) and q(du), beside
-//   the bf16 rows: three rows passes fewer): off until the layer benchmark shows it faster.
+// - hidden_epilogue (the gate/up epilogue writes q(h) beside h: no pass over h): the forward
+//   0.91-0.94x on qwen3-30b-a3b, 0.97-1.00x on dsv3-ep8slice, against the bf16 layer's drift
+//   between the same runs (NOTES, "2026-12-06, 48e4578", H100): on.
+// - dgrad_rows_epilogue (the down dgrad's epilogue writes q(dg) and q(du) beside dg and du: no
+//   passes over them): forward+backward with both epilogues within 1.5% of the forward's gain
+//   alone, the backward no faster (the same NOTES entry): off.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
-// Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::rows_epilogues; its
+// Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::hidden_epilogue; its
 // tiles must be wide: a tile's 128 columns of h are one 1x128 block). q(h) then goes to rows_b,
 // which no forward GEMM reads (rows_a holds q(x) while gate/up runs).
 bool gate_up_quantizes_hidden(const ExpertRows& e) {
-  return e.kernels.rows_epilogues && e.kernels.wide;
+  return e.kernels.hidden_epilogue && e.kernels.wide;
 }
 gemm::Fp8Rows quantized_hidden(const ExpertRows& e) {
   return {e.fp8->rows_b, e.width, e.fp8->rows_b_scales, e.segments.capacity_rows};
@@ -554,7 +558,7 @@ void expert_backward(const ExpertRows& e, const ExpertBackward& b, const WgradSt
 // goes to rows_b and q(du) into the bf16 du scratch, which this call does not use otherwise:
 // [R, I] bf16 holds [R, I] e4m3 and then its [I/128, R] scales (R I / 32 bytes). The FP8 scratch
 // does not grow.
-// kernels.rows_epilogues (and not the quantizing epilogue): the down dgrad writes q(dg) and q(du)
+// kernels.dgrad_rows_epilogue (and not the quantizing epilogue): the down dgrad writes q(dg), q(du)
 // beside the bf16 dg and du (the token-axis copies, or the bf16 weight gradients, read those),
 // into rows_b and rows_c: rows_a holds the dgrad's own operand meanwhile.
 // fp8_wgrads false (BackwardOptions::fp8_weight_grads): no token-axis copy; the three weight
@@ -571,7 +575,7 @@ void expert_backward_fp8(const ExpertRows& e, const ExpertBackward& b, const Wgr
   const bool quantizing_epilogue = e.kernels.quantizing_epilogue && fp8_wgrads;
   gemm::Fp8Rows dg, du;
   gemm::Fp8TokenAxis t_dg, t_du;
-  if (!quantizing_epilogue && e.kernels.rows_epilogues) {
+  if (!quantizing_epilogue && e.kernels.dgrad_rows_epilogue) {
     gemm::SwigluBackwardFp8Out q;
     q.d_gate_rows = {f.rows_b, I, f.rows_b_scales, R};
     q.d_up_rows = {f.rows_c, I, f.rows_c_scales, R};

@@ -123,11 +123,13 @@ class Layer {
     // transposition in shared memory (QuantizePassTokenAxisParams::row_loads), else 32-byte
     // pieces of 32 rows a warp.
     bool token_axis_row_loads = true;
-    // The gate/up epilogue writes q(h) for the down GEMM (GateUpForwardFp8Args::hidden_quantized;
-    // with `wide` only) and the down dgrad's q(dg) and q(du) for the gate/up dgrad
-    // (RowsTimesWeightFp8Args::quantized, the rows forms), beside the bf16 rows, instead of three
-    // passes over them. Not with quantizing_epilogue, which takes precedence where both apply.
-    bool rows_epilogues = false;
+    // The gate/up epilogue writes q(h) for the down GEMM beside h (GateUpForwardFp8Args::
+    // hidden_quantized), instead of a pass over h; with `wide` only (else the pass).
+    bool hidden_epilogue = true;
+    // The down dgrad's epilogue writes q(dg) and q(du) for the gate/up dgrad beside the bf16 dg
+    // and du (RowsTimesWeightFp8Args::quantized, the rows forms), instead of two passes over
+    // them. Not with quantizing_epilogue, which takes precedence where both apply.
+    bool dgrad_rows_epilogue = false;
   };
   Fp8Kernels fp8_kernels() const;
   // Throws mok::Error naming fp8_kernels.wide when asked for both `wide` and `overlap`.
