@@ -338,12 +338,12 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 // - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
 //   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on PERF.md's cases,
 //   0.88-0.94 of a device copy's rate (NOTES, "2026-12-06, 48dbb95"): on.
-// - hidden_epilogue (the gate/up epilogue writes q(h) beside h: no pass over h): the forward
-//   0.91-0.94x on qwen3-30b-a3b, 0.97-1.00x on dsv3-ep8slice, against the bf16 layer's drift
-//   between the same runs (NOTES, "2026-12-06, 48e4578", H100): on.
+// - hidden_epilogue (the gate/up epilogue writes q(h) beside h: no pass over h): the FP8
+//   forwards 0.90-0.93x on qwen3-30b-a3b and 0.95-0.98x on dsv3-ep8slice, the bf16 layer's
+//   (untouched) 0.98x in the same runs (NOTES, "2026-12-06, 48e4578", H100): on.
 // - dgrad_rows_epilogue (the down dgrad's epilogue writes q(dg) and q(du) beside dg and du: no
-//   passes over them): forward+backward with both epilogues within 1.5% of the forward's gain
-//   alone, the backward no faster (the same NOTES entry): off.
+//   passes over them): what it changed in the backward, -0.13 to +0.10 ms, is within the drift
+//   of those runs (the same entry): off until a measurement shows a gain.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::hidden_epilogue; its
