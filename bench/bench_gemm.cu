@@ -28,7 +28,10 @@
 // and with the overlap; "mok-fp8-wide": gemm1, gemm2, dgrad and dgrad-swiglu on 128 x 256 tiles
 // (`wide`); "mok-fp8-quantized": dgrad-swiglu writing dg and du quantized only, in the rows and
 // token-axis forms the next GEMMs read (`quantized`, what the layer's
-// Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here). Each checked
+// Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here);
+// "mok-fp8-wide-rows": dgrad-swiglu on wide tiles writing the rows forms of dg and du beside the
+// bf16 ones (Fp8Kernels::dgrad_rows_epilogue), and "mok-fp8-wide-passes": the wide dgrad-swiglu
+// followed by the two rows passes that give the same bytes (the layer without it). Each checked
 // bitwise against mok-fp8 first (the quantized one: its bf16 dg, du and dot, and the rows form of
 // two rows against the host's quantization of mok-fp8's bf16 rows), and timed only when argv[6]
 // names it.
@@ -56,6 +59,7 @@
 #include "nvml_clocks.hpp"
 #include "core/fp8.hpp"
 #include "cuda/gemm/grouped_gemm.hpp"
+#include "cuda/kernels/quantize_pass_fp8.hpp"
 
 namespace {
 
@@ -700,6 +704,61 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
+      // The FP8 layer's down dgrad on wide tiles with q(dg) and q(du) in the rows form from its
+      // epilogue, beside the bf16 dg and du (Fp8Kernels::dgrad_rows_epilogue), and without: the
+      // same launch followed by the two rows passes it replaces (quantize_pass_fp8.cu, as the
+      // layer launches them). The rows forms of both checked bytewise against each other first.
+      mok::gemm::RowsTimesWeightFp8Args dgrad8_rows = dgrad8_swiglu;
+      dgrad8_rows.wide = true;
+      dgrad8_rows.quantized.d_gate_rows = {q_rows[0], c.i, q_rows_s[0], capacity};
+      dgrad8_rows.quantized.d_up_rows = {q_rows[1], c.i, q_rows_s[1], capacity};
+      mok::gemm::RowsTimesWeightFp8Args dgrad8_wide = dgrad8_swiglu;
+      dgrad8_wide.wide = true;
+      mok::cuda::QuantizePassRowsParams rows_pass[2];
+      for (int t = 0; t < 2; ++t) {
+        mok::cuda::QuantizePassRowsParams& q = rows_pass[t];
+        q.x = reinterpret_cast<const std::uint16_t*>(t == 0 ? out_dg : out_du);
+        q.ld_x = c.i;
+        q.rows = capacity;
+        q.K = c.i;
+        q.row_end = seg.starts + seg.num_groups;
+        q.data = q_tokens[t];  // [capacity, I] bytes: the token-axis buffers' size
+        q.ld = c.i;
+        q.scales = q_tokens_s[t];
+        q.scale_ld = capacity;
+      }
+      const auto dgrad_then_passes = [=] {
+        mok::gemm::rows_times_weight_fp8(dgrad8_wide);
+        for (const mok::cuda::QuantizePassRowsParams& q : rows_pass) {
+          CHECK_CUDA(mok::cuda::launch_quantize_pass_rows(q, nullptr));
+        }
+      };
+      if (named("mok-fp8-wide-rows") || named("mok-fp8-wide-passes")) {
+        const size_t rows_bytes = q_cells, scale_bytes = size_t(c.i / 128) * capacity * 4;
+        for (int t = 0; t < 2; ++t) {
+          CHECK_CUDA(cudaMemset(q_rows[t], 0, rows_bytes));
+          CHECK_CUDA(cudaMemset(q_tokens[t], 0, rows_bytes));
+          CHECK_CUDA(cudaMemset(q_rows_s[t], 0, scale_bytes));
+          CHECK_CUDA(cudaMemset(q_tokens_s[t], 0, scale_bytes));
+        }
+        mok::gemm::rows_times_weight_fp8(dgrad8_rows);
+        dgrad_then_passes();
+        CHECK_CUDA(cudaDeviceSynchronize());
+        bool same = true;
+        for (int t = 0; t < 2 && same; ++t) {
+          std::vector<std::uint8_t> a(rows_bytes), b(rows_bytes), as(scale_bytes), bs(scale_bytes);
+          CHECK_CUDA(cudaMemcpy(a.data(), q_rows[t], rows_bytes, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(b.data(), q_tokens[t], rows_bytes, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(as.data(), q_rows_s[t], scale_bytes, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(bs.data(), q_tokens_s[t], scale_bytes, cudaMemcpyDeviceToHost));
+          same = a == b && as == bs;
+        }
+        if (!same) {
+          std::fprintf(stderr, "%s: the dgrad epilogue's rows forms differ from the passes'; "
+                       "not timing\n", c.name);
+          return 1;
+        }
+      }
       // The input gradients of the variants, checked bitwise as the forward ones.
       std::vector<mok::gemm::RowsTimesWeightFp8Args> dgrad8v, dgrad8v_swiglu;
       for (const Fp8Variant& v : fp8_variants) {
@@ -840,6 +899,9 @@ int main(int argc, char** argv) {
                        [=] { mok::gemm::weight_grad_fp8(wgrad8os); }});
       items.push_back({"dgrad-swiglu", "mok-fp8-quantized", flops,
                        [=] { mok::gemm::rows_times_weight_fp8(dgrad8_q); }});
+      items.push_back({"dgrad-swiglu", "mok-fp8-wide-rows", flops,
+                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8_rows); }});
+      items.push_back({"dgrad-swiglu", "mok-fp8-wide-passes", flops, dgrad_then_passes});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
