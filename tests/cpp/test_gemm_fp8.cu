@@ -716,6 +716,42 @@ struct QuantizedOut {
   }
 };
 
+// The FP8 layer's down dgrad with its SwiGLU backward, as the quantizing tests launch it: random
+// e4m3 rows and weight (N x K) of `l`, router weights as the row scale (0.25-1.25), the forward's
+// g and u (bf16 [capacity, ld_out], ld_out = N + 8: every leading dimension its own); `args` reads
+// them with no epilogue set (each test sets its swiglu and quantized outputs).
+struct SwigluBackwardFp8Operands {
+  HostRows a;
+  HostWeight w;
+  int ld_out;
+  std::size_t cells;
+  int chunks;  // dot columns
+  DeviceBuffer<std::uint8_t> d_a, d_w;
+  DeviceBuffer<float> d_as, d_ws, row_scale;
+  DeviceBuffer<__nv_bfloat16> g, u;
+  mok::gemm::RowsTimesWeightFp8Args args;
+  SwigluBackwardFp8Operands(const Layout& l, int N, int K, std::mt19937_64& rng)
+      : a(l, K, rng), w(l.groups(), N, K, rng), ld_out(N + 8),
+        cells(std::size_t(l.capacity) * ld_out),
+        chunks((N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns), d_a(a.q.size()),
+        d_w(w.q.size()), d_as(a.scale.size()), d_ws(w.scale.size()), row_scale(l.capacity),
+        g(cells), u(cells) {
+    d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
+    std::vector<float> hscale(l.capacity);
+    for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
+    row_scale.upload(hscale);
+    fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
+    fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
+    args.segments = l.segments();
+    args.a = {d_a.get(), K, d_as.get(), l.capacity};
+    args.w_t = {d_w.get(), d_ws.get()};
+    args.ld_out = ld_out;
+    args.n = N;
+    args.k = K;
+  }
+  std::size_t dots() const { return std::size_t(args.segments.capacity_rows) * chunks; }
+};
+
 // The SwiGLU backward that also quantizes dg and du (RowsTimesWeightFp8Args::quantized, the FP8
 // layer's down dgrad: row scale and dot): its bf16 outputs, dot and bits the launch without it
 // gives; its rows and token-axis forms of dg and du the bits of the standalone quantizers' maths
@@ -728,32 +764,16 @@ void run_quantized_swiglu_fp8(const std::vector<int>& counts, int N, int K,
   const int G = l.groups();
   const QuantizedLayout ql(l, N);
   std::mt19937_64 rng(next_seed());
-  const HostRows a(l, K, rng);
-  const HostWeight w(G, N, K, rng);
-  DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
-  DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size());
-  d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
-  const int ld_out = N + 8;  // g, u, dg, du rows
-  const std::size_t cells = std::size_t(l.capacity) * ld_out;
-  const int chunks = (N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
-  DeviceBuffer<float> row_scale(l.capacity), dot(std::size_t(l.capacity) * chunks),
-      dot_q(std::size_t(l.capacity) * chunks);
-  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), dg(cells), du(cells), dg_q(cells), du_q(cells);
-  std::vector<float> hscale(l.capacity);
-  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
-  row_scale.upload(hscale);
-  fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
-  fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
+  SwigluBackwardFp8Operands ops(l, N, K, rng);
+  const int ld_out = ops.ld_out;
+  const std::size_t cells = ops.cells;
+  const auto &g = ops.g, &u = ops.u;
+  const auto &row_scale = ops.row_scale;
+  const mok::gemm::RowsTimesWeightFp8Args& args = ops.args;
+  DeviceBuffer<float> dot(ops.dots()), dot_q(ops.dots());
+  DeviceBuffer<__nv_bfloat16> dg(cells), du(cells), dg_q(cells), du_q(cells);
   // out[run][t]: t 0 dg, 1 du; run 0 with dg and du in bf16 too, run 1 quantized only.
   QuantizedOut out[2][2] = {{{l, ql}, {l, ql}}, {{l, ql}, {l, ql}}};
-
-  mok::gemm::RowsTimesWeightFp8Args args;
-  args.segments = l.segments();
-  args.a = {d_a.get(), K, d_as.get(), l.capacity};
-  args.w_t = {d_w.get(), d_ws.get()};
-  args.ld_out = ld_out;
-  args.n = N;
-  args.k = K;
   for (auto* b : {&dg, &du, &dg_q, &du_q}) b->poison();
   dot.poison(), dot_q.poison();
   {
@@ -908,34 +928,18 @@ void run_quantized_rows_swiglu_fp8(const std::vector<int>& counts, int N, int K,
   Layout l(counts);
   const QuantizedLayout ql(l, N);
   std::mt19937_64 rng(next_seed());
-  const HostRows a(l, K, rng);
-  const HostWeight w(l.groups(), N, K, rng);
-  DeviceBuffer<std::uint8_t> d_a(a.q.size()), d_w(w.q.size());
-  DeviceBuffer<float> d_as(a.scale.size()), d_ws(w.scale.size());
-  d_a.upload(a.q), d_w.upload(w.q), d_as.upload(a.scale), d_ws.upload(w.scale);
-  const int ld_out = N + 8;
-  const std::size_t cells = std::size_t(l.capacity) * ld_out;
-  const int chunks = (N + mok::gemm::kDotColumns - 1) / mok::gemm::kDotColumns;
-  DeviceBuffer<float> row_scale(l.capacity), dot(std::size_t(l.capacity) * chunks),
-      dot_q(std::size_t(l.capacity) * chunks);
-  DeviceBuffer<__nv_bfloat16> g(cells), u(cells), dg(cells), du(cells), wh(cells), dg_q(cells),
-      du_q(cells), wh_q(cells);
-  std::vector<float> hscale(l.capacity);
-  for (auto& v : hscale) v = 0.25f + float(rng() % 1000) / 1000.0f;
-  row_scale.upload(hscale);
-  fill_bf16_kernel<<<256, 256>>>(g.get(), cells, next_seed(), 3.0f);
-  fill_bf16_kernel<<<256, 256>>>(u.get(), cells, next_seed(), 2.0f);
+  SwigluBackwardFp8Operands ops(l, N, K, rng);
+  const int ld_out = ops.ld_out;
+  const std::size_t cells = ops.cells;
+  const auto &g = ops.g, &u = ops.u;
+  const auto &row_scale = ops.row_scale;
+  DeviceBuffer<float> dot(ops.dots()), dot_q(ops.dots());
+  DeviceBuffer<__nv_bfloat16> dg(cells), du(cells), wh(cells), dg_q(cells), du_q(cells),
+      wh_q(cells);
   QuantizedOut out[2] = {{l, ql}, {l, ql}};  // dg, du
   for (auto* b : {&dg, &du, &wh, &dg_q, &du_q, &wh_q}) b->poison();
   dot.poison(), dot_q.poison();
-
-  mok::gemm::RowsTimesWeightFp8Args args;
-  args.segments = l.segments();
-  args.a = {d_a.get(), K, d_as.get(), l.capacity};
-  args.w_t = {d_w.get(), d_ws.get()};
-  args.ld_out = ld_out;
-  args.n = N;
-  args.k = K;
+  mok::gemm::RowsTimesWeightFp8Args args = ops.args;
   args.wide = wide;
   mok::gemm::RowsTimesWeightFp8Args f = args;
   f.swiglu = {g.get(),
