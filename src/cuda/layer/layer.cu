@@ -342,8 +342,10 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   forwards 0.90-0.93x on qwen3-30b-a3b and 0.95-0.98x on dsv3-ep8slice, the bf16 layer's
 //   (untouched) 0.98x in the same runs (NOTES, "2026-12-06, 48e4578", H100): on.
 // - dgrad_rows_epilogue (the down dgrad's epilogue writes q(dg) and q(du) beside dg and du: no
-//   passes over them): what it changed in the backward, -0.13 to +0.10 ms, is within the drift
-//   of those runs (the same entry): off until a measurement shows a gain.
+//   passes over them): the wide dgrad-swiglu with it against the same GEMM and the two passes,
+//   each alone at the power limit, 0.93x on qwen3-30b-a3b, 0.96x on mixtral-8x7b, 0.99x on
+//   dsv3-ep8slice (NOTES, "2026-12-06, 7a65b04", H100; in the layer below the A/B's
+//   resolution): on.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::hidden_epilogue; its

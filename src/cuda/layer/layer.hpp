@@ -129,7 +129,7 @@ class Layer {
     // The down dgrad's epilogue writes q(dg) and q(du) for the gate/up dgrad beside the bf16 dg
     // and du (RowsTimesWeightFp8Args::quantized, the rows forms), instead of two passes over
     // them. Not with quantizing_epilogue, which takes precedence where both apply.
-    bool dgrad_rows_epilogue = false;
+    bool dgrad_rows_epilogue = true;
   };
   Fp8Kernels fp8_kernels() const;
   // Throws mok::Error naming fp8_kernels.wide when asked for both `wide` and `overlap`.
