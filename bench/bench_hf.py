@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Hugging Face models with their experts on mok against Transformers' own implementations.
 
-    python3 bench/bench_hf.py [--models qwen3-30b-a3b,dsv3] [--impls mok,grouped_mm,eager,liger]
+    python3 bench/bench_hf.py [--models qwen3-30b-a3b,dsv3]
+                              [--impls mok,grouped_mm,eager,liger,mok-fp8,mok-fp8-bf16-wgrad]
                               [--tokens 8192] [--layers 2] [--reps 10] [--warmup-s 2]
                               [--kernels 15] [--out docs/perf/hf.json]
 
@@ -19,14 +20,18 @@ Memory: one DeepSeek-V3-shaped layer (256 experts of 7168 x 2048) with its gradi
 states does not fit an 80 GB card (on an H100 grouped_mm's MoE block ran out of memory at 8,192
 tokens, 1893819): run dsv3 on an H200, or --models qwen3-30b-a3b elsewhere.
 
-Implementations: "mok" (mok.integrations.transformers), "grouped_mm" (Transformers' default),
+Implementations: "mok" (mok.integrations.transformers), "mok-fp8" and "mok-fp8-bf16-wgrad" (the
+same with configure(precision="fp8") or "fp8-bf16-wgrad": mok's FP8 layer, timed only when named;
+each weight quantized once per version, so the timed calls include the re-quantization after every
+optimizer step of train_step), "grouped_mm" (Transformers' default),
 "eager" (its per-expert loop; skipped with --no-eager, and on dsv3 unless --impls names it:
 minutes a call at 256 experts), and "liger" where Liger-Kernel is importable:
 apply_liger_kernel_to_qwen3_moe() patches the Qwen3-MoE model (its
 norms, RoPE, loss) and the experts run "grouped_mm" under it; Qwen3-MoE only. Every
 implementation is timed in this process, after the same warm-up, as the median of --reps CUDA-
 event timings (bench/timing.py); before timing, mok's MoE-block output is checked against
-grouped_mm's on the same inputs (bf16 tolerance). Writes JSON in the style of the other bench/
+grouped_mm's on the same inputs (MOK_TOLERANCE: a relative L2 distance of 0.05 in bf16, 0.1 in
+FP8, MoK's MXFP8 bound). Writes JSON in the style of the other bench/
 scripts (gpu, commit from MOK_COMMIT, date, records) and prints each implementation's time over
 grouped_mm's.
 """
@@ -83,6 +88,12 @@ def parse_args(argv=None):
 
 
 DEFAULT_LAYERS = {"qwen3-30b-a3b": 2, "dsv3": 1}
+# mok's implementations: the precision each configures (mok.integrations.transformers.configure).
+MOK_PRECISIONS = {"mok": "bf16", "mok-fp8": "fp8", "mok-fp8-bf16-wgrad": "fp8-bf16-wgrad"}
+# The relative L2 distance of mok's MoE-block output from grouped_mm's that the check allows:
+# routing ties flip a few tokens' experts in bf16 (loose, not bitwise); FP8 adds e4m3's rounding of
+# x, h and the weights (0.1: MoK's MXFP8 bound on the layer's output).
+MOK_TOLERANCE = {"bf16": 0.05, "fp8": 0.1, "fp8-bf16-wgrad": 0.1}
 
 
 def build(model_name, impl, layers, device="cuda", **sizes_override):
@@ -100,11 +111,13 @@ def build(model_name, impl, layers, device="cuda", **sizes_override):
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    if impl == "mok":  # registers "mok" in Transformers' ExpertsInterface
+    if impl in MOK_PRECISIONS:  # registers "mok" in Transformers' ExpertsInterface
         import mok.integrations.transformers as mok_hf
-    model.set_experts_implementation("grouped_mm" if impl == "liger" else impl)
-    if impl == "mok":
+        mok_hf.configure(precision=MOK_PRECISIONS[impl])
+        model.set_experts_implementation(mok_hf.NAME)
         mok_hf.check(model)
+    else:
+        model.set_experts_implementation("grouped_mm" if impl == "liger" else impl)
     return model
 
 
@@ -134,10 +147,12 @@ def measure(model_name, impl, args, check_against):
     records = []
     with torch.no_grad():
         first = block_call(blocks[0], x).float()
-    if check_against is not None and impl == "mok":
+    if check_against is not None and impl in MOK_PRECISIONS:
         err = float((first - check_against).norm() / check_against.norm())
-        if err > 0.05:  # routing ties flip a few tokens' experts in bf16: loose, not bitwise
-            raise RuntimeError(f"mok's MoE block differs from grouped_mm's: {err:.3g}")
+        bound = MOK_TOLERANCE[MOK_PRECISIONS[impl]]
+        if err > bound:
+            raise RuntimeError(f"{impl}'s MoE block differs from grouped_mm's: {err:.3g} "
+                               f"(relative L2; at most {bound})")
 
     params = [p for b in blocks for p in b.parameters()]
 
