@@ -30,7 +30,8 @@
 // token-axis forms the next GEMMs read (`quantized`, what the layer's
 // Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here);
 // "mok-fp8-wide-rows": dgrad-swiglu on wide tiles writing the rows forms of dg and du beside the
-// bf16 ones (Fp8Kernels::dgrad_rows_epilogue), and "mok-fp8-wide-passes": the wide dgrad-swiglu
+// bf16 ones (Fp8Kernels::dgrad_rows_epilogue), "mok-fp8-rows" the same on 128 x 128 tiles (the
+// layer's where n is not a multiple of 256), and "mok-fp8-wide-passes": the wide dgrad-swiglu
 // followed by the two rows passes that give the same bytes (the layer without it). Each checked
 // bitwise against mok-fp8 first (the quantized one: its bf16 dg, du and dot, and the rows form of
 // two rows against the host's quantization of mok-fp8's bf16 rows), and timed only when argv[6]
@@ -712,6 +713,8 @@ int main(int argc, char** argv) {
       dgrad8_rows.wide = true;
       dgrad8_rows.quantized.d_gate_rows = {q_rows[0], c.i, q_rows_s[0], capacity};
       dgrad8_rows.quantized.d_up_rows = {q_rows[1], c.i, q_rows_s[1], capacity};
+      mok::gemm::RowsTimesWeightFp8Args dgrad8_rows_plain = dgrad8_rows;  // 128 x 128 tiles
+      dgrad8_rows_plain.wide = false;
       mok::gemm::RowsTimesWeightFp8Args dgrad8_wide = dgrad8_swiglu;
       dgrad8_wide.wide = true;
       mok::cuda::QuantizePassRowsParams rows_pass[2];
@@ -733,38 +736,42 @@ int main(int argc, char** argv) {
           CHECK_CUDA(mok::cuda::launch_quantize_pass_rows(q, nullptr));
         }
       };
-      if (named("mok-fp8-wide-rows") || named("mok-fp8-wide-passes")) {
+      if (named("mok-fp8-wide-rows") || named("mok-fp8-wide-passes") || named("mok-fp8-rows")) {
         const size_t rows_bytes = q_cells, scale_bytes = size_t(c.i / 128) * capacity * 4;
-        for (int t = 0; t < 2; ++t) {
-          CHECK_CUDA(cudaMemset(q_rows[t], 0, rows_bytes));
-          CHECK_CUDA(cudaMemset(q_tokens[t], 0, rows_bytes));
-          CHECK_CUDA(cudaMemset(q_rows_s[t], 0, scale_bytes));
-          CHECK_CUDA(cudaMemset(q_tokens_s[t], 0, scale_bytes));
-        }
-        mok::gemm::rows_times_weight_fp8(dgrad8_rows);
-        dgrad_then_passes();
-        CHECK_CUDA(cudaDeviceSynchronize());
-        // The groups' rows only: the passes also quantize the padding rows between groups (the
-        // GEMMs never read them), the epilogue does not.
-        bool same = true;
-        for (int t = 0; t < 2 && same; ++t) {
-          std::vector<std::uint8_t> a(rows_bytes), b(rows_bytes);
-          std::vector<float> as(scale_bytes / 4), bs(scale_bytes / 4);
-          CHECK_CUDA(cudaMemcpy(a.data(), q_rows[t], rows_bytes, cudaMemcpyDeviceToHost));
-          CHECK_CUDA(cudaMemcpy(b.data(), q_tokens[t], rows_bytes, cudaMemcpyDeviceToHost));
-          CHECK_CUDA(cudaMemcpy(as.data(), q_rows_s[t], scale_bytes, cudaMemcpyDeviceToHost));
-          CHECK_CUDA(cudaMemcpy(bs.data(), q_tokens_s[t], scale_bytes, cudaMemcpyDeviceToHost));
-          for (int g = 0; g < G && same; ++g) {
-            for (size_t row = size_t(starts[g]); row < size_t(starts[g] + counts[g]); ++row) {
-              same = same && std::memcmp(&a[row * c.i], &b[row * c.i], c.i) == 0;
-              for (int k = 0; k < c.i / 128; ++k) {
-                same = same && std::memcmp(&as[size_t(k) * capacity + row],
-                                           &bs[size_t(k) * capacity + row], 4) == 0;
+        // The epilogue's rows forms (into q_rows) against the passes' (into q_tokens), on the
+        // groups' rows only: the passes also quantize the padding rows between groups (the GEMMs
+        // never read them), the epilogue does not.
+        const auto same_as_passes = [&](const mok::gemm::RowsTimesWeightFp8Args& with_rows) {
+          for (int t = 0; t < 2; ++t) {
+            CHECK_CUDA(cudaMemset(q_rows[t], 0, rows_bytes));
+            CHECK_CUDA(cudaMemset(q_tokens[t], 0, rows_bytes));
+            CHECK_CUDA(cudaMemset(q_rows_s[t], 0, scale_bytes));
+            CHECK_CUDA(cudaMemset(q_tokens_s[t], 0, scale_bytes));
+          }
+          mok::gemm::rows_times_weight_fp8(with_rows);
+          dgrad_then_passes();
+          CHECK_CUDA(cudaDeviceSynchronize());
+          bool same = true;
+          for (int t = 0; t < 2 && same; ++t) {
+            std::vector<std::uint8_t> a(rows_bytes), b(rows_bytes);
+            std::vector<float> as(scale_bytes / 4), bs(scale_bytes / 4);
+            CHECK_CUDA(cudaMemcpy(a.data(), q_rows[t], rows_bytes, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(b.data(), q_tokens[t], rows_bytes, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(as.data(), q_rows_s[t], scale_bytes, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(bs.data(), q_tokens_s[t], scale_bytes, cudaMemcpyDeviceToHost));
+            for (int g = 0; g < G && same; ++g) {
+              for (size_t row = size_t(starts[g]); row < size_t(starts[g] + counts[g]); ++row) {
+                same = same && std::memcmp(&a[row * c.i], &b[row * c.i], c.i) == 0;
+                for (int k = 0; k < c.i / 128; ++k) {
+                  same = same && std::memcmp(&as[size_t(k) * capacity + row],
+                                             &bs[size_t(k) * capacity + row], 4) == 0;
+                }
               }
             }
           }
-        }
-        if (!same) {
+          return same;
+        };
+        if (!same_as_passes(dgrad8_rows) || !same_as_passes(dgrad8_rows_plain)) {
           std::fprintf(stderr, "%s: the dgrad epilogue's rows forms differ from the passes'; "
                        "not timing\n", c.name);
           return 1;
@@ -913,6 +920,8 @@ int main(int argc, char** argv) {
       items.push_back({"dgrad-swiglu", "mok-fp8-wide-rows", flops,
                        [=] { mok::gemm::rows_times_weight_fp8(dgrad8_rows); }});
       items.push_back({"dgrad-swiglu", "mok-fp8-wide-passes", flops, dgrad_then_passes});
+      items.push_back({"dgrad-swiglu", "mok-fp8-rows", flops,
+                       [=] { mok::gemm::rows_times_weight_fp8(dgrad8_rows_plain); }});
       // NOTES: a warm-up round over every item before the measured ones. Without it the first item
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
