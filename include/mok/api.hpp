@@ -128,6 +128,12 @@ struct WorkspaceOptions {
   // multiples of 128), so that the Fp8Weights calls below can run on it; without it they raise
   // mok::Error naming this option. The CPU backend needs no scratch for them and ignores it.
   bool fp8 = false;
+  // With fp8: also reserve the token-axis copies that the e4m3 weight gradients read
+  // (BackwardOptions::fp8_weight_grads true, MoK's recipe: five e4m3 copies of a pass's rows,
+  // (2 H + 3 I) bytes a ring row and their scales). false: a workspace for the bf16 weight
+  // gradients alone, smaller by that much; a backward asking for e4m3 weight gradients on it
+  // raises mok::Error naming this option.
+  bool fp8_token_axis = true;
   // CUDA backend, expert parallelism across processes (problem.ep_size > 1): this process runs
   // rank problem.ep_rank, and these are every rank's symmetric regions, ep_size entries of
   // symmetric_workspace_bytes() each, in rank order (e.g. from PyTorch symmetric memory). Every

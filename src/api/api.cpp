@@ -87,7 +87,8 @@ Workspace::Workspace(const Problem& problem, const Config& config, const Workspa
       backend == Backend::cpu
           ? make_cpu_backend(problem, options.activation_dtype, options.num_threads)
           : make_cuda_backend(problem, config, options.device_index, options.symmetric_bases,
-                              options.barrier_timeout_ms, options.fp8);
+                              options.barrier_timeout_ms, options.fp8,
+                              options.fp8_token_axis);
 }
 
 Workspace::~Workspace() = default;
@@ -310,6 +311,17 @@ void check_fp8_call(const Workspace::Impl& ws, const Fp8Weights& q, InputUse use
   check_fp8_layer(ws.problem, ws.options.activation_dtype, device_of(ws), q, use);
 }
 
+// The FP8 backward's weight gradients against the workspace's scratch: e4m3 ones read the
+// token-axis copies, which a cuda workspace made without them lacks.
+void check_fp8_weight_grads(const Workspace::Impl& ws, const BackwardOptions& options) {
+  if (ws.backend == Backend::cuda && options.fp8_weight_grads && !ws.options.fp8_token_axis) {
+    throw Error("WorkspaceOptions.fp8_token_axis",
+                "true for e4m3 weight gradients (BackwardOptions::fp8_weight_grads; false: bf16 "
+                "weight gradients need no token-axis copies)",
+                "false");
+  }
+}
+
 void require_one_rank(const Workspace::Impl& ws, const char* call) {
   // A cuda workspace of several ranks is one rank of a team across processes: the device moves
   // the rows (WorkspaceOptions::symmetric_bases).
@@ -367,7 +379,10 @@ void run_backward(Workspace& ws_, const Inputs& in, const Weights& w, const Fp8W
   require_one_rank(ws, "backward");
   const DType act = ws.options.activation_dtype;
   const Device dev = device_of(ws);
-  if (q != nullptr) check_fp8_call(ws, *q, InputUse::forward);
+  if (q != nullptr) {
+    check_fp8_call(ws, *q, InputUse::forward);
+    check_fp8_weight_grads(ws, options);
+  }
   check_inputs(ws.problem, act, dev, in, w, InputUse::forward,
                q != nullptr ? RoutedWeights::not_read : RoutedWeights::read);
   check_view("d_out", d_out, act, {ws.problem.num_tokens, ws.problem.hidden_size}, dev);

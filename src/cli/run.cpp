@@ -253,7 +253,8 @@ constexpr Fp8BufferInfo kFp8Buffers[] = {
     {"t_h_scales", &plan::Fp8Plan::t_h_scales, "f32 [R/128, I]"},
 };
 
-// What the FP8 layer holds beyond the bf16 layer's workspace: its scratch, and per layer the
+// What the FP8 layer holds beyond the bf16 layer's workspace: its scratch (without the token-axis
+// copies for bf16 weight gradients: WorkspaceOptions::fp8_token_axis), and per layer the
 // quantized routed weights; and the forward context, the bf16 layer's.
 struct Fp8Memory {
   plan::Fp8Plan scratch;
@@ -262,10 +263,10 @@ struct Fp8Memory {
   std::int64_t weights() const { return gate + up + down; }
 };
 
-Fp8Memory fp8_memory(const Problem& p, const Config& c) {
+Fp8Memory fp8_memory(const Problem& p, const Config& c, bool token_axis) {
   const std::int64_t E = p.num_local_experts(), H = p.hidden_size, I = p.intermediate_size;
   Fp8Memory m;
-  m.scratch = plan::make_fp8_plan(plan_shape_of(p, c));
+  m.scratch = plan::make_fp8_plan(plan_shape_of(p, c), token_axis);
   m.gate = m.up = static_cast<std::int64_t>(quantized_weights_layout(E, I, H).bytes);
   m.down = static_cast<std::int64_t>(quantized_weights_layout(E, H, I).bytes);
   m.context =
@@ -278,13 +279,14 @@ Fp8Memory fp8_memory(const Problem& p, const Config& c) {
 int print_plan(const RunArgs& args) {
   const Problem& p = args.problem;
   p.validate(DType::bf16);
-  // fp8-bf16-wgrad's workspace is fp8's (WorkspaceOptions::fp8 holds the token-axis scratch
-  // whichever way the weight gradients are computed).
+  // fp8-bf16-wgrad's workspace is fp8's without the token-axis copies (WorkspaceOptions::
+  // fp8_token_axis false), which only the e4m3 weight gradients read.
   const bool fp8 = is_fp8(args.precision);
   if (fp8) require_fp8_shape(p, args.precision);
   validate_schedule_problem(p, args.config);
   const plan::WorkspacePlan wp = plan::make_workspace_plan(plan_shape_of(p, args.config));
-  const Fp8Memory f = fp8 ? fp8_memory(p, args.config) : Fp8Memory{};
+  const bool token_axis = backward_options(args.precision).fp8_weight_grads;
+  const Fp8Memory f = fp8 ? fp8_memory(p, args.config, token_axis) : Fp8Memory{};
   auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   if (args.json) {
     std::ostringstream j;
@@ -312,6 +314,7 @@ int print_plan(const RunArgs& args) {
       first = true;
       for (const Fp8BufferInfo& b : kFp8Buffers) {
         const plan::Buffer buf = f.scratch.*(b.member);
+        if (buf.bytes == 0) continue;  // not carved (fp8-bf16-wgrad: no token-axis copies)
         j << (first ? "" : ", ") << "{\"name\": " << json_string(b.name)
           << ", \"region\": \"fp8\", \"offset\": " << buf.offset << ", \"bytes\": " << buf.bytes
           << "}";
@@ -350,6 +353,7 @@ int print_plan(const RunArgs& args) {
   if (fp8) {
     for (const Fp8BufferInfo& b : kFp8Buffers) {
       const plan::Buffer buf = f.scratch.*(b.member);
+      if (buf.bytes == 0) continue;  // not carved (fp8-bf16-wgrad: no token-axis copies)
       std::printf("  %-10s %-20s %-34s %14lld %14lld %10.3f\n", "fp8", b.name, b.what,
                   static_cast<long long>(buf.offset), static_cast<long long>(buf.bytes),
                   mib(buf.bytes));
@@ -379,11 +383,13 @@ int print_plan(const RunArgs& args) {
   }
   const std::int64_t workspace = wp.total_bytes() + f.scratch.bytes;
   std::printf("  fp8 scratch      %lld bytes (%.3f MiB) per rank: the e4m3 operands of a ring pass "
-              "and their scales (WorkspaceOptions::fp8, an allocation of its own)\n",
-              static_cast<long long>(f.scratch.bytes), mib(f.scratch.bytes));
+              "and their scales (WorkspaceOptions::fp8, an allocation of its own%s)\n",
+              static_cast<long long>(f.scratch.bytes), mib(f.scratch.bytes),
+              token_axis ? "" : "; fp8_token_axis false: no token-axis copies");
   std::printf("  workspace        %lld bytes (%.3f MiB) per rank, what the CUDA layer allocates "
-              "with WorkspaceOptions::fp8; one workspace serves every layer of its shape\n",
-              static_cast<long long>(workspace), mib(workspace));
+              "with WorkspaceOptions::fp8%s; one workspace serves every layer of its shape\n",
+              static_cast<long long>(workspace), mib(workspace),
+              token_axis ? "" : " and fp8_token_axis false");
   std::printf("  FP8 weights      %lld bytes (%.3f MiB) per rank and layer: gate %lld, up %lld, "
               "down %lld (e4m3, both orientations, 128x128 block scales; the caller's, beside "
               "the bf16 master weights)\n",

@@ -69,11 +69,12 @@ std::unique_ptr<LayerBackend> make_cpu_backend(const Problem& p, DType act, int 
 // The CUDA layer on `device`: the whole layer (ep_size 1), or with `symmetric_bases` (ep_size
 // entries) rank p.ep_rank of a team across processes. A build without CUDA throws
 // (src/cuda/no_cuda.cpp).
-// `fp8`: with the FP8 layer's scratch (WorkspaceOptions::fp8).
+// `fp8`: with the FP8 layer's scratch (WorkspaceOptions::fp8); `fp8_token_axis`: and its
+// token-axis copies (WorkspaceOptions::fp8_token_axis).
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
                                                 const std::vector<void*>& symmetric_bases = {},
                                                 std::uint64_t barrier_timeout_ms = 10000,
-                                                bool fp8 = false);
+                                                bool fp8 = false, bool fp8_token_axis = true);
 
 // The CUDA runtime facts core and the CLI need, in every build (src/cuda/runtime.cu, or
 // src/cuda/no_cuda.cpp without CUDA).

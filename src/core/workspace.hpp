@@ -30,5 +30,8 @@ void require_one_rank(const Workspace::Impl& ws, const char* call);
 // made with WorkspaceOptions::fp8 (else mok::Error naming it), then validate.hpp's
 // check_fp8_layer.
 void check_fp8_call(const Workspace::Impl& ws, const Fp8Weights& q, InputUse use);
+// An FP8 backward's weight gradients: e4m3 ones (BackwardOptions::fp8_weight_grads) on the cuda
+// backend need a workspace made with WorkspaceOptions::fp8_token_axis (else mok::Error naming it).
+void check_fp8_weight_grads(const Workspace::Impl& ws, const BackwardOptions& options);
 
 }  // namespace mok

@@ -255,13 +255,15 @@ constexpr WorkspacePlan make_workspace_plan(const PlanShape& s) {
 //   t_x, t_dy               e4m3 [H, R], scales f32 [R/128, H]  token-axis copies (the pass's rows
 //   t_dg, t_du, t_h         e4m3 [I, R], scales f32 [R/128, I]  as columns), the weight gradients'
 // The five token-axis copies exist at once: the three weight gradients run at the same time.
+// Without `token_axis` (WorkspaceOptions::fp8_token_axis false: bf16 weight gradients only) they
+// are not carved: the t_* buffers are empty (offset 0, 0 bytes).
 struct Fp8Plan {
   Buffer rows_a, rows_a_scales, rows_b, rows_b_scales, rows_c, rows_c_scales;
   Buffer t_x, t_x_scales, t_dy, t_dy_scales, t_dg, t_dg_scales, t_du, t_du_scales, t_h, t_h_scales;
   std::int64_t bytes = 0;
 };
 
-constexpr Fp8Plan make_fp8_plan(const PlanShape& s) {
+constexpr Fp8Plan make_fp8_plan(const PlanShape& s, bool token_axis = true) {
   const std::int64_t R = ring_rows(s), H = s.hidden_size, I = s.intermediate_size;
   const std::int64_t M = H > I ? H : I, blocks = R / 128, f32 = 4;
   Fp8Plan p;
@@ -272,6 +274,10 @@ constexpr Fp8Plan make_fp8_plan(const PlanShape& s) {
   p.rows_b_scales = carve(end, I / 128 * R * f32);
   p.rows_c = carve(end, R * I);
   p.rows_c_scales = carve(end, I / 128 * R * f32);
+  if (!token_axis) {
+    p.bytes = end;
+    return p;
+  }
   p.t_x = carve(end, H * R);
   p.t_x_scales = carve(end, blocks * H * f32);
   p.t_dy = carve(end, H * R);

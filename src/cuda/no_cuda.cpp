@@ -26,7 +26,8 @@ bool layer_available() {
 namespace mok {
 
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem&, const Config&, int,
-                                                const std::vector<void*>&, std::uint64_t, bool) {
+                                                const std::vector<void*>&, std::uint64_t, bool,
+                                                bool) {
   throw Error("the CUDA backend is not available (this build has no CUDA support)");
 }
 

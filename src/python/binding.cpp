@@ -381,9 +381,11 @@ NB_MODULE(_C, m) {
              std::int64_t mini, std::int64_t macro, double mult, const std::string& backend,
              const std::string& activation_dtype, int num_threads, int device_index,
              const std::vector<std::uintptr_t>& symmetric_bases, std::uint64_t barrier_timeout_ms,
-             const std::string& forward_path, std::int64_t fused_stage_rows, bool fp8) {
+             const std::string& forward_path, std::int64_t fused_stage_rows, bool fp8,
+             bool fp8_token_axis) {
             WorkspaceOptions o;
             o.fp8 = fp8;
+            o.fp8_token_axis = fp8_token_axis;
             o.backend = parse_backend(backend);
             o.activation_dtype = parse_dtype(activation_dtype, "activation");
             o.num_threads = num_threads;
@@ -404,7 +406,8 @@ NB_MODULE(_C, m) {
           nb::arg("activation_dtype"), nb::arg("num_threads"), nb::arg("device_index"),
           nb::arg("symmetric_bases") = std::vector<std::uintptr_t>{},
           nb::arg("barrier_timeout_ms") = 10000, nb::arg("forward_path") = "launches",
-          nb::arg("fused_stage_rows") = 0, nb::arg("fp8") = false)
+          nb::arg("fused_stage_rows") = 0, nb::arg("fp8") = false,
+          nb::arg("fp8_token_axis") = true)
       .def_prop_ro("backend",
                    [](const Workspace& ws) { return std::string(backend_name(ws.backend())); })
       .def_prop_ro(

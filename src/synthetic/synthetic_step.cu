@@ -95,7 +95,12 @@ StepTimes run_synthetic_step_fp8(LayerData& data, const Config& config,
   if (reps < 1) throw Error("reps", "at least 1", to_text(reps));
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   const Problem& p = data.problem;
-  Workspace ws(p, config, {.backend = Backend::cuda, .device_index = device, .fp8 = true});
+  // bf16 weight gradients need no token-axis copies (WorkspaceOptions::fp8_token_axis).
+  Workspace ws(p, config,
+               {.backend = Backend::cuda,
+                .device_index = device,
+                .fp8 = true,
+                .fp8_token_axis = options.fp8_weight_grads});
   DeviceContext ctx(ws);
   DeviceLayer g(data);
   const std::int64_t E = p.num_local_experts(), H = p.hidden_size, I = p.intermediate_size;

@@ -234,7 +234,10 @@ then
 else
   fail "run --plan --precision fp8: $plan $json"
 fi
-# fp8-bf16-wgrad's plan is fp8's (the same workspace; the header and "precision" name it).
+# fp8-bf16-wgrad's plan is fp8's without the five token-axis copies (WorkspaceOptions::
+# fp8_token_axis false): the same bf16 plan, weights and context, every other FP8 buffer where fp8
+# has it, the scratch and the workspace smaller by the copies' bytes; the header and "precision"
+# name it.
 wplan=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8-bf16-wgrad 2>&1)
 rc=$?
 wjson=$("$mok" run --preset dsv3-ep8slice --ep-size 8 --plan --precision fp8-bf16-wgrad --json 2>&1)
@@ -243,11 +246,20 @@ if [ $rc -eq 0 ] && python3 - "$plan" "$json" "$wplan" "$wjson" <<'PY'
 import json, sys
 plan, j, wplan, wj = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 assert j.pop("precision") == "fp8" and wj.pop("precision") == "fp8-bf16-wgrad", (j, wj)
+token_axis = [b for b in j["fp8_buffers"] if b["name"].startswith("t_")]
+copies = sum(b["bytes"] for b in token_axis)
+assert len(token_axis) == 10 and copies > 0, token_axis
+assert wj.pop("fp8_buffers") == [b for b in j.pop("fp8_buffers") if not b["name"].startswith("t_")]
+for key in ("fp8_scratch_bytes", "workspace_bytes"):
+    assert j.pop(key) - wj.pop(key) == copies, key
 assert j == wj, (j, wj)
 head, rest = plan.split("\n", 1)
 whead, wrest = wplan.split("\n", 1)
 assert head.endswith(", precision fp8") and whead == head + "-bf16-wgrad", (head, whead)
-assert rest == wrest
+lines = [l for l in rest.split("\n") if not l.startswith("  fp8        t_")]
+assert len(lines) == len(rest.split("\n")) - 10
+for l, w in zip(lines, wrest.split("\n")):
+    assert l == w or l.startswith(("  fp8 scratch", "  workspace")), (l, w)
 PY
 then
   pass "run --plan --precision fp8-bf16-wgrad"

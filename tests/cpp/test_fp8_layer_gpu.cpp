@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "core/bf16.hpp"
+#include "core/schedule_check.hpp"
+#include "core/workspace_plan.hpp"
 #include "cuda/layer/layer.hpp"
 #include "fp8_layer_helpers.hpp"
 #include "gpu_buffer.hpp"
@@ -75,16 +77,17 @@ struct DeviceFp8Weights {
   DeviceQuantized gate, up, down;
 };
 
-WorkspaceOptions fp8_options() {
-  return {.backend = Backend::cuda, .fp8 = true};
+// `token_axis` false: without the token-axis copies (WorkspaceOptions::fp8_token_axis).
+WorkspaceOptions fp8_options(bool token_axis = true) {
+  return {.backend = Backend::cuda, .fp8 = true, .fp8_token_axis = token_axis};
 }
 
 // One FP8 training step on the GPU through the public API over `g`'s tensors, the weights
 // quantized on the device.
 void run_fp8_step(DeviceLayer& g, const Problem& p, const Config& config = {},
-                  BackwardOptions options = {}) {
+                  BackwardOptions options = {}, bool token_axis = true) {
   const DeviceFp8Weights q(g);
-  Workspace ws(p, config, fp8_options());
+  Workspace ws(p, config, fp8_options(token_axis));
   DeviceContext ctx(ws);
   forward(ws, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get());
   backward(ws, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads(), options);
@@ -92,9 +95,10 @@ void run_fp8_step(DeviceLayer& g, const Problem& p, const Config& config = {},
 }
 
 // One FP8 training step of `d`; every output and gradient back in `d`.
-void run_fp8_gpu(LayerData& d, const Config& config = {}, const BackwardOptions& options = {}) {
+void run_fp8_gpu(LayerData& d, const Config& config = {}, const BackwardOptions& options = {},
+                 bool token_axis = true) {
   DeviceLayer g(d);
-  run_fp8_step(g, d.problem, config, options);
+  run_fp8_step(g, d.problem, config, options, token_axis);
   g.download(d);
 }
 
@@ -329,6 +333,56 @@ TEST(Fp8LayerGpuWeightGrads, Bf16WeightGradsMatchTheCpuLayerAndTheBitsOfOnePass)
     run_fp8_gpu(many, passes, bf16_wgrads);
     EXPECT_TRUE(all_outputs_same(one, many)) << c.name << ": several passes";
   }
+}
+
+// A workspace made without the token-axis copies (WorkspaceOptions::fp8_token_axis false: what
+// bf16 weight gradients need): their bits are the full workspace's, in one ring pass and in
+// several; it holds exactly the copies' bytes less (plan::make_fp8_plan); a backward asking for
+// e4m3 weight gradients on it is refused before any work, naming the option, and the workspace
+// then runs the next call to the same bits.
+TEST(Fp8LayerGpuWeightGrads, WithoutTheTokenAxisCopies) {
+  MOK_REQUIRE_HOPPER();
+  const std::uint64_t seed = test_seed();
+  BackwardOptions bf16_wgrads;
+  bf16_wgrads.fp8_weight_grads = false;
+  const Fp8Case c{"uniform_shared", layer_shape(257, 256, 384, 8, 2, 128), Routing::softmax,
+                  false};
+  Config passes;  // experts' rows spread over several ring passes
+  passes.minibatch_size = 128;
+  passes.macrobatch_size = 256;
+  for (const Config& config : {Config{}, passes}) {
+    LayerData full = make_case(c, seed), lean = make_case(c, seed);
+    run_fp8_gpu(full, config, bf16_wgrads);
+    run_fp8_gpu(lean, config, bf16_wgrads, /*token_axis=*/false);
+    EXPECT_TRUE(all_outputs_same(full, lean))
+        << (config.macrobatch_size == passes.macrobatch_size ? "several passes" : "one pass");
+  }
+  LayerData want = make_case(c, seed);
+  run_fp8_gpu(want, Config{}, bf16_wgrads);
+  Workspace with(c.problem, Config{}, fp8_options());
+  Workspace without(c.problem, Config{}, fp8_options(/*token_axis=*/false));
+  const plan::PlanShape shape = plan_shape_of(c.problem, Config{});
+  const std::int64_t copies =
+      plan::make_fp8_plan(shape).bytes - plan::make_fp8_plan(shape, /*token_axis=*/false).bytes;
+  EXPECT_GT(copies, 0);
+  EXPECT_EQ(static_cast<std::int64_t>(with.bytes() - without.bytes()), copies);
+
+  LayerData d = make_case(c, seed);
+  DeviceLayer g(d);
+  const DeviceFp8Weights q(g);
+  DeviceContext ctx(without);
+  forward(without, g.inputs(), g.weights(), q.get(), g.out.view(), ctx.get());
+  expect_error(
+      [&] {
+        backward(without, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads(),
+                 BackwardOptions{});
+      },
+      {"WorkspaceOptions.fp8_token_axis"});
+  backward(without, g.inputs(), g.weights(), q.get(), ctx.get(), g.d_out.view(), g.grads(),
+           bf16_wgrads);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  g.download(d);
+  EXPECT_TRUE(all_outputs_same(want, d)) << "the call after the refusal";
 }
 
 // Experts [first, first + count) of a quantized weight (views into it).

@@ -10,8 +10,9 @@ namespace {
 
 class SingleRank final : public LayerBackend {
  public:
-  SingleRank(const Problem& p, const Config& c, int device, const ExternalRank& external, bool fp8)
-      : layer_(p, c, device, external, fp8) {}
+  SingleRank(const Problem& p, const Config& c, int device, const ExternalRank& external, bool fp8,
+             bool fp8_token_axis)
+      : layer_(p, c, device, external, fp8, fp8_token_axis) {}
 
   void forward(const Inputs& in, const Weights& w, const TensorView* out, const ForwardContext& ctx,
                void* stream) override {
@@ -61,9 +62,11 @@ namespace mok {
 
 std::unique_ptr<LayerBackend> make_cuda_backend(const Problem& p, const Config& config, int device,
                                                 const std::vector<void*>& symmetric_bases,
-                                                std::uint64_t barrier_timeout_ms, bool fp8) {
+                                                std::uint64_t barrier_timeout_ms, bool fp8,
+                                                bool fp8_token_axis) {
   return std::make_unique<cuda::SingleRank>(
-      p, config, device, cuda::ExternalRank{symmetric_bases, barrier_timeout_ms}, fp8);
+      p, config, device, cuda::ExternalRank{symmetric_bases, barrier_timeout_ms}, fp8,
+      fp8_token_axis);
 }
 
 }  // namespace mok

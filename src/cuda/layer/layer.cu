@@ -992,7 +992,7 @@ class CallOrder {
 }  // namespace
 
 Layer::Layer(const Problem& p, const Config& config, int device, const ExternalRank& external,
-             bool fp8)
+             bool fp8, bool fp8_token_axis)
     : impl_(std::make_unique<Impl>(p, config, device, external)) {
   Impl& m = *impl_;
   if (fp8) {  // before the layer buffers are allocated
@@ -1050,7 +1050,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
           "cudaMemset of the megakernel counters");
   }
   if (fp8) {
-    const plan::Fp8Plan fp = plan::make_fp8_plan(plan_shape_of(p, config));
+    const plan::Fp8Plan fp = plan::make_fp8_plan(plan_shape_of(p, config), fp8_token_axis);
     m.fp8_bytes = fp.bytes;
     check(cudaMalloc(&m.fp8_region, static_cast<std::size_t>(m.count * m.fp8_bytes)),
           "cudaMalloc of the FP8 scratch");
@@ -1064,6 +1064,7 @@ Layer::Layer(const Problem& p, const Config& config, int device, const ExternalR
       at(f.rows_a, fp.rows_a), at(f.rows_a_scales, fp.rows_a_scales);
       at(f.rows_b, fp.rows_b), at(f.rows_b_scales, fp.rows_b_scales);
       at(f.rows_c, fp.rows_c), at(f.rows_c_scales, fp.rows_c_scales);
+      if (!fp8_token_axis) continue;  // the token-axis pointers stay null
       at(f.t_x, fp.t_x), at(f.t_x_scales, fp.t_x_scales);
       at(f.t_dy, fp.t_dy), at(f.t_dy_scales, fp.t_dy_scales);
       at(f.t_dg, fp.t_dg), at(f.t_dg_scales, fp.t_dg_scales);
@@ -1262,6 +1263,12 @@ void Layer::backward(std::span<const RankTensors> ranks, const BackwardOptions& 
   const plan::WorkspacePlan& pl = m.plan();
   const std::int64_t dot_chunks = (p.intermediate_size + gemm::kDotColumns - 1) / gemm::kDotColumns;
   const bool fp8 = m.fp8_call(ranks, false);
+  if (fp8 && options.fp8_weight_grads && m.ranks[0].fp8.t_x == nullptr) {  // before any work
+    throw Error("BackwardOptions.fp8_weight_grads",
+                "false on a layer made without the FP8 token-axis copies (fp8_token_axis false: "
+                "bf16 weight gradients only)",
+                "true");
+  }
 
   // x only for the replays of later passes; the router weights scale the pulled rows. The
   // schedule first, as in forward.

@@ -57,9 +57,11 @@ class Layer {
   // Every rank of an external team must construct its layer before any rank calls it (a host
   // barrier between construction and the first call: the team's flags start at zero). `fp8`:
   // also hold the FP8 layer's scratch (plan::Fp8Plan; H and I multiples of 128), without which a
-  // call with RankTensors::q throws mok::Error.
+  // call with RankTensors::q throws mok::Error; `fp8_token_axis` false: without its token-axis
+  // copies, so that only a backward with bf16 weight gradients (BackwardOptions::
+  // fp8_weight_grads false) can run (another throws mok::Error).
   Layer(const Problem& p, const Config& config, int device, const ExternalRank& external = {},
-        bool fp8 = false);
+        bool fp8 = false, bool fp8_token_axis = true);
   ~Layer();
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
