@@ -50,6 +50,13 @@
 //   e4m3-wide-tma-noscales  the same without the scales' copies (the stages' scales stay 1; the
 //                     Producer arrives once more on the full barrier in place of the cp.async's
 //                     arrival).
+//   e4m3-wide-tma-epilogue  e4m3-wide-tma with the tile turns' work: after a tile's 56th K block
+//                     the consumers store it as the down forward's epilogue does (store_plain,
+//                     bf16 rows of 256 columns, into a [16,128, 4,608] buffer in HBM) and start the
+//                     next tile from zero, while the Producer goes on loading its first stages.
+//                     Against e4m3-wide-tma: what the epilogue and the turn cost a tile, the part
+//                     of the form's loss that neither the loop nor its loads explain (NOTES,
+//                     "2026-12-06, 48e4578 and 0f0bd7b").
 //   e4m3-tokens       the weight gradient's loop (mma_tile_fp8_tokens without its barriers):
 //                     the 1D1D promotion, a row scale times a column scale for every accumulator
 //   e4m3-tokens-overlap  the same overlapped (mma_tile_fp8_tokens_overlap)
@@ -70,6 +77,7 @@
 #include <vector>
 
 #include "bench_check.hpp"
+#include "cuda/gemm/epilogue.cuh"
 #include "cuda/gemm/mainloop.cuh"
 #include "cuda/gemm/tensor_map.hpp"
 
@@ -95,6 +103,7 @@ enum class Mode {
   e4m3_wide_pipeline,
   e4m3_wide_tma,
   e4m3_wide_tma_noscales,
+  e4m3_wide_tma_epilogue,
   e4m3_tokens,
   e4m3_tokens_overlap
 };
@@ -121,10 +130,12 @@ struct TmaOperands {
   CUtensorMap a, b;       // [kTmaRows, kTmaK] and [kTmaWeightRows, kTmaK] e4m3, K-major
   const float* a_scales;  // [kTmaKBlocks, kTmaRows]: each row's scale of each K block
   const float* b_scales;  // [kTmaWeightRows / 128, kTmaKBlocks]: the weight blocks'
+  __nv_bfloat16* out;     // [kTmaRows, kTmaWeightRows]: e4m3-wide-tma-epilogue's tiles
 };
 
 template <Mode kMode>
-constexpr bool kTmaMode = kMode == Mode::e4m3_wide_tma || kMode == Mode::e4m3_wide_tma_noscales;
+constexpr bool kTmaMode = kMode == Mode::e4m3_wide_tma || kMode == Mode::e4m3_wide_tma_noscales ||
+                          kMode == Mode::e4m3_wide_tma_epilogue;
 
 // K block kb of a CTA's walk in e4m3-wide-tma: its tile (CTA c takes tiles c, c + grid, ... of the
 // M-grouped order, wrapping around the problem) and the block within it.
@@ -267,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         int k_block = 0;
         const gemm::TileInfo tile = tma_tile(kb, k_block);
-        if constexpr (kMode == Mode::e4m3_wide_tma) {
+        if constexpr (kMode != Mode::e4m3_wide_tma_noscales) {
           gemm::load_k_block<F>(maps, ring, s, tile, k_block, p, &fp8);
         } else {
           ptx::mbarrier_arrive_expect_tx(ring.full(s), gemm::kTileABytes + F::kTileBBytes);
@@ -358,6 +369,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::fence_registers(partial);
       if constexpr (kPipeline) ptx::mbarrier_arrive(&release_bars[s]);
       gemm::promote_fp8_half<F, 1>(acc, partial, scales);
+      if constexpr (kMode == Mode::e4m3_wide_tma_epilogue) {
+        if ((kb + 1) % kTmaKBlocks == 0) {  // the tile's last K block: its epilogue, the turn
+          int k_block = 0;
+          const gemm::TileInfo tile = tma_tile(kb, k_block);
+          gemm::GemmParams p{};
+          p.out = ops.out;
+          p.ld_out = kTmaWeightRows;
+          p.n = kTmaWeightRows;
+          gemm::store_plain<F, gemm::epilogue::RowsBf16<false, false>>(
+              acc, tile, p, consumer_wg, warp, lane);
+#pragma unroll
+          for (int i = 0; i < F::kAcc; ++i) acc[i] = 0.0f;
+        }
+      }
     }
     ptx::fence_registers(acc);
     if (gave_up != 0) atomicAdd(&clocks->timeouts, gave_up);
@@ -474,6 +499,8 @@ int main(int argc, char** argv) {
   const std::size_t b_scale_count = std::size_t(kTmaWeightRows / 128) * kTmaKBlocks;
   CHECK_CUDA(cudaMalloc(&tma_a, std::size_t(kTmaRows) * kTmaK));
   CHECK_CUDA(cudaMalloc(&tma_b, std::size_t(kTmaWeightRows) * kTmaK));
+  __nv_bfloat16* tma_out = nullptr;  // e4m3-wide-tma-epilogue's output tiles
+  CHECK_CUDA(cudaMalloc(&tma_out, std::size_t(kTmaRows) * kTmaWeightRows * sizeof(__nv_bfloat16)));
   CHECK_CUDA(cudaMalloc(&a_scales, a_scale_count * sizeof(float)));
   CHECK_CUDA(cudaMalloc(&b_scales, b_scale_count * sizeof(float)));
   CHECK_CUDA(cudaMemset(tma_a, 0x35, std::size_t(kTmaRows) * kTmaK));
@@ -487,7 +514,7 @@ int main(int argc, char** argv) {
       gemm::make_tensor_map_e4m3(tma_a, kTmaRows, kTmaK, kTmaK, E4m3WideForm::kBoxRowsA, "a"),
       gemm::make_tensor_map_e4m3(tma_b, kTmaWeightRows, kTmaK, kTmaK, E4m3WideForm::kBoxRowsB,
                                  "b"),
-      a_scales, b_scales};
+      a_scales, b_scales, tma_out};
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -502,6 +529,7 @@ int main(int argc, char** argv) {
       make_run<E4m3WideForm, Mode::e4m3_wide_pipeline>("e4m3-wide-pipeline"),
       make_run<E4m3WideForm, Mode::e4m3_wide_tma_noscales>("e4m3-wide-tma-noscales"),
       make_run<E4m3WideForm, Mode::e4m3_wide_tma>("e4m3-wide-tma"),
+      make_run<E4m3WideForm, Mode::e4m3_wide_tma_epilogue>("e4m3-wide-tma-epilogue"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens>("e4m3-tokens"),
       make_run<E4m3TokensForm, Mode::e4m3_tokens_overlap>("e4m3-tokens-overlap"),
   };
