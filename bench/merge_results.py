@@ -273,8 +273,15 @@ def main() -> int:
             merged["cases"].append(case)
     write_results(merged, PERF / "results.json")
     plotted = plot_layer(merged["cases"], merged["gpu"], PERF / PLOT)
-    fp8 = (fp8_bars.layer_lines(merged["cases"], "layer-fp8")
-           + fp8_bars.interleaved_lines(merged["cases"], "layer-fp8-interleaved")
+    def on_card(lines, suite):  # a section measured on another card names it in its heading
+        cards = sorted({c["gpu"] for c in merged["cases"] if c.get("suite") == suite})
+        if lines and lines[0].startswith("## ") and cards and cards != [merged["gpu"]]:
+            lines[0] += f" (on {', '.join(cards)})"
+        return lines
+
+    fp8 = (on_card(fp8_bars.layer_lines(merged["cases"], "layer-fp8"), "layer-fp8")
+           + on_card(fp8_bars.interleaved_lines(merged["cases"], "layer-fp8-interleaved"),
+                     "layer-fp8-interleaved")
            + fp8_bars.gemm_lines(merged["cases"]))
     plotted_fp8 = None
     if any(c.get("suite") == "layer-fp8" for c in merged["cases"]):
