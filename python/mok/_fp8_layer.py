@@ -20,8 +20,10 @@ last one, ``fp8_weight_grads`` (default True; False for precision "fp8-bf16-wgra
 routed weight gradients in bf16), which the forward op passes on to its gradient.
 ``forward_fp8`` is differentiable in x, topk_weights and the bf16 weights. CPU and CUDA tensors;
 on CUDA the C++ workspace is made with the FP8 scratch (``WorkspaceOptions::fp8``), one beside the
-bf16 layer's for the same shape, and the forward path is the launches (the megakernel has no FP8
-form yet: a config with ``forward_path="fused"`` raises mok's error).
+bf16 layer's for the same shape (for "fp8-bf16-wgrad" without the token-axis copies, which only
+e4m3 weight gradients read: ``WorkspaceOptions::fp8_token_axis``), and the forward path is the
+launches (the megakernel has no FP8 form yet: a config with ``forward_path="fused"`` raises
+mok's error).
 
 Inside a CUDA graph capture the weights are quantized on every call, into the cached tensors: a
 replay sees no version change (nothing runs on the host), so each replay quantizes the weights as
@@ -248,18 +250,21 @@ def _check_one_rank(ws, x):
         _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
 
 
-def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit):
-    """forward_fp8's body over the six weights (routed ones possibly row-strided views)."""
+def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit,
+             fp8_weight_grads):
+    """forward_fp8's body over the six weights (routed ones possibly row-strided views). The
+    workspace is the one its backward will use: without the token-axis copies when
+    `fp8_weight_grads` is False (_workspace.Workspace.core)."""
     ws, _config = _workspace.resolve(workspace)
     _check_one_rank(ws, x)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
                              shape.device)
     context = _layer_tensors.new_context(ws, config, shape)
-    ws.core(shape, config, fp8=True).run(lib.forward, x.device,
-                                         *views(x, topk_experts, topk_weights, *weights, out),
-                                         *context_views(context), swiglu_limit=swiglu_limit,
-                                         fp8_weights=tuple(views(*fp8_weights)))
+    ws.core(shape, config, fp8=True, token_axis=fp8_weight_grads).run(
+        lib.forward, x.device, *views(x, topk_experts, topk_weights, *weights, out),
+        *context_views(context), swiglu_limit=swiglu_limit,
+        fp8_weights=tuple(views(*fp8_weights)))
     return (out, *context)
 
 
@@ -279,7 +284,7 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     else:
         d_x, d_w = _layer_tensors.grad_buffers(shape, None)
         (routed, returned), shared = packed_grads(shape), (None, None, None)
-    ws.core(shape, config, fp8=True).run(
+    ws.core(shape, config, fp8=True, token_axis=fp8_weight_grads).run(
         lib.backward, x.device, *views(x, topk_experts, topk_weights, *weights),
         *context_views(context), *views(d_out, d_x, d_w, *routed, *shared),
         swiglu_limit=swiglu_limit, fp8_weights=tuple(views(*fp8_weights)),
@@ -302,7 +307,8 @@ def forward_fp8(x, topk_experts, topk_weights, routed_gate_weights, routed_up_we
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
-    return _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit)
+    return _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit,
+                    fp8_weight_grads)
 
 
 @keep_body(torch.library.custom_op(
@@ -347,7 +353,7 @@ def forward_fp8_packed(x, topk_experts, topk_weights, gate_up_weights, down_weig
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     gate, up = split_gate_up(gate_up_weights, interleaved)
     return _forward(x, topk_experts, topk_weights, (gate, up, down_weights, None, None, None),
-                    fp8_weights, workspace, swiglu_limit)
+                    fp8_weights, workspace, swiglu_limit, fp8_weight_grads)
 
 
 @keep_body(torch.library.custom_op(

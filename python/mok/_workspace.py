@@ -62,10 +62,10 @@ def _capturing(device):
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _layout_key(shape, config, fp8=False):
+def _layout_key(shape, config, fp8=False, token_axis=True):
     return (shape.num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
             shape.topk, shape.shared_intermediate_size, shape.activation_dtype, shape.device,
-            config, fp8)
+            config, fp8, fp8 and token_axis)
 
 
 # MoK's MoKWorkspace buffer fields that mok does not have as Python tensors (see __getattr__).
@@ -211,9 +211,11 @@ class Workspace:
                                backend=backend,
                                activation_dtype=_checks.dtype_name(shape.activation_dtype))
 
-    def core(self, shape, config, fp8=False):
+    def core(self, shape, config, fp8=False, token_axis=True):
         """The C++ workspace for `shape` and `config` (`fp8`: the FP8 layer's, which on CUDA holds
-        its scratch beside the bf16 layer's; the CPU needs none: one workspace serves both),
+        its scratch beside the bf16 layer's; the CPU needs none: one workspace serves both;
+        `token_axis` False: that scratch without the token-axis copies, which only e4m3 weight
+        gradients read: WorkspaceOptions::fp8_token_axis, for precision 'fp8-bf16-wgrad'),
         created on its first call, which must run
         outside CUDA graph capture: creating it allocates and zeroes device memory with
         synchronous CUDA calls, so a first call during capture raises mok's error asking for one
@@ -223,7 +225,7 @@ class Workspace:
         workspace, a call that makes synchronous CUDA calls anyway and never runs during capture,
         and only once no call is running on it."""
         fp8 = fp8 and shape.device.type == "cuda"
-        key = _layout_key(shape, config, fp8)
+        key = _layout_key(shape, config, fp8, token_axis)
         capturing = _capturing(shape.device)
         with self._cores_lock:
             core = self._cores.get(key)
@@ -248,7 +250,8 @@ class Workspace:
                 **_native_args(shape, config, self.ep_size, self.ep_rank), backend=d.type,
                 activation_dtype=_checks.dtype_name(shape.activation_dtype),
                 num_threads=torch.get_num_threads(),
-                device_index=d.index if d.index is not None else 0, fp8=fp8, **extra)
+                device_index=d.index if d.index is not None else 0, fp8=fp8,
+                fp8_token_axis=bool(token_axis), **extra)
             if symmetric is not None:
                 # Every rank's team exists (its flags zeroed) before any rank's first signal.
                 group_barrier(self.group, d)

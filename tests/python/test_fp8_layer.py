@@ -15,7 +15,7 @@ import torch
 
 import mok
 from conftest import DEVICES, make_layer, requires_cuda
-from mok import _fp8_layer
+from mok import _fp8_layer, _workspace
 
 
 def grads_of(data, precision, swiglu_limit=None):
@@ -86,6 +86,12 @@ def test_bf16_weight_grads_precision(gen, device):
               f"{he[1]:.3e} cos {he[2]:.6f}")
         assert he[1] < fe[1], name
         assert he[1] <= 0.1 and he[2] >= 0.996, name
+    if device == "cuda":  # its C++ workspace lacks the token-axis copies (fp8_token_axis)
+        fp8_cores = {key[-1]: core.native.bytes
+                     for key, core in _workspace.automatic()._cores.items()
+                     if key[9] and key[7].type == "cuda" and key[:6] == (150, 256, 128, 6, 2, 128)}
+        assert set(fp8_cores) == {True, False}, fp8_cores
+        assert fp8_cores[False] < fp8_cores[True], fp8_cores
     m = mok.nn.MoE(128, 128, 4, 2, precision="fp8-bf16-wgrad", device=device)
     out, _ = m(torch.randn(32, 128, generator=gen).bfloat16().to(device))
     out.float().square().mean().backward()
