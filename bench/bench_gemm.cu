@@ -31,7 +31,7 @@
 // Fp8Kernels::quantizing_epilogue runs; the passes it replaces are not timed here);
 // "mok-fp8-wide-rows": dgrad-swiglu on wide tiles writing the rows forms of dg and du beside the
 // bf16 ones (Fp8Kernels::dgrad_rows_epilogue), "mok-fp8-rows" the same on 128 x 128 tiles (the
-// layer's where n is not a multiple of 256), and "mok-fp8-wide-passes": the wide dgrad-swiglu
+// layer's: Fp8Kernels::dgrad_rows_wide off), and "mok-fp8-wide-passes": the wide dgrad-swiglu
 // followed by the two rows passes that give the same bytes (the layer without it). Each checked
 // bitwise against mok-fp8 first (the quantized one: its bf16 dg, du and dot, and the rows form of
 // two rows against the host's quantization of mok-fp8's bf16 rows), and timed only when argv[6]

@@ -346,6 +346,11 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   each alone at the power limit, 0.93x on qwen3-30b-a3b, 0.96x on mixtral-8x7b, 0.99x on
 //   dsv3-ep8slice (NOTES, "2026-12-06, 7a65b04", H100; in the layer below the A/B's
 //   resolution): on.
+// - dgrad_rows_wide (that dgrad on 128 x 256 tiles): the rows epilogue costs a wide tile more
+//   than two 128 x 128 ones (at the register cap); the 128 x 128 form with it runs 0.87x the
+//   wide one's time on qwen3-30b-a3b and 0.98-0.99x on dsv3-ep8slice and mixtral-8x7b, uniform
+//   (skewed: 0.88x, 0.98x, 1.00x), on H 1,792 0.86x, H 3,584 0.98x (NOTES, "2026-12-06,
+//   329e2bf", H100): off.
 bool fp8_wide(const ExpertRows& e, std::int64_t n) { return e.kernels.wide && n % 256 == 0; }
 
 // Whether the gate/up epilogue quantizes h for the down GEMM (Fp8Kernels::hidden_epilogue; its
@@ -432,7 +437,9 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.stream = e.stream;
   a.waits = e.waits;
   a.overlap = quantized.any() ? false : e.kernels.overlap;
-  a.wide = quantized.tokens() ? false : fp8_wide(e, a.n);
+  a.wide = quantized.tokens() ? false
+           : quantized.any()  ? e.kernels.dgrad_rows_wide && fp8_wide(e, a.n)
+                              : fp8_wide(e, a.n);
   gemm::rows_times_weight_fp8(a);
 }
 

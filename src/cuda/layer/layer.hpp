@@ -132,6 +132,9 @@ class Layer {
     // and du (RowsTimesWeightFp8Args::quantized, the rows forms), instead of two passes over
     // them. Not with quantizing_epilogue, which takes precedence where both apply.
     bool dgrad_rows_epilogue = true;
+    // The down dgrad with that rows epilogue on wide tiles where `wide` allows, else on 128 x 128
+    // ones (the same bits).
+    bool dgrad_rows_wide = false;
   };
   Fp8Kernels fp8_kernels() const;
   // Throws mok::Error naming fp8_kernels.wide when asked for both `wide` and `overlap`.
