@@ -36,8 +36,8 @@ it has no host-side cache to consult.
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mok import _checks, _layer_tensors, _native, _workspace
-from mok._layer_ops import call, keep_body, split_gate_up
+from mok import _checks, _host_ep, _layer_tensors, _native, _workspace
+from mok._layer_ops import call, check_packed_workspace, keep_body, split_gate_up
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                  check_context, check_layer_call, context_shapes, context_views)
 from mok._native import lib, views
@@ -201,13 +201,12 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
     if torch.compiler.is_compiling():
         # NOTES: resolving the workspace handle takes a lock, which torch.compile cannot trace;
         # the ops' fake implementations make the layer's checks while tracing, and the op checks
-        # the ranks when it runs (_check_one_rank).
+        # the ranks when it runs (_check_ranks).
         hidden, intermediate = x.shape[-1], gate.shape[-2]
     else:
-        if _workspace.resolve(handle)[0].ep_size > 1:
-            _checks.fail("precision", "'bf16' with a workspace of several ranks (the FP8 "
-                         "layer's expert parallelism across processes is in the C++ API, not yet "
-                         "here)", "'fp8'")
+        _check_ranks(_workspace.resolve(handle)[0], x)
+        if packed is not None:
+            check_packed_workspace(handle)
         # The layer's own checks first (metadata only), so a bad shape is named as the layer
         # names it, not as the weight quantizer would.
         shape, _ws, _config = check_layer_call(handle, x, topk_experts, topk_weights,
@@ -244,10 +243,14 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
                packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
 
 
-def _check_one_rank(ws, x):
+def _check_ranks(ws, x):
+    """The FP8 layer runs across processes on the CPU backend (gloo: mok/_host_ep.py). On CUDA
+    it waits for a run on several GPUs; until then a workspace of several ranks is refused."""
     check_device("x", x)
-    if ws.ep_size > 1:
-        _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
+    if ws.ep_size > 1 and x.device.type != "cpu":
+        _checks.fail("workspace", "a workspace of one rank for the FP8 layer on CUDA (its expert "
+                     "parallelism across processes runs on the CPU backend, gloo; on CUDA it is "
+                     "in the C++ API)", f"a workspace of {ws.ep_size} ranks")
 
 
 def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit,
@@ -255,8 +258,12 @@ def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swi
     """forward_fp8's body over the six weights (routed ones possibly row-strided views). The
     workspace is the one its backward will use: without the token-axis copies when
     `fp8_weight_grads` is False (_workspace.Workspace.core)."""
-    ws, _config = _workspace.resolve(workspace)
-    _check_one_rank(ws, x)
+    ws, config = _workspace.resolve(workspace)
+    _check_ranks(ws, x)
+    if ws.ep_size > 1:  # across processes, CPU
+        return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights,
+                                swiglu_limit=swiglu_limit, fp8_weights=fp8_weights,
+                                fp8_weight_grads=fp8_weight_grads)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
                              shape.device)
@@ -273,8 +280,13 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     """backward_fp8's body: (d_x, d_topk_weights, d_gate, d_up, d_down, *shared gradients). The
     packed form (no shared expert) passes `packed_grads(shape)`, called after the checks: the
     routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
-    ws, _config = _workspace.resolve(workspace)
-    _check_one_rank(ws, x)
+    ws, config = _workspace.resolve(workspace)
+    _check_ranks(ws, x)
+    if ws.ep_size > 1:  # across processes, CPU (the packed form refuses several ranks first)
+        d_x, d_w, *routed_shared = _host_ep.backward(
+            ws, config, d_out, x, topk_experts, topk_weights, weights, context,
+            swiglu_limit=swiglu_limit, fp8_weights=fp8_weights, fp8_weight_grads=fp8_weight_grads)
+        return (d_x, d_w, *[g if g is not None else x.new_empty(0) for g in routed_shared])
     shape, ws, config = check_layer_call(workspace, x, topk_experts, topk_weights, weights)
     _checks.check_d_out(d_out, shape)
     check_context(context, context_shapes(ws, config, shape), shape)
@@ -349,6 +361,7 @@ def forward_fp8_packed(x, topk_experts, topk_weights, gate_up_weights, down_weig
                        gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                        up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t, workspace,
                        interleaved, swiglu_limit=None, fp8_weight_grads=True):
+    check_packed_workspace(workspace)
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     gate, up = split_gate_up(gate_up_weights, interleaved)
@@ -368,6 +381,7 @@ def backward_fp8_packed(d_out, x, topk_experts, topk_weights, gate_up_weights, d
                         hidden_shared, workspace, interleaved, swiglu_limit=None,
                         fp8_weight_grads=True):
     """(d_x, d_topk_weights, d_gate_up [E, 2I, H] packed as gate_up_weights, d_down)."""
+    check_packed_workspace(workspace)
     fp8_weights = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
                    up_scales_t, down_fp8, down_scales, down_fp8_t, down_scales_t)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,

@@ -15,6 +15,10 @@ maths is mok's C++ core (include/mok/host_ep.hpp, the CPU reference); this file 
                -> the home reductions
   schedule     all-gather topk_experts: every rank checks every rank's ids
 
+The FP8 layer (mok/_fp8_layer.py) runs the same exchange with its expert halves (the twelve
+quantized views of this rank's experts beside the bf16 weights); the header carries the
+precision, so ranks calling different layers raise.
+
 Every output and gradient is bitwise that of one process holding every expert, over the tokens
 of all ranks in rank order (the shared expert's weight gradients: those of this rank's own
 tokens, as a data-parallel replica's). Every wait is bounded by the group's timeout
@@ -57,7 +61,10 @@ _FIELDS = ("num_tokens (x.shape[0])", "hidden_size (x.shape[1])",
            "shared_intermediate_size (shared_gate_weights.shape[0])", "activation dtype (x.dtype)",
            "config.fwd_num_comm_sms", "config.bwd_num_comm_sms", "config.minibatch_size",
            "config.macrobatch_size", "config.schedule_capacity_multiplier",
-           "config.forward_path", "config.fused_stage_rows")
+           "config.forward_path", "config.fused_stage_rows", "precision")
+# The header's precision field: the bf16 layer, or the FP8 layer with e4m3 or bf16 weight
+# gradients (mok/_fp8_layer.py's PRECISIONS, in that order).
+_PRECISIONS = ("bf16", "fp8", "fp8-bf16-wgrad")
 _ERROR_TYPES = (ValueError, TypeError, RuntimeError)
 _MESSAGE_BYTES = 1024
 
@@ -111,16 +118,17 @@ class _Exchange:
             input_split_sizes=list(send_counts), group=self.group))
         return received
 
-    def agree(self, config, check):
+    def agree(self, config, check, precision="bf16"):
         """Runs this rank's argument checks (`check() -> (LayerShape or None, topk)`), exchanges
         the header, and raises on every rank when any rank's checks failed or the ranks disagree
-        on a shape, the dtype or the config. Returns the shape."""
+        on a shape, the dtype, the config or the precision. Returns the shape."""
         shape, error = None, None
         try:
             shape = check()
         except _ERROR_TYPES as e:
             error = e
-        header = self.all_gather(_header(self.call, shape, config, error), "the call's header")
+        header = self.all_gather(_header(self.call, shape, config, error, precision),
+                                 "the call's header")
         header = header.reshape(self.size, -1)
         if error is not None:
             raise error
@@ -150,12 +158,14 @@ def _field_text(i, value):
         return _checks.dtype_name(_DTYPES[value]) if 0 < value < len(_DTYPES) else "unknown"
     if name == "config.forward_path":
         return repr(FORWARD_PATHS[value]) if 0 <= value < len(FORWARD_PATHS) else "unknown"
+    if name == "precision":
+        return repr(_PRECISIONS[value]) if 0 <= value < len(_PRECISIONS) else "unknown"
     if name == "config.schedule_capacity_multiplier":
         return str(torch.tensor([value], dtype=torch.int64).view(torch.float64).item())
     return str(value)
 
 
-def _header(call, shape, config, error):
+def _header(call, shape, config, error, precision="bf16"):
     """int64 [2 + len(_FIELDS) + 2 + _MESSAGE_BYTES]: call, has-error, fields, the error's type
     and its message in UTF-8 bytes (one per entry)."""
     fields = [-1] * 7
@@ -166,7 +176,8 @@ def _header(call, shape, config, error):
     multiplier = torch.tensor([float(config.schedule_capacity_multiplier)], dtype=torch.float64)
     fields += [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size,
                config.macrobatch_size, int(multiplier.view(torch.int64).item()),
-               FORWARD_PATHS.index(config.forward_path), config.fused_stage_rows]
+               FORWARD_PATHS.index(config.forward_path), config.fused_stage_rows,
+               _PRECISIONS.index(precision)]
     text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
     kind = 0 if error is None else 1 + next(i for i, t in enumerate(_ERROR_TYPES)
                                             if isinstance(error, t))
@@ -217,7 +228,17 @@ def build_schedule(ws, config, topk_experts, num_experts, num_local_experts, fir
             ids_all)
 
 
-def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=None):
+def _precision(fp8_weights, fp8_weight_grads):
+    if fp8_weights is None:
+        return "bf16"
+    return "fp8" if fp8_weight_grads else "fp8-bf16-wgrad"
+
+
+def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=None,
+            fp8_weights=None, fp8_weight_grads=True):
+    """`fp8_weights` (the twelve views of mok/_fp8_layer.py's quantize_weights of this rank's
+    gate, up and down): the FP8 layer's expert half; `fp8_weight_grads` only names the precision
+    in the header, so that ranks calling with different precisions raise."""
     ex = _Exchange(ws, "forward")
 
     def check():
@@ -227,7 +248,7 @@ def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=Non
         ws.check_shape(shape)
         return shape
 
-    shape = ex.agree(config, check)
+    shape = ex.agree(config, check, _precision(fp8_weights, fp8_weight_grads))
     core = ws.core(shape, config)
     out = _native.new_output((shape.num_tokens, shape.hidden_size), shape.activation_dtype,
                              shape.device)
@@ -240,7 +261,8 @@ def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=Non
         combine_send = _native.new_output((sum(send), shape.hidden_size), shape.activation_dtype,
                                           x.device)
         lib.host_ep_expert_forward(core.native, *views(x_all, ids_all, *weights, combine_send),
-                                   *ctx_views, swiglu_limit=swiglu_limit)
+                                   *ctx_views, swiglu_limit=swiglu_limit,
+                                   fp8_weights=_fp8_views(fp8_weights))
         received = ex.all_to_all(combine_send, send, receive, "the combine rows")
         lib.host_ep_home_forward(core.native, *views(x, topk_experts, topk_weights, *weights,
                                                      received, out), *ctx_views,
@@ -273,9 +295,11 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
 
 
 def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context, main=None,
-             swiglu_limit=None):
+             swiglu_limit=None, fp8_weights=None, fp8_weight_grads=True):
     """All gradients (main None), or (d_x, d_topk_weights) with the weight gradients added into
-    the six fp32 `main` buffers (routed gate, up, down, shared gate, up, down)."""
+    the six fp32 `main` buffers (routed gate, up, down, shared gate, up, down). `fp8_weights`:
+    the FP8 layer's expert half (forward's), with e4m3 routed weight gradients or, with
+    `fp8_weight_grads` False, bf16 ones."""
     ex = _Exchange(ws, "backward" if main is None else "backward_main_grad")
 
     def check():
@@ -290,7 +314,7 @@ def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context,
                                      shape)
         return shape
 
-    shape = ex.agree(config, check)
+    shape = ex.agree(config, check, _precision(fp8_weights, fp8_weight_grads))
     core = ws.core(shape, config)
     act, H = shape.activation_dtype, shape.hidden_size
     if main is None:
@@ -311,10 +335,16 @@ def backward(ws, config, d_out, x, topk_experts, topk_weights, weights, context,
         accumulate = main is not None
         lib.host_ep_expert_backward(core.native, *views(x_all, ids_all, w_all, *weights),
                                     *ctx_views, *views(d_out_all, dx_send, dw_send, *grads),
-                                    accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
+                                    accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit,
+                                    fp8_weights=_fp8_views(fp8_weights),
+                                    fp8_weight_grads=fp8_weight_grads)
         dx_received = ex.all_to_all(dx_send, send, receive, "the dx rows")
         dw_received = ex.all_to_all(dw_send, send, receive, "the router-weight gradients")
         lib.host_ep_home_backward(core.native, *views(x, topk_experts, topk_weights, *weights),
                                   *ctx_views, *views(d_out, dx_received, dw_received, *grads),
                                   accumulate_weight_grads=accumulate, swiglu_limit=swiglu_limit)
     return grads
+
+
+def _fp8_views(fp8_weights):
+    return None if fp8_weights is None else tuple(views(*fp8_weights))

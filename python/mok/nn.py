@@ -146,7 +146,7 @@ class MoE(torch.nn.Module):
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
     precision="fp8" or "fp8-bf16-wgrad": the FP8 layer (mok.moe's precision; bf16 dtype, H and I
-    multiples of 128, CPU or CUDA). The routed weights stay bf16 parameters, quantized again
+    multiples of 128, CPU or CUDA; with a group of several ranks, CPU). The routed weights stay bf16 parameters, quantized again
     whenever they changed (an optimizer step), and in every call a CUDA graph captures; after a
     change PyTorch's version counter cannot see (through `.data`, or graph replays that stepped
     the optimizer), call quantize_weights().
@@ -208,9 +208,11 @@ class MoE(torch.nn.Module):
                              "baseline has no FP8 layer)", repr(self.precision))
             if dtype != torch.bfloat16:
                 _checks.fail("dtype", "torch.bfloat16 for precision='fp8'", str(dtype), TypeError)
-            if group is not None and _workspace.group_rank_size(group)[1] > 1:
-                _checks.fail("precision", "'bf16' with a group of several ranks (not yet in "
-                             "Python for the FP8 layer)", repr(self.precision))
+            if (group is not None and _workspace.group_rank_size(group)[1] > 1
+                    and device is not None and device.type == "cuda"):
+                _checks.fail("precision", "'bf16' with a group of several ranks on CUDA (the FP8 "
+                             "layer's expert parallelism across processes runs on the CPU "
+                             "backend here)", repr(self.precision))
             for name, size in (("hidden_size", hidden_size),
                                ("intermediate_size", intermediate_size)):
                 if size % 128:

@@ -665,7 +665,7 @@ NB_MODULE(_C, m) {
          nb::handle shared_down, nb::handle combine_send, nb::handle x_routed,
          nb::handle gate_routed, nb::handle up_routed, nb::handle hidden_routed,
          nb::handle gate_shared, nb::handle up_shared, nb::handle hidden_shared,
-         std::optional<double> swiglu_limit) {
+         std::optional<double> swiglu_limit, nb::handle fp8_weights) {
         const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
                         TensorView{}};
         const Weights w =
@@ -673,8 +673,13 @@ NB_MODULE(_C, m) {
         const TensorView send = view_of(combine_send, "combine_send");
         ForwardContext c = context_of(x_routed, gate_routed, up_routed, hidden_routed, gate_shared,
                                       up_shared, hidden_shared);
+        const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
-        host_ep::expert_forward(ws, in, w, send, c);
+        if (q) {
+          host_ep::expert_forward(ws, in, w, *q, send, c);
+        } else {
+          host_ep::expert_forward(ws, in, w, send, c);
+        }
       },
       nb::arg("workspace"), nb::arg("x_all"), nb::arg("topk_experts_all"),
       nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
@@ -683,7 +688,7 @@ NB_MODULE(_C, m) {
       nb::arg("combine_send").none(), nb::arg("x_routed"), nb::arg("gate_routed"),
       nb::arg("up_routed"), nb::arg("hidden_routed"), nb::arg("gate_shared").none(),
       nb::arg("up_shared").none(), nb::arg("hidden_shared").none(),
-      nb::arg("swiglu_limit").none() = nb::none());
+      nb::arg("swiglu_limit").none() = nb::none(), nb::arg("fp8_weights").none() = nb::none());
   m.def(
       "host_ep_home_forward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,
@@ -719,8 +724,8 @@ NB_MODULE(_C, m) {
          nb::handle up_shared, nb::handle hidden_shared, nb::handle d_out_all, nb::handle dx_send,
          nb::handle dw_send, nb::handle d_x, nb::handle d_topk_weights, nb::handle d_gate,
          nb::handle d_up, nb::handle d_down, nb::handle d_shared_gate, nb::handle d_shared_up,
-         nb::handle d_shared_down, bool accumulate_weight_grads,
-         std::optional<double> swiglu_limit) {
+         nb::handle d_shared_down, bool accumulate_weight_grads, std::optional<double> swiglu_limit,
+         nb::handle fp8_weights, bool fp8_weight_grads) {
         const Inputs in{view_of(x_all, "x_all"), view_of(topk_experts_all, "topk_experts_all"),
                         view_of(topk_weights_all, "topk_weights_all")};
         const Weights w =
@@ -733,8 +738,14 @@ NB_MODULE(_C, m) {
                                  d_shared_up, d_shared_down);
         BackwardOptions options;
         options.accumulate_weight_grads = accumulate_weight_grads;
+        options.fp8_weight_grads = fp8_weight_grads;
+        const std::optional<Fp8Weights> q = fp8_weights_of(fp8_weights);
         nb::gil_scoped_release release;
-        host_ep::expert_backward(ws, in, w, c, g_out, dx, dw, g, options);
+        if (q) {
+          host_ep::expert_backward(ws, in, w, *q, c, g_out, dx, dw, g, options);
+        } else {
+          host_ep::expert_backward(ws, in, w, c, g_out, dx, dw, g, options);
+        }
       },
       nb::arg("workspace"), nb::arg("x_all"), nb::arg("topk_experts_all"),
       nb::arg("topk_weights_all"), nb::arg("routed_gate_weights"), nb::arg("routed_up_weights"),
@@ -746,7 +757,8 @@ NB_MODULE(_C, m) {
       nb::arg("d_topk_weights"), nb::arg("d_routed_gate_weights"), nb::arg("d_routed_up_weights"),
       nb::arg("d_routed_down_weights"), nb::arg("d_shared_gate_weights").none(),
       nb::arg("d_shared_up_weights").none(), nb::arg("d_shared_down_weights").none(),
-      nb::arg("accumulate_weight_grads") = false, nb::arg("swiglu_limit").none() = nb::none());
+      nb::arg("accumulate_weight_grads") = false, nb::arg("swiglu_limit").none() = nb::none(),
+      nb::arg("fp8_weights").none() = nb::none(), nb::arg("fp8_weight_grads") = true);
   m.def(
       "host_ep_home_backward",
       [](Workspace& ws, nb::handle x, nb::handle topk_experts, nb::handle topk_weights,

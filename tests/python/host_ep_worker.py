@@ -8,12 +8,14 @@ tests/python/test_host_ep.py launches it for W = 2 and 4. Suites:
             recompute_forward_context, mok.moe and mok.nn.MoE against one process holding every
             expert over the same global inputs, bit for bit; routings: random with -1 slots,
             skewed, all rows on one rank's expert, empty ranks, all slots unused; the shared
-            expert's weight gradients against one process over the rank's own tokens. With W = 4
-            also two EP subgroups of 2 ranks running different problems at once.
-  errors    (W = 2) mismatched shapes and configs named on every rank, a bad id on one rank
-            raised on every rank, one rank's own argument error raised on every rank, different
-            calls; the group still works afterwards. Then a rank that never calls: the other
-            raises mok.TimeoutError within the group's timeout, no hang.
+            expert's weight gradients against one process over the rank's own tokens. The FP8
+            layer the same way: mok.moe with precision "fp8" and "fp8-bf16-wgrad" (random,
+            skewed and empty-rank routings) and mok.nn.MoE with "fp8". With W = 4 also two EP
+            subgroups of 2 ranks running different problems at once.
+  errors    (W = 2) mismatched shapes, configs and precisions named on every rank, a bad id on
+            one rank raised on every rank, one rank's own argument error raised on every rank,
+            different calls; the group still works afterwards. Then a rank that never calls:
+            the other raises mok.TimeoutError within the group's timeout, no hang.
   dead      (W = 2) a rank that exits: the other raises mok's error, no hang.
 
 Inputs are drawn anew each run from --seed (the same on every rank, so every rank can build the
@@ -222,13 +224,14 @@ LAYER_CASES = [  # T, H, I, E, k, S, routing, dtype (E a multiple of 4: W = 2 an
 ]
 
 
-def module_case(chk, group, seed):
+def module_case(chk, group, seed, precision="bf16"):
     """mok.nn.MoE with a group: its experts' gradients and its output against one process
-    running mok.moe over every rank's routed tokens with every expert."""
+    running mok.moe over every rank's routed tokens with every expert (the FP8 layer: H and I
+    multiples of 128)."""
     W, r = dist.get_world_size(group), dist.get_rank(group)
-    T, H, I, E, k, S = 6, 64, 64, 8, 2, 64
+    T, H, I, E, k, S = (6, 64, 64, 8, 2, 64) if precision == "bf16" else (6, 128, 128, 8, 2, 128)
     torch.manual_seed(seed)  # the same router and shared expert on every rank
-    layer = mok.nn.MoE(H, I, E, k, S, router="sigmoid", group=group)
+    layer = mok.nn.MoE(H, I, E, k, S, router="sigmoid", group=group, precision=precision)
     chk.true("MoE holds its rank's experts", layer.routed_gate_weights.shape[0] == E // W)
     with torch.no_grad():  # distinct experts per rank
         for p in (layer.routed_gate_weights, layer.routed_up_weights, layer.routed_down_weights):
@@ -251,7 +254,7 @@ def module_case(chk, group, seed):
     leaves = [t.clone().requires_grad_(True) for t in (g_all, u_all, d_all_w)]
     shared = (layer.shared_gate_weights.detach(), layer.shared_up_weights.detach(),
               layer.shared_down_weights.detach())
-    ref = mok.moe(x_all, ids_all, w_all, *leaves, *shared)
+    ref = mok.moe(x_all, ids_all, w_all, *leaves, *shared, precision=precision)
     ref.backward(d_all)
     local = slice(r * (E // W), (r + 1) * (E // W))
     chk.bits(f"MoE rank {r}: out", out.detach(), ref.detach()[r * T:(r + 1) * T])
@@ -266,12 +269,55 @@ def module_case(chk, group, seed):
         chk.bits(f"MoE rank {r}: a copy's out", clone(x.detach())[0], out.detach())
 
 
+def fp8_case(chk, group, precision, routing, seed):
+    """mok.moe with precision "fp8" or "fp8-bf16-wgrad" across the group against one process
+    running it over every rank's tokens with every expert: out, d_x, d_topk_weights and this
+    rank's experts' gradients bit for bit; the shared expert's gradients against one process over
+    this rank's own tokens (a data-parallel replica's)."""
+    W, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, S = 5, 128, 128, 4, 2, 128
+    gen = torch.Generator().manual_seed(seed)
+    data = make_layer(gen, W * T, H, I, E, k, S, routing="one_expert" if routing ==
+                      "one_expert" else "random")
+    route(data, routing, W, T, E, gen)
+    name = f"W={W} rank {r} {precision} {routing}"
+    mine, local = slice(r * T, (r + 1) * T), slice(r * (E // W), (r + 1) * (E // W))
+
+    def run(x, ids, tw, d_out, routed, workspace):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, tw, *routed)]
+        shared = [t.detach().clone().requires_grad_(True) for t in data.weights[3:]]
+        out = mok.moe(leaves[0], ids, leaves[1], *leaves[2:], *shared, workspace=workspace,
+                      precision=precision)
+        out.backward(d_out)
+        return out.detach(), [t.grad for t in leaves + shared]
+
+    ref_out, ref = run(data.x, data.topk_experts, data.topk_weights, data.d_out,
+                       data.weights[:3], None)
+    own_out, own = run(data.x[mine], data.topk_experts[mine], data.topk_weights[mine],
+                       data.d_out[mine], data.weights[:3], None)
+    ws = mf.create_workspace(mf.MoKConfig(), group, device="cpu", num_local_tokens=T,
+                             hidden_size=H, topk=k)
+    out, got = run(data.x[mine], data.topk_experts[mine], data.topk_weights[mine],
+                   data.d_out[mine], [t[local] for t in data.weights[:3]], ws)
+    chk.bits(f"{name}: out", out, ref_out[mine])
+    chk.bits(f"{name}: out (own tokens, one process)", out, own_out)
+    chk.bits(f"{name}: d_x", got[0], ref[0][mine])
+    chk.bits(f"{name}: d_topk_weights", got[1], ref[1][mine])
+    for i, n in enumerate(("gate", "up", "down")):
+        chk.bits(f"{name}: d_routed_{n}", got[2 + i], ref[2 + i][local])
+        chk.bits(f"{name}: d_shared_{n}", got[5 + i], own[5 + i])
+
+
 def suite_layer(chk, seed):
     config = mf.MoKConfig()
     world = dist.group.WORLD
     for i, case in enumerate(LAYER_CASES):
         layer_case(chk, world, config, case, seed + i)
     module_case(chk, world, seed)
+    for i, (precision, routing) in enumerate((("fp8", "random"), ("fp8-bf16-wgrad", "skewed"),
+                                              ("fp8", "empty_ranks"))):
+        fp8_case(chk, world, precision, routing, seed + 200 + i)
+    module_case(chk, world, seed + 300, precision="fp8")
     if dist.get_world_size() == 4:  # two EP groups of 2 ranks, different problems at once
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         mine = groups[dist.get_rank() // 2]
@@ -346,12 +392,42 @@ def suite_errors(chk, seed, timeout):
                  ["called different ops", "forward on rank 0",
                   "recompute_forward_context on rank 1"],
                  lambda: call(op="forward" if r == 0 else "recompute"))
+    # Ranks calling the layer in different precisions (the header's precision field).
+    data8 = make_layer(gen, 2 * 5, 128, 128, E, k, 0)
+
+    def call8(precision):
+        ws = mf.create_workspace(config, dist.group.WORLD, device="cpu", num_local_tokens=5,
+                                 hidden_size=128, topk=k)
+        return mok.moe(data8.x[r * 5:r * 5 + 5], data8.topk_experts[r * 5:r * 5 + 5],
+                       data8.topk_weights[r * 5:r * 5 + 5],
+                       *(t[r * 2:r * 2 + 2] for t in data8.weights[:3]), workspace=ws,
+                       precision=precision)
+
+    expect_error(chk, "different precisions", ValueError,
+                 ["precision", "the same value on every rank", "'fp8' on rank 0",
+                  "'fp8-bf16-wgrad' on rank 1"],
+                 lambda: call8("fp8" if r == 0 else "fp8-bf16-wgrad"))
+    expect_error(chk, "bf16 and FP8", ValueError,
+                 ["precision", "'bf16' on rank 0", "'fp8' on rank 1"],
+                 lambda: call8("bf16" if r == 0 else "fp8"))
     # On CUDA a group of several ranks runs through symmetric memory (its suite needs a GPU per
     # rank: test_gpu_ep.py); without the CUDA backend asking for it is mok's own error.
+    # The FP8 layer across processes runs on the CPU here; on CUDA it is refused, naming why.
+    expect_error(chk, "mok.nn.MoE in FP8 with a group on CUDA", ValueError,
+                 ["precision", "several ranks on CUDA", "'fp8'"],
+                 lambda: mok.nn.MoE(128, 128, 4, 2, group=dist.group.WORLD, device="cuda",
+                                    precision="fp8"))
     if mok.backend_available("cuda"):
         ws = mf.get_workspace(config, dist.group.WORLD, device="cuda", num_local_tokens=5,
                               hidden_size=H, topk=k)
         chk.true("a CUDA workspace of the group", (ws.ep_size, ws.ep_rank) == (2, r))
+        on_gpu = [t.cuda() if t is not None else None for t in
+                  (data8.x[:5], data8.topk_experts[:5], data8.topk_weights[:5],
+                   *(t[:2] for t in data8.weights[:3]))]
+        expect_error(chk, "mok.moe in FP8 with a group on CUDA", ValueError,
+                     ["workspace", "a workspace of one rank for the FP8 layer on CUDA",
+                      "a workspace of 2 ranks"],
+                     lambda: mok.moe(*on_gpu, workspace=ws, precision="fp8"))
     else:
         expect_error(chk, "a group of several ranks on CUDA without the CUDA backend",
                      RuntimeError, ["the CUDA backend is not available"],
