@@ -15,6 +15,7 @@
 #include "core/schedule_check.hpp"
 #include "core/workspace_plan.hpp"
 #include "cuda/layer/layer.hpp"
+#include "external_team.hpp"
 #include "fp8_layer_helpers.hpp"
 #include "gpu_buffer.hpp"
 #include "layer_gpu_helpers.hpp"
@@ -442,6 +443,51 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       // A call with quantized weights for some ranks only is refused before any work.
       ranks[W - 1].q = nullptr;
       expect_error([&] { layer.forward(ranks, true, nullptr); }, {"RankTensors.q"});
+    }
+  }
+}
+
+// The FP8 layer as a team across processes (cuda::ExternalRank; external_team.hpp runs the ranks
+// as host threads on one GPU, with its stall rules): every output and gradient bitwise one GPU
+// running the whole FP8 layer, as over virtual ranks above. The device code a CUDA team of
+// processes runs (Python refuses the FP8 layer there until a run on several GPUs).
+TEST(Fp8LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
+  MOK_REQUIRE_HOPPER();
+  constexpr int kRepetitions = 5;
+  constexpr std::uint64_t kTimeoutMs = 2000;
+  const std::int64_t T = 48, H = 128, I = 128, E = 16, k = 4, S = 64;
+  const std::uint64_t seed = test_seed() + 91;
+  for (int W : {2, 4}) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      const Problem global = layer_shape(W * T, H, I, E, k, S);
+      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
+      for (std::int64_t s = 3; s < W * T * k; s += 13) one.topk_experts.set(s, -1);
+      const LayerData many = one;
+      run_fp8_gpu(one);
+      Problem p = global;
+      p.num_tokens = T;
+      p.ep_size = W;
+      const std::int64_t E_l = E / W;
+      // Each repetition's weights quantized on the device, each rank given its experts' slice.
+      struct Quantized {
+        explicit Quantized(const DeviceLayer& g) : q(g) {}
+        DeviceFp8Weights q;
+        std::vector<Fp8Weights> local;
+      };
+      const PrepareRanks quantize = [&](DeviceLayer& g, std::vector<cuda::RankTensors>& ranks) {
+        auto held = std::make_shared<Quantized>(g);
+        held->local.resize(W);
+        for (int r = 0; r < W; ++r) {
+          held->local[r] = {experts_of(held->q.gate.get(), r * E_l, E_l),
+                            experts_of(held->q.up.get(), r * E_l, E_l),
+                            experts_of(held->q.down.get(), r * E_l, E_l)};
+          ranks[r].q = &held->local[r];
+        }
+        return std::shared_ptr<void>(held);
+      };
+      const std::string what =
+          "FP8, W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
+      run_external_team(p, one, many, what, kRepetitions, kTimeoutMs, /*fp8=*/true, quantize);
     }
   }
 }
