@@ -201,10 +201,10 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
     if torch.compiler.is_compiling():
         # NOTES: resolving the workspace handle takes a lock, which torch.compile cannot trace;
         # the ops' fake implementations make the layer's checks while tracing, and the op checks
-        # the ranks when it runs (_check_ranks).
+        # the ranks when it runs (check_ranks).
         hidden, intermediate = x.shape[-1], gate.shape[-2]
     else:
-        _check_ranks(_workspace.resolve(handle)[0], x)
+        check_ranks(_workspace.resolve(handle)[0], x)
         if packed is not None:
             check_packed_workspace(handle)
         # The layer's own checks first (metadata only), so a bad shape is named as the layer
@@ -243,7 +243,7 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
                packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
 
 
-def _check_ranks(ws, x):
+def check_ranks(ws, x):
     """The FP8 layer runs across processes on the CPU backend (gloo: mok/_host_ep.py). On CUDA
     it waits for a run on several GPUs; until then a workspace of several ranks is refused."""
     check_device("x", x)
@@ -259,7 +259,7 @@ def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swi
     workspace is the one its backward will use: without the token-axis copies when
     `fp8_weight_grads` is False (_workspace.Workspace.core)."""
     ws, config = _workspace.resolve(workspace)
-    _check_ranks(ws, x)
+    check_ranks(ws, x)
     if ws.ep_size > 1:  # across processes, CPU
         return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights,
                                 swiglu_limit=swiglu_limit, fp8_weights=fp8_weights,
@@ -281,7 +281,7 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     packed form (no shared expert) passes `packed_grads(shape)`, called after the checks: the
     routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
     ws, config = _workspace.resolve(workspace)
-    _check_ranks(ws, x)
+    check_ranks(ws, x)
     if ws.ep_size > 1:  # across processes, CPU (the packed form refuses several ranks first)
         d_x, d_w, *routed_shared = _host_ep.backward(
             ws, config, d_out, x, topk_experts, topk_weights, weights, context,

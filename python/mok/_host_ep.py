@@ -270,7 +270,9 @@ def forward(ws, config, x, topk_experts, topk_weights, weights, swiglu_limit=Non
     return (out, *context)
 
 
-def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit=None):
+def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit=None,
+                              fp8_weights=None):
+    """`fp8_weights`: the FP8 layer's (the gate's and up's eight views; down's four None)."""
     ex = _Exchange(ws, "recompute_forward_context")
 
     def check():
@@ -280,7 +282,7 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
         ws.check_shape(shape)
         return shape
 
-    shape = ex.agree(config, check)
+    shape = ex.agree(config, check, _precision(fp8_weights, True))
     core = ws.core(shape, config)
     context = _layer_tensors.new_context(ws, config, shape)
     ctx_views = _layer_tensors.context_views(context)
@@ -288,7 +290,8 @@ def recompute_forward_context(ws, config, x, topk_experts, weights, swiglu_limit
         x_all = ex.all_gather(x, "every rank's x")
         ids_all = ex.all_gather(topk_experts, "every rank's topk_experts")
         lib.host_ep_expert_forward(core.native, *views(x_all, ids_all, *weights, None),
-                                   *ctx_views, swiglu_limit=swiglu_limit)
+                                   *ctx_views, swiglu_limit=swiglu_limit,
+                                   fp8_weights=_fp8_views(fp8_weights))
         lib.host_ep_home_forward(core.native, *views(x, topk_experts, None, *weights, None, None),
                                  *ctx_views, swiglu_limit=swiglu_limit)
     return context

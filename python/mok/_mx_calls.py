@@ -52,7 +52,9 @@ With `main_grads` (fp32, MoK's order), backward adds the routed and shared weigh
 them in fp32, unrounded (mok::backward_main_grad_fp8: the FP8 layer's backward accumulating, as
 mok::backward_main_grad is the bf16 layer's), and returns them in the gradients' places.
 
-Not yet with MX tuples: expert parallelism across processes (mok's error says so).
+Expert parallelism across processes: on the CPU backend (a gloo group) every call above runs
+through mok/_host_ep.py with the FP8 layer's expert halves, bitwise one process holding every
+expert; on CUDA a team of several ranks is refused, as for the FP8 layer (mok's error says so).
 """
 
 import weakref
@@ -61,7 +63,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mok import _checks, _fp8_layer, _layer_tensors, _native, _workspace
+from mok import _checks, _fp8_layer, _host_ep, _layer_tensors, _native, _workspace
 from mok._kittens_compat import check_schedule, one_rank, ring_knobs, rows_of, slot_experts
 from mok._layer_ops import call, keep_body
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
@@ -299,14 +301,18 @@ def recompute_forward_context_fp8(x, topk_experts, routed_gate_weights, routed_u
                                   up_scales_t, workspace, swiglu_limit=None):
     """The FP8 layer's forward context again (mok::recompute_forward_context with the gate's
     and up's blocks; the down weights are not read)."""
-    _check_one_rank(workspace, x)
+    ws, config = _workspace.resolve(workspace)
+    _fp8_layer.check_ranks(ws, x)
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
+    blocks = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
+              up_scales_t, None, None, None, None)  # down absent: all four views
+    if ws.ep_size > 1:  # across processes, CPU
+        return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights,
+                                                  swiglu_limit=swiglu_limit, fp8_weights=blocks)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
                                          with_topk_weights=False, with_down=False)
     context = _layer_tensors.new_context(ws, config, shape)
-    blocks = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
-              up_scales_t, None, None, None, None)  # down absent: all four views
     ws.core(shape, config, fp8=True).run(
         _native.lib.recompute_forward_context, x.device,
         *_native.views(x, topk_experts, routed_gate_weights, routed_up_weights,
@@ -394,7 +400,13 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
             main_shared_down)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
-    _check_one_rank(workspace, x)
+    ws, config = _workspace.resolve(workspace)
+    _fp8_layer.check_ranks(ws, x)
+    if ws.ep_size > 1:  # across processes, CPU
+        d_x, d_w, *_ = _host_ep.backward(ws, config, d_out, x, topk_experts, topk_weights,
+                                         weights, context, main=main, swiglu_limit=swiglu_limit,
+                                         fp8_weights=fp8_weights)
+        return d_x, d_w
     shape, ws, config = _main_grad_call(d_out, x, topk_experts, topk_weights, weights, main,
                                         context, workspace)
     for name, g in zip(_MAIN_NAMES, main):
@@ -406,14 +418,6 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
         accumulate_weight_grads=True, swiglu_limit=swiglu_limit,
         fp8_weights=tuple(_native.views(*fp8_weights)))
     return d_x, d_w
-
-
-def _check_one_rank(workspace, x):
-    """The FP8 layer's device (_fp8_layer.check_device) and one rank, as its ops check them."""
-    _fp8_layer.check_device("x", x)
-    ws, _config = _workspace.resolve(workspace)
-    if ws.ep_size > 1:
-        _checks.fail("workspace", "a workspace of one rank for the FP8 ops", f"{ws.ep_size} ranks")
 
 
 def _main_grad_call(d_out, x, topk_experts, topk_weights, weights, main, context, workspace):

@@ -10,7 +10,8 @@ tests/python/test_host_ep.py launches it for W = 2 and 4. Suites:
             skewed, all rows on one rank's expert, empty ranks, all slots unused; the shared
             expert's weight gradients against one process over the rank's own tokens. The FP8
             layer the same way: mok.moe with precision "fp8" and "fp8-bf16-wgrad" (random,
-            skewed and empty-rank routings) and mok.nn.MoE with "fp8". With W = 4 also two EP
+            skewed and empty-rank routings), mok.nn.MoE with "fp8", and MoK's calls with MX
+            tuples (forward, backward, main grads, recompute). With W = 4 also two EP
             subgroups of 2 ranks running different problems at once.
   errors    (W = 2) mismatched shapes, configs and precisions named on every rank, a bad id on
             one rank raised on every rank, one rank's own argument error raised on every rank,
@@ -308,6 +309,56 @@ def fp8_case(chk, group, precision, routing, seed):
         chk.bits(f"{name}: d_shared_{n}", got[5 + i], own[5 + i])
 
 
+def mx_case(chk, group, seed):
+    """MoK's calls with MX tuples (mok.functional: forward, backward, backward with fp32 main
+    grads, recompute_forward_context) across the group, each rank holding the MX tuples of its
+    own experts (mxfp8_quantize of its slice), against one process calling them with every
+    expert's tuples over every rank's tokens: out, d_x, d_router_weights, the local experts'
+    gradients and main grads, the context's rows of this rank's experts, bit for bit."""
+    W, r = dist.get_world_size(group), dist.get_rank(group)
+    T, H, I, E, k, S = 5, 128, 128, 4, 2, 0
+    gen = torch.Generator().manual_seed(seed)
+    data = make_layer(gen, W * T, H, I, E, k, S)
+    mine, local = slice(r * T, (r + 1) * T), slice(r * (E // W), (r + 1) * (E // W))
+    config = mf.MoKConfig()
+
+    def calls(ws, x, ids, w, d_out, routed, El):
+        (g, gs, gt, gts), (u, us, ut, uts), (d, ds, dt, dts) = (
+            mok.ops.mxfp8_quantize(t.contiguous(), True, True) for t in routed)
+        sched = mf.build_schedule(ws, config, ids, num_local_experts=El)
+        out, ctx = mf.forward(config, ws, sched, x, w, None, None, None, (g, gs), (u, us),
+                              (d, ds))
+        grads = mf.backward(config, ws, sched, ctx, d_out, x, w, None, None, None,
+                            (g, gs, gt, gts), (u, us, ut, uts), (dt, dts))
+        main = tuple(torch.zeros(t.shape) if t is not None else None
+                     for t in (None, grads[2], None, grads[3], None, grads[4]))
+        mf.backward(config, ws, sched, ctx, d_out, x, w, None, None, None, (g, gs, gt, gts),
+                    (u, us, ut, uts), (dt, dts), main_grads=main)
+        again = mf.recompute_forward_context(config, ws, sched, x, None, None, (g, gs), (u, us))
+        return out, ctx, grads, main, again
+
+    one = mf.create_workspace(config, None, device="cpu", num_local_tokens=W * T, hidden_size=H,
+                              topk=k)
+    ref = calls(one, data.x, data.topk_experts, data.topk_weights, data.d_out, data.weights[:3], E)
+    ws = mf.create_workspace(config, group, device="cpu", num_local_tokens=T, hidden_size=H,
+                             topk=k)
+    got = calls(ws, data.x[mine], data.topk_experts[mine], data.topk_weights[mine],
+                data.d_out[mine], [t[local] for t in data.weights[:3]], E // W)
+    name = f"MX W={W} rank {r}"
+    chk.bits(f"{name}: out", got[0], ref[0][mine])
+    chk.bits(f"{name}: d_x", got[2][0], ref[2][0][mine])
+    chk.bits(f"{name}: d_router_weights", got[2][1], ref[2][1][mine])
+    for i, n in enumerate(("gate", "up", "down")):
+        chk.bits(f"{name}: d_routed_{n}", got[2][2 + i], ref[2][2 + i][local])
+        chk.bits(f"{name}: main grad routed {n}", got[3][1 + 2 * i], ref[3][1 + 2 * i][local])
+    rows = ((data.topk_experts >= local.start) & (data.topk_experts < local.stop)).reshape(-1)
+    for field in ("gate_routed", "up_routed", "hidden_routed"):
+        chk.bits(f"{name}: ctx.{field}", getattr(got[1], field)[rows],
+                 getattr(ref[1], field)[rows])
+        chk.bits(f"{name}: recomputed ctx.{field}", getattr(got[4], field)[rows],
+                 getattr(ref[4], field)[rows])
+
+
 def suite_layer(chk, seed):
     config = mf.MoKConfig()
     world = dist.group.WORLD
@@ -318,6 +369,7 @@ def suite_layer(chk, seed):
                                               ("fp8", "empty_ranks"))):
         fp8_case(chk, world, precision, routing, seed + 200 + i)
     module_case(chk, world, seed + 300, precision="fp8")
+    mx_case(chk, world, seed + 400)
     if dist.get_world_size() == 4:  # two EP groups of 2 ranks, different problems at once
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         mine = groups[dist.get_rank() // 2]
