@@ -396,6 +396,16 @@ QuantizedWeights experts_of(const QuantizedWeights& q, std::int64_t first, std::
   return {rows(q.data), rows(q.scales), rows(q.data_t), rows(q.scales_t)};
 }
 
+// Rank r's quantized weights (of W, E_l experts each): its experts' slice of the whole layer's.
+std::vector<Fp8Weights> rank_slices(const DeviceFp8Weights& q, int W, std::int64_t E_l) {
+  std::vector<Fp8Weights> local(W);
+  for (int r = 0; r < W; ++r) {
+    local[r] = {experts_of(q.gate.get(), r * E_l, E_l), experts_of(q.up.get(), r * E_l, E_l),
+                experts_of(q.down.get(), r * E_l, E_l)};
+  }
+  return local;
+}
+
 // W virtual ranks on one GPU, each rank's experts' quantized weights a slice of the whole layer's:
 // every routed output and gradient is bitwise one GPU running the whole layer (each expert sees
 // its rows in the same order, so the same 128-row token blocks).
@@ -421,12 +431,8 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       std::vector<std::unique_ptr<DeviceContext>> contexts;
       std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
       const std::int64_t E_l = E / W;
-      std::vector<Fp8Weights> local(W);
-      for (int r = 0; r < W; ++r) {
-        local[r] = {experts_of(q.gate.get(), r * E_l, E_l), experts_of(q.up.get(), r * E_l, E_l),
-                    experts_of(q.down.get(), r * E_l, E_l)};
-        ranks[r].q = &local[r];
-      }
+      std::vector<Fp8Weights> local = rank_slices(q, W, E_l);
+      for (int r = 0; r < W; ++r) ranks[r].q = &local[r];
       layer.forward(ranks, true, nullptr);
       layer.backward(ranks, BackwardOptions{}, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -434,12 +440,7 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
       g.download(many);
       const std::string what =
           "W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
-      EXPECT_TRUE(same_bits(one.out, many.out)) << what << ": out";
-      EXPECT_TRUE(same_bits(one.d_x, many.d_x)) << what << ": d_x";
-      EXPECT_TRUE(same_bits(one.d_topk_weights, many.d_topk_weights)) << what << ": d_w";
-      EXPECT_TRUE(same_bits(one.d_gate, many.d_gate)) << what << ": d_gate";
-      EXPECT_TRUE(same_bits(one.d_up, many.d_up)) << what << ": d_up";
-      EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << what << ": d_down";
+      expect_single_gpu_bits(one, many, what);
       // A call with quantized weights for some ranks only is refused before any work.
       ranks[W - 1].q = nullptr;
       expect_error([&] { layer.forward(ranks, true, nullptr); }, {"RankTensors.q"});
@@ -476,13 +477,8 @@ TEST(Fp8LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
       };
       const PrepareRanks quantize = [&](DeviceLayer& g, std::vector<cuda::RankTensors>& ranks) {
         auto held = std::make_shared<Quantized>(g);
-        held->local.resize(W);
-        for (int r = 0; r < W; ++r) {
-          held->local[r] = {experts_of(held->q.gate.get(), r * E_l, E_l),
-                            experts_of(held->q.up.get(), r * E_l, E_l),
-                            experts_of(held->q.down.get(), r * E_l, E_l)};
-          ranks[r].q = &held->local[r];
-        }
+        held->local = rank_slices(held->q, W, E_l);
+        for (int r = 0; r < W; ++r) ranks[r].q = &held->local[r];
         return std::shared_ptr<void>(held);
       };
       const std::string what =
