@@ -23,7 +23,9 @@ on CUDA the C++ workspace is made with the FP8 scratch (``WorkspaceOptions::fp8`
 bf16 layer's for the same shape (for "fp8-bf16-wgrad" without the token-axis copies, which only
 e4m3 weight gradients read: ``WorkspaceOptions::fp8_token_axis``), and the forward path is the
 launches (the megakernel has no FP8 form yet: a config with ``forward_path="fused"`` raises
-mok's error).
+mok's error). Across processes (a workspace of a gloo group, CPU tensors) the ops run
+mok/_host_ep.py's exchange with the FP8 expert halves, bitwise one process holding every expert;
+on CUDA a workspace of several ranks is refused (check_ranks).
 
 Inside a CUDA graph capture the weights are quantized on every call, into the cached tensors: a
 replay sees no version change (nothing runs on the host), so each replay quantizes the weights as
