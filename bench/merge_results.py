@@ -179,7 +179,7 @@ def plot_layer(cases, gpu, path, suite="layer", base="torch"):
     by_key = {(c["case"], c["pass"], c["routing"], c["impl"]): c for c in layer}
     present = [case for case in STANDARD_CASES if any(k[0] == case for k in by_key)]
     passes = [("fwd", "forward"), ("fwdbwd", "forward + backward")]
-    routings = ["uniform", "skewed"]
+    routings = [r for r in ("uniform", "skewed") if any(k[2] == r for k in by_key)]
     fig, axes = plt.subplots(len(passes), len(present), figsize=(3.1 * len(present), 6.4),
                              squeeze=False)
     width = 0.8 / len(impls)
@@ -215,16 +215,30 @@ def plot_layer(cases, gpu, path, suite="layer", base="torch"):
             ax.set_title(f"{case}, {pass_name}", fontsize=8.5)
             if col == 0:
                 ax.set_ylabel("ms per call (lower is better)", fontsize=8)
+    ncol = min(len(handles), max(2, len(present)))  # a legend row as wide as the figure
+    rows = -(-len(handles) // ncol)
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
-               ncol=len(handles), fontsize=8, frameon=False)
+               ncol=ncol, fontsize=8, frameon=False)
     what = ("bf16" if suite == "layer" else "FP8 against bf16, each path alone")
-    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, {what} (commit {commit}, "
+    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, {what}\n(commit {commit}, "
                  f"{date}); labels: speedup over the {IMPL_LABELS.get(base, base)}",
                  fontsize=9.5)
-    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    fig.savefig(path, dpi=90, metadata={"Software": None})
+    fig.tight_layout(rect=(0, 0.035 * rows, 1, 0.95))
+    save_png(fig, path)
     plt.close(fig)
     return f"{path}: drawn from commit {commit} ({date})"
+
+
+def save_png(fig, path, colors=64):
+    """The figure as a palette PNG (a few dozen colours: flat bars and text), a third of the bytes
+    of matplotlib's RGBA file, since docs/ has a size budget (tests/python/test_docs.py)."""
+    import io
+    from PIL import Image  # matplotlib's own dependency
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=90, format="png", metadata={"Software": None})
+    buf.seek(0)
+    image = Image.open(buf).convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+    image.save(path, format="PNG", optimize=True)
 
 
 def write_results(merged, path):
