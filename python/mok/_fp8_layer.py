@@ -25,7 +25,8 @@ e4m3 weight gradients read: ``WorkspaceOptions::fp8_token_axis``), and the forwa
 launches (the megakernel has no FP8 form yet: a config with ``forward_path="fused"`` raises
 mok's error). Across processes (a workspace of a gloo group, CPU tensors) the ops run
 mok/_host_ep.py's exchange with the FP8 expert halves, bitwise one process holding every expert;
-on CUDA a workspace of several ranks is refused (check_ranks).
+on CUDA (a workspace of a group over symmetric memory) the C++ team runs the FP8 layer as it runs
+the bf16 one, each rank's FP8 scratch beside its own symmetric region.
 
 Inside a CUDA graph capture the weights are quantized on every call, into the cached tensors: a
 replay sees no version change (nothing runs on the host), so each replay quantizes the weights as
@@ -203,10 +204,9 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
     if torch.compiler.is_compiling():
         # NOTES: resolving the workspace handle takes a lock, which torch.compile cannot trace;
         # the ops' fake implementations make the layer's checks while tracing, and the op checks
-        # the ranks when it runs (check_ranks).
+        # the device when it runs.
         hidden, intermediate = x.shape[-1], gate.shape[-2]
     else:
-        check_ranks(_workspace.resolve(handle)[0], x)
         if packed is not None:
             check_packed_workspace(handle)
         # The layer's own checks first (metadata only), so a bad shape is named as the layer
@@ -245,24 +245,14 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
                packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
 
 
-def check_ranks(ws, x):
-    """The FP8 layer runs across processes on the CPU backend (gloo: mok/_host_ep.py). On CUDA
-    it waits for a run on several GPUs; until then a workspace of several ranks is refused."""
-    check_device("x", x)
-    if ws.ep_size > 1 and x.device.type != "cpu":
-        _checks.fail("workspace", "a workspace of one rank for the FP8 layer on CUDA (its expert "
-                     "parallelism across processes runs on the CPU backend, gloo; on CUDA it is "
-                     "in the C++ API)", f"a workspace of {ws.ep_size} ranks")
-
-
 def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit,
              fp8_weight_grads):
     """forward_fp8's body over the six weights (routed ones possibly row-strided views). The
     workspace is the one its backward will use: without the token-axis copies when
     `fp8_weight_grads` is False (_workspace.Workspace.core)."""
     ws, config = _workspace.resolve(workspace)
-    check_ranks(ws, x)
-    if ws.ep_size > 1:  # across processes, CPU
+    check_device("x", x)
+    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes, CPU
         return _host_ep.forward(ws, config, x, topk_experts, topk_weights, weights,
                                 swiglu_limit=swiglu_limit, fp8_weights=fp8_weights,
                                 fp8_weight_grads=fp8_weight_grads)
@@ -283,8 +273,9 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     packed form (no shared expert) passes `packed_grads(shape)`, called after the checks: the
     routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
     ws, config = _workspace.resolve(workspace)
-    check_ranks(ws, x)
-    if ws.ep_size > 1:  # across processes, CPU (the packed form refuses several ranks first)
+    check_device("x", x)
+    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes, CPU (the packed form
+        # refuses several ranks first)
         d_x, d_w, *routed_shared = _host_ep.backward(
             ws, config, d_out, x, topk_experts, topk_weights, weights, context,
             swiglu_limit=swiglu_limit, fp8_weights=fp8_weights, fp8_weight_grads=fp8_weight_grads)

@@ -302,12 +302,12 @@ def recompute_forward_context_fp8(x, topk_experts, routed_gate_weights, routed_u
     """The FP8 layer's forward context again (mok::recompute_forward_context with the gate's
     and up's blocks; the down weights are not read)."""
     ws, config = _workspace.resolve(workspace)
-    _fp8_layer.check_ranks(ws, x)
+    _fp8_layer.check_device("x", x)
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
     blocks = (gate_fp8, gate_scales, gate_fp8_t, gate_scales_t, up_fp8, up_scales, up_fp8_t,
               up_scales_t, None, None, None, None)  # down absent: all four views
-    if ws.ep_size > 1:  # across processes, CPU
+    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes, CPU
         return _host_ep.recompute_forward_context(ws, config, x, topk_experts, weights,
                                                   swiglu_limit=swiglu_limit, fp8_weights=blocks)
     shape, ws, config = check_layer_call(workspace, x, topk_experts, None, weights,
@@ -401,8 +401,8 @@ def backward_main_grad_fp8(d_out, x, topk_experts, topk_weights, routed_gate_wei
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                hidden_shared)
     ws, config = _workspace.resolve(workspace)
-    _fp8_layer.check_ranks(ws, x)
-    if ws.ep_size > 1:  # across processes, CPU
+    _fp8_layer.check_device("x", x)
+    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes, CPU
         d_x, d_w, *_ = _host_ep.backward(ws, config, d_out, x, topk_experts, topk_weights,
                                          weights, context, main=main, swiglu_limit=swiglu_limit,
                                          fp8_weights=fp8_weights)

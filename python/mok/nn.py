@@ -208,11 +208,6 @@ class MoE(torch.nn.Module):
                              "baseline has no FP8 layer)", repr(self.precision))
             if dtype != torch.bfloat16:
                 _checks.fail("dtype", "torch.bfloat16 for precision='fp8'", str(dtype), TypeError)
-            if (group is not None and _workspace.group_rank_size(group)[1] > 1
-                    and device is not None and device.type == "cuda"):
-                _checks.fail("precision", "'bf16' with a group of several ranks on CUDA (the FP8 "
-                             "layer's expert parallelism across processes runs on the CPU "
-                             "backend here)", repr(self.precision))
             for name, size in (("hidden_size", hidden_size),
                                ("intermediate_size", intermediate_size)):
                 if size % 128:

@@ -8,7 +8,10 @@ weight gradients and its experts' weight gradients against one process running t
 (every expert, every rank's tokens) on its own GPU; routings random (with -1 slots), skewed
 (half of all slots on rank 0's first expert), empty ranks (only rank 0's experts chosen) and
 every slot on the last rank's last expert; each then a training step captured in a CUDA graph and
-replayed with new inputs in place, against the same step run eagerly. Last, a rank that never
+replayed with new inputs in place, against the same step run eagerly. The FP8 layer (mok.moe with
+precision "fp8" and "fp8-bf16-wgrad", random and skewed routings) likewise, bit for bit against one
+process running it over every rank's tokens (host_ep_worker.fp8_case), and an FP8 step captured in
+a CUDA graph against the same step run eagerly (fp8_graph_case). Last, a rank that never
 calls forward: the others' device waits give up within the bound and their next call raises mok's
 error naming the rank that did not arrive (no rank hangs). Prints "[rank R] GPU EP: passed" when
 every check held; exits 1 otherwise.
@@ -27,8 +30,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import make_layer  # noqa: E402
 import poison  # noqa: E402
-from host_ep_worker import Checks, route  # noqa: E402
+from host_ep_worker import Checks, fp8_case, route  # noqa: E402
 
+import mok  # noqa: E402
 import mok._workspace  # noqa: E402
 import mok.ops  # noqa: E402
 from mok import functional as mf  # noqa: E402
@@ -39,6 +43,7 @@ CASES = [  # T per rank, H, I, E, k, S, routing
     (32, 128, 128, 16, 4, 64, "empty_ranks"),
     (24, 128, 128, 16, 2, 0, "last_rank"),
 ]
+FP8_CASES = [("fp8", "random"), ("fp8", "skewed"), ("fp8-bf16-wgrad", "random")]
 NEVER_ARRIVES_TIMEOUT_S = 3
 
 
@@ -103,6 +108,58 @@ def layer_case(chk, config, case, seed, device):
         chk.bits(f"{name}: graph replay gradient {i}", g_grads[i], eager_grads[i])
 
 
+def fp8_graph_case(chk, precision, seed, device):
+    """An FP8 step across the team (mok.moe forward, then torch.autograd.grad of every input and
+    weight) captured in a CUDA graph after eager warm-up calls, replayed with new inputs copied in
+    place: the bits of the same step run eagerly. The graph quantizes the weights on each replay
+    (mok/_fp8_layer.py), so a replay after the weights changed in place must match too."""
+    W, r = dist.get_world_size(), dist.get_rank()
+    T, H, I, E, k, S = 24, 128, 256, 2 * W, 2, 128
+    gen = torch.Generator().manual_seed(seed)
+    data = make_layer(gen, W * T, H, I, E, k, S)
+    route(data, "random", W, T, E, gen)
+    data = data.to(device)
+    mine, local = slice(r * T, (r + 1) * T), slice(r * (E // W), (r + 1) * (E // W))
+    name = f"W={W} rank {r} {precision} graph"
+    ws = mf.create_workspace(mf.MoKConfig(), dist.group.WORLD, device=device, num_local_tokens=T,
+                             hidden_size=H, topk=k)
+    ids = data.topk_experts[mine].clone()
+    leaves = [t.detach().clone().requires_grad_(True) for t in
+              (data.x[mine], data.topk_weights[mine], *(t[local] for t in data.weights[:3]),
+               *data.weights[3:])]
+    d_out = data.d_out[mine].clone()
+
+    def step():
+        out = mok.moe(leaves[0], ids, leaves[1], *leaves[2:], workspace=ws, precision=precision)
+        return (out, *torch.autograd.grad(out, leaves, d_out))
+
+    def set_inputs(x, d, scale):
+        with torch.no_grad():
+            leaves[0].copy_(x)
+            d_out.copy_(d)
+            leaves[4].mul_(scale)  # the down weights change in place: a new quantization
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: the workspace, the quantized weights
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    x0, d0 = leaves[0].detach().clone(), d_out.clone()
+    set_inputs(x0 + 0.5, d0 * 2, 2.0)
+    eager = [t.clone() for t in step()]
+    set_inputs(x0, d0, 0.5)  # back to the captured state
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    set_inputs(x0 + 0.5, d0 * 2, 2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (got, want) in enumerate(zip(static, eager)):
+        chk.bits(f"{name}: replay {'out' if i == 0 else f'gradient {i - 1}'}", got, want)
+
+
 def never_arrives(chk, config, seed, device):
     """The last rank builds the schedule with the others, then never calls forward: every other
     rank's forward gives up on the device within the bound (its synchronize returns), and its next
@@ -157,6 +214,10 @@ def main():
     try:
         for i, case in enumerate(CASES):
             layer_case(chk, mf.MoKConfig(), case, args.seed + i, device)
+        for i, (precision, routing) in enumerate(FP8_CASES):
+            fp8_case(chk, dist.group.WORLD, precision, routing, args.seed + 100 + i, device)
+        for i, precision in enumerate(("fp8", "fp8-bf16-wgrad")):
+            fp8_graph_case(chk, precision, args.seed + 200 + i, device)
         never_arrives(chk, mf.MoKConfig(), args.seed + len(CASES), device)
     except Exception:  # noqa: BLE001
         chk.failures.append("unexpected error:\n" + traceback.format_exc())

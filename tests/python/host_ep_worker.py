@@ -270,18 +270,20 @@ def module_case(chk, group, seed, precision="bf16"):
         chk.bits(f"MoE rank {r}: a copy's out", clone(x.detach())[0], out.detach())
 
 
-def fp8_case(chk, group, precision, routing, seed):
+def fp8_case(chk, group, precision, routing, seed, device="cpu"):
     """mok.moe with precision "fp8" or "fp8-bf16-wgrad" across the group against one process
     running it over every rank's tokens with every expert: out, d_x, d_topk_weights and this
     rank's experts' gradients bit for bit; the shared expert's gradients against one process over
-    this rank's own tokens (a data-parallel replica's)."""
+    this rank's own tokens (a data-parallel replica's). `device` "cuda:N": the CUDA team over
+    symmetric memory (gpu_ep_worker.py), one GPU per rank."""
     W, r = dist.get_world_size(group), dist.get_rank(group)
-    T, H, I, E, k, S = 5, 128, 128, 4, 2, 128
+    T, H, I, E, k, S = 5, 128, 128, max(4, 2 * W), 2, 128
     gen = torch.Generator().manual_seed(seed)
     data = make_layer(gen, W * T, H, I, E, k, S, routing="one_expert" if routing ==
                       "one_expert" else "random")
     route(data, routing, W, T, E, gen)
-    name = f"W={W} rank {r} {precision} {routing}"
+    data = data.to(device)
+    name = f"W={W} rank {r} {precision} {routing} {device}"
     mine, local = slice(r * T, (r + 1) * T), slice(r * (E // W), (r + 1) * (E // W))
 
     def run(x, ids, tw, d_out, routed, workspace):
@@ -296,7 +298,7 @@ def fp8_case(chk, group, precision, routing, seed):
                        data.weights[:3], None)
     own_out, own = run(data.x[mine], data.topk_experts[mine], data.topk_weights[mine],
                        data.d_out[mine], data.weights[:3], None)
-    ws = mf.create_workspace(mf.MoKConfig(), group, device="cpu", num_local_tokens=T,
+    ws = mf.create_workspace(mf.MoKConfig(), group, device=device, num_local_tokens=T,
                              hidden_size=H, topk=k)
     out, got = run(data.x[mine], data.topk_experts[mine], data.topk_weights[mine],
                    data.d_out[mine], [t[local] for t in data.weights[:3]], ws)
@@ -464,22 +466,10 @@ def suite_errors(chk, seed, timeout):
                  lambda: call8("bf16" if r == 0 else "fp8"))
     # On CUDA a group of several ranks runs through symmetric memory (its suite needs a GPU per
     # rank: test_gpu_ep.py); without the CUDA backend asking for it is mok's own error.
-    # The FP8 layer across processes runs on the CPU here; on CUDA it is refused, naming why.
-    expect_error(chk, "mok.nn.MoE in FP8 with a group on CUDA", ValueError,
-                 ["precision", "several ranks on CUDA", "'fp8'"],
-                 lambda: mok.nn.MoE(128, 128, 4, 2, group=dist.group.WORLD, device="cuda",
-                                    precision="fp8"))
     if mok.backend_available("cuda"):
         ws = mf.get_workspace(config, dist.group.WORLD, device="cuda", num_local_tokens=5,
                               hidden_size=H, topk=k)
         chk.true("a CUDA workspace of the group", (ws.ep_size, ws.ep_rank) == (2, r))
-        on_gpu = [t.cuda() if t is not None else None for t in
-                  (data8.x[:5], data8.topk_experts[:5], data8.topk_weights[:5],
-                   *(t[:2] for t in data8.weights[:3]))]
-        expect_error(chk, "mok.moe in FP8 with a group on CUDA", ValueError,
-                     ["workspace", "a workspace of one rank for the FP8 layer on CUDA",
-                      "a workspace of 2 ranks"],
-                     lambda: mok.moe(*on_gpu, workspace=ws, precision="fp8"))
     else:
         expect_error(chk, "a group of several ranks on CUDA without the CUDA backend",
                      RuntimeError, ["the CUDA backend is not available"],

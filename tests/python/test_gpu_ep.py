@@ -1,11 +1,12 @@
 """Expert parallelism across processes on CUDA: torchrun runs gpu_ep_worker.py with one process
 per GPU (W = 2, and W = 4 and 8 where the machine has them), each checking its results bit for
-bit against one process running the whole layer, a CUDA-graph step and a rank that never calls
-(gpu_ep_worker.py says what). Needs at least two GPUs: with fewer it skips, saying so. NOTES: several processes on one
-GPU cannot share PyTorch symmetric memory: its rendezvous refuses "allocations from overlapping
-devices from different ranks" (CUDASymmetricMemory.cu; reported in yifuwang/symm-mem-recipes#5
-and vllm-project/vllm#25070). One GPU is covered by the one-process external-team test,
-LayerGpuExpertParallel.ExternalRanksGiveTheSingleGpuBits, which runs the same device code."""
+bit against one process running the whole layer, a CUDA-graph step, the FP8 layer likewise, and a
+rank that never calls (gpu_ep_worker.py says what). Needs at least two GPUs: with fewer it skips,
+saying so. NOTES: several processes on one GPU cannot share PyTorch symmetric memory: its
+rendezvous refuses "allocations from overlapping devices from different ranks"
+(CUDASymmetricMemory.cu; reported in yifuwang/symm-mem-recipes#5 and vllm-project/vllm#25070). One
+GPU is covered by the one-process external-team tests (ExternalRanksGiveTheSingleGpuBits of
+LayerGpuExpertParallel and Fp8LayerGpuExpertParallel), which run the same device code."""
 
 import os
 
