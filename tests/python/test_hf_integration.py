@@ -25,7 +25,8 @@ import sys
 
 import pytest
 import torch
-from conftest import F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, rel_error, requires_cuda
+from conftest import (DEVICES, F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, rel_error,
+                      requires_cuda)
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 requires_transformers = pytest.mark.skipif(
@@ -540,15 +541,16 @@ def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
 
 
 @requires_transformers
-def test_fp8_precision_runs_moks_fp8_layer_on_the_halves():
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_precision_runs_moks_fp8_layer_on_the_halves(device):
     """configure(precision="fp8"): each experts call is mok's FP8 layer over views of gate_up_proj
     (the same bits as mok.moe's on its halves), gradients land in the model's own parameters, and
     an intermediate size that is not a multiple of 128 is refused naming it."""
     mok_hf.configure(precision="fp8")
     try:
         model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok",
-                           moe_intermediate_size=128)
-        logits = model(torch.randint(0, 128, (2, 9))).logits
+                           moe_intermediate_size=128).to(device)
+        logits = model(torch.randint(0, 128, (2, 9), device=device)).logits
         logits.float().square().mean().backward()
         for name, module in experts_modules(model):
             for p in (module.gate_up_proj, module.down_proj):
@@ -556,9 +558,9 @@ def test_fp8_precision_runs_moks_fp8_layer_on_the_halves():
         _, module = experts_modules(model)[0]
         gen = torch.Generator().manual_seed(SEED % 2**31)
         E, I2, H = module.gate_up_proj.shape
-        x = torch.randn(11, H, generator=gen).bfloat16()
-        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(11)])
-        w = torch.rand(11, 2, generator=gen)
+        x = torch.randn(11, H, generator=gen).bfloat16().to(device)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(11)]).to(device)
+        w = torch.rand(11, 2, generator=gen).to(device)
         with torch.no_grad():
             got = module(x, ids, w.to(x.dtype))
             gate, up = _layer_ops.split_gate_up(module.gate_up_proj,
@@ -566,9 +568,9 @@ def test_fp8_precision_runs_moks_fp8_layer_on_the_halves():
             want = mok.moe(x, ids, w.to(x.dtype).float(), gate.contiguous(), up.contiguous(),
                            module.down_proj, precision="fp8")
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-        small = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok")
+        small = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok").to(device)
         with pytest.raises(ValueError, match="intermediate_size: expected a multiple of 128 for "
                            "precision='fp8', got 64"):
-            small(torch.randint(0, 128, (1, 5)))
+            small(torch.randint(0, 128, (1, 5), device=device))
     finally:
         mok_hf.configure()
