@@ -1,7 +1,7 @@
-// Expert parallelism as a team across processes, run as host threads on one GPU (the CUDA layer
-// tests of the bf16 and the FP8 layer; mok_layer_tests only). test_layer_gpu.cpp says why this
-// binary asks for 32 hardware queues and eager module loading, and why a stall passes only when
-// proven the driver's queue.
+// Expert parallelism as a team across processes, run as host threads on one GPU or spread over
+// several (the CUDA layer tests of the bf16 and the FP8 layer; mok_layer_tests only).
+// test_layer_gpu.cpp says why this binary asks for 32 hardware queues and eager module loading,
+// and why a stall on one GPU passes only when proven the driver's queue.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -42,6 +43,37 @@ inline void expect_single_gpu_bits(const LayerData& one, const LayerData& many,
 // Gives a repetition's ranks what the layer needs beyond split_into_ranks (the FP8 layer: each
 // rank's quantized weights, RankTensors::q), from that repetition's device layer; what it returns
 // is kept alive until the repetition's checks are done.
+// Each rank's routed results from its GPU's copy of the layer (`copies[r % devices]`) into
+// `many`: its tokens' out, d_x and d_topk_weights, its experts' weight gradients.
+inline void download_ranks(const std::vector<std::unique_ptr<cuda::DeviceLayer>>& copies,
+                           const Problem& p, int devices, LayerData& many) {
+  if (devices == 1) {
+    copies[0]->download(many);
+    return;
+  }
+  const std::int64_t T = p.num_tokens, E_l = p.num_local_experts();
+  for (int d = 0; d < devices; ++d) {
+    LayerData all = many;
+    copies[d]->download(all);
+    for (int r = d; r < p.ep_size; r += devices) {
+      auto take = [&](HostTensor& to, const HostTensor& from, std::int64_t first,
+                      std::int64_t count) {
+        const TensorView& v = from.view();
+        const std::int64_t row = v.numel() / v.shape[0] * dtype_size(v.dtype);
+        std::memcpy(static_cast<char*>(to.view().data) + first * row,
+                    static_cast<const char*>(v.data) + first * row,
+                    static_cast<std::size_t>(count * row));
+      };
+      take(many.out, all.out, r * T, T);
+      take(many.d_x, all.d_x, r * T, T);
+      take(many.d_topk_weights, all.d_topk_weights, r * T, T);
+      take(many.d_gate, all.d_gate, r * E_l, E_l);
+      take(many.d_up, all.d_up, r * E_l, E_l);
+      take(many.d_down, all.d_down, r * E_l, E_l);
+    }
+  }
+}
+
 using PrepareRanks =
     std::function<std::shared_ptr<void>(cuda::DeviceLayer&, std::vector<cuda::RankTensors>&)>;
 
@@ -49,22 +81,47 @@ using PrepareRanks =
 // W symmetric regions), each rank a cuda::Layer (`fp8`: with the FP8 scratch) driven by its own
 // host thread and stream: `repetitions` training steps on fresh, poisoned outputs from `many`'s
 // inputs, every output and gradient compared bitwise with `one` (the whole layer on one GPU).
+// `devices` > 1: rank r on GPU r % devices, with its region, stream and a copy of the layer's
+// tensors there, the peers' regions reached through peer access (as a process reaches them
+// through PyTorch's symmetric memory); `fused`: the forward megakernel (ForwardHooks::
+// untested_team), on one GPU or several.
 inline void run_external_team(const Problem& p, const LayerData& one, LayerData many,
                               const std::string& what, int repetitions, std::uint64_t timeout_ms,
-                              bool fp8 = false, const PrepareRanks& prepare = {}) {
+                              bool fp8 = false, const PrepareRanks& prepare = {}, int devices = 1,
+                              bool fused = false) {
   const int W = p.ep_size;
+  ASSERT_TRUE(devices == 1 || !prepare) << "PrepareRanks reads one device's layer";
+  auto device_of = [&](int r) { return r % devices; };
+  auto sync_all = [&] {
+    for (int d = 0; d < devices; ++d) {
+      if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return false;
+    }
+    return cudaSetDevice(0) == cudaSuccess;
+  };
+  for (int d = 0; d < devices; ++d) {  // every GPU reaches every other's memory
+    ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+    for (int peer = 0; peer < devices; ++peer) {
+      if (peer == d) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+      ASSERT_TRUE(e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled)
+          << "peer access from GPU " << d << " to GPU " << peer << ": " << cudaGetErrorString(e);
+      cudaGetLastError();  // clear cudaErrorPeerAccessAlreadyEnabled
+    }
+  }
   int stalls = 0, queue_stalls = 0;
   // The team lives for the whole case, as a training job's layers do: its regions, its
   // layers (with their weight-gradient side streams) and the ranks' streams are made once,
   // streams first, so the driver deals the case's streams their hardware queues once.
   std::vector<cudaStream_t> streams(W);
-  for (cudaStream_t& s : streams) {
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (int r = 0; r < W; ++r) {
+    ASSERT_EQ(cudaSetDevice(device_of(r)), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
   }
   const std::int64_t bytes = symmetric_workspace_bytes(p, Config{});
   std::vector<std::unique_ptr<DeviceBuffer<std::uint8_t>>> regions;
   std::vector<void*> bases;
   for (int r = 0; r < W; ++r) {
+    ASSERT_EQ(cudaSetDevice(device_of(r)), cudaSuccess);
     regions.push_back(
         std::make_unique<DeviceBuffer<std::uint8_t>>(static_cast<std::size_t>(bytes)));
     bases.push_back(regions.back()->get());
@@ -73,17 +130,31 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
   for (int r = 0; r < W; ++r) {
     Problem mine = p;
     mine.ep_rank = r;
-    layers.push_back(std::make_unique<cuda::Layer>(mine, Config{}, 0,
+    layers.push_back(std::make_unique<cuda::Layer>(mine, Config{}, device_of(r),
                                                    cuda::ExternalRank{bases, timeout_ms}, fp8));
+    if (fused) {
+      layers.back()->set_forward_hooks({.untested_team = true});
+      layers.back()->set_forward_path(ForwardPath::fused);
+    }
   }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // every rank's team exists
+  ASSERT_TRUE(sync_all());  // every rank's team exists
   for (int repetition = 1; repetition <= repetitions; ++repetition) {
-    cuda::DeviceLayer g(many);  // fresh, poisoned outputs
+    // Fresh, poisoned outputs: the whole layer's tensors on each GPU, each rank's views into
+    // its own GPU's copy.
+    std::vector<std::unique_ptr<cuda::DeviceLayer>> copies;
     std::vector<std::unique_ptr<cuda::DeviceTensor>> scratch;
     std::vector<std::unique_ptr<cuda::DeviceContext>> contexts;
-    std::vector<cuda::RankTensors> ranks = split_into_ranks(g, p, scratch, contexts);
+    std::vector<cuda::RankTensors> ranks(W);
+    for (int d = 0; d < devices; ++d) {
+      ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+      copies.push_back(std::make_unique<cuda::DeviceLayer>(many));
+      const std::vector<cuda::RankTensors> all = split_into_ranks(*copies[d], p, scratch, contexts);
+      for (int r = d; r < W; r += devices) ranks[r] = all[r];
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    cuda::DeviceLayer& g = *copies[0];
     const std::shared_ptr<void> held = prepare ? prepare(g, ranks) : nullptr;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(sync_all());
     std::vector<std::string> failures(W);
     // Host time of each rank's forward and backward calls (launches only): a stall whose
     // straggler's calls took about the timeout was its host thread held up (a driver lock, a
@@ -91,11 +162,15 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
     std::vector<double> launch_ms(W, 0.0);
     // When each rank's stream reached the GPU (its first command, an event with timing).
     std::vector<cudaEvent_t> reached(W);
-    for (cudaEvent_t& e : reached) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+    for (int r = 0; r < W; ++r) {
+      ASSERT_EQ(cudaSetDevice(device_of(r)), cudaSuccess);
+      ASSERT_EQ(cudaEventCreate(&reached[r]), cudaSuccess);
+    }
     std::vector<std::thread> threads;
     for (int r = 0; r < W; ++r) {
       threads.emplace_back([&, r] {
         try {
+          if (cudaSetDevice(device_of(r)) != cudaSuccess) failures[r] = "cudaSetDevice";
           const std::span<const cuda::RankTensors> mine(&ranks[r], 1);
           const auto start = std::chrono::steady_clock::now();
           if (cudaEventRecord(reached[r], streams[r]) != cudaSuccess) failures[r] = "record";
@@ -112,10 +187,11 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
       });
     }
     for (std::thread& t : threads) t.join();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-    // Each rank's start, in ms after the earliest rank's.
+    ASSERT_TRUE(sync_all()) << what;
+    // Each rank's start, in ms after the earliest rank's (one GPU: events of several cannot be
+    // compared, and the shared hardware queue below is one GPU's).
     std::vector<float> start_ms(W, 0.0f);
-    for (int r = 0; r < W; ++r) {
+    for (int r = 0; r < W && devices == 1; ++r) {
       ASSERT_EQ(cudaEventElapsedTime(&start_ms[r], reached[0], reached[r]), cudaSuccess);
     }
     const float earliest = *std::min_element(start_ms.begin(), start_ms.end());
@@ -130,7 +206,7 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
                     f.find("did not arrive") != std::string::npos;
     }
     if (!any) {
-      g.download(many);
+      download_ranks(copies, p, devices, many);
       expect_single_gpu_bits(one, many, what + ", repetition " + std::to_string(repetition));
       continue;
     }
@@ -143,7 +219,7 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
     }
     // Proven the driver's queue: every rank that timed out waited for a rank whose stream
     // reached the GPU at least half the timeout late although its calls had returned at once.
-    bool proven = only_stalls;
+    bool proven = only_stalls && devices == 1;
     for (int r = 0; r < W && proven; ++r) {
       if (failures[r].empty()) continue;
       const std::size_t at = failures[r].find("rank ", failures[r].find("did not arrive") - 8);
@@ -169,6 +245,7 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
               what.c_str(), stalls, repetitions, queue_stalls);
   layers.clear();
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 }  // namespace mok::test

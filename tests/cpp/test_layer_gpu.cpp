@@ -625,6 +625,39 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
   }
 }
 
+// The same team with its ranks on several GPUs (rank r on GPU r % W, the layer's tensors copied to
+// each; the peers' regions reached through peer access, as a process reaches them through
+// PyTorch's symmetric memory), with the launches and with the forward megakernel, whose
+// cross-GPU waits a team across processes refuses until this test has passed on a machine with
+// several GPUs (ForwardHooks::untested_team lets it run here). W = 2 and every GPU the machine
+// has, up to 8. With fewer than two GPUs it skips, saying so (scripts/gpu-suite expects that).
+TEST(LayerGpuExpertParallel, RanksOnSeveralGpusGiveTheSingleGpuBits) {
+  MOK_REQUIRE_HOPPER();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < 2) {
+    GTEST_SKIP() << count << " CUDA GPU(s) here: the team on several GPUs needs 2 GPUs (one per "
+                 << "rank)";
+  }
+  constexpr int kRepetitions = 5;
+  constexpr std::uint64_t kTimeoutMs = 5000;
+  const std::int64_t T = 48, H = 128, I = 128, k = 4, S = 64;
+  const std::uint64_t seed = test_seed() + 79;
+  const int most = std::min(count, 8);
+  for (int W : (most > 2 ? std::vector<int>{2, most} : std::vector<int>{2})) {
+    for (bool fused : {false, true}) {
+      for (Routing routing : {Routing::softmax, Routing::skewed}) {
+        const std::string what = "W " + std::to_string(W) + " on " + std::to_string(W) + " GPUs, " +
+                                 (fused ? "fused" : "launches") +
+                                 (routing == Routing::softmax ? ", uniform" : ", skewed");
+        EpCase c = ep_case(W, T, layer_shape(T, H, I, 4 * W, k, S), seed + W, routing, 13);
+        run_external_team(c.rank, c.one, c.many, what, kRepetitions, kTimeoutMs, false, {}, W,
+                          fused);
+      }
+    }
+  }
+}
+
 // A rank that never calls: the others' first wait for it gives up within the bound, and the next
 // call raises mok::Error naming the rank and the flag it waited for, instead of hanging.
 TEST(LayerGpuExpertParallel, ARankThatNeverCallsTimesOutWithAReport) {

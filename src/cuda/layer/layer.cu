@@ -1134,7 +1134,7 @@ void Layer::set_forward_path(ForwardPath path) {
   // NOTES: the megakernel's cross-process waits (peers' staged rows at system scope) have never
   // run on several GPUs; until a multi-GPU run tests them, a team across processes runs the
   // launches, whose barriers have.
-  if (path == ForwardPath::fused && impl_->external()) {
+  if (path == ForwardPath::fused && impl_->external() && !impl_->hooks.untested_team) {
     throw Error("config.forward_path",
                 "launches on a team across processes (the fused forward has not been tested "
                 "across GPUs yet)",

@@ -96,6 +96,10 @@ class Layer {
     std::uint64_t* trace = nullptr;
     std::int64_t trace_words = 0;
     FusedLauncher launcher = nullptr;  // null: the library's (no hooks)
+    // A team across processes takes the fused forward, which set_forward_path refuses it until a
+    // run on several GPUs has tested it: the test that decides (LayerGpuExpertParallel.
+    // RanksOnSeveralGpusGiveTheSingleGpuBits) sets this before switching its layers to it.
+    bool untested_team = false;
   };
   // Throws when the trace cannot hold the header and one set of per-CTA words
   // (forward_trace_words(0)), or a hook is asked for without a launcher.
