@@ -40,9 +40,6 @@ inline void expect_single_gpu_bits(const LayerData& one, const LayerData& many,
   EXPECT_TRUE(same_bits(one.d_down, many.d_down)) << what << ": d_down";
 }
 
-// Gives a repetition's ranks what the layer needs beyond split_into_ranks (the FP8 layer: each
-// rank's quantized weights, RankTensors::q), from that repetition's device layer; what it returns
-// is kept alive until the repetition's checks are done.
 // Each rank's routed results from its GPU's copy of the layer (`copies[r % devices]`) into
 // `many`: its tokens' out, d_x and d_topk_weights, its experts' weight gradients.
 inline void download_ranks(const std::vector<std::unique_ptr<cuda::DeviceLayer>>& copies,
@@ -74,6 +71,10 @@ inline void download_ranks(const std::vector<std::unique_ptr<cuda::DeviceLayer>>
   }
 }
 
+// Gives a repetition's ranks what the layer needs beyond split_into_ranks (the FP8 layer: each
+// rank's quantized weights, RankTensors::q), from a device's copy of that repetition's layer, with
+// that device current (on several GPUs it is called once per GPU, for the ranks there); what it
+// returns is kept alive until the repetition's checks are done.
 using PrepareRanks =
     std::function<std::shared_ptr<void>(cuda::DeviceLayer&, std::vector<cuda::RankTensors>&)>;
 
@@ -90,7 +91,6 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
                               bool fp8 = false, const PrepareRanks& prepare = {}, int devices = 1,
                               bool fused = false) {
   const int W = p.ep_size;
-  ASSERT_TRUE(devices == 1 || !prepare) << "PrepareRanks reads one device's layer";
   auto device_of = [&](int r) { return r % devices; };
   auto sync_all = [&] {
     for (int d = 0; d < devices; ++d) {
@@ -145,15 +145,14 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
     std::vector<std::unique_ptr<cuda::DeviceTensor>> scratch;
     std::vector<std::unique_ptr<cuda::DeviceContext>> contexts;
     std::vector<cuda::RankTensors> ranks(W);
+    std::vector<std::shared_ptr<void>> held;  // what `prepare` made, per GPU
     for (int d = 0; d < devices; ++d) {
       ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
       copies.push_back(std::make_unique<cuda::DeviceLayer>(many));
-      const std::vector<cuda::RankTensors> all = split_into_ranks(*copies[d], p, scratch, contexts);
+      std::vector<cuda::RankTensors> all = split_into_ranks(*copies[d], p, scratch, contexts);
+      if (prepare) held.push_back(prepare(*copies[d], all));
       for (int r = d; r < W; r += devices) ranks[r] = all[r];
     }
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    cuda::DeviceLayer& g = *copies[0];
-    const std::shared_ptr<void> held = prepare ? prepare(g, ranks) : nullptr;
     ASSERT_TRUE(sync_all());
     std::vector<std::string> failures(W);
     // Host time of each rank's forward and backward calls (launches only): a stall whose

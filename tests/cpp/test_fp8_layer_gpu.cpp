@@ -449,41 +449,63 @@ TEST(Fp8LayerGpuExpertParallel, VirtualRanksGiveTheSingleGpuBits) {
 }
 
 // The FP8 layer as a team across processes (cuda::ExternalRank; external_team.hpp runs the ranks
-// as host threads on one GPU, with its stall rules): every output and gradient bitwise one GPU
-// running the whole FP8 layer, as over virtual ranks above. The device code a CUDA team of
-// processes runs (Python refuses the FP8 layer there until a run on several GPUs).
+// as host threads, on one GPU with its stall rules, or one rank per GPU): every output and
+// gradient bitwise one GPU running the whole FP8 layer, as over virtual ranks above. The device
+// code a CUDA team of processes runs.
+void run_fp8_team(int W, std::int64_t E, Routing routing, std::uint64_t seed, int devices) {
+  constexpr int kRepetitions = 5;
+  const std::uint64_t timeout_ms = devices == 1 ? 2000 : 5000;
+  const std::int64_t T = 48, H = 128, I = 128, k = 4, S = 64;
+  const Problem global = layer_shape(W * T, H, I, E, k, S);
+  LayerData one = make_layer_data(global, DType::bf16, seed, routing);
+  for (std::int64_t s = 3; s < W * T * k; s += 13) one.topk_experts.set(s, -1);
+  const LayerData many = one;
+  run_fp8_gpu(one);
+  Problem p = global;
+  p.num_tokens = T;
+  p.ep_size = W;
+  const std::int64_t E_l = E / W;
+  // Each repetition's weights quantized on each GPU, each rank given its experts' slice.
+  struct Quantized {
+    explicit Quantized(const DeviceLayer& g) : q(g) {}
+    DeviceFp8Weights q;
+    std::vector<Fp8Weights> local;
+  };
+  const PrepareRanks quantize = [&](DeviceLayer& g, std::vector<cuda::RankTensors>& ranks) {
+    auto held = std::make_shared<Quantized>(g);
+    held->local = rank_slices(held->q, W, E_l);
+    for (int r = 0; r < W; ++r) ranks[r].q = &held->local[r];
+    return std::shared_ptr<void>(held);
+  };
+  const std::string what = "FP8, W " + std::to_string(W) +
+                           (devices > 1 ? " on " + std::to_string(devices) + " GPUs" : "") +
+                           (routing == Routing::softmax ? " uniform" : " skewed");
+  run_external_team(p, one, many, what, kRepetitions, timeout_ms, /*fp8=*/true, quantize, devices);
+}
+
 TEST(Fp8LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
   MOK_REQUIRE_HOPPER();
-  constexpr int kRepetitions = 5;
-  constexpr std::uint64_t kTimeoutMs = 2000;
-  const std::int64_t T = 48, H = 128, I = 128, E = 16, k = 4, S = 64;
-  const std::uint64_t seed = test_seed() + 91;
   for (int W : {2, 4}) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
-      const Problem global = layer_shape(W * T, H, I, E, k, S);
-      LayerData one = make_layer_data(global, DType::bf16, seed + W, routing);
-      for (std::int64_t s = 3; s < W * T * k; s += 13) one.topk_experts.set(s, -1);
-      const LayerData many = one;
-      run_fp8_gpu(one);
-      Problem p = global;
-      p.num_tokens = T;
-      p.ep_size = W;
-      const std::int64_t E_l = E / W;
-      // Each repetition's weights quantized on the device, each rank given its experts' slice.
-      struct Quantized {
-        explicit Quantized(const DeviceLayer& g) : q(g) {}
-        DeviceFp8Weights q;
-        std::vector<Fp8Weights> local;
-      };
-      const PrepareRanks quantize = [&](DeviceLayer& g, std::vector<cuda::RankTensors>& ranks) {
-        auto held = std::make_shared<Quantized>(g);
-        held->local = rank_slices(held->q, W, E_l);
-        for (int r = 0; r < W; ++r) ranks[r].q = &held->local[r];
-        return std::shared_ptr<void>(held);
-      };
-      const std::string what =
-          "FP8, W " + std::to_string(W) + (routing == Routing::softmax ? " uniform" : " skewed");
-      run_external_team(p, one, many, what, kRepetitions, kTimeoutMs, /*fp8=*/true, quantize);
+      run_fp8_team(W, 16, routing, test_seed() + 91 + W, 1);
+    }
+  }
+}
+
+// The same with one rank per GPU (W = 2 and every GPU the machine has, up to 8); with fewer than
+// two GPUs it skips, saying so (scripts/gpu-suite expects that).
+TEST(Fp8LayerGpuExpertParallel, RanksOnSeveralGpusGiveTheSingleGpuBits) {
+  MOK_REQUIRE_HOPPER();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < 2) {
+    GTEST_SKIP() << count << " CUDA GPU(s) here: the team on several GPUs needs 2 GPUs (one per "
+                 << "rank)";
+  }
+  const int most = std::min(count, 8);
+  for (int W : (most > 2 ? std::vector<int>{2, most} : std::vector<int>{2})) {
+    for (Routing routing : {Routing::softmax, Routing::skewed}) {
+      run_fp8_team(W, 4 * W, routing, test_seed() + 93 + W, W);
     }
   }
 }
