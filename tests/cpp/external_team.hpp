@@ -91,6 +91,8 @@ inline void run_external_team(const Problem& p, const LayerData& one, LayerData 
                               bool fp8 = false, const PrepareRanks& prepare = {}, int devices = 1,
                               bool fused = false) {
   const int W = p.ep_size;
+  // A megakernel holds every SM of its GPU until its peers' rows come: one rank per GPU.
+  ASSERT_TRUE(!fused || devices == W) << "the fused forward needs one GPU per rank";
   auto device_of = [&](int r) { return r % devices; };
   auto sync_all = [&] {
     for (int d = 0; d < devices; ++d) {
