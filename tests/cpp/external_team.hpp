@@ -71,6 +71,21 @@ inline void download_ranks(const std::vector<std::unique_ptr<cuda::DeviceLayer>>
   }
 }
 
+// The team sizes of a test with one rank per GPU: 2 and every GPU the machine has, up to 8; none
+// where it has fewer than two, with `why` saying so for the test's skip (scripts/gpu-suite
+// expects the words "GPUs (one per rank)").
+inline std::vector<int> several_gpu_teams(std::string& why) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (count < 2) {
+    why = std::to_string(count) +
+          " CUDA GPU(s) here: the team on several GPUs needs 2 GPUs (one per rank)";
+    return {};
+  }
+  const int most = std::min(count, 8);
+  return most > 2 ? std::vector<int>{2, most} : std::vector<int>{2};
+}
+
 // Gives a repetition's ranks what the layer needs beyond split_into_ranks (the FP8 layer: each
 // rank's quantized weights, RankTensors::q), from a device's copy of that repetition's layer, with
 // that device current (on several GPUs it is called once per GPU, for the ranks there); what it

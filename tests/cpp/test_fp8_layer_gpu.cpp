@@ -496,14 +496,10 @@ TEST(Fp8LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
 // two GPUs it skips, saying so (scripts/gpu-suite expects that).
 TEST(Fp8LayerGpuExpertParallel, RanksOnSeveralGpusGiveTheSingleGpuBits) {
   MOK_REQUIRE_HOPPER();
-  int count = 0;
-  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
-  if (count < 2) {
-    GTEST_SKIP() << count << " CUDA GPU(s) here: the team on several GPUs needs 2 GPUs (one per "
-                 << "rank)";
-  }
-  const int most = std::min(count, 8);
-  for (int W : (most > 2 ? std::vector<int>{2, most} : std::vector<int>{2})) {
+  std::string why;
+  const std::vector<int> teams = several_gpu_teams(why);
+  if (teams.empty()) GTEST_SKIP() << why;
+  for (int W : teams) {
     for (Routing routing : {Routing::softmax, Routing::skewed}) {
       run_fp8_team(W, 4 * W, routing, test_seed() + 93 + W, W);
     }

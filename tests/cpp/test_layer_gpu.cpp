@@ -633,18 +633,14 @@ TEST(LayerGpuExpertParallel, ExternalRanksGiveTheSingleGpuBits) {
 // has, up to 8. With fewer than two GPUs it skips, saying so (scripts/gpu-suite expects that).
 TEST(LayerGpuExpertParallel, RanksOnSeveralGpusGiveTheSingleGpuBits) {
   MOK_REQUIRE_HOPPER();
-  int count = 0;
-  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
-  if (count < 2) {
-    GTEST_SKIP() << count << " CUDA GPU(s) here: the team on several GPUs needs 2 GPUs (one per "
-                 << "rank)";
-  }
+  std::string why;
+  const std::vector<int> teams = several_gpu_teams(why);
+  if (teams.empty()) GTEST_SKIP() << why;
   constexpr int kRepetitions = 5;
   constexpr std::uint64_t kTimeoutMs = 5000;
   const std::int64_t T = 48, H = 128, I = 128, k = 4, S = 64;
   const std::uint64_t seed = test_seed() + 79;
-  const int most = std::min(count, 8);
-  for (int W : (most > 2 ? std::vector<int>{2, most} : std::vector<int>{2})) {
+  for (int W : teams) {
     for (bool fused : {false, true}) {
       for (Routing routing : {Routing::softmax, Routing::skewed}) {
         const std::string what = "W " + std::to_string(W) + " on " + std::to_string(W) + " GPUs, " +
