@@ -26,7 +26,8 @@ launches (the megakernel has no FP8 form yet: a config with ``forward_path="fuse
 mok's error). Across processes (a workspace of a gloo group, CPU tensors) the ops run
 mok/_host_ep.py's exchange with the FP8 expert halves, bitwise one process holding every expert;
 on CUDA (a workspace of a group over symmetric memory) the C++ team runs the FP8 layer as it runs
-the bf16 one, each rank's FP8 scratch beside its own symmetric region.
+the bf16 one, each rank's FP8 scratch beside its own symmetric region (tested as threads on one
+GPU; not yet run across processes on several GPUs).
 
 Inside a CUDA graph capture the weights are quantized on every call, into the cached tensors: a
 replay sees no version change (nothing runs on the host), so each replay quantizes the weights as
@@ -274,8 +275,8 @@ def _backward(d_out, x, topk_experts, topk_weights, weights, fp8_weights, contex
     routed gradients' views (the halves of a packed gradient) and the tensors returned for them."""
     ws, config = _workspace.resolve(workspace)
     check_device("x", x)
-    if ws.ep_size > 1 and x.device.type == "cpu":  # across processes, CPU (the packed form
-        # refuses several ranks first)
+    # Across processes on the CPU backend (the packed form refuses several ranks first).
+    if ws.ep_size > 1 and x.device.type == "cpu":
         d_x, d_w, *routed_shared = _host_ep.backward(
             ws, config, d_out, x, topk_experts, topk_weights, weights, context,
             swiglu_limit=swiglu_limit, fp8_weights=fp8_weights, fp8_weight_grads=fp8_weight_grads)
