@@ -18,6 +18,7 @@ Skipped visibly where Transformers is not installed (CI does not install it: pip
 
 import importlib
 import importlib.util
+import inspect
 import math
 import pkgutil
 import subprocess
@@ -68,20 +69,53 @@ SIZES = dict(vocab_size=128, hidden_size=128, intermediate_size=128, moe_interme
 T_ODD = 29  # tokens of the module tests
 
 
+def has_field(config, name):
+    """Whether `config` has the field. A heterogeneous config (per-layer fields, e.g. gemma4's
+    head_dim) raises its own error for a global read of a per-layer field: it has it."""
+    try:
+        return hasattr(config, name)
+    except Exception:  # noqa: BLE001 (transformers' AmbiguousGlobalPerLayerAttributeError)
+        return name in vars(config)
+
+
 def small_config(config_class, **extra):
     """`config_class` with SIZES where it has the field (head_dim left to MLA configs, which
-    derive it), `layer_types` cut to 2 layers keeping one of each kind."""
+    derive it), `layer_types` cut to 2 layers keeping one of each kind (where it is a field, not
+    a property derived from others, as jamba's)."""
     base = config_class()
-    kw = {k: v for k, v in SIZES.items() if hasattr(base, k)}
-    if hasattr(base, "qk_rope_head_dim"):
+    kw = {k: v for k, v in SIZES.items() if has_field(base, k)}
+    if has_field(base, "qk_rope_head_dim"):
         kw.pop("head_dim", None)
-    types = getattr(base, "layer_types", None)
+    derived = isinstance(getattr(config_class, "layer_types", None), property)
+    types = None if derived else getattr(base, "layer_types", None)
     if types:
         types = list(types)
         kinds = [types[0]] + [t for t in types if t != types[0]]
         kw["layer_types"] = kinds[:2] if len(kinds) > 1 else types[:2]
     kw.update(extra)
     return config_class(**kw)
+
+
+# The fields an experts module reads for its shapes. A family whose architecture validators
+# reject SIZES as a whole (attention heads that must match, an indexer's layer plan, a rope
+# section summing to its head dim) gets its default config with only these set small.
+EXPERT_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts",
+                 "num_local_experts", "n_routed_experts", "moe_num_experts",
+                 "num_experts_per_tok")
+
+
+def experts_sized_config(config_class):
+    """The default `config_class` (its text_config, if composite) with EXPERT_FIELDS set small
+    after construction; a field holding a list (ernie4_5_vl_moe's text and vision sizes) gets a
+    list of the small size."""
+    config = config_class()
+    config = getattr(config, "text_config", None) or config
+    for name in EXPERT_FIELDS:
+        if has_field(config, name):
+            old = vars(config).get(name)
+            setattr(config, name, [SIZES[name]] * len(old) if isinstance(old, list)
+                    else SIZES[name])
+    return config
 
 
 def tiny_model(model_type, dtype, **extra):
@@ -119,6 +153,15 @@ def experts_classes():
 EXPERTS_CLASSES = experts_classes()
 
 
+def experts_args(cls):
+    """The arguments `cls` takes beside its config: an explicit `intermediate_size` (ernie4_5_vl's
+    text and vision experts, built from one config) gets the small size."""
+    params = inspect.signature(cls.__init__).parameters
+    if "intermediate_size" in params:
+        return (), {"intermediate_size": SIZES["moe_intermediate_size"]}
+    return (), {}
+
+
 def build_small_experts(family, cls, dtype=torch.float64):
     """An instance of `cls` from a small config of its family (each config class of the family
     and its text_config tried in turn), its weights drawn uniform in +-1/sqrt(fan_in)."""
@@ -128,21 +171,24 @@ def build_small_experts(family, cls, dtype=torch.float64):
                          and issubclass(c, transformers.PretrainedConfig)
                          and c.__module__ == configs.__name__]:
         try:
-            config = small_config(config_class)
-            config = getattr(config, "text_config", None) or config
+            try:
+                config = small_config(config_class)
+                config = getattr(config, "text_config", None) or config
+            except Exception:  # noqa: BLE001 (an architecture validator rejects SIZES)
+                config = experts_sized_config(config_class)
             config._experts_implementation = "eager"
+            args, kwargs = experts_args(cls)
             # On the meta device first: a config whose small form is still large (a composite
             # config's defaults) is not allocated.
             with torch.device("meta"):
                 try:
-                    cls(config)
-                    layer_args = ()
+                    cls(config, *args, **kwargs)
                 except TypeError:  # classes that also take their layer's index
-                    layer_args = (0,)
-                numel = sum(p.numel() for p in cls(config, *layer_args).parameters())
+                    args = (0,)
+                numel = sum(p.numel() for p in cls(config, *args, **kwargs).parameters())
             if numel > 2**24:
                 raise ValueError(f"{numel} parameters at these sizes")
-            module = cls(config, *layer_args).to(dtype)
+            module = cls(config, *args, **kwargs).to(dtype)
         except Exception as e:  # noqa: BLE001 (the next config class of the family)
             errors.append(f"{config_class.__name__}: {type(e).__name__}: {e}")
             continue
