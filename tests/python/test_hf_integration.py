@@ -433,6 +433,7 @@ def experts_of(family):
     ("aria", ("is_transposed", "expected False: gate_up_proj [E, 2I, H]")),
     ("nemotron_h", ("has_gate", "expected True (SwiGLU experts")),
     ("muse_spark", ("has_post_expert_norm", "expected False")),
+    ("gemma4", ("gate function", "expected silu(gate) * up (SwiGLU)", "act_fn GELUTanh")),
 ])
 def test_refused_forms(family, reason):
     message = refusal_of(experts_of(family))
