@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Why a routing with duplicate (token, expert) pairs favours a recipe that quantizes w * d_out.
+
+    python3 bench/fp8_duplicate_rounding.py [--seed 0]
+
+bench_layer.py's skewed routing sets every other top-k slot to expert 0, so at k = 8 a token
+reaches expert 0 four times, with four router weights. mok's FP8 backward quantizes the pulled
+d_out row once, unscaled, and applies the router weight after the down dgrad (the router-weight
+gradient needs the unscaled product): the copies share one rounding, and their errors add in step.
+A recipe that quantizes w * d_out per copy rounds each differently, and part of the error cancels.
+This prints both for 1, 2 and 4 copies of every token: e4m3, 1x128 blocks, power-of-two scales
+rounded up as mok's, products in float64 against the exact float64 product. CPU only.
+"""
+
+import argparse
+
+import torch
+
+
+def quantize_rows(x):
+    """e4m3 in 1x128 blocks along the last axis, scale 2^ceil(log2(amax / 448)), dequantized."""
+    blocks = x.reshape(*x.shape[:-1], -1, 128)
+    amax = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    fp8 = (blocks / scale).to(torch.float8_e4m3fn).to(torch.float64)
+    return (fp8 * scale).reshape(x.shape)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    T, H, I, k = 4096, 1024, 512, 8
+    w_down = torch.randn(H, I, dtype=torch.float64) / H ** 0.5
+    d_out = torch.randn(T, H, dtype=torch.float64)
+    weights = torch.softmax(torch.randn(T, k, dtype=torch.float64), -1)
+    print(f"seed {args.seed}: T {T}, H {H}, I {I}; sum|diff|/sum|ref| of sum_j w_j d_out W")
+    for copies in (1, 2, 4):
+        w = weights[:, :copies]
+        exact = (w.sum(1, keepdim=True) * d_out) @ w_down
+        once = w.sum(1, keepdim=True) * (quantize_rows(d_out) @ w_down)
+        per_copy = sum(quantize_rows(w[:, j:j + 1] * d_out) @ w_down for j in range(copies))
+        err = lambda got: float((got - exact).abs().sum() / exact.abs().sum())  # noqa: E731
+        print(f"  {copies} copies: q(d_out), w after {err(once):.5f}   "
+              f"q(w d_out) per copy {err(per_copy):.5f}")
+
+
+if __name__ == "__main__":
+    main()
