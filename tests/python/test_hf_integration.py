@@ -153,18 +153,18 @@ def experts_classes():
 EXPERTS_CLASSES = experts_classes()
 
 
-def experts_args(cls):
-    """The arguments `cls` takes beside its config: an explicit `intermediate_size` (ernie4_5_vl's
-    text and vision experts, built from one config) gets the small size."""
-    params = inspect.signature(cls.__init__).parameters
-    if "intermediate_size" in params:
-        return (), {"intermediate_size": SIZES["moe_intermediate_size"]}
-    return (), {}
+def experts_kwargs(cls):
+    """An explicit `intermediate_size` argument of `cls` (ernie4_5_vl's text and vision experts,
+    built from one config) gets the small size."""
+    if "intermediate_size" in inspect.signature(cls.__init__).parameters:
+        return {"intermediate_size": SIZES["moe_intermediate_size"]}
+    return {}
 
 
 def build_small_experts(family, cls, dtype=torch.float64):
     """An instance of `cls` from a small config of its family (each config class of the family
-    and its text_config tried in turn), its weights drawn uniform in +-1/sqrt(fan_in)."""
+    and its text_config tried in turn; where SIZES fail a validator, the default config with
+    EXPERT_FIELDS set small), its weights drawn uniform in +-1/sqrt(fan_in)."""
     configs = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
     errors = []
     for config_class in [c for c in vars(configs).values() if isinstance(c, type)
@@ -177,7 +177,7 @@ def build_small_experts(family, cls, dtype=torch.float64):
             except Exception:  # noqa: BLE001 (an architecture validator rejects SIZES)
                 config = experts_sized_config(config_class)
             config._experts_implementation = "eager"
-            args, kwargs = experts_args(cls)
+            args, kwargs = (), experts_kwargs(cls)
             # On the meta device first: a config whose small form is still large (a composite
             # config's defaults) is not allocated.
             with torch.device("meta"):
