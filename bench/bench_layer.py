@@ -3,7 +3,8 @@
 in this process, in the same run.
 
     python3 bench/bench_layer.py [--suite standard|small|fp8] [--cases a,b] [--impls torch,mok]
-                                 [--routings uniform,skewed] [--timing solo,interleaved]
+                                 [--routings uniform,skewed,skewed-distinct]
+                                 [--timing solo,interleaved]
                                  [--reps 20] [--warmup-s 2] [--quick] [--out FILE]
 
 Suites (--suite):
@@ -112,11 +113,30 @@ FP8_TFLOPS = 1377.0  # PERF.md: e4m3 rowwise 8192^3 (torch._scaled_mm); ceilings
 DEVICE = "cuda"  # where inputs are made (a check of this script's logic on a CPU sets "cpu")
 
 
-def routing(T, E, k, skewed, gen):
+ROUTINGS = ("uniform", "skewed", "skewed-distinct")
+
+
+def routing(T, E, k, kind, gen):
+    """Top-k of random logits; `kind` of ROUTINGS (a bool: skewed or uniform).
+
+    skewed: expert 0 takes every other slot, half of all rows (PERF.md); at k > 2 a token then
+    holds expert 0 in several slots, which top-k routing never does (and which repeats FP8
+    roundings, docs/architecture.md). skewed-distinct: the k // 2 first experts (expert 0 at
+    k = 2) are in every token's top-k, as distinct experts: half of all rows on k // 2 experts.
+    """
+    kind = ("skewed" if kind else "uniform") if isinstance(kind, bool) else kind
+    if kind not in ROUTINGS:
+        raise ValueError(f"unknown routing {kind!r}; known: {', '.join(ROUTINGS)}")
     logits = torch.randn(T, E, device=gen.device, generator=gen)
-    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    probs = torch.softmax(logits, -1)
+    if kind == "skewed-distinct":
+        hot = max(k // 2, 1)
+        ids = torch.topk(logits + (torch.arange(E, device=logits.device) < hot) * 1e4, k, dim=-1)[1]
+        w = probs.gather(1, ids)
+    else:
+        w, ids = torch.topk(probs, k, dim=-1)
     w = w / w.sum(-1, keepdim=True)
-    if skewed:  # expert 0 takes every other row: half of all rows (PERF.md)
+    if kind == "skewed":  # expert 0 takes every other row: half of all rows (PERF.md)
         flat = ids.reshape(-1).clone()
         flat[0::2] = 0
         ids = flat.view(T, k)
@@ -133,12 +153,12 @@ def make_weights(case, seed):
     return w
 
 
-def make_inputs(case, skewed, seed, weights):
+def make_inputs(case, routing_kind, seed, weights):
     """Fresh activations and routing per set; the weights (many times the L2) are shared."""
     T, H, I, E, k, S = SHAPES[case]
     gen = torch.Generator(device=DEVICE).manual_seed(1000 + seed)
     r = lambda *s: torch.randn(*s, device=DEVICE, generator=gen).to(torch.bfloat16)
-    ids, w = routing(T, E, k, skewed, gen)
+    ids, w = routing(T, E, k, routing_kind, gen)
     return dict(weights, x=r(T, H), ids=ids, w=w, d_out=r(T, H))
 
 
@@ -771,7 +791,8 @@ def parse_args(argv=None):
                     f"known: {', '.join(SHAPES)})")
     ap.add_argument("--impls", help=f"comma-separated, of {', '.join(IMPLS)} (default: the suite's: "
                     + "; ".join(f"{s}: {d['impls']}" for s, d in SUITES.items()) + ")")
-    ap.add_argument("--routings", help="comma-separated, of uniform, skewed (default: the suite's: "
+    ap.add_argument("--routings", help=f"comma-separated, of {', '.join(ROUTINGS)} (default: the "
+                    "suite's: "
                     + "; ".join(f"{s}: {d['routings']}" for s, d in SUITES.items()) + ")")
     ap.add_argument("--timing", help="comma-separated, of solo, interleaved (default: the "
                     "suite's: " + "; ".join(f"{s}: {d['timing']}" for s, d in SUITES.items())
@@ -799,7 +820,7 @@ def parse_args(argv=None):
     # bf16's), and so is everything timed beside them.
     args.f64 = suite["f64"] or any(n in FP8_IMPLS for n in args.impls)
     for what, names, known in (("case", args.cases, SHAPES), ("impl", args.impls, IMPLS),
-                               ("routing", args.routings, ("uniform", "skewed")),
+                               ("routing", args.routings, ROUTINGS),
                                ("timing", args.timing, ("solo", "interleaved"))):
         for n in names:
             if n not in known:
@@ -837,7 +858,7 @@ def main(argv=None):
     for case in args.cases:
         for routing_name in args.routings:
             weights = make_weights(case, 7)
-            sets = [make_inputs(case, routing_name == "skewed", seed, weights) for seed in range(3)]
+            sets = [make_inputs(case, routing_name, seed, weights) for seed in range(3)]
             checked = []  # the implementations that passed their check: the interleaved set
             for impl_name in args.impls:
                 try:

@@ -189,6 +189,34 @@ def test_padded_routing_puts_every_slot_in_its_experts_aligned_group(gen):
     assert bool((src[mask] == T).all()), "padding and the tail read the zero row"
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_routings(gen, k):
+    """uniform and skewed-distinct are top-k routings (k distinct experts a token); skewed puts
+    expert 0 in every other slot (half of all rows; a token holds it twice or more from k = 3);
+    skewed-distinct puts half of the rows (all at k = 1) on the k // 2 first experts."""
+    T, E = 96, 16
+    hot = max(k // 2, 1)
+    for kind in bl.ROUTINGS:
+        g = torch.Generator().manual_seed(seed_from(gen))
+        ids, w = bl.routing(T, E, k, kind, g)
+        print(kind, k, ids[:2].tolist())
+        assert ids.shape == (T, k) and ids.dtype == torch.int64 and w.shape == (T, k)
+        assert bool(((ids >= 0) & (ids < E)).all())
+        assert torch.allclose(w.sum(-1), torch.ones(T)) and bool((w > 0).all())
+        distinct = all(len(set(row)) == k for row in ids.tolist())
+        counts = torch.bincount(ids.reshape(-1), minlength=E)
+        if kind == "skewed":
+            assert int(counts[0]) >= (T * k + 1) // 2
+            if k != 2:  # at k = 2 only the tokens whose second choice was expert 0 repeat it
+                assert distinct == (k == 1), "duplicate (token, expert) pairs from k = 3 on"
+        else:
+            assert distinct
+        if kind == "skewed-distinct":
+            assert counts[:hot].tolist() == [T] * hot
+    with pytest.raises(ValueError, match="unknown routing 'hot'; known: uniform, skewed"):
+        bl.routing(T, E, 2, "hot", torch.Generator())
+
+
 def _layer_inputs(gen, T, H, I, E, k, S, skewed=False):
     bl.SHAPES["test-fp8"] = (T, H, I, E, k, S)
     seed = seed_from(gen)
@@ -218,7 +246,7 @@ def test_padded_layer_in_bf16_is_the_baseline(gen, shared):
         assert torch.allclose(p.float(), b.float(), rtol=2.0**-7, atol=1e-3), i
 
 
-@pytest.mark.parametrize("skewed", [False, True])
+@pytest.mark.parametrize("skewed", [False, True, "skewed-distinct"])
 def test_fp8_recipe_layer_within_fp8_bounds_of_the_f64_layer(gen, skewed):
     inp = _layer_inputs(gen, 128, 512, 256, 8, 4, 128, skewed)
     impl = bl.TorchFp8Impl("recipe")
