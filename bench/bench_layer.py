@@ -117,7 +117,7 @@ ROUTINGS = ("uniform", "skewed", "skewed-distinct")
 
 
 def routing(T, E, k, kind, gen):
-    """Top-k of random logits; `kind` of ROUTINGS (a bool: skewed or uniform).
+    """Top-k of random logits; `kind` one of ROUTINGS.
 
     skewed: expert 0 takes every other slot, half of all rows (PERF.md); from k = 3 every token
     holds expert 0 in several slots (at k = 2 those whose second choice was expert 0), which a
@@ -125,7 +125,6 @@ def routing(T, E, k, kind, gen):
     skewed-distinct: the k // 2 first experts (expert 0 at k = 1 and 2) are in every token's
     top-k, as distinct experts: half of all rows on k // 2 experts (all rows at k = 1).
     """
-    kind = ("skewed" if kind else "uniform") if isinstance(kind, bool) else kind
     if kind not in ROUTINGS:
         raise ValueError(f"unknown routing {kind!r}; known: {', '.join(ROUTINGS)}")
     logits = torch.randn(T, E, device=gen.device, generator=gen)

@@ -16,14 +16,14 @@ import argparse
 
 import torch
 
+from torch_fp8_moe import quantize_along
+
 
 def quantize_rows(x):
-    """e4m3 in 1x128 blocks along the last axis, scale 2^ceil(log2(amax / 448)), dequantized."""
-    blocks = x.reshape(*x.shape[:-1], -1, 128)
-    amax = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-30)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448)))
-    fp8 = (blocks / scale).to(torch.float8_e4m3fn).to(torch.float64)
-    return (fp8 * scale).reshape(x.shape)
+    """e4m3 in 1x128 blocks along the last axis (the recipe's quantizer per block: scales are
+    powers of two, 2^-ceil(log2(amax / 448)) as mok's), dequantized."""
+    q, inv = quantize_along(x.reshape(*x.shape[:-1], -1, 128), -1)
+    return (q.double() * inv.double()).reshape(x.shape)
 
 
 def main():

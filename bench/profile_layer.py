@@ -62,7 +62,7 @@ def kernels(fn, trace=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(bl.CASES))
-    ap.add_argument("--routing", default="uniform")
+    ap.add_argument("--routing", default="uniform", choices=bl.ROUTINGS)
     ap.add_argument("--impls", default="mok,torch")
     ap.add_argument("--out", default=".")
     ap.add_argument("--trace", action="store_true", help="also write each call's Chrome trace")
@@ -71,7 +71,7 @@ def main():
     report = {}
     for case in args.cases.split(","):
         weights = bl.make_weights(case, 7)
-        inp = bl.make_inputs(case, args.routing == "skewed", 0, weights)
+        inp = bl.make_inputs(case, args.routing, 0, weights)
         for name in args.impls.split(","):
             impl = bl.IMPLS[name][0]()  # mok, mok-1pass, mok-2pass, mok-fused..., torch
             impl.setup(inp)

@@ -217,18 +217,18 @@ def test_routings(gen, k):
         bl.routing(T, E, 2, "hot", torch.Generator())
 
 
-def _layer_inputs(gen, T, H, I, E, k, S, skewed=False):
+def _layer_inputs(gen, T, H, I, E, k, S, routing="uniform"):
     bl.SHAPES["test-fp8"] = (T, H, I, E, k, S)
     seed = seed_from(gen)
     weights = bl.make_weights("test-fp8", seed)
-    return bl.make_inputs("test-fp8", skewed, seed, weights)
+    return bl.make_inputs("test-fp8", routing, seed, weights)
 
 
 @pytest.mark.parametrize("shared", [0, 128])
 def test_padded_layer_in_bf16_is_the_baseline(gen, shared):
     """fp8_moe's permutation and padding, with bf16 GEMMs standing in for the recipe: the
     PyTorch baseline's output and gradients (the padding adds zero rows only)."""
-    inp = _layer_inputs(gen, 80, 256, 128, 5, 2, shared, skewed=True)
+    inp = _layer_inputs(gen, 80, 256, 128, 5, 2, shared, "skewed")
     gate_up, down = prepare_weights(inp["w_gate"], inp["w_up"], inp["w_down"])
 
     def run(fn):
@@ -246,9 +246,9 @@ def test_padded_layer_in_bf16_is_the_baseline(gen, shared):
         assert torch.allclose(p.float(), b.float(), rtol=2.0**-7, atol=1e-3), i
 
 
-@pytest.mark.parametrize("skewed", [False, True, "skewed-distinct"])
-def test_fp8_recipe_layer_within_fp8_bounds_of_the_f64_layer(gen, skewed):
-    inp = _layer_inputs(gen, 128, 512, 256, 8, 4, 128, skewed)
+@pytest.mark.parametrize("routing", bl.ROUTINGS)
+def test_fp8_recipe_layer_within_fp8_bounds_of_the_f64_layer(gen, routing):
+    inp = _layer_inputs(gen, 128, 512, 256, 8, 4, 128, routing)
     impl = bl.TorchFp8Impl("recipe")
     impl.setup(inp)
     errors, outside = bl.f64_check(impl, inp)
@@ -315,9 +315,9 @@ def _dense_f64_layer(inp):
     return out.detach(), grads
 
 
-@pytest.mark.parametrize("skewed", [False, True])
-def test_f64_layer_is_the_layer(gen, skewed):
-    inp = _layer_inputs(gen, 24, 32, 16, 5, 3, 8, skewed)
+@pytest.mark.parametrize("routing", ["uniform", "skewed"])
+def test_f64_layer_is_the_layer(gen, routing):
+    inp = _layer_inputs(gen, 24, 32, 16, 5, 3, 8, routing)
     inp["ids"][inp["ids"] == 4] = 1  # expert 4 gets no rows (its exact gradients are zeros)
     out, grads = _dense_f64_layer(inp)
     errors = f64_layer.f64_errors(inp, out, grads)
