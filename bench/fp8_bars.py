@@ -74,13 +74,26 @@ def _worst(errors):
     return (max(e["rel_l1"] for e in errors.values()), min(e["cosine"] for e in errors.values()))
 
 
-def layer_index(records, suite):
-    """{(case, routing, pass, impl): record} of one run: the commit of the newest bf16 record."""
+def runs_by_row(records, suite, base=BF16):
+    """The timed records of `suite`, for each (case, routing) those of one run (date, commit): the
+    run that measured `base` and the most implementations of that row (ties: the newest). Every
+    comparison within a row is then a same-run one, while rows may come from different runs (a
+    later run of the skewed routing alone does not hide the uniform rows of an earlier one, and a
+    rerun of a few paths does not displace a complete row)."""
     recs = [c for c in records if c.get("suite") == suite and _timed(c)]
-    runs = sorted({(c.get("date", ""), c.get("commit", "")) for c in recs if c["impl"] == BF16})
-    if runs:
-        recs = [c for c in recs if (c.get("date", ""), c.get("commit", "")) == runs[-1]]
-    return {(c["case"], c["routing"], c["pass"], c["impl"]): c for c in recs}
+    runs = {}  # (case, routing) -> {(date, commit): the impls it measured}
+    for c in recs:
+        run = (c.get("date", ""), c.get("commit", ""))
+        runs.setdefault((c["case"], c["routing"]), {}).setdefault(run, set()).add(c["impl"])
+    chosen = {row: max((len(impls),) + run for run, impls in by_run.items() if base in impls)[1:]
+              for row, by_run in runs.items() if any(base in i for i in by_run.values())}
+    return [c for c in recs
+            if chosen.get((c["case"], c["routing"])) == (c.get("date", ""), c.get("commit", ""))]
+
+
+def layer_index(records, suite):
+    """{(case, routing, pass, impl): record}, each row from one run (runs_by_row)."""
+    return {(c["case"], c["routing"], c["pass"], c["impl"]): c for c in runs_by_row(records, suite)}
 
 
 def layer_rows(records, suite="layer-fp8"):
@@ -139,9 +152,47 @@ def layer_lines(records, suite="layer-fp8"):
             f"{_fmt(r['wgrad_speedup'], '.2f')}x | {_fmt(r['peer_ms'])} | "
             f"{_fmt(r['fp8_over_peer'], '.2f')} | {_fmt(r['quant_over_peer'], '.2f')} | "
             f"{_fmt(r['wgrad_over_peer'], '.2f')} | {r['commit']} |")
-    lines += [""] + bar_summary(rows) + [""] + error_lines(records, suite) + memory_lines(
-        records, suite)
+    lines += [""] + bar_summary(rows) + [""] + peer_lines(records, suite) + error_lines(
+        records, suite) + memory_lines(records, suite)
     return lines
+
+
+def peer_lines(records, suite="layer-fp8"):
+    """Markdown: for a row whose run (runs_by_row) did not time the peer, the newest other run
+    that timed mok bf16, mok-fp8 and the peer together (time and f64 error, same run); empty
+    when every row has its peer."""
+    recs = [c for c in records if c.get("suite") == suite and _timed(c)]
+    chosen = layer_index(records, suite)
+    have_peer = {k[:2] for k in chosen if k[3] in PEERS}
+    runs = {}  # (case, routing, date, commit) -> {(pass, impl): record}
+    for c in recs:
+        key = (c["case"], c["routing"], c.get("date", ""), c.get("commit", ""))
+        runs.setdefault(key, {})[(c["pass"], c["impl"])] = c
+    out = []
+    for case, routing in sorted({k[:2] for k in chosen} - have_peer, key=_order):
+        found = sorted((k[2:], run) for k, run in runs.items() if k[:2] == (case, routing)
+                       and {BF16, FP8} <= {i for _, i in run} and any(i in PEERS for _, i in run))
+        if not found:
+            continue
+        (_, commit), run = found[-1]
+        peer = next(p for p in PEERS if any(i == p for _, i in run))
+        for pss in ("fwd", BAR_PASS):
+            base, fp8, other = (run.get((pss, i)) for i in (BF16, FP8, peer))
+            if base is None or fp8 is None or other is None:
+                continue
+            mine, theirs = (_worst(run.get(("fwd", i), {}).get("f64_errors")) for i in (FP8, peer))
+            err = (lambda e: "-" if e[0] is None else f"{e[0]:.4f} / {e[1]:.5f}")
+            out.append(f"| {case} | {routing} | {pss} | {base['median_ms']:.3f} | "
+                       f"{fp8['median_ms']:.3f} | {peer} | {other['median_ms']:.3f} | "
+                       f"{_ratio(other, fp8):.2f} | {err(mine)} | {err(theirs)} | {commit} |")
+    if not out:
+        return []
+    return ["Rows above without the peer, against it in another run that timed mok bf16, "
+            "mok-fp8 and the peer together (errors: the largest sum|diff|/sum|ref| and the "
+            "smallest cosine against the f64 layer):", "",
+            "| case | routing | pass | bf16 ms | fp8 ms | peer | peer ms | peer / fp8 | "
+            "mok-fp8 error | peer error | commit |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"] + out + [""]
 
 
 def bar_summary(rows):

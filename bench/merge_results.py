@@ -154,9 +154,10 @@ def fused_solo_summary(cases):
 def plot_layer(cases, gpu, path, suite="layer", base="torch"):
     """The standard suite's layer times (suite "layer", or the FP8 suite "layer-fp8"): per case,
     forward and forward+backward, uniform and skewed routing, mok's paths, the PyTorch baseline
-    and any peer in the file, from one run (the newest commit that measured `base`); the roofline
-    floor as a dotted line; each bar labelled with `base`'s time over its. Returns a line saying
-    what was drawn, or why not."""
+    and any peer in the file; the roofline floor as a dotted line; each bar labelled with `base`'s
+    time over its. The bf16 suite is drawn from one run (the newest commit that measured `base`),
+    the FP8 suite row by row as its tables take it (fp8_bars.runs_by_row: each case and routing
+    from one run). Returns a line saying what was drawn, or why not."""
     if plt is None:
         return (f"matplotlib is not installed: {path} was NOT redrawn "
                 "(python3 -m pip install matplotlib, then run this script again)")
@@ -165,8 +166,13 @@ def plot_layer(cases, gpu, path, suite="layer", base="torch"):
     base_runs = sorted({(c["date"], c["commit"]) for c in layer if c["impl"] == base})
     if not base_runs:
         return f"no {suite} results with {IMPL_LABELS.get(base, base)}: {path} not drawn"
-    date, commit = base_runs[-1]
-    layer = [c for c in layer if c["commit"] == commit]
+    if suite == "layer":
+        layer = [c for c in layer if c["commit"] == base_runs[-1][1]]
+    else:
+        layer = fp8_bars.runs_by_row(layer, suite, base)
+    runs = sorted({(c["date"], c["commit"], c["routing"]) for c in layer})
+    drawn = "; ".join(f"{r}: {commit}, {date}" for date, commit, r in runs) if suite != "layer" \
+        else f"commit {runs[-1][1]}, {runs[-1][0]}"
     gpu = " / ".join(sorted({str(c.get("gpu", gpu)) for c in layer}))  # the drawn run's card
     have = {c["impl"] for c in layer}
     order = ("torch", "mok-unfused", "mok-fused", "mok-fp8", "mok-fp8-quant")
@@ -220,13 +226,12 @@ def plot_layer(cases, gpu, path, suite="layer", base="torch"):
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
                ncol=ncol, fontsize=8, frameon=False)
     what = ("bf16" if suite == "layer" else "FP8 against bf16, each path alone")
-    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, {what}\n(commit {commit}, "
-                 f"{date}); labels: speedup over the {IMPL_LABELS.get(base, base)}",
-                 fontsize=9.5)
+    fig.suptitle(f"MoE layer time, one {gpu} at its 700 W limit, {what}\n({drawn}); "
+                 f"labels: speedup over the {IMPL_LABELS.get(base, base)}", fontsize=9.5)
     fig.tight_layout(rect=(0, 0.035 * rows, 1, 0.95))
     save_png(fig, path)
     plt.close(fig)
-    return f"{path}: drawn from commit {commit} ({date})"
+    return f"{path}: drawn from {drawn}"
 
 
 def save_png(fig, path, colors=64):

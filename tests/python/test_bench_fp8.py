@@ -502,6 +502,39 @@ def test_layer_rows_take_one_run():
     assert all(r["bf16_ms"] in (4.0, 10.0) for r in rows)
 
 
+def test_layer_rows_take_each_row_from_its_most_complete_run():
+    """A later run of the skewed routing alone keeps the earlier run's uniform rows, and a later
+    rerun of a few paths of a row (bf16, FP8 and the peer) does not displace its complete row;
+    every comparison in a row stays within one run."""
+    old = [c for c in _layer_doc(commit="old0000")["cases"] if c["routing"] == "uniform"]
+    new = [dict(c, date="2026-12-07") for c in _layer_doc(commit="new0000")["cases"]
+           if c["routing"] == "skewed"
+           or (c["case"] == "mixtral-8x7b"
+               and c["impl"] in ("mok-unfused", "mok-fp8", "torchao-fp8"))]
+    for c in new:
+        c["median_ms"] *= 2
+    rows = {(r["case"], r["routing"], r["pass"]): r for r in fp8_bars.layer_rows(old + new)}
+    assert len(rows) == 16
+    for (case, routing, _), r in rows.items():
+        assert r["commit"] == ("old0000" if routing == "uniform" else "new0000"), (case, routing)
+        assert r["quant_ms"] is not None and r["peer_ms"] is not None
+        assert r["bf16_ms"] in ((4.0, 10.0) if routing == "uniform" else (8.0, 20.0))
+    # A newer run with as many paths wins the row.
+    later = [dict(c, date="2026-12-08", commit="later00") for c in old
+             if c["case"] == "qwen3-30b-a3b"]
+    rows = {(r["case"], r["routing"]): r["commit"] for r in fp8_bars.layer_rows(old + later)}
+    assert rows[("qwen3-30b-a3b", "uniform")] == "later00"
+    assert rows[("mixtral-8x7b", "uniform")] == "old0000"
+    # Every row has its peer: no supplement. Without the peer in the row's own run, the newer
+    # run's bf16, FP8 and peer stand beside it, as one run, errors included.
+    assert fp8_bars.peer_lines(old + new) == []
+    no_peer = [c for c in old if not (c["case"] == "mixtral-8x7b" and c["impl"] == "torchao-fp8")]
+    text = "\n".join(fp8_bars.layer_lines(no_peer + new))
+    assert ("| mixtral-8x7b | uniform | fwdbwd | 20.000 | 12.500 | torchao-fp8 | 15.000 | 1.20 | "
+            "0.0500 / 0.99800 | 0.0600 / 0.99700 | new0000 |") in text
+    assert "| mixtral-8x7b | uniform | fwdbwd | 10.000 | 6.250 | 1.60x |" in text  # old0000's row
+
+
 def _gemm_records(suite):
     recs = []
     for case in ("dsv3-ep8slice", "qwen3-30b-a3b"):
