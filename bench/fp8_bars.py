@@ -168,6 +168,9 @@ def peer_lines(records, suite="layer-fp8"):
     for c in recs:
         key = (c["case"], c["routing"], c.get("date", ""), c.get("commit", ""))
         runs.setdefault(key, {})[(c["pass"], c["impl"])] = c
+
+    def err(worst):
+        return "-" if worst[0] is None else f"{worst[0]:.4f} / {worst[1]:.5f}"
     out = []
     for case, routing in sorted({k[:2] for k in chosen} - have_peer, key=_order):
         found = sorted((k[2:], run) for k, run in runs.items() if k[:2] == (case, routing)
@@ -181,7 +184,6 @@ def peer_lines(records, suite="layer-fp8"):
             if base is None or fp8 is None or other is None:
                 continue
             mine, theirs = (_worst(run.get(("fwd", i), {}).get("f64_errors")) for i in (FP8, peer))
-            err = (lambda e: "-" if e[0] is None else f"{e[0]:.4f} / {e[1]:.5f}")
             out.append(f"| {case} | {routing} | {pss} | {base['median_ms']:.3f} | "
                        f"{fp8['median_ms']:.3f} | {peer} | {other['median_ms']:.3f} | "
                        f"{_ratio(other, fp8):.2f} | {err(mine)} | {err(theirs)} | {commit} |")
