@@ -36,14 +36,16 @@ def main():
     d_out = torch.randn(T, H, dtype=torch.float64)
     weights = torch.softmax(torch.randn(T, k, dtype=torch.float64), -1)
     print(f"seed {args.seed}: T {T}, H {H}, I {I}; sum|diff|/sum|ref| of sum_j w_j d_out W")
+
+    def err(got, exact):
+        return float((got - exact).abs().sum() / exact.abs().sum())
     for copies in (1, 2, 4):
         w = weights[:, :copies]
         exact = (w.sum(1, keepdim=True) * d_out) @ w_down
         once = w.sum(1, keepdim=True) * (quantize_rows(d_out) @ w_down)
         per_copy = sum(quantize_rows(w[:, j:j + 1] * d_out) @ w_down for j in range(copies))
-        err = lambda got: float((got - exact).abs().sum() / exact.abs().sum())  # noqa: E731
-        print(f"  {copies} copies: q(d_out), w after {err(once):.5f}   "
-              f"q(w d_out) per copy {err(per_copy):.5f}")
+        print(f"  {copies} copies: q(d_out), w after {err(once, exact):.5f}   "
+              f"q(w d_out) per copy {err(per_copy, exact):.5f}")
 
 
 if __name__ == "__main__":
