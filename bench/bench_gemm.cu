@@ -86,7 +86,7 @@ const Case kCases[] = {{"dsv3-ep8slice", 4096, 7168, 2048, 32, 8},
 // "wgk-t8192", "wgk-t16384": dsv3-ep1 with 2x and 4x the tokens, so the K-grouped weight gradient's
 // tiles have 256 and 512 rows of K instead of 128 (the same tiles, the same 7.5 GB of output): its
 // time against K splits into the output's cost and the K loop's. 8,192 tokens is what Transformers'
-// DeepSeek-V3 block runs in bench_hf.py.
+// DeepSeek-V3 block runs in bench_hf.py (NOTES, "2026-12-07, 0bb13df").
 const Case kSweepCases[] = {{"ksweep-h1792", 4096, 1792, 2048, 32, 8},
                             {"ksweep-h3584", 4096, 3584, 2048, 32, 8},
                             {"ksweep-h14336", 4096, 14336, 2048, 32, 8},
@@ -506,26 +506,6 @@ int main(int argc, char** argv) {
           }
         }
       }
-      // "mok-held": the bf16 weight gradient with each tile held in registers and stored during
-      // the next tile's first K block (WeightGradArgs::hold_tiles). Timed only when named, once
-      // its whole output has mok's bits.
-      mok::gemm::WeightGradArgs wgrad_held = wgrad;
-      wgrad_held.hold_tiles = true;
-      if (impls.find(",mok-held,") != std::string::npos) {
-        const size_t cells = size_t(G) * c.h * c.i;
-        std::vector<std::uint16_t> want(cells), got(cells);
-        for (const mok::gemm::WeightGradArgs* a : {&wgrad, &wgrad_held}) {
-          CHECK_CUDA(cudaMemset(out_dw, 0xff, cells * 2));
-          mok::gemm::weight_grad(*a);
-          CHECK_CUDA(cudaDeviceSynchronize());
-          CHECK_CUDA(cudaMemcpy((a == &wgrad ? want : got).data(), out_dw, cells * 2,
-                                cudaMemcpyDeviceToHost));
-        }
-        if (want != got) {
-          std::fprintf(stderr, "%s: the held weight gradient's bits differ from mok's\n", c.name);
-          return 1;
-        }
-      }
       // The e4m3 operands: x and hidden rows with 1 x 128 scales ([K / 128, capacity]), weights
       // with 128 x 128 block scales.
       std::uint8_t* x8 = alloc_e4m3(size_t(capacity) * c.h, 11);
@@ -919,7 +899,6 @@ int main(int argc, char** argv) {
       items.push_back({"dgrad-swiglu-wh", "mok", flops,
                        [=] { mok::gemm::rows_times_weight(dgrad_swiglu_wh); }});
       items.push_back({"wgrad", "mok", flops, [=] { mok::gemm::weight_grad(wgrad); }});
-      items.push_back({"wgrad", "mok-held", flops, [=] { mok::gemm::weight_grad(wgrad_held); }});
       items.push_back(
           {"dgrad", "mok-fp8", flops, [=] { mok::gemm::rows_times_weight_fp8(dgrad8); }});
       items.push_back({"dgrad-swiglu", "mok-fp8", flops,
@@ -954,8 +933,7 @@ int main(int argc, char** argv) {
       // of a kind measured 1-8% slower than the same kernel on the same data measured again after
       // the others (v4: wgrad automatic vs "mok-repeat", docs/perf/NOTES.md).
       std::erase_if(items, [&](const Item& it) {
-        const bool variant = it.impl.rfind("mok-fp8-", 0) == 0 ||  // a mainloop variant
-                             it.impl == "mok-held";
+        const bool variant = it.impl.rfind("mok-fp8-", 0) == 0;  // a mainloop variant
         return (impls.empty() && variant) ||                     // only when named
                (!passes.empty() &&
                 passes.find(std::string(",") + it.pass + ",") == std::string::npos) ||

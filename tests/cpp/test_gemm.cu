@@ -1394,12 +1394,10 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
   l.poison_padding(b, c.n);
   DeviceBuffer<unsigned> tickets(2);  // one counter pair, reused by the launches (one stream)
   MOK_CUDA_OK(cudaMemset(tickets.get(), 0, 2 * sizeof(unsigned)));
-  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic,
-                    bool hold = false) {
+  auto launch = [&](void* dst, mok::gemm::TileOrder order = mok::gemm::TileOrder::automatic) {
     mok::gemm::WeightGradArgs args;
     args.segments = l.segments();
     args.order = order;
-    args.hold_tiles = hold;
     args.tickets = tickets.get();
     args.a = a.get();
     args.ld_a = c.m;
@@ -1429,25 +1427,22 @@ void run_wgrad(const WgradCase& c, bool check_bitwise) {
     expect_wgrad_rows(out16.get(), l, a, c.m, b, c.n, bound, what);
   }
   if (check_bitwise) {
-    // A second run, then each tile order forced: the same bits whoever runs which tile; then
-    // with each tile held until the next tile's first K block (hold_tiles; fp32: no effect).
+    // A second run, then each tile order forced: the same bits whoever runs which tile.
     using mok::gemm::TileOrder;
-    const char* names[] = {"automatic order", "fixed order", "tickets order",
-                           "hold_tiles, automatic order", "hold_tiles, tickets order"};
-    for (int v = 0; v < 5; ++v) {
-      const TileOrder order = v == 1             ? TileOrder::fixed
-                              : v == 2 || v == 4 ? TileOrder::tickets
-                                                 : TileOrder::automatic;
-      const char* name = names[v];
+    for (int v = 0; v < 3; ++v) {
+      const TileOrder order = v == 1   ? TileOrder::fixed
+                              : v == 2 ? TileOrder::tickets
+                                       : TileOrder::automatic;
+      const char* name = v == 0 ? "automatic order" : v == 1 ? "fixed order" : "tickets order";
       if (c.fp32) {
         out32b.poison();
-        launch(out32b.get(), order, v >= 3);
+        launch(out32b.get(), order);
         MOK_CUDA_OK(cudaDeviceSynchronize());
         const auto x = out32.download(), y = out32b.download();
         EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << name << " differs";
       } else {
         out16b.poison();
-        launch(out16b.get(), order, v >= 3);
+        launch(out16b.get(), order);
         MOK_CUDA_OK(cudaDeviceSynchronize());
         EXPECT_TRUE(bitwise_equal(out16, out16b)) << name << " differs";
       }
@@ -1697,9 +1692,6 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
         args.b = b.get() + std::size_t(r0) * n;
         args.segments = RowSegments{d_starts.get(), d_rows.get(), G, l.capacity - r0, 0};
         args.passes = {d_steps.get(), carry.get(), slots};
-        // The shorter passes with each tile held (hold_tiles): a kOpen group's tile goes to its
-        // fp32 carry slot at once, a kWhole one's bf16 tile is held; the same bits either way.
-        args.hold_tiles = pass_rows != 640;
         run_form(mok::gemm::weight_grad, args);
         if (pass > 0) {
           args.continue_reduction = true;
@@ -1725,35 +1717,6 @@ TEST(GemmWgrad, PassPlanIsBitwiseTheUnsplitReduction) {
     }
   }
   EXPECT_EQ(tickets.download(), std::vector<unsigned>(2, 0u)) << "the counter pair was not reset";
-}
-
-// hold_tiles keeps a held tile's M and N tile indices in 16 bits each: an output of more than
-// 65536 tiles along either axis is refused by name before any launch (the maps are encoded over
-// small buffers; nothing is read).
-TEST(GemmWgrad, HoldTilesRefusesMoreThan65536TilesAnAxis) {
-  MOK_REQUIRE_HOPPER();
-  Layout l({64});
-  DeviceBuffer<__nv_bfloat16> a(std::size_t(l.capacity) * 128), b(std::size_t(l.capacity) * 128);
-  DeviceBuffer<__nv_bfloat16> out(128 * 128);
-  mok::gemm::WeightGradArgs args;
-  args.segments = l.segments();
-  args.a = a.get();
-  args.b = b.get();
-  args.out = out.get();
-  args.hold_tiles = true;
-  for (const auto& [m, n] : {std::pair{65537 * 128, 128}, std::pair{128, 65537 * 256}}) {
-    args.m = m;
-    args.n = n;
-    args.ld_a = m;
-    args.ld_b = n;
-    args.ld_out = n;
-    try {
-      run_form(mok::gemm::weight_grad, args);
-      ADD_FAILURE() << "hold_tiles accepted m " << m << ", n " << n;
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.argument(), "hold_tiles") << e.what();
-    }
-  }
 }
 
 // wgrad launches in flight at once on two streams, and replays of a captured one, give the bits of

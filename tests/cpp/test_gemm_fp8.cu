@@ -1414,28 +1414,6 @@ TEST(GemmFp8Overlap, WeightGradPassPlanIsBitwiseThePlainUnsplitReduction) {
   run_weight_grad_pass_plan_fp8(true);
 }
 
-// hold_tiles is the bf16 weight gradient's option: the e4m3 form refuses it by name (and runs
-// without it).
-TEST(GemmFp8Arguments, WeightGradRefusesHoldTiles) {
-  MOK_REQUIRE_HOPPER();
-  std::mt19937_64 rng(next_seed());
-  Layout l({100, 0, 300});
-  WeightGradFp8Operands ops(l, 128, 256, rng);
-  DeviceBuffer<__nv_bfloat16> out(std::size_t(l.groups()) * 128 * 256);
-  mok::gemm::WeightGradFp8Args args = ops.args;
-  args.grad.out = out.get();
-  args.grad.hold_tiles = true;
-  try {
-    launch_weight_grad_fp8(args);
-    ADD_FAILURE() << "the e4m3 weight gradient accepted hold_tiles";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.argument(), "grad.hold_tiles") << e.what();
-  }
-  args.grad.hold_tiles = false;
-  launch_weight_grad_fp8(args);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-}
-
 // Shapes the 128 x 128 blocks cannot cover, missing scales, and what a wide launch cannot do
 // (pairs or the overlap with it; an n that leaves a half tile, each half reading its own weight
 // block), on each M-grouped launcher: mok::Error naming the argument.

@@ -24,7 +24,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/gemm/config.hpp"
 #include "cuda/gemm/descriptor.cuh"
@@ -240,39 +239,24 @@ class GemmEngine {
     }
   }
 
-  // Consumer, with rows held across tiles (HeldRows, epilogue.cuh; the bf16 wgrad's HeldTile),
-  // which the caller keeps from tile to tile and stores with store_held after its last: consume,
-  // but the rows `held` holds are stored once this tile's first K block is issued, and this tile's
-  // rows are held in turn (E holds them in form F: epilogue::HoldsRows).
-  template <class Held, class Probe = NoProbe>
-  __device__ __forceinline__ void consume(const TileInfo& tile, Held& held,
+  // Consumer, with rows held across tiles (HeldRows, epilogue.cuh, which the caller keeps from
+  // tile to tile and stores with store_held after its last): consume, but the rows `held` holds
+  // are stored once this tile's first K block is issued, and this tile's rows are held in turn
+  // (E holds them in form F: epilogue::HoldsRows).
+  template <class Probe = NoProbe>
+  __device__ __forceinline__ void consume(const TileInfo& tile, HeldRows& held,
                                           const Probe& probe = Probe{}) {
     static_assert(epilogue::HoldsRows<E, F>, "an epilogue that holds rows");
     const int wg = consumer();
     const int reader_thread = static_cast<int>(threadIdx.x) - 128;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
-    if constexpr (std::is_same_v<Held, HeldRows>) {
-      const int lane = lane_;
-      const auto store_held_rows = [&held, lane] { gemm::store_held(held, lane); };
-      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, NoLead{},
-                  store_held_rows);
-    } else {
-      const auto store_held_tile = [this, &held] { store_held(held); };
-      mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, NoLead{},
-                  store_held_tile);
-    }
+    const int lane = lane_;
+    const auto store_held_rows = [&held, lane] { store_held(held, lane); };
+    mma_tile<F>(acc, ring_, state_, tile, d_.p, wg, lane_, reader_thread, probe, NoLead{},
+                store_held_rows);
     E::template hold<F>(acc, tile, d_, wg, warp_, lane_, held);
   }
-
-  // Consumer: stores what `held` holds (after the last tile).
-  __device__ __forceinline__ void store_held(HeldRows& held) const {
-    gemm::store_held(held, lane_);
-  }
-  __device__ __forceinline__ void store_held(HeldTile<F>& held) const {
-    gemm::store_held<F>(held, d_, consumer(), warp_, lane_, ring_.staging());
-  }
-  __device__ __forceinline__ void store_held(NoHeldRows&) const {}
 
   // Consumer, last: the TMA-store epilogue's bulk stores have read the CTA's shared memory.
   __device__ __forceinline__ void finish_consuming() const {

@@ -722,13 +722,11 @@ __device__ __forceinline__ void store_swiglu_backward(const float (&acc)[F::kAcc
 // lie inside the group's [m, n] output (a 2-D map over the groups' rows, out_map_group_rows per
 // group, box 64 x 64) as one bulk group, and the Consumers go on with the next tile while the copy
 // engine writes. The half is written again only after that group has been read out of shared
-// memory (the wait at the start). `v`: the accumulators rounded to bf16 pairs, v[i] holding
-// acc[2i] and acc[2i + 1]; `group`, `m0`, `n0`: the tile's (TileInfo).
+// memory (the wait at the start).
 template <class F>
-__device__ __forceinline__ void stage_tile_tma(const std::uint32_t (&v)[F::kAcc / 2], int group,
-                                               int m0, int n0, const GemmParams& p, int wg,
-                                               int warp, int lane, std::uint8_t* staging,
-                                               const CUtensorMap* map_out) {
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
+                                               const GemmParams& p, int wg, int warp, int lane,
+                                               std::uint8_t* staging, const CUtensorMap* map_out) {
   static_assert(F::kTmaStore && F::kTileN % 64 == 0, "bf16 wgrad tiles");
   constexpr std::uint32_t kBoxBytes = 64 * 128;
   const bool issuer = warp == 0 && lane == 0;
@@ -746,59 +744,26 @@ __device__ __forceinline__ void stage_tile_tma(const std::uint32_t (&v)[F::kAcc 
   for (int j = 0; j < F::kTileN / 8; j += 2) {
     const int piece = j % 8 + (matrix >> 1);  // 16-byte piece of the box row (8 columns)
     const std::uint32_t address = row_address + (j / 8) * kBoxBytes + ((piece ^ swizzle) << 4);
-    ptx::stmatrix_x4(address, v[2 * j], v[2 * j + 1], v[2 * j + 2], v[2 * j + 3]);
+    ptx::stmatrix_x4(address, pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                     pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                     pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                     pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
   }
   ptx::fence_proxy_async_shared();
   ptx::named_barrier_sync(barrier, 128);
   if (issuer) {
-    const int r0 = m0 + wg * 64;
+    const int r0 = t.m0 + wg * 64;
     if (r0 < p.m) {
 #pragma unroll
       for (int b = 0; b < F::kTileN / 64; ++b) {
-        const int c0 = n0 * F::kTileN + b * 64;
+        const int c0 = t.n0 * F::kTileN + b * 64;
         if (c0 < p.n) {
-          ptx::tma_store_2d(map_out, half + b * kBoxBytes, c0, group * p.out_map_group_rows + r0);
+          ptx::tma_store_2d(map_out, half + b * kBoxBytes, c0, t.group * p.out_map_group_rows + r0);
         }
       }
     }
     ptx::tma_store_commit();
   }
-}
-
-template <class F>
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[F::kAcc], const TileInfo& t,
-                                               const GemmParams& p, int wg, int warp, int lane,
-                                               std::uint8_t* staging, const CUtensorMap* map_out) {
-  std::uint32_t v[F::kAcc / 2];
-#pragma unroll
-  for (int i = 0; i < F::kAcc / 2; ++i) v[i] = pack_bf16x2(acc[2 * i], acc[2 * i + 1]);
-  stage_tile_tma<F>(v, t.group, t.m0, t.n0, p, wg, warp, lane, staging, map_out);
-}
-
-// A consumer warpgroup's bf16 wgrad tile (WeightGrad with kHeld), rounded and held in registers
-// from its epilogue until the next tile's first K block is issued, and staged and stored then
-// (store_held), while the tensor cores work: the K-grouped form's tiles are short (2-8 K blocks
-// at 128-512 rows an expert), and the epilogue of the cooperative schedule otherwise leaves the
-// tensor cores idle for its shared-memory writes and its wait for the previous store's reads.
-// NOTES: the tile's place is two registers (the group, or -1 when nothing is held; the M tile and
-// N tile indices in one word): the K-grouped loop calls take_queued_ticket (not inlined) with the
-// tile held, and every register live across that call costs ptxas a spill under the 168 cap.
-template <class F>
-struct HeldTile {
-  std::uint32_t v[F::kAcc / 2];
-  int group = -1;     // -1: nothing held (the same in every lane of the warpgroup)
-  unsigned tiles = 0;  // m0 / kTileM | n0 << 16
-};
-
-template <class F>
-__device__ __forceinline__ void store_held(HeldTile<F>& held, const GemmDescriptor& d, int wg,
-                                           int warp, int lane, std::uint8_t* staging) {
-  if (held.group >= 0) {
-    const int m0 = static_cast<int>(held.tiles & 0xffffu) * kTileM;
-    const int n0 = static_cast<int>(held.tiles >> 16);
-    stage_tile_tma<F>(held.v, held.group, m0, n0, d.p, wg, warp, lane, staging, &d.out);
-  }
-  held.group = -1;
 }
 
 // The accumulators of a tile before its K loop: zeros, or the fp32 output's values when a
@@ -938,11 +903,8 @@ struct SwigluBackward {
 // K-grouped (wgrad): each group's [m, n] sum to the output (bf16, fp32, or fp32 added to it), or,
 // by the group's pass step (data-dependent), to its fp32 carry slot. The bf16 wgrad
 // (F::kTmaStore) stores its output tiles through the staging tile and TMA (d.out).
-// kHeld (bf16 output, F::kTmaStore): the tiles are held and stored during the next tile's first K
-// block (HeldTile; WeightGradArgs::hold_tiles); a tile of a group whose sum goes to an fp32 carry
-// slot is stored at once.
 enum class GradOut { bf16, fp32, fp32_add };
-template <GradOut kOut, bool kHeld = false>
+template <GradOut kOut>
 struct WeightGrad {
   static constexpr bool kFp32 = kOut != GradOut::bf16, kAccumulate = kOut == GradOut::fp32_add;
   static constexpr bool kRowScale = false, kScatter = false;
@@ -958,22 +920,6 @@ struct WeightGrad {
       }
     }
     store_plain<F, WeightGrad>(acc, t, d.p, wg, warp, lane);
-  }
-  template <class F>
-  static constexpr bool kHolds = kHeld && F::kTmaStore && !kFp32;
-  template <class F>
-  __device__ __forceinline__ static void hold(const float (&acc)[F::kAcc], const TileInfo& t,
-                                              const GemmDescriptor& d, int wg, int warp, int lane,
-                                              HeldTile<F>& held) {
-    static_assert(kHolds<F>, "the held bf16 wgrad");
-    if (group_output<WeightGrad>(t, d.p).fp32) {  // a carry slot: stored now, nothing held
-      store_plain<F, WeightGrad>(acc, t, d.p, wg, warp, lane);
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < F::kAcc / 2; ++i) held.v[i] = pack_bf16x2(acc[2 * i], acc[2 * i + 1]);
-    held.group = t.group;
-    held.tiles = static_cast<unsigned>(t.m0 / kTileM) | static_cast<unsigned>(t.n0) << 16;
   }
 };
 

@@ -399,11 +399,6 @@ struct WeightGradArgs {
   bool accumulate = false;
   bool continue_reduction = false;
   PassPlan passes;
-  // bf16 output, plain launch (no continue_reduction): each tile's bf16 values are held in
-  // registers and stored during the next tile's first K block, so that the tensor cores work while
-  // the tile is written (the same bits; NOTES "hold_tiles"). No effect on fp32 outputs or on
-  // continued reductions; the e4m3 form (WeightGradFp8Args) refuses it.
-  bool hold_tiles = false;
   int m = 0;                    // multiple of 64
   int n = 0;                    // multiple of 64
   unsigned* tickets = nullptr;  // optional: [2] zeroed device words (see above)

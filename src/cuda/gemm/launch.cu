@@ -840,11 +840,6 @@ GemmDescriptor weight_grad_descriptor(const WeightGradArgs& args, const CUtensor
   p.ld_out = args.ld_out;
   p.out_group_stride = group_stride;
   p.out_map_group_rows = static_cast<int>(group_stride / args.ld_out);
-  // A held tile keeps its M and N tile indices in 16 bits each (epilogue.cuh, HeldTile).
-  check(!args.hold_tiles || (p.sched.m_tiles <= 65536 && p.sched.n_tiles <= 65536), "hold_tiles",
-        "m and n of at most 65536 tiles each (" + to_text(kTileM) + " x " + to_text(F::kOutTileN) +
-            ")",
-        "m " + to_text(args.m) + ", n " + to_text(args.n));
   check(!args.accumulate || args.out_fp32, "accumulate", "an fp32 output (out_fp32)",
         "a bf16 output");
   const PassPlan& plan = args.passes;
@@ -895,12 +890,6 @@ void launch_weight_grad(const GemmDescriptor& d, const WeightGradArgs& args,
                         const Fp8Params& fp8 = {}) {
   using epilogue::GradOut;
   if (!args.out_fp32) {
-    if constexpr (F::kTmaStore && !F::kFp8) {
-      if (args.hold_tiles) {
-        launch<F, epilogue::WeightGrad<GradOut::bf16, true>>(d, args.stream, fp8);
-        return;
-      }
-    }
     launch<F, epilogue::WeightGrad<GradOut::bf16>>(d, args.stream, fp8);
   } else if (args.accumulate) {
     launch<F, epilogue::WeightGrad<GradOut::fp32_add>>(d, args.stream, fp8);
@@ -923,7 +912,6 @@ void weight_grad_fp8_form(const WeightGradFp8Args& args) {
   check_multiple_of_128(g.n, "grad.n");
   check(g.a == nullptr && g.b == nullptr, "grad.a/grad.b", "null (the e4m3 operands are a, b)",
         "set");
-  check(!g.hold_tiles, "grad.hold_tiles", "false (the bf16 weight gradient's option)", "true");
   const RowSegments& s = g.segments;
   // The token blocks' scales: one row of them per 128 rows of the row buffers.
   const int rows = s.capacity_rows > 0 ? s.capacity_rows : 1;

@@ -528,7 +528,7 @@ __device__ __forceinline__ void mma_k_block(float (&acc)[F::kAcc], const SharedR
 // landed() once the first K block is in shared memory, multiplied() once the last wgmma is done.
 // `lead` (NoLead unless the epilogue reads rows) runs once, after the wgmma of K block max(0,
 // k_blocks - kEpilogueLeadBlocks) is issued. `first` (NoLead unless the consumer holds the previous
-// tile's rows: HeldRows or HeldTile, epilogue.cuh) runs once, after the wgmma of K block 0 is issued (before
+// tile's rows: HeldRows, epilogue.cuh) runs once, after the wgmma of K block 0 is issued (before
 // the loop when there is none), while the tensor cores work. NOTES: K block 0 is then peeled off
 // the loop, so that what `first` reads is dead in the loop's registers.
 template <class F, class Probe, class Lead = NoLead, class First = NoLead>
@@ -542,14 +542,10 @@ __device__ __forceinline__ void mma_tile(float (&acc)[F::kAcc], const SharedRing
   int previous_stage = -1;
   constexpr bool kFirst = !std::is_same_v<First, NoLead>;
   if constexpr (kFirst) {
+    static_assert(!F::kKGrouped, "held rows: M-grouped tiles");
     if (tile.k_blocks > 0) {
       (void)wait_barrier(ring, ring.full(state.stage), state.phase, kBarrierFull, p);
       probe.landed();
-      if constexpr (F::kKGrouped) {
-        if (tile.row_count < kTileK) {
-          zero_tail_rows(ring, state.stage, tile.row_count, reader_thread, kConsumerBarrierId);
-        }
-      }
       mma_k_block<F>(acc, ring, state.stage, consumer_wg);
       if (lead_block == 0) lead();
       previous_stage = state.stage;

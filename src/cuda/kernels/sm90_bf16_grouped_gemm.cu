@@ -67,8 +67,6 @@ template void launch_grouped_gemm<RowsW, SwigluBackward<true, true, true, true>>
 template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::bf16>>(const GemmDescriptor&,
                                                                              Stream,
                                                                              const Fp8Params&);
-template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::bf16, true>>(
-    const GemmDescriptor&, Stream, const Fp8Params&);
 template void launch_grouped_gemm<WeightGradForm, WeightGrad<GradOut::fp32>>(const GemmDescriptor&,
                                                                              Stream,
                                                                              const Fp8Params&);

@@ -108,19 +108,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     engine.become_consumer();
     if constexpr (F::kKGrouped) {
-      // An epilogue that holds tiles (the bf16 wgrad's HeldTile): each tile's, until the next
-      // tile's first K block.
-      std::conditional_t<epilogue::HoldsRows<E, F>, HeldTile<F>, NoHeldRows> held;
       for (;;) {
         const int ticket = engine.take_ticket();
         if (ticket == kNoTile) break;
-        if constexpr (epilogue::HoldsRows<E, F>) {
-          engine.consume(scheduler.tile_of_ticket(ticket), held);
-        } else {
-          engine.consume(scheduler.tile_of_ticket(ticket));
-        }
+        engine.consume(scheduler.tile_of_ticket(ticket));
       }
-      engine.store_held(held);  // the last tile's
     } else if constexpr (F::kCluster > 1) {
       static_assert(!epilogue::HoldsRows<E, F>, "pairs: no held rows");
       for (int step = cluster; 2 * step < num_tiles; step += clusters) {
