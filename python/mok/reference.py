@@ -11,12 +11,25 @@ import torch
 import torch.nn.functional as F
 
 
+def clamp_closed(t, low=None, high=None):
+    """t clamped to [low, high] (None: no bound) with mok's gradient: 1 on the closed interval, the
+    limits included, 0 outside. torch.clamp's own gradient at a limit is not the same in every
+    torch version (1 up to torch 2.13; from 2.14, 0 with number bounds and 1/2 with tensor
+    bounds), so the clamp is written with torch.where, whose gradient has not changed."""
+    if high is not None:
+        t = torch.where(t > high, high, t)
+    if low is not None:
+        t = torch.where(t < low, low, t)
+    return t
+
+
 def swiglu_expert(x, gate, up, down, swiglu_limit=None):
     """down (silu(gate x) * (up x)) for rows x [n, H]; weights [N, H], [N, H], [H, N]. With
-    `swiglu_limit` L: down (silu(min(gate x, L)) * clamp(up x, -L, L)) (MoK's clamped SwiGLU)."""
+    `swiglu_limit` L: down (silu(min(gate x, L)) * clamp(up x, -L, L)) (MoK's clamped SwiGLU),
+    the gradient passing where a pre-activation sits exactly on a limit, as in mok's layer."""
     g, u = F.linear(x, gate), F.linear(x, up)
     if swiglu_limit is not None:
-        g, u = g.clamp(max=swiglu_limit), u.clamp(-swiglu_limit, swiglu_limit)
+        g, u = clamp_closed(g, high=swiglu_limit), clamp_closed(u, -swiglu_limit, swiglu_limit)
     return F.linear(F.silu(g) * u, down)
 
 

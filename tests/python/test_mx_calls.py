@@ -97,7 +97,10 @@ def swiglu(g, u, limit, taken=None):
     if limit is None:
         return F.silu(g) * u
     if taken is None:
-        return F.silu(g.clamp(max=limit)) * u.clamp(-limit, limit)
+        # torch.where, not clamp: the gradient passes at the limits in every torch version
+        # (torch.clamp's is 0 there from 2.14 on), as in mok's layer
+        u = torch.where(u > limit, limit, torch.where(u < -limit, -limit, u))
+        return F.silu(torch.where(g > limit, limit, g)) * u
     tg, tu = (t.double() for t in taken)
     g = torch.where(tg > limit, torch.full_like(g, limit), g)
     u = torch.where(tu.abs() > limit, limit * tu.sign(), u)

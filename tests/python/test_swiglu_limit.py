@@ -3,9 +3,11 @@ mok.nn.MoE, against an independent PyTorch reference written here:
 
     h = silu(min(g, L)) * clamp(u, -L, L),   g = x W_gate^T, u = x W_up^T
 
-in every expert, the shared one included, with torch.clamp's gradients (1 on the closed interval,
-0 outside it). The reference below loops over (token, slot) pairs in fp32 (or float64) with
-autograd; it calls nothing of mok.
+in every expert, the shared one included, with the clamp's gradient 1 on the closed interval (a
+pre-activation exactly on a limit passes its gradient) and 0 outside it. The clamp is written with
+torch.where: torch.clamp's own gradient at a limit changed in torch 2.14 (0 there), and a test
+that leaned on it would follow the installed torch. The reference below loops over (token, slot)
+pairs in fp32 (or float64) with autograd; it calls nothing of mok.
 
 Inputs sit on a grid (x and the gate/up weights in {-1, -1/2, 0, 1/2, 1}, H = 64): every g and u
 is a multiple of 1/4 below 64 in magnitude, exact in bf16, fp32 and float64, so mok's bf16 layer
@@ -47,8 +49,9 @@ def grid_layer(gen, dtype=torch.bfloat16):
 # ---- the independent reference ----
 
 def clamped_swiglu(g, u, limit):
-    if limit is not None:
-        g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    if limit is not None:  # gradient 1 on [-L, L] and on g <= L, limits included (torch.where's)
+        g = torch.where(g > limit, limit, g)
+        u = torch.where(u > limit, limit, torch.where(u < -limit, -limit, u))
     return F.silu(g) * u
 
 
@@ -128,6 +131,19 @@ def test_float64_mode_is_exact(gen, limit):
     data = grid_layer(gen, torch.float64)
     out, grads = run_moe(data, limit)
     check(data, out, grads, limit, out_tol=1e-12, grad_tol=1e-12, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_torch_backend_takes_the_layers_side_at_the_limit(gen, limit):
+    """mok.reference (mok.nn.MoE's backend="torch") in float64 against the same reference: on the
+    grid many pre-activations sit exactly on a limit, where its gradient must pass as in mok's
+    layer whatever torch.clamp's gradient is in the installed torch."""
+    data = grid_layer(gen, torch.float64)
+    x, w, *weights = data.requiring_grad()
+    out = mok.reference.moe(x, data.topk_experts, w, *weights, swiglu_limit=limit)
+    out.backward(data.d_out)
+    check(data, out.detach(), [t.grad for t in (x, w, *weights)], limit, out_tol=1e-12,
+          grad_tol=1e-12, dtype=torch.float64)
 
 
 def _functional_call(data, limit):
