@@ -16,6 +16,7 @@ Skipped visibly where Transformers is not installed (CI does not install it: pip
   torch.compile(fullgraph=True) and CUDA-graph capture of a decoder layer.
 """
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -348,14 +349,55 @@ def test_experts_class(family, cls):
 # ---- the issue's families as whole models ------------------------------------------------------
 
 
-def model_step(model, implementation, ids):
+def model_step(model, implementation, ids, routing=None):
+    """Logits, loss and parameter gradients of one step. `routing`: None, or a dict that the step
+    fills with every experts module's top_k_index when empty and, when filled, imposes on the
+    step (see pinned_routing)."""
     model.set_experts_implementation(implementation)
     model.zero_grad(set_to_none=True)
-    out = model(ids, labels=ids)
+    with pinned_routing(model, routing):
+        out = model(ids, labels=ids)
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
              if p.grad is not None}
     return out.logits.detach(), out.loss.detach(), grads
+
+
+@contextlib.contextmanager
+def pinned_routing(model, routing):
+    """Records (routing empty) or imposes (filled) each experts module's expert choices.
+
+    In bf16 two implementations' outputs differ by a rounding, and a later layer's router may then
+    pick another expert for a token whose two best scores lie within that rounding: a whole row of
+    a different function, a heavy tail in the logits' error that more rows do not average away
+    (over 30 draws of the deepseek_v3 model, 0.005-0.006 without a flip and up to 0.05 with one;
+    2026-12-07, torch 2.11). Imposing the first run's choices on the second leaves the rounding
+    alone; the router weights still come from each run's own router, with their gradients."""
+    if routing is None:
+        yield
+        return
+    record = not routing
+
+    def hook(name):
+        def pre_hook(module, args, kwargs):
+            given = kwargs["top_k_index"] if "top_k_index" in kwargs else args[1]
+            if record:
+                routing[name] = given.detach().clone()
+                return None
+            pinned = routing[name]
+            assert pinned.shape == given.shape, name
+            if "top_k_index" in kwargs:
+                return args, {**kwargs, "top_k_index": pinned}
+            return (args[0], pinned, *args[2:]), kwargs
+        return pre_hook
+
+    handles = [m.register_forward_pre_hook(hook(n), with_kwargs=True)
+               for n, m in experts_modules(model)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @requires_transformers
@@ -377,15 +419,19 @@ def test_whole_model_float64(family):
 @requires_transformers
 @pytest.mark.parametrize("family", FAMILIES)
 def test_whole_model_bf16(family):
-    """bf16: routing ties make a whole bf16 model diverge slightly from eager (a token whose two
-    top experts score within a rounding of each other may pick the other): models compare
-    loosely, the experts modules strictly (test_experts_class)."""
+    """bf16: the whole model against eager, with eager's expert choices (pinned_routing: a routing
+    tie would make the models' outputs differ by whole rows); the experts modules compare more
+    strictly (test_experts_class)."""
     model = tiny_model(family, torch.bfloat16)
     ids = torch.randint(0, 128, (3, 11), generator=torch.Generator().manual_seed(SEED % 2**31))
-    logits_e, loss_e, _ = model_step(model, "eager", ids)
-    logits_m, loss_m, grads_m = model_step(model, "mok", ids)
-    assert rel_error(logits_m, logits_e) <= 0.05
-    assert abs(float(loss_m) - float(loss_e)) <= 0.02 * float(loss_e)
+    routing = {}
+    logits_e, loss_e, _ = model_step(model, "eager", ids, routing)
+    assert len(routing) == len(experts_modules(model)) > 0
+    logits_m, loss_m, grads_m = model_step(model, "mok", ids, routing)
+    # The logits' own bf16 rounding (2^-9) and every layer's, which the two paths do differently:
+    # 0.002-0.006 measured over 12-30 draws of each family (2026-12-07, torch 2.11 and 2.15).
+    assert rel_error(logits_m, logits_e) <= 4 * 2.0**-8
+    assert abs(float(loss_m) - float(loss_e)) <= 2.0**-8 * float(loss_e)
     for name, module in experts_modules(model):
         assert torch.isfinite(grads_m[f"{name}.gate_up_proj"]).all()
         assert torch.isfinite(grads_m[f"{name}.down_proj"]).all()
@@ -557,8 +603,9 @@ def test_gpu_experts_module(family):
 def test_gpu_whole_model_and_training():
     model = tiny_model("qwen3_moe", torch.bfloat16).cuda()
     ids = torch.randint(0, 128, (4, 33), device="cuda")
-    logits_e, loss_e, _ = model_step(model, "grouped_mm", ids)
-    logits_m, loss_m, _ = model_step(model, "mok", ids)
+    routing = {}
+    logits_e, loss_e, _ = model_step(model, "grouped_mm", ids, routing)
+    logits_m, loss_m, _ = model_step(model, "mok", ids, routing)
     assert rel_error(logits_m, logits_e) <= 0.05
     assert abs(float(loss_m) - float(loss_e)) <= 0.02 * float(loss_e)
 
