@@ -463,6 +463,26 @@ def test_training_follows_eager(family, dtype, tolerance):
         assert abs(m - e) <= tolerance * e, curves
 
 
+@requires_transformers
+def test_exit_after_a_model_ran_reports_no_leak():
+    """A script that ran a model on mok exits without nanobind's leak report: the shared
+    workspaces' C++ workspaces are freed at exit (mok/_workspace.py), not after the extension's
+    teardown, where the report listed them."""
+    code = ("import torch, mok.integrations.transformers\n"
+            "from transformers import Qwen3MoeConfig, AutoModelForCausalLM\n"
+            "cfg = Qwen3MoeConfig(vocab_size=128, hidden_size=128, intermediate_size=128,\n"
+            "    moe_intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,\n"
+            "    num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)\n"
+            "model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,\n"
+            "                                         experts_implementation='mok')\n"
+            "model(torch.randint(0, 128, (2, 5))).logits.sum().backward()\n"
+            "print(len(mok._workspace.automatic()._cores) > 0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True", proc.stdout  # a C++ workspace existed at exit
+    assert "leaked" not in proc.stderr, proc.stderr
+
+
 # ---- refusals ----------------------------------------------------------------------------------
 
 
