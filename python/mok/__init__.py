@@ -31,7 +31,27 @@ uses no other module's private names (tests/python/test_imports.py checks both).
     ops              the public ops
 """
 
-from mok import _native
+import re as _re
+
+import torch as _torch
+
+# The oldest PyTorch mok runs on: the Python suite passes on the CPU with torch 2.9, 2.10, 2.11
+# and 2.15 (2026-12-07). Older ones fail at import (2.4, 2.6: torch.library cannot read the ops'
+# annotations) or in parts (2.8: torch.compile hides mok's refusal of an unchecked module).
+TORCH_MINIMUM = (2, 9)
+
+
+def _check_torch(version):
+    """ImportError naming `version` (torch.__version__) when it is older than TORCH_MINIMUM."""
+    found = _re.match(r"(\d+)\.(\d+)", version)
+    if found is None or tuple(int(n) for n in found.groups()) < TORCH_MINIMUM:
+        raise ImportError(f"mok: invalid torch version: expected {TORCH_MINIMUM[0]}."
+                          f"{TORCH_MINIMUM[1]} or newer, got {version}")
+
+
+_check_torch(_torch.__version__)
+
+from mok import _native  # noqa: E402
 
 __version__ = _native.lib.__version__
 
