@@ -7,6 +7,7 @@ and summing to 1).
 GPU tests skip visibly without a GPU, always with a reason that says so (NO_GPU_REASON or
 NO_CUDA_BACKEND_REASON): scripts/gpu-suite fails a GPU run on any such skip."""
 
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -44,6 +45,23 @@ CUDA_SKIP_REASON = NO_GPU_REASON if not HAVE_GPU else NO_CUDA_BACKEND_REASON
 requires_cuda = pytest.mark.skipif(not CUDA_READY, reason=CUDA_SKIP_REASON)
 # Device parameter for tests that run on every backend: cpu always, cuda where it can run.
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+def _transformers_skip_reason():
+    """Why mok's Transformers integration cannot be tested here, or None. Read from the package's
+    metadata: importing Transformers here would slow every test file."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "transformers is not installed (pip install .[transformers])"
+    try:
+        mok._check_version("transformers", version, mok.TRANSFORMERS_MINIMUM)
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+TRANSFORMERS_SKIP_REASON = _transformers_skip_reason()
 
 
 def pytest_configure(config):

@@ -3,14 +3,15 @@ registered by the bench itself (importing mok.integrations.transformers before
 set_experts_implementation), which a test in this process could not see (the integration's tests
 import it at module level). A tiny Qwen3-MoE-shaped model on the CPU, one MoE block forward and
 backward through the bench's own helpers, for mok in bf16 and in FP8 (the bench's "mok-fp8": I a
-multiple of 128, the precision configured by the bench). Skipped visibly without Transformers."""
+multiple of 128, the precision configured by the bench). Skipped visibly without Transformers
+(or with one older than mok's integration needs)."""
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from conftest import TRANSFORMERS_SKIP_REASON
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,9 +37,8 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                    reason="transformers is not installed (pip install .[transformers]): "
-                    "bench_hf.py's model build not run")
+@pytest.mark.skipif(TRANSFORMERS_SKIP_REASON is not None,
+                    reason=f"{TRANSFORMERS_SKIP_REASON}: bench_hf.py's model build not run")
 @pytest.mark.parametrize("impl,inter,precision", [("mok", 64, "bf16"), ("mok-fp8", 128, "fp8")])
 def test_bench_hf_builds_a_mok_model_in_a_fresh_process(impl, inter, precision):
     code = CODE.format(bench=str(ROOT / "bench"), impl=impl, inter=inter, precision=precision)

@@ -27,13 +27,15 @@ import sys
 
 import pytest
 import torch
-from conftest import (DEVICES, F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED, rel_error,
-                      requires_cuda)
+from conftest import (DEVICES, F64_TOLERANCE, GRAD_TOLERANCE, OUT_TOLERANCE, SEED,
+                      TRANSFORMERS_SKIP_REASON, rel_error, requires_cuda)
 
-HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+import mok
+
+HAVE_TRANSFORMERS = TRANSFORMERS_SKIP_REASON is None  # installed, and new enough for mok
 requires_transformers = pytest.mark.skipif(
-    not HAVE_TRANSFORMERS, reason="transformers is not installed (pip install .[transformers]): "
-    "the Hugging Face integration's tests not run")
+    not HAVE_TRANSFORMERS,
+    reason=f"{TRANSFORMERS_SKIP_REASON}: the Hugging Face integration's tests not run")
 
 
 def test_import_mok_leaves_transformers_alone():
@@ -48,7 +50,6 @@ if HAVE_TRANSFORMERS:
     import transformers.models
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import mok
     import mok.integrations.transformers as mok_hf
     from mok import _layer_ops
 else:  # the parametrizations below stay empty
@@ -484,6 +485,32 @@ def test_exit_after_a_model_ran_reports_no_leak():
 
 
 # ---- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (pip install .[transformers])")
+def test_older_transformers_refused_at_import_naming_it():
+    """Before 5.7.0 Transformers refuses a registered experts_implementation by name (measured
+    with 5.0.0 to 5.6.2), so mok's integration refuses to load there, naming the version. Runs
+    with any Transformers: the version is replaced before the integration's import."""
+    assert mok.TRANSFORMERS_MINIMUM == (5, 7)
+    code = ("import transformers\n"
+            "transformers.__version__ = {!r}\n"
+            "try:\n"
+            "    import mok.integrations.transformers\n"
+            "except ImportError as e:\n"
+            "    print(e)\n"
+            "else:\n"
+            "    print('imported')\n")
+    for version, expected in [
+            ("5.6.2", "mok: invalid transformers version: expected 5.7 or newer, got 5.6.2"),
+            ("5.0.0", "mok: invalid transformers version: expected 5.7 or newer, got 5.0.0"),
+            ("4.57.6", "mok: invalid transformers version: expected 5.7 or newer, got 4.57.6"),
+            ("5.7.0", "imported"), ("5.26.0.dev0", "imported"), ("6.0.0", "imported")]:
+        proc = subprocess.run([sys.executable, "-c", code.format(version)], capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected, (version, proc.stdout)
 
 
 def experts_of(family):

@@ -33,10 +33,15 @@ import math
 from dataclasses import dataclass
 
 import torch
-import transformers.integrations.moe as hf_moe
+import transformers
 
+import mok
 from mok import _checks, _fp8_layer, _workspace, nn
 from mok._config import MoKConfig
+
+mok._check_version("transformers", transformers.__version__, mok.TRANSFORMERS_MINIMUM)
+
+import transformers.integrations.moe as hf_moe  # noqa: E402
 
 NAME = "mok"  # the experts_implementation this module registers
 PRECISIONS = _fp8_layer.PRECISIONS  # configure(precision=...)
