@@ -9,6 +9,7 @@
 """
 
 import math
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -120,6 +121,17 @@ def _ep_rank_size(group, device, num_experts, backend):
     return rank, size
 
 
+def _autocast_inputs(x, weights):
+    """Under torch.autocast: x and the float32 weights in the autocast dtype, as F.linear casts
+    them (float64 stays float64); differentiable, so float32 parameters get float32 gradients."""
+    dtype = torch.get_autocast_dtype(x.device.type)
+    if dtype != torch.bfloat16:
+        _checks.fail("autocast dtype", "torch.bfloat16 (mok's layer computes in bf16)", str(dtype),
+                     TypeError)
+    cast = lambda t: t.to(dtype) if t is not None and t.dtype == torch.float32 else t  # noqa: E731
+    return cast(x), tuple(cast(w) for w in weights)
+
+
 class MoEStats(NamedTuple):
     """The router's load statistics for one call."""
 
@@ -143,6 +155,13 @@ class MoE(torch.nn.Module):
     The router runs in fp32 (float64 for a float64 module); its gradient flows through the router
     weights into W_r. Experts and shared expert are SwiGLU, in `dtype` (bf16, or float64 for the
     CPU backend's exact mode). Initialisation as torch.nn.Linear (uniform in +-1/sqrt(fan_in)).
+    Mixed precision: with dtype=torch.float32 (or after .float()) the parameters are fp32 master
+    weights and the layer computes in bf16 under torch.autocast(dtype=torch.bfloat16), which
+    casts x and the weights per call as F.linear does, or under FSDP2 (fully_shard) with
+    MixedPrecisionPolicy(param_dtype=torch.bfloat16), which hands over bf16 weights (FSDP2 needs
+    one parameter dtype per group: the bf16 default, with its fp32 router, cannot be sharded).
+    Activation checkpointing: torch.utils.checkpoint with use_reentrant=False recomputes the layer
+    bit for bit; the reentrant form drops the gradient of MoEStats (not a tensor output).
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
     precision="fp8" or "fp8-bf16-wgrad": the FP8 layer (mok.moe's precision; bf16 dtype, H and I
@@ -197,17 +216,21 @@ class MoE(torch.nn.Module):
             except (RuntimeError, TypeError) as e:
                 _checks.fail("device", "None or a torch.device (or its name)", repr(device),
                              TypeError if isinstance(e, TypeError) else ValueError)
-        if not isinstance(dtype, torch.dtype) or dtype not in _checks.ACTIVATION_DTYPES:
-            _checks.fail("dtype", "torch.bfloat16 (or torch.float64 on the cpu backend)",
+        if not isinstance(dtype, torch.dtype) or dtype not in (*_checks.ACTIVATION_DTYPES,
+                                                                torch.float32):
+            _checks.fail("dtype", "torch.bfloat16, torch.float32 (computed in bf16 under "
+                         "autocast or FSDP's mixed precision) or torch.float64 (the cpu backend)",
                          str(dtype), TypeError)
+        compute_dtype = torch.bfloat16 if dtype == torch.float32 else dtype
         self.swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
         self.precision = _fp8_layer.check_precision(precision)
         if _fp8_layer.is_fp8(self.precision):
             if backend != "mok":
                 _checks.fail("precision", "'bf16' with backend='torch' (the pure-PyTorch "
                              "baseline has no FP8 layer)", repr(self.precision))
-            if dtype != torch.bfloat16:
-                _checks.fail("dtype", "torch.bfloat16 for precision='fp8'", str(dtype), TypeError)
+            if compute_dtype != torch.bfloat16:
+                _checks.fail("dtype", "torch.bfloat16 or torch.float32 for precision='fp8'",
+                             str(dtype), TypeError)
             for name, size in (("hidden_size", hidden_size),
                                ("intermediate_size", intermediate_size)):
                 if size % 128:
@@ -218,7 +241,7 @@ class MoE(torch.nn.Module):
                 num_tokens=1, hidden_size=hidden_size, intermediate_size=intermediate_size,
                 num_experts=num_experts, topk=topk,
                 shared_intermediate_size=shared_intermediate_size, ep_size=ep_size,
-                ep_rank=ep_rank, activation_dtype=_checks.dtype_name(dtype))
+                ep_rank=ep_rank, activation_dtype=_checks.dtype_name(compute_dtype))
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.num_experts, self.topk = num_experts, topk
         self.shared_intermediate_size = shared_intermediate_size
@@ -283,7 +306,10 @@ class MoE(torch.nn.Module):
     def route(self, x):
         """x [T, H] -> (topk_experts int64 [T, k], topk_weights [T, k], MoEStats)."""
         E, k = self.num_experts, self.topk
-        logits = F.linear(x.to(self.router_weight.dtype), self.router_weight)
+        # fp32 (float64 for float64 x) whatever the router weight's dtype: FSDP's mixed precision
+        # hands it over in its param_dtype.
+        dtype = _checks.router_dtype(x.dtype)
+        logits = F.linear(x.to(dtype), self.router_weight.to(dtype))
         if self.router == "softmax":
             probs = logits.softmax(dim=-1)
             chosen, topk_experts = probs.topk(k, dim=-1)
@@ -307,16 +333,26 @@ class MoE(torch.nn.Module):
         shape = x.shape
         if x.shape[-1] != self.hidden_size:
             _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
-        x2 = x.reshape(-1, self.hidden_size).contiguous()
-        topk_experts, topk_weights, stats = self.route(x2)
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
-        if self.backend == "mok":
-            out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
-                      swiglu_limit=self.swiglu_limit, precision=self.precision)
-        else:
-            out = reference.moe(x2, topk_experts, topk_weights, *weights,
-                                swiglu_limit=self.swiglu_limit)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if autocast:
+            x, weights = _autocast_inputs(x, weights)
+        elif self.routed_gate_weights.dtype == torch.float32:
+            _checks.fail("routed_gate_weights.dtype", "bfloat16 at the call (float32 parameters "
+                         "are computed in bf16 under torch.autocast(dtype=torch.bfloat16) or "
+                         "FSDP's MixedPrecisionPolicy(param_dtype=torch.bfloat16))", "float32",
+                         TypeError)
+        x2 = x.reshape(-1, self.hidden_size).contiguous()
+        # Under autocast, the router in fp32 and the layer in its own dtypes, as without it.
+        with torch.autocast(x.device.type, enabled=False) if autocast else nullcontext():
+            topk_experts, topk_weights, stats = self.route(x2)
+            if self.backend == "mok":
+                out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
+                          swiglu_limit=self.swiglu_limit, precision=self.precision)
+            else:
+                out = reference.moe(x2, topk_experts, topk_weights, *weights,
+                                    swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
 
     def quantize_weights(self):

@@ -350,14 +350,17 @@ MOE_SHAPE = dict(hidden_size=64, intermediate_size=64, num_experts=4, topk=2)
      "invalid group: expected None (one process) or a torch.distributed ProcessGroup, got int"),
     (dict(device="gpu0"), ValueError,
      "invalid device: expected None or a torch.device (or its name), got 'gpu0'"),
-    (dict(dtype=torch.float32), TypeError,
-     "invalid dtype: expected torch.bfloat16 (or torch.float64 on the cpu backend), got "
-     "torch.float32"),
+    (dict(dtype=torch.float16), TypeError,
+     "invalid dtype: expected torch.bfloat16, torch.float32 (computed in bf16 under autocast or "
+     "FSDP's mixed precision) or torch.float64 (the cpu backend), got torch.float16"),
     (dict(dtype="bfloat16"), TypeError,
-     "invalid dtype: expected torch.bfloat16 (or torch.float64 on the cpu backend), got "
-     "bfloat16"),
+     "invalid dtype: expected torch.bfloat16, torch.float32 (computed in bf16 under autocast or "
+     "FSDP's mixed precision) or torch.float64 (the cpu backend), got bfloat16"),
     (dict(swiglu_limit=float("nan")), ValueError,
      "invalid swiglu_limit: expected None or a finite positive number, got nan"),
+    (dict(dtype=torch.float64, precision="fp8"), TypeError,
+     "invalid dtype: expected torch.bfloat16 or torch.float32 for precision='fp8', got "
+     "torch.float64"),
 ])
 def test_moe_module_arguments(gen, change, error, message):
     """Every constructor argument is checked before anything is built: mok's error naming it.

@@ -1,0 +1,178 @@
+"""One rank of the data-parallel wrapping tests (CPU tensors, gloo), run by torchrun:
+
+    torchrun --standalone --nproc-per-node W tests/python/fsdp_worker.py --suite S --seed N
+
+tests/python/test_training_setups.py launches it for W = 2. mok.nn.MoE is replicated or sharded
+the way a data-parallel training job wraps it, each rank with its own tokens; the reference is
+the same module in one process, unwrapped, over every rank's tokens. Suites:
+
+  fsdp  FSDP2: fully_shard of a module with float32 parameters (dtype=torch.float32: the master
+        weights) and MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), softmax and
+        sigmoid routers, precision "bf16" and "fp8", three SGD steps. Each step: the rank's
+        output bit for bit the reference's (the same weights rounded to bf16, the module under
+        torch.autocast(dtype=bf16)); every gradient, after FSDP's reduce-scatter, against the
+        mean of the reference's per-rank gradients (rounded to bf16, as FSDP's bf16 parameters
+        round them) within float32 rounding of that mean; the step changes the weights, so a
+        stale FP8 quantization of the last step's weights would fail the next step's output.
+  ddp   DistributedDataParallel over a bf16 module: outputs bit for bit the reference's, the
+        all-reduced gradients against the mean of the reference's per-rank gradients within bf16
+        rounding of that mean (DDP averages bf16 gradients in bf16).
+
+Each rank prints "[rank R] SUITE: passed" when every check held, and exits 1 otherwise.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mok  # noqa: E402
+
+H, I, S, E, K, T = 128, 128, 128, 8, 2, 37  # FP8 needs H and I multiples of 128; T odd
+
+
+class Checks:
+    def __init__(self, rank):
+        self.rank, self.failures, self.count = rank, [], 0
+
+    def that(self, what, ok, detail=""):
+        self.count += 1
+        if not ok:
+            self.failures.append(f"{what}: {detail}")
+
+    def bits(self, what, got, want):
+        ok = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        diff = ((got.float() - want.float()).abs().max().item()
+                if got.shape == want.shape else "shape")
+        self.that(what, ok, f"not bit for bit ({got.dtype} {tuple(got.shape)} against "
+                  f"{want.dtype} {tuple(want.shape)}, max |diff| {diff})")
+
+    def near(self, what, got, want, bound):
+        """Every element: |got - want| <= bound (a tensor of per-element bounds)."""
+        excess = ((got.double() - want.double()).abs() - bound.double()).max().item()
+        self.that(what, excess <= 0, f"exceeds its bound by {excess:.3g} (max |want| "
+                  f"{want.abs().max().item():.3g})")
+
+
+def make_module(router, precision, dtype, seed):
+    torch.manual_seed(seed)
+    return mok.nn.MoE(H, I, E, K, shared_intermediate_size=S, router=router, dtype=dtype,
+                      precision=precision)
+
+
+def tokens(seed, step, rank):
+    g = torch.Generator().manual_seed(seed * 1000 + step * 10 + rank)
+    return torch.randn(T, H, generator=g).to(torch.bfloat16)
+
+
+def loss_of(out, stats):
+    return out.float().square().mean() + 0.01 * stats.load_balancing_loss
+
+
+def full(p):
+    """A parameter's (or gradient's) whole tensor: FSDP's are DTensor shards."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def reference_grads(module, xs, autocast):
+    """Per rank's tokens: (output, {name: gradient}) of the unwrapped module."""
+    results = []
+    for x in xs:
+        module.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, stats = module(x)
+        loss_of(out, stats).backward()
+        results.append((out.detach(), {n: p.grad.detach().clone()
+                                       for n, p in module.named_parameters()}))
+    return results
+
+
+def suite_fsdp(check, rank, world, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for router in ("softmax", "sigmoid"):
+        for precision in ("bf16", "fp8"):
+            tag = f"fsdp {router} {precision}"
+            module = make_module(router, precision, torch.float32, seed)
+            fully_shard(module, mp_policy=policy)
+            opt = torch.optim.SGD(module.parameters(), lr=0.5)
+            reference = make_module(router, precision, torch.float32, seed)
+            before = None
+            for step in range(3):
+                # The reference: FSDP's weights as its bf16 parameters hold them.
+                with torch.no_grad():
+                    weights = {n: full(p).to(torch.bfloat16) for n, p in module.named_parameters()}
+                    for n, q in reference.named_parameters():
+                        q.copy_(weights[n])
+                if before is not None:
+                    changed = all(not torch.equal(weights[n], before[n]) for n in before)
+                    check.that(f"{tag} step {step}: the step changed every weight", changed)
+                before = weights
+                xs = [tokens(seed, step, r) for r in range(world)]
+                want = reference_grads(reference, xs, autocast=True)
+                out, stats = module(xs[rank])
+                check.bits(f"{tag} step {step}: output", out, want[rank][0])
+                loss_of(out, stats).backward()
+                for n, p in module.named_parameters():
+                    got = full(p.grad)
+                    per_rank = [w[1][n].to(torch.bfloat16).float() for w in want]
+                    mean = sum(per_rank) / world
+                    # float32 sums and FSDP's pre- and post-division: a few roundings of 2^-24
+                    # relative to the magnitudes summed.
+                    bound = 8 * 2.0**-24 * sum(g.abs() for g in per_rank) / world + 2.0**-126
+                    check.near(f"{tag} step {step}: {n}.grad", got, mean, bound)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+
+def suite_ddp(check, rank, world, seed):
+    from torch.nn.parallel import DistributedDataParallel
+    for router in ("softmax", "sigmoid"):
+        tag = f"ddp {router}"
+        module = make_module(router, "bf16", torch.bfloat16, seed)
+        reference = make_module(router, "bf16", torch.bfloat16, seed)
+        ddp = DistributedDataParallel(module)
+        xs = [tokens(seed, 0, r) for r in range(world)]
+        want = reference_grads(reference, xs, autocast=False)
+        out, stats = ddp(xs[rank])
+        check.bits(f"{tag}: output", out, want[rank][0])
+        loss_of(out, stats).backward()
+        for n, p in module.named_parameters():
+            per_rank = [w[1][n].double() for w in want]
+            mean = sum(per_rank) / world
+            # The mean of bf16 (fp32 router) gradients in their dtype: two roundings.
+            u = 2.0**-8 if p.dtype == torch.bfloat16 else 2.0**-24
+            bound = 2 * u * sum(g.abs() for g in per_rank) / world + 2.0**-126
+            check.near(f"{tag}: {n}.grad", p.grad, mean, bound)
+
+
+SUITES = {"fsdp": suite_fsdp, "ddp": suite_ddp}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", choices=sorted(SUITES), required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check = Checks(rank)
+    try:
+        SUITES[args.suite](check, rank, world, args.seed)
+    except Exception:  # noqa: BLE001 - reported as this rank's failure
+        check.failures.append(traceback.format_exc())
+    dist.barrier()
+    dist.destroy_process_group()
+    if check.failures or check.count == 0:
+        print(f"[rank {rank}] {args.suite}: FAILED ({len(check.failures)} of {check.count} "
+              f"checks, seed {args.seed}):\n" + "\n".join(check.failures), flush=True)
+        sys.exit(1)
+    print(f"[rank {rank}] {args.suite}: passed ({check.count} checks)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
