@@ -350,13 +350,14 @@ def test_experts_class(family, cls):
 # ---- the issue's families as whole models ------------------------------------------------------
 
 
-def model_step(model, implementation, ids, routing=None):
+def model_step(model, implementation, ids, routing=None, autocast=False):
     """Logits, loss and parameter gradients of one step. `routing`: None, or a dict that the step
     fills with every experts module's top_k_index when empty and, when filled, imposes on the
-    step (see pinned_routing)."""
+    step (see pinned_routing). `autocast`: the forward under torch.autocast(dtype=bf16)."""
     model.set_experts_implementation(implementation)
     model.zero_grad(set_to_none=True)
-    with pinned_routing(model, routing):
+    with pinned_routing(model, routing), torch.autocast(ids.device.type, dtype=torch.bfloat16,
+                                                        enabled=autocast):
         out = model(ids, labels=ids)
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
@@ -465,6 +466,28 @@ def test_training_follows_eager(family, dtype, tolerance):
 
 
 @requires_transformers
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_gradient_checkpointing_is_the_plain_step(family, device):
+    """model.gradient_checkpointing_enable(), as fine-tuning scripts call it: the experts rerun
+    on mok in the backward, and the loss, the logits and every gradient (the router's auxiliary
+    loss included, where the family has one) are the plain step's bit for bit."""
+    extra = {"output_router_logits": True} if family == "qwen3_moe" else {}
+    model = tiny_model(family, torch.bfloat16, **extra).to(device)
+    model.train()
+    ids = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(SEED % 2**31))
+    ids = ids.to(device)
+    plain = model_step(model, "mok", ids)
+    model.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing
+    checkpointed = model_step(model, "mok", ids)
+    assert torch.equal(checkpointed[0], plain[0]) and torch.equal(checkpointed[1], plain[1])
+    assert checkpointed[2].keys() == plain[2].keys()
+    for name, grad in plain[2].items():
+        assert torch.equal(checkpointed[2][name], grad), f"seed {SEED}: {name}"
+
+
+@requires_transformers
 def test_exit_after_a_model_ran_reports_no_leak():
     """A script that ran a model on mok exits without nanobind's leak report: the shared
     workspaces' C++ workspaces are freed at exit (mok/_workspace.py), not after the extension's
@@ -552,15 +575,49 @@ def test_refused_at_first_call_and_by_check(extra, reason):
 
 
 @requires_transformers
-def test_fp32_weights_refused():
+def test_fp32_weights_need_autocast():
     model = tiny_model("qwen3_moe", torch.float32, experts_implementation="mok")
+    assert mok_hf.check(model)  # they run under autocast
     with pytest.raises(TypeError, match=r"mok: invalid Qwen3MoeExperts gate_up_proj.dtype "
                        r"\(experts_implementation='mok'\): expected bfloat16 \(or float64, the "
-                       r"exact mode\): convert the model, e.g. model.to\(torch.bfloat16\), got "
-                       r"float32"):
+                       r"exact mode\), or float32 under torch.autocast\(dtype=torch.bfloat16\): "
+                       r"convert the model, e.g. model.to\(torch.bfloat16\), got float32"):
         model(torch.randint(0, 128, (1, 5)))
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(
+            TypeError, match=r"mok: invalid Qwen3MoeExperts autocast dtype \(experts_implementation"
+            r"='mok'\): expected torch.bfloat16 \(mok's layer computes in bf16\), got "
+            r"torch.float16"):
+        model(torch.randint(0, 128, (1, 5)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(torch.randint(0, 128, (1, 5))).logits).all()
     model.to(torch.bfloat16)  # converted, it runs
     assert torch.isfinite(model(torch.randint(0, 128, (1, 5))).logits).all()
+
+
+@requires_transformers
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_autocast_over_an_fp32_model(family, device):
+    """An fp32 model under torch.autocast(dtype=bf16) (what Trainer(bf16=True) runs when the model
+    was loaded in fp32): mok casts the experts' weights and hidden states to bf16 per call, as
+    autocast casts them for eager's linear layers, and returns fp32 hidden states, with fp32
+    gradients for the fp32 weights. Against eager under the same autocast, with eager's expert
+    choices (pinned_routing), within the bf16 model's bounds (test_whole_model_bf16)."""
+    model = tiny_model(family, torch.float32).to(device)
+    ids = torch.randint(0, 128, (3, 11), generator=torch.Generator().manual_seed(SEED % 2**31))
+    ids = ids.to(device)
+    routing = {}
+    logits_e, loss_e, grads_e = model_step(model, "eager", ids, routing, autocast=True)
+    logits_m, loss_m, grads_m = model_step(model, "mok", ids, routing, autocast=True)
+    assert logits_m.dtype == logits_e.dtype
+    assert rel_error(logits_m, logits_e) <= 4 * 2.0**-8
+    assert abs(float(loss_m) - float(loss_e)) <= 2.0**-8 * float(loss_e)
+    assert grads_m.keys() == grads_e.keys()
+    for name, module in experts_modules(model):
+        for w in ("gate_up_proj", "down_proj"):
+            got, want = grads_m[f"{name}.{w}"], grads_e[f"{name}.{w}"]
+            assert got.dtype == torch.float32
+            assert rel_error(got, want) <= GRAD_TOLERANCE, f"seed {SEED}: {name}.{w}"
 
 
 @requires_transformers

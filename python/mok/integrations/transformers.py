@@ -19,9 +19,10 @@ as eager computes them.
 What runs: SwiGLU experts, i.e. a gate function (the class's ``_apply_gate``) equal to
 silu(gate) * up, or to MoK's clamped form silu(min(gate, L)) * clamp(up, -L, L) with the module's
 own limit; no bias, no post-expert norm, not transposed; H and I multiples of 64; bf16 weights (on
-CUDA: the GPU layer; on the CPU: mok's reference), or float64 on the CPU (the reference's exact
-mode). Anything else raises mok's error naming the reason at the module's first call (or at
-check(model)): never a silent fallback. docs/transformers.md has the family table.
+CUDA: the GPU layer; on the CPU: mok's reference), float64 on the CPU (the reference's exact
+mode), or float32 under torch.autocast(dtype=torch.bfloat16) (cast to bf16 per call). Anything
+else raises mok's error naming the reason at the module's first call (or at check(model)): never
+a silent fallback. docs/transformers.md has the family table.
 
 Workspaces: every experts module of one shape shares one (mok's automatic workspace, or the one
 of the MoKConfig given to configure()). A module is checked once, at its first call or by
@@ -29,6 +30,7 @@ check(model); under torch.compile the check must have run before tracing (check(
 eager call).
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -190,51 +192,78 @@ def plan(module):
     return found
 
 
-def _check_tensors(module, hidden_dtype=None):
-    """Per call, metadata only: the dtypes mok runs (the device picks the backend)."""
+def _autocast_bf16(module, device_type):
+    """Whether torch.autocast is on for `device_type` (bf16: mok's; another dtype is refused)."""
+    if not torch.is_autocast_enabled(device_type):
+        return False
+    dtype = torch.get_autocast_dtype(device_type)
+    if dtype != torch.bfloat16:
+        _refuse(module, "autocast dtype", "torch.bfloat16 (mok's layer computes in bf16)",
+                str(dtype), TypeError)
+    return True
+
+
+def _call_dtype(module, hidden_dtype=None):
+    """Metadata only: the dtype mok computes this module in (the device picks the backend). The
+    weights' own (bf16, or float64 on the CPU), or bf16 for float32 weights and activations under
+    torch.autocast(dtype=torch.bfloat16), which casts them per call as it would for eager's
+    linear layers. Without `hidden_dtype` (check(model), outside any call) float32 weights pass:
+    they run under autocast."""
     w = module.gate_up_proj
-    on_cpu = w.device.type == "cpu"
-    allowed = (torch.bfloat16, torch.float64) if on_cpu else (torch.bfloat16,)
-    if w.dtype not in allowed:
-        _refuse(module, "gate_up_proj.dtype", "bfloat16" + (" (or float64, the exact mode)"
-                if on_cpu else "") + ": convert the model, e.g. model.to(torch.bfloat16)",
-                _checks.dtype_name(w.dtype), TypeError)
     if module.down_proj.dtype != w.dtype:
         _refuse(module, "down_proj.dtype", _checks.dtype_name(w.dtype),
                 _checks.dtype_name(module.down_proj.dtype), TypeError)
-    if hidden_dtype is not None and hidden_dtype != w.dtype:
-        _refuse(module, "hidden_states.dtype", f"{_checks.dtype_name(w.dtype)}, the experts' "
-                "dtype (mok does not cast activations)", _checks.dtype_name(hidden_dtype),
+    autocast = hidden_dtype is not None and _autocast_bf16(module, w.device.type)
+    if autocast or hidden_dtype is None:
+        cast = {torch.float32: torch.bfloat16}
+        w_dtype = cast.get(w.dtype, w.dtype)
+        hidden_dtype = w_dtype if hidden_dtype is None else cast.get(hidden_dtype, hidden_dtype)
+    else:
+        w_dtype = w.dtype
+    on_cpu = w.device.type == "cpu"
+    allowed = (torch.bfloat16, torch.float64) if on_cpu else (torch.bfloat16,)
+    if w_dtype not in allowed:
+        _refuse(module, "gate_up_proj.dtype", "bfloat16" + (" (or float64, the exact mode)"
+                if on_cpu else "") + ", or float32 under torch.autocast(dtype=torch.bfloat16): "
+                "convert the model, e.g. model.to(torch.bfloat16)", _checks.dtype_name(w.dtype),
                 TypeError)
+    if hidden_dtype != w_dtype:
+        _refuse(module, "hidden_states.dtype", f"{_checks.dtype_name(w_dtype)}, the experts' "
+                "dtype (mok casts activations only under torch.autocast)",
+                _checks.dtype_name(hidden_dtype), TypeError)
+    return w_dtype
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """The "mok" experts implementation: sum_j top_k_weights[t, j] * expert_{top_k_index[t, j]}(
-    hidden_states[t]) for every token, by mok's layer on the module's own weights."""
+    hidden_states[t]) for every token, by mok's layer on the module's own weights (under
+    torch.autocast, float32 ones cast to bf16 per call; the output in hidden_states' dtype)."""
     p = plan(self)
-    _check_tensors(self, hidden_states.dtype)
-    H = self.gate_up_proj.shape[2]
+    dtype = _call_dtype(self, hidden_states.dtype)
+    gate_up, down = self.gate_up_proj.to(dtype), self.down_proj.to(dtype)  # no-ops unless cast
+    H = gate_up.shape[2]
     shape = hidden_states.shape
-    x = hidden_states.reshape(-1, H).contiguous()
+    x = hidden_states.reshape(-1, H).to(dtype).contiguous()
     k = top_k_index.shape[-1]
     ids = top_k_index.reshape(-1, k).to(torch.int64)
     if getattr(self, "_is_expert_parallel", False):
         # Transformers' expert parallelism marks slots of other ranks' experts with ids >=
         # num_experts: mok's unused slot is -1 (no row, no gradient).
-        ids = torch.where(ids < self.gate_up_proj.shape[0], ids, torch.full_like(ids, -1))
+        ids = torch.where(ids < gate_up.shape[0], ids, torch.full_like(ids, -1))
     weights = top_k_weights.reshape(-1, k).to(_checks.router_dtype(x.dtype))
-    out = nn.moe_packed(x, ids.contiguous(), weights.contiguous(), self.gate_up_proj,
-                        self.down_proj, interleaved=p.interleaved,
-                        workspace=_settings.workspace, swiglu_limit=p.swiglu_limit,
-                        precision=_settings.precision)
-    return out.reshape(shape)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
+        out = nn.moe_packed(x, ids.contiguous(), weights.contiguous(), gate_up, down,
+                            interleaved=p.interleaved, workspace=_settings.workspace,
+                            swiglu_limit=p.swiglu_limit, precision=_settings.precision)
+    return out.to(hidden_states.dtype).reshape(shape)
 
 
 def unsupported_reason(module):
     """None where mok runs this experts module, else the reason (mok's error message)."""
     try:
         plan(module)
-        _check_tensors(module)
+        _call_dtype(module)
     except (TypeError, ValueError) as e:
         return str(e)
     return None
@@ -247,7 +276,7 @@ def check(model):
     for name, module in model.named_modules():
         if is_experts_module(module):
             plan(module)
-            _check_tensors(module)
+            _call_dtype(module)
             names.append(name)
     return names
 
