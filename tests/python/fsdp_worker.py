@@ -1,8 +1,11 @@
 """One rank of the data-parallel wrapping tests (CPU tensors, gloo), run by torchrun:
 
-    torchrun --standalone --nproc-per-node W tests/python/fsdp_worker.py --suite S --seed N
+    torchrun --standalone --nproc-per-node W tests/python/fsdp_worker.py --suite S --seed N \
+        [--device cuda]
 
-tests/python/test_training_setups.py launches it for W = 2. mok.nn.MoE is replicated or sharded
+tests/python/test_training_setups.py launches it for W = 2 on CPU tensors (gloo) and W = 1 on
+the GPU (NCCL: one GPU here, so FSDP2 holds every weight whole, through its own all-gather and
+reduce-scatter, and the CUDA layer's FP8 weights still follow each step). mok.nn.MoE is replicated or sharded
 the way a data-parallel training job wraps it, each rank with its own tokens; the reference is
 the same module in one process, unwrapped, over every rank's tokens. Suites:
 
@@ -58,15 +61,19 @@ class Checks:
                   f"{want.abs().max().item():.3g})")
 
 
+DEVICE = "cpu"  # --device
+
+
 def make_module(router, precision, dtype, seed):
     torch.manual_seed(seed)
-    return mok.nn.MoE(H, I, E, K, shared_intermediate_size=S, router=router, dtype=dtype,
-                      precision=precision)
+    module = mok.nn.MoE(H, I, E, K, shared_intermediate_size=S, router=router, dtype=dtype,
+                        precision=precision)
+    return module.to(DEVICE)
 
 
 def tokens(seed, step, rank):
     g = torch.Generator().manual_seed(seed * 1000 + step * 10 + rank)
-    return torch.randn(T, H, generator=g).to(torch.bfloat16)
+    return torch.randn(T, H, generator=g).to(device=DEVICE, dtype=torch.bfloat16)
 
 
 def loss_of(out, stats):
@@ -83,7 +90,7 @@ def reference_grads(module, xs, autocast):
     results = []
     for x in xs:
         module.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
             out, stats = module(x)
         loss_of(out, stats).backward()
         results.append((out.detach(), {n: p.grad.detach().clone()
@@ -135,7 +142,7 @@ def suite_ddp(check, rank, world, seed):
         tag = f"ddp {router}"
         module = make_module(router, "bf16", torch.bfloat16, seed)
         reference = make_module(router, "bf16", torch.bfloat16, seed)
-        ddp = DistributedDataParallel(module)
+        ddp = DistributedDataParallel(module, device_ids=[0] if DEVICE == "cuda" else None)
         xs = [tokens(seed, 0, r) for r in range(world)]
         want = reference_grads(reference, xs, autocast=False)
         out, stats = ddp(xs[rank])
@@ -157,8 +164,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", choices=sorted(SUITES), required=True)
     ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     check = Checks(rank)
     try:

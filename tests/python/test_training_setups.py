@@ -1,14 +1,15 @@
 """mok.nn.MoE in the setups a training job wraps it in: activation checkpointing, torch.autocast
 over float32 master weights, DistributedDataParallel and FSDP2 (fully_shard with bf16 mixed
 precision). The data-parallel ones run tests/python/fsdp_worker.py under torchrun (2 CPU
-processes, gloo); the others run here, on every backend (CUDA skipped visibly without a GPU).
+processes, gloo; and 1 GPU process, NCCL); the others run here, on every backend (CUDA skipped
+visibly without a GPU).
 """
 
 import os
 
 import pytest
 import torch
-from conftest import DEVICES, SEED, passed_ranks, torchrun
+from conftest import DEVICES, SEED, passed_ranks, requires_cuda, torchrun
 from torch.utils.checkpoint import checkpoint
 
 import mok
@@ -116,3 +117,12 @@ def test_float32_weights_need_autocast_or_fsdp():
 def test_data_parallel_wrappers(suite):
     out = torchrun(WORKER, 2, ["--suite", suite, "--seed", str(SEED)], 300, f"{suite} suite")
     assert passed_ranks(out, 2, suite) == [0, 1], out[-6000:]
+
+
+@requires_cuda
+@pytest.mark.parametrize("suite", ["fsdp", "ddp"])
+def test_gpu_data_parallel_wrappers(suite):
+    """One GPU, NCCL, one rank: the wrappers' own gathers and reductions around the CUDA layer."""
+    out = torchrun(WORKER, 1, ["--suite", suite, "--seed", str(SEED), "--device", "cuda"], 300,
+                   f"{suite} suite on the GPU")
+    assert passed_ranks(out, 1, suite) == [0], out[-6000:]
