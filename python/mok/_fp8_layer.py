@@ -9,9 +9,12 @@ Weights are quantized (mok's 128x128 blocks, both orientations: include/mok/fp8.
 version, not per call. The quantization of a weight tensor is cached by the tensor's identity and
 checked against its version counter (PyTorch's ``_version``, which every in-place change bumps, an
 optimizer's step included) and its data pointer, so a step's first call quantizes each weight
-again and the calls after it reuse that. A change the version counter cannot see (an in-place
-change through ``.data``, or through another tensor sharing the memory) needs an explicit
-``requantize`` (``mok.nn.MoE.quantize_weights()``).
+again and the calls after it reuse that. A weight whose memory another tensor holds as well (a
+view, a ``.data`` still alive, FSDP2's all-gather buffer behind its unsharded parameters) is
+quantized on every call instead: a write through that tensor moves neither the weight's counter
+nor, often, its address (storage_shared). A change the version counter cannot see through a
+tensor gone by the next call (``w.data.mul_(...)``) needs an explicit ``requantize``
+(``mok.nn.MoE.quantize_weights()``).
 
 The ops (torch.library, namespace ``mok::``): ``forward_fp8`` and ``backward_fp8`` are
 ``forward`` and ``backward`` (mok/ops.py) with one more argument, ``fp8_weights``: the twelve
@@ -115,6 +118,23 @@ def _state(w):
     return (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device)
 
 
+def storage_shared(t):
+    """Whether a tensor other than `t` holds t's memory. Then t can change without t's version
+    counter moving and at the same address, and a cached quantization of t cannot be trusted:
+    FSDP2 (fully_shard) writes its all-gathered weights into its unsharded parameters through
+    such a tensor, its all-gather buffer, every step, with the parameter's counter at 0 and, on a
+    GPU, often at the same address (NOTES, 2026-12-07). Counted from the storage's references,
+    less the one of the storage object asked for them, t's own and, where t is a view, its base's
+    (a base shares t's version counter): any other tensor's (another view, a `.data` still alive)
+    counts. Without that count (a PyTorch that lacks it), every weight counts as shared:
+    quantized on every call, never stale."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return True
+    storage = t.untyped_storage()
+    return count(storage._cdata) > 2 + (t._base is not None)
+
+
 @torch.library.custom_op("mok::quantize_weights", mutates_args=())
 def quantize_weights_op(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                    torch.Tensor]:
@@ -139,13 +159,17 @@ def _quantize_into(w, q):
     _native.launch(lib.quantize_weights, w.device, *views(w, *q))
 
 
-def _quantizations(owner, tag, sources):
+def _quantizations(owner, tag, sources, shared=None):
     """The cached quantizations of the weights sources(owner) (owner itself, or views of it), kept
     under owner's identity and `tag`, made again when owner changed since (version, data pointer,
     layout); inside a CUDA graph capture and in a compiled graph made again every time (the
-    module docstring says why)."""
+    module docstring says why), and so is the quantization of a weight whose memory another
+    tensor holds (`shared`: storage_shared(owner), asked before mok made views of it)."""
     if torch.compiler.is_compiling():  # each run of the compiled graph quantizes
         return tuple(quantize_weights_op(w.detach()) for w in sources(owner))
+    if storage_shared(owner) if shared is None else shared:
+        _CACHE.pop(owner, None)  # its entries could only go stale
+        return tuple(quantize_weights(w) for w in sources(owner))
     entries = _CACHE.get(owner)
     if entries is None:
         entries = _CACHE[owner] = {}
@@ -166,16 +190,16 @@ def _quantizations(owner, tag, sources):
     return qs
 
 
-def quantized(w):
+def quantized(w, shared=None):
     """The cached quantization of `w` (_quantizations)."""
-    return _quantizations(w, "whole", lambda t: (t,))[0]
+    return _quantizations(w, "whole", lambda t: (t,), shared)[0]
 
 
-def quantized_halves(gate_up, interleaved):
+def quantized_halves(gate_up, interleaved, shared=None):
     """The cached quantizations of the gate and up halves of packed weights (split_gate_up), kept
     with the packed tensor: its views are new tensors on every call."""
     return _quantizations(gate_up, ("halves", interleaved),
-                          lambda t: split_gate_up(t, interleaved))
+                          lambda t: split_gate_up(t, interleaved), shared)
 
 
 def requantize(*weights):
@@ -239,10 +263,13 @@ def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle
     """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
     weights (forward_fp8_packed: their gradient comes back packed), the halves' quantizations
     cached with the packed tensor."""
+    # Asked before the views below hold its memory too (a compiled graph quantizes every run).
+    shared = None if torch.compiler.is_compiling() else storage_shared(gate_up)
     gate, up = split_gate_up(gate_up, interleaved)
     return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
                swiglu_limit,
-               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved), quantized(down)),
+               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved, shared),
+                                        quantized(down)),
                packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
 
 

@@ -165,10 +165,11 @@ class MoE(torch.nn.Module):
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
     precision="fp8" or "fp8-bf16-wgrad": the FP8 layer (mok.moe's precision; bf16 dtype, H and I
-    multiples of 128, CPU or CUDA; with a group of several ranks, CPU). The routed weights stay bf16 parameters, quantized again
-    whenever they changed (an optimizer step), and in every call a CUDA graph captures; after a
-    change PyTorch's version counter cannot see (through `.data`, or graph replays that stepped
-    the optimizer), call quantize_weights().
+    multiples of 128, CPU or CUDA; with a group of several ranks, CPU). The routed weights stay
+    bf16 parameters, quantized again whenever they changed (an optimizer step), in every call a
+    CUDA graph captures, and in every call under FSDP2 (its unsharded weights share their memory
+    with its all-gather buffer); after a change PyTorch's version counter cannot see (through
+    `.data`, or graph replays that stepped the optimizer), call quantize_weights().
 
     forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.

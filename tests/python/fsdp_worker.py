@@ -1,17 +1,18 @@
-"""One rank of the data-parallel wrapping tests (CPU tensors, gloo), run by torchrun:
+"""One rank of the data-parallel wrapping tests, run by torchrun:
 
     torchrun --standalone --nproc-per-node W tests/python/fsdp_worker.py --suite S --seed N \
         [--device cuda]
 
 tests/python/test_training_setups.py launches it for W = 2 on CPU tensors (gloo) and W = 1 on
-the GPU (NCCL: one GPU here, so FSDP2 holds every weight whole, through its own all-gather and
-reduce-scatter, and the CUDA layer's FP8 weights still follow each step). mok.nn.MoE is replicated or sharded
-the way a data-parallel training job wraps it, each rank with its own tokens; the reference is
+the GPU (NCCL; one GPU: FSDP2 holds every weight whole, but through its own all-gather and
+reduce-scatter, and the CUDA layer's FP8 weights must follow each step). mok.nn.MoE is
+replicated or sharded the way a data-parallel training job wraps it, each rank with its own tokens; the reference is
 the same module in one process, unwrapped, over every rank's tokens. Suites:
 
   fsdp  FSDP2: fully_shard of a module with float32 parameters (dtype=torch.float32: the master
         weights) and MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), softmax and
-        sigmoid routers, precision "bf16" and "fp8", three SGD steps. Each step: the rank's
+        sigmoid routers, precision "bf16" and "fp8", reshard_after_forward True and False, three
+        SGD steps. Each step: the rank's
         output bit for bit the reference's (the same weights rounded to bf16, the module under
         torch.autocast(dtype=bf16)); every gradient, after FSDP's reduce-scatter, against the
         mean of the reference's per-rank gradients (rounded to bf16, as FSDP's bf16 parameters
@@ -99,41 +100,46 @@ def reference_grads(module, xs, autocast):
 
 
 def suite_fsdp(check, rank, world, seed):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for router in ("softmax", "sigmoid"):
-        for precision in ("bf16", "fp8"):
-            tag = f"fsdp {router} {precision}"
-            module = make_module(router, precision, torch.float32, seed)
-            fully_shard(module, mp_policy=policy)
-            opt = torch.optim.SGD(module.parameters(), lr=0.5)
-            reference = make_module(router, precision, torch.float32, seed)
-            before = None
-            for step in range(3):
-                # The reference: FSDP's weights as its bf16 parameters hold them.
-                with torch.no_grad():
-                    weights = {n: full(p).to(torch.bfloat16) for n, p in module.named_parameters()}
-                    for n, q in reference.named_parameters():
-                        q.copy_(weights[n])
-                if before is not None:
-                    changed = all(not torch.equal(weights[n], before[n]) for n in before)
-                    check.that(f"{tag} step {step}: the step changed every weight", changed)
-                before = weights
-                xs = [tokens(seed, step, r) for r in range(world)]
-                want = reference_grads(reference, xs, autocast=True)
-                out, stats = module(xs[rank])
-                check.bits(f"{tag} step {step}: output", out, want[rank][0])
-                loss_of(out, stats).backward()
-                for n, p in module.named_parameters():
-                    got = full(p.grad)
-                    per_rank = [w[1][n].to(torch.bfloat16).float() for w in want]
-                    mean = sum(per_rank) / world
-                    # float32 sums and FSDP's pre- and post-division: a few roundings of 2^-24
-                    # relative to the magnitudes summed.
-                    bound = 8 * 2.0**-24 * sum(g.abs() for g in per_rank) / world + 2.0**-126
-                    check.near(f"{tag} step {step}: {n}.grad", got, mean, bound)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+    # The mesh named: FSDP2's default is the GPU's wherever one is, even for a gloo job.
+    mesh = init_device_mesh(DEVICE, (world,))
+    for router, precision, reshard in (("softmax", "bf16", True), ("sigmoid", "bf16", False),
+                                       ("softmax", "fp8", True), ("sigmoid", "fp8", False)):
+        tag = f"fsdp {router} {precision} reshard_after_forward={reshard}"
+        module = make_module(router, precision, torch.float32, seed)
+        # reshard_after_forward=False: the unsharded weights stay between the steps' calls
+        # (on a GPU at the same address every step, with their version counters at 0).
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        opt = torch.optim.SGD(module.parameters(), lr=0.5)
+        reference = make_module(router, precision, torch.float32, seed)
+        before = None
+        for step in range(3):
+            # The reference: FSDP's weights as its bf16 parameters hold them.
+            with torch.no_grad():
+                weights = {n: full(p).to(torch.bfloat16) for n, p in module.named_parameters()}
+                for n, q in reference.named_parameters():
+                    q.copy_(weights[n])
+            if before is not None:
+                changed = all(not torch.equal(weights[n], before[n]) for n in before)
+                check.that(f"{tag} step {step}: the step changed every weight", changed)
+            before = weights
+            xs = [tokens(seed, step, r) for r in range(world)]
+            want = reference_grads(reference, xs, autocast=True)
+            out, stats = module(xs[rank])
+            check.bits(f"{tag} step {step}: output", out, want[rank][0])
+            loss_of(out, stats).backward()
+            for n, p in module.named_parameters():
+                got = full(p.grad)
+                per_rank = [w[1][n].to(torch.bfloat16).float() for w in want]
+                mean = sum(per_rank) / world
+                # float32 sums and FSDP's pre- and post-division: a few roundings of 2^-24
+                # relative to the magnitudes summed.
+                bound = 8 * 2.0**-24 * sum(g.abs() for g in per_rank) / world + 2.0**-126
+                check.near(f"{tag} step {step}: {n}.grad", got, mean, bound)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
 
 def suite_ddp(check, rank, world, seed):

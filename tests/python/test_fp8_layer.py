@@ -132,6 +132,66 @@ def test_module_requantizes_after_an_optimizer_step(gen):
     assert torch.equal(again.view(torch.uint8), fresh.view(torch.uint8))
 
 
+def test_a_weight_written_through_another_tensor_is_quantized_again(gen):
+    """FSDP2's unsharded parameters: a parameter over another tensor's memory (its all-gather
+    buffer), rewritten through that tensor every step at the same address with the parameter's
+    version counter unmoved (seen on a GPU, NOTES 2026-12-07). Its quantization is made again on
+    every call, never reused stale; through mok.moe and mok.moe_packed too."""
+    E, N, K = 2, 128, 256
+    buffer = torch.randn(E * N * K, generator=gen).bfloat16()
+    w = torch.nn.Parameter(buffer.view(E, N, K))
+    assert _fp8_layer.storage_shared(w)
+    q1 = _fp8_layer.quantized(w)
+    state = (w._version, w.data_ptr())
+    buffer.data.copy_(torch.randn(E * N * K, generator=gen).bfloat16())  # unseen by the counter
+    assert (w._version, w.data_ptr()) == state
+    q2 = _fp8_layer.quantized(w)
+    want = _fp8_layer.quantize_weights(w.detach().clone())
+    for got, expected in zip(q2, want):
+        assert torch.equal(got.view(torch.uint8) if got.dtype != torch.float32 else got,
+                           expected.view(torch.uint8) if expected.dtype != torch.float32
+                           else expected)
+    assert not torch.equal(q1[0].view(torch.uint8), q2[0].view(torch.uint8))
+    # The layer over such weights, packed and not: each call computes what fresh copies give.
+    T, k = 37, 2
+    x = torch.randn(T, 128, generator=gen).bfloat16()
+    ids = torch.randint(0, 4, (T, k), generator=gen)
+    weights = torch.rand(T, k, generator=gen)
+    flat = torch.randn(4 * 256 * 128 + 4 * 128 * 128, generator=gen).bfloat16()
+    gate_up = torch.nn.Parameter(flat[:4 * 256 * 128].view(4, 256, 128))
+    down = torch.nn.Parameter(flat[4 * 256 * 128:].view(4, 128, 128))
+    gate, up = gate_up[:, :128], gate_up[:, 128:]
+    for _ in range(2):
+        packed = mok.moe_packed(x, ids, weights, gate_up, down, precision="fp8")
+        plain = mok.moe(x, ids, weights, gate, up, down, precision="fp8")
+        fresh = mok.moe(x, ids, weights, gate.detach().clone(), up.detach().clone(),
+                        down.detach().clone(), precision="fp8")
+        assert torch.equal(packed.view(torch.uint8), fresh.view(torch.uint8))
+        assert torch.equal(plain.view(torch.uint8), fresh.view(torch.uint8))
+        flat.data.mul_(-0.5)  # the next call's weights, unseen by their counters
+
+
+def test_module_weights_are_quantized_once_per_version(gen):
+    """Where nothing else holds a weight's memory, two calls with the same weights share one
+    quantization (mok.nn.MoE's parameters; mok.moe_packed's packed tensor, whose halves mok
+    views itself): the aliasing check above does not cost the cache its hits."""
+    m = mok.nn.MoE(128, 128, 4, 2, precision="fp8")
+    x = torch.randn(37, 128, generator=gen).bfloat16()
+    names = ("routed_gate_weights", "routed_up_weights", "routed_down_weights")
+    m(x)
+    first = [_fp8_layer._CACHE[getattr(m, n)]["whole"][1] for n in names]
+    m(x)
+    assert all(_fp8_layer._CACHE[getattr(m, n)]["whole"][1] is q for n, q in zip(names, first))
+    gate_up = torch.randn(4, 256, 128, generator=gen).bfloat16()
+    down = torch.randn(4, 128, 128, generator=gen).bfloat16()
+    ids = torch.randint(0, 4, (37, 2), generator=gen)
+    weights = torch.rand(37, 2, generator=gen)
+    mok.moe_packed(x, ids, weights, gate_up, down, precision="fp8")
+    halves = _fp8_layer._CACHE[gate_up][("halves", False)][1]
+    mok.moe_packed(x, ids, weights, gate_up, down, precision="fp8")
+    assert _fp8_layer._CACHE[gate_up][("halves", False)][1] is halves
+
+
 def test_quantization_is_reused_while_the_weights_are_unchanged(gen):
     w = torch.randn(2, 128, 256, generator=gen).bfloat16()
     q1 = _fp8_layer.quantized(w)
