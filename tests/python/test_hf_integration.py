@@ -479,7 +479,8 @@ def test_gradient_checkpointing_is_the_plain_step(family, device):
     ids = ids.to(device)
     plain = model_step(model, "mok", ids)
     model.gradient_checkpointing_enable()
-    assert model.is_gradient_checkpointing
+    # Transformers 5.25 renamed the property (the old name warns); 5.7 has only the old one.
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
     checkpointed = model_step(model, "mok", ids)
     assert torch.equal(checkpointed[0], plain[0]) and torch.equal(checkpointed[1], plain[1])
     assert checkpointed[2].keys() == plain[2].keys()
