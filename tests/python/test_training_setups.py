@@ -9,7 +9,8 @@ import os
 
 import pytest
 import torch
-from conftest import DEVICES, SEED, passed_ranks, requires_cuda, torchrun
+from conftest import (DEVICES, SEED, TRANSFORMERS_SKIP_REASON, passed_ranks, requires_cuda,
+                      torchrun)
 from torch.utils.checkpoint import checkpoint
 
 import mok
@@ -117,6 +118,16 @@ def test_float32_weights_need_autocast_or_fsdp():
 def test_data_parallel_wrappers(suite):
     out = torchrun(WORKER, 2, ["--suite", suite, "--seed", str(SEED)], 300, f"{suite} suite")
     assert passed_ranks(out, 2, suite) == [0, 1], out[-6000:]
+
+
+@pytest.mark.skipif(TRANSFORMERS_SKIP_REASON is not None,
+                    reason=f"{TRANSFORMERS_SKIP_REASON}: FSDP2 of a Transformers model not run")
+@pytest.mark.parametrize("device", DEVICES)
+def test_fsdp_of_a_transformers_model(device):
+    nproc = 2 if device == "cpu" else 1
+    out = torchrun(WORKER, nproc, ["--suite", "hf", "--seed", str(SEED), "--device", device],
+                   300, f"FSDP2 of a Transformers model ({device})")
+    assert passed_ranks(out, nproc, "hf") == list(range(nproc)), out[-6000:]
 
 
 @requires_cuda
