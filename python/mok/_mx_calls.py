@@ -182,11 +182,16 @@ def _state(data, scales, transposed):
 
 def converted(data, scales, transposed=False):
     """The Conversion of MoK's MX weight (data, scales), made again when either tensor changed
-    since (version counter, data pointer, layout) or another scales tensor comes with the data.
+    since (version counter, data pointer, layout) or another scales tensor comes with the data,
+    and on every call when another tensor holds the memory of either (_fp8_layer.storage_shared).
     `transposed`: (data, scales) is the transposed pair (fp8_t, sc_t) of the layer's weight.
     While torch.compile traces, the conversion is traced into the graph (a fake tensor has no
     data pointer to cache by): convert outside the compiled region to convert once per step."""
     if torch.compiler.is_compiling():
+        return _convert(data, scales, transposed)
+    if _fp8_layer.storage_shared(data) or _fp8_layer.storage_shared(scales):
+        # Memory another tensor holds too can change unseen (FSDP2's parameters): every call.
+        _CACHE.pop(data, None)
         return _convert(data, scales, transposed)
     state = _state(data, scales, transposed)
     entry = _CACHE.get(data)

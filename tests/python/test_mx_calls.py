@@ -550,6 +550,28 @@ def test_functional_mx_forms_under_torch_compile(gen):
 # The conversion cache
 # ---------------------------------------------------------------------------------------------
 
+def test_mx_weights_over_shared_memory_are_converted_every_call(gen):
+    """MX data held in memory another tensor also holds (FSDP2's unsharded parameters over its
+    all-gather buffer) can change with its version counter and address unmoved: converted on
+    every call, so the conversion follows a change made through the other tensor."""
+    data = make_data(gen, 41, 128, 128, 3, 2, 0)
+    g, gs, _gt, _gts = mx_tuples(data)[0]
+    buffer = g.detach().clone().reshape(-1)
+    shared = torch.nn.Parameter(buffer.view(g.shape), requires_grad=False)
+    first = _mx_calls.converted(shared, gs)
+    assert shared not in _mx_calls._CACHE
+    state = (shared._version, shared.data_ptr())
+    w2 = data.weights[0] * -1.5
+    new_data, new_scales = mok.ops.mxfp8_quantize(w2, True, False)[:2]
+    buffer.data.copy_(new_data.reshape(-1))  # unseen by shared's version counter
+    assert (shared._version, shared.data_ptr()) == state
+    got = _mx_calls.converted(shared, gs)
+    want = _mx_calls.converted(new_data.clone(), gs.clone())
+    for x, y in zip(got.blocks, want.blocks):
+        assert torch.equal(bits(x), bits(y))
+    assert not torch.equal(bits(first.blocks[0]), bits(got.blocks[0]))
+
+
 def test_conversions_are_cached_per_weight_version(gen, monkeypatch):
     """Each MX weight is converted once per version: a step's forward and backward convert gate,
     up and down (normal) and down (transposed) once; the next step with the same tensors converts
