@@ -6,8 +6,9 @@
 tests/python/test_training_setups.py launches it for W = 2 on CPU tensors (gloo) and W = 1 on
 the GPU (NCCL; one GPU: FSDP2 holds every weight whole, but through its own all-gather and
 reduce-scatter, and the CUDA layer's FP8 weights must follow each step). mok.nn.MoE is
-replicated or sharded the way a data-parallel training job wraps it, each rank with its own tokens; the reference is
-the same module in one process, unwrapped, over every rank's tokens. Suites:
+replicated or sharded the way a data-parallel training job wraps it, each rank with its own
+tokens; the reference is the same module in one process, unwrapped, over every rank's tokens.
+Suites:
 
   fsdp  FSDP2: fully_shard of a module with float32 parameters (dtype=torch.float32: the master
         weights) and MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), softmax and
