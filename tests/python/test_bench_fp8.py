@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import GRAD_TOLERANCE, OUT_TOLERANCE, SEED, rel_error
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -242,8 +243,15 @@ def test_padded_layer_in_bf16_is_the_baseline(gen, shared):
     base = run(torch_moe)
     padded = run(lambda *a: t8.fp8_moe(*a, grouped_mm=lambda a, b, offs: torch._grouped_mm(
         a, b, offs=offs)))
+    # The two paths sum in other orders and round their bf16 intermediates apart: the bf16
+    # bounds of conftest.py on the relative Frobenius error (measured: at most 1e-4 over 120
+    # draws, 2026-12-07). An elementwise rtol 2^-7 + atol 1e-3 failed 2 of those 120 draws: a
+    # weight gradient's element summed from 80 rows can cancel to far below their magnitudes.
+    # A leaked padding row or another token's row would move a tensor by about 1/sqrt(80), 0.11
+    # (reasoning, not measured).
     for i, (p, b) in enumerate(zip(padded, base)):
-        assert torch.allclose(p.float(), b.float(), rtol=2.0**-7, atol=1e-3), i
+        bound = OUT_TOLERANCE if i == 0 else GRAD_TOLERANCE
+        assert rel_error(p, b) <= bound, (i, SEED)
 
 
 @pytest.mark.parametrize("routing", bl.ROUTINGS)
