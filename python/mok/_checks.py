@@ -76,6 +76,17 @@ def shape_text(shape):
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
+def autocast_bf16(device_type, name="autocast dtype"):
+    """Whether torch.autocast is on for `device_type`. Its dtype must be bf16, what mok's layer
+    computes in: another raises mok's error naming `name`."""
+    if not torch.is_autocast_enabled(device_type):
+        return False
+    dtype = torch.get_autocast_dtype(device_type)
+    if dtype != torch.bfloat16:
+        fail(name, "torch.bfloat16 (mok's layer computes in bf16)", str(dtype), TypeError)
+    return True
+
+
 def router_dtype(activation_dtype):
     """The dtype of router weights (and their gradient) for an activation dtype."""
     return torch.float64 if activation_dtype == torch.float64 else torch.float32

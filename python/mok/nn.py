@@ -122,13 +122,12 @@ def _ep_rank_size(group, device, num_experts, backend):
 
 
 def _autocast_inputs(x, weights):
-    """Under torch.autocast: x and the float32 weights in the autocast dtype, as F.linear casts
-    them (float64 stays float64); differentiable, so float32 parameters get float32 gradients."""
-    dtype = torch.get_autocast_dtype(x.device.type)
-    if dtype != torch.bfloat16:
-        _checks.fail("autocast dtype", "torch.bfloat16 (mok's layer computes in bf16)", str(dtype),
-                     TypeError)
-    cast = lambda t: t.to(dtype) if t is not None and t.dtype == torch.float32 else t  # noqa: E731
+    """Under torch.autocast (bf16: _checks.autocast_bf16): x and the float32 weights in bf16, as
+    F.linear casts them (float64 stays float64); differentiable, so float32 parameters get
+    float32 gradients."""
+    def cast(t):
+        return t.to(torch.bfloat16) if t is not None and t.dtype == torch.float32 else t
+
     return cast(x), tuple(cast(w) for w in weights)
 
 
@@ -336,7 +335,7 @@ class MoE(torch.nn.Module):
             _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
-        autocast = torch.is_autocast_enabled(x.device.type)
+        autocast = _checks.autocast_bf16(x.device.type)
         if autocast:
             x, weights = _autocast_inputs(x, weights)
         elif self.routed_gate_weights.dtype == torch.float32:

@@ -192,17 +192,6 @@ def plan(module):
     return found
 
 
-def _autocast_bf16(module, device_type):
-    """Whether torch.autocast is on for `device_type` (bf16: mok's; another dtype is refused)."""
-    if not torch.is_autocast_enabled(device_type):
-        return False
-    dtype = torch.get_autocast_dtype(device_type)
-    if dtype != torch.bfloat16:
-        _refuse(module, "autocast dtype", "torch.bfloat16 (mok's layer computes in bf16)",
-                str(dtype), TypeError)
-    return True
-
-
 def _call_dtype(module, hidden_dtype=None):
     """Metadata only: the dtype mok computes this module in (the device picks the backend). The
     weights' own (bf16, or float64 on the CPU), or bf16 for float32 weights and activations under
@@ -213,7 +202,8 @@ def _call_dtype(module, hidden_dtype=None):
     if module.down_proj.dtype != w.dtype:
         _refuse(module, "down_proj.dtype", _checks.dtype_name(w.dtype),
                 _checks.dtype_name(module.down_proj.dtype), TypeError)
-    autocast = hidden_dtype is not None and _autocast_bf16(module, w.device.type)
+    autocast = hidden_dtype is not None and _checks.autocast_bf16(
+        w.device.type, f"{type(module).__name__} autocast dtype (experts_implementation={NAME!r})")
     if autocast or hidden_dtype is None:
         cast = {torch.float32: torch.bfloat16}
         w_dtype = cast.get(w.dtype, w.dtype)
