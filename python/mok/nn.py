@@ -60,12 +60,24 @@ def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
                     ("shared_down_weights", shared_down_weights)):
         if t is not None:
             _checks.require_tensor(name, t)
+    return _moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+                routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
+                workspace=workspace, swiglu_limit=swiglu_limit, precision=precision)
+
+
+def _moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
+         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
+         shared_down_weights=None, *, workspace=None, swiglu_limit=None, precision="bf16",
+         quantize_routed=None):
+    """moe, and for precision="fp8" the routed weights' quantizations from `quantize_routed`
+    (a function returning them) instead of mok's cache (MoE's is_first_microbatch)."""
     handle = 0 if workspace is None else workspace.handle
     swiglu_limit = _checks.check_swiglu_limit(swiglu_limit)
     if _fp8_layer.is_fp8(_fp8_layer.check_precision(precision)):
         return _fp8_layer.moe(x, topk_experts, topk_weights, routed_gate_weights,
                               routed_up_weights, routed_down_weights, shared_gate_weights,
                               shared_up_weights, shared_down_weights, handle, swiglu_limit,
+                              quantize_routed=quantize_routed,
                               fp8_weight_grads=precision == "fp8")
     # call: the op itself wherever autograd records it or something traces it.
     out, *_context = _layer_ops.call(_layer_ops.forward, x, topk_experts, topk_weights,
@@ -131,6 +143,15 @@ def _autocast_inputs(x, weights):
     return cast(x), tuple(cast(w) for w in weights)
 
 
+_ROUTED_NAMES = ("routed_gate_weights", "routed_up_weights", "routed_down_weights")
+
+
+def _layout_text(layout):
+    shape, dtype, device = layout
+    return (f"{_checks.shape_text(shape)} {_checks.dtype_name(dtype)} on "
+            f"{_checks.device_name(device)}")
+
+
 class MoEStats(NamedTuple):
     """The router's load statistics for one call."""
 
@@ -169,8 +190,15 @@ class MoE(torch.nn.Module):
     CUDA graph captures, and in every call under FSDP2 (its unsharded weights share their memory
     with its all-gather buffer); after a change PyTorch's version counter cannot see (through
     `.data`, or graph replays that stepped the optimizer), call quantize_weights().
+    Gradient accumulation under FSDP2 (or autocast, whose bf16 copies are new tensors every call)
+    would quantize every micro-batch; forward's `is_first_microbatch` (TransformerEngine's
+    argument) makes it once a step: True quantizes the weights of that call and keeps the result
+    on the module, False reuses what the last True call kept, whatever the weights hold now (the
+    caller's promise that they have not changed: pass True after every optimizer step). None
+    (default): mok's cache decides. No effect in bf16; not inside torch.compile.
 
-    forward(x [..., hidden_size]) -> (out [..., hidden_size], MoEStats).
+    forward(x [..., hidden_size], *, is_first_microbatch=None) -> (out [..., hidden_size],
+    MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
 
     group: a torch.distributed group of W ranks (gloo, CPU tensors) for expert parallelism across
@@ -272,6 +300,7 @@ class MoE(torch.nn.Module):
         # forward context is autograd's, so nothing of one layer's call outlives it there.
         self._workspace = (_workspace.for_config(config) if group is None else
                            _workspace.for_group(config, group, ep_rank, ep_size))
+        self._fp8_kept = None  # (layouts, quantizations) of is_first_microbatch=True
         self.reset_parameters()
 
     @property
@@ -329,10 +358,13 @@ class MoE(torch.nn.Module):
         balance = E * (fraction.to(router_probs.dtype) * router_probs).sum()
         return topk_experts, topk_weights.contiguous(), MoEStats(counts, router_probs, balance)
 
-    def forward(self, x):
+    def forward(self, x, *, is_first_microbatch=None):
         shape = x.shape
         if x.shape[-1] != self.hidden_size:
             _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            _checks.fail("is_first_microbatch", "None, True or False",
+                         type(is_first_microbatch).__name__, TypeError)
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
         autocast = _checks.autocast_bf16(x.device.type)
@@ -348,12 +380,42 @@ class MoE(torch.nn.Module):
         with torch.autocast(x.device.type, enabled=False) if autocast else nullcontext():
             topk_experts, topk_weights, stats = self.route(x2)
             if self.backend == "mok":
-                out = moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
-                          swiglu_limit=self.swiglu_limit, precision=self.precision)
+                out = _moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
+                           swiglu_limit=self.swiglu_limit, precision=self.precision,
+                           quantize_routed=self._kept_quantizations(weights[:3],
+                                                                    is_first_microbatch))
             else:
                 out = reference.moe(x2, topk_experts, topk_weights, *weights,
                                     swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
+
+    def _kept_quantizations(self, routed, is_first_microbatch):
+        """For precision='fp8' and is_first_microbatch True or False, a function returning the
+        quantizations of the routed weights of this call (`routed`, as the layer gets them:
+        autocast's or FSDP2's bf16 copies included): True quantizes them and keeps that on the
+        module, False returns what True kept. None: mok's cache decides (_fp8_layer)."""
+        if is_first_microbatch is None or not _fp8_layer.is_fp8(self.precision):
+            return None
+        if torch.compiler.is_compiling():
+            _checks.fail("is_first_microbatch", "None inside torch.compile (a compiled graph "
+                         "quantizes the weights on every run)", is_first_microbatch)
+        layouts = tuple((tuple(w.shape), w.dtype, w.device) for w in routed)
+        if is_first_microbatch:
+            def quantize():
+                quantizations = tuple(_fp8_layer.quantize_weights(w) for w in routed)
+                self._fp8_kept = (layouts, quantizations)
+                return quantizations
+            return quantize
+        kept = self._fp8_kept
+        if kept is None:
+            _checks.fail("is_first_microbatch", "True at an earlier call (False reuses the "
+                         "quantized weights of the last call with True; none was made)", False)
+        for name, then, now in zip(_ROUTED_NAMES, kept[0], layouts):
+            if then != now:
+                _checks.fail("is_first_microbatch", f"True again after {name} changed (its "
+                             f"quantization kept for {_layout_text(then)}, the call's "
+                             f"{_layout_text(now)})", False)
+        return lambda: kept[1]
 
     def quantize_weights(self):
         """precision='fp8': quantize the routed weights now. Needed only after a change their

@@ -13,12 +13,14 @@ Suites:
   fsdp  FSDP2: fully_shard of a module with float32 parameters (dtype=torch.float32: the master
         weights) and MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), softmax and
         sigmoid routers, precision "bf16" and "fp8", reshard_after_forward True and False, three
-        SGD steps. Each step: the rank's
+        SGD steps; FP8 also with gradient accumulation over 2 and 3 micro-batches, the weights
+        quantized at the first only (is_first_microbatch, counted). Each call: the rank's
         output bit for bit the reference's (the same weights rounded to bf16, the module under
-        torch.autocast(dtype=bf16)); every gradient, after FSDP's reduce-scatter, against the
-        mean of the reference's per-rank gradients (rounded to bf16, as FSDP's bf16 parameters
-        round them) within float32 rounding of that mean; the step changes the weights, so a
-        stale FP8 quantization of the last step's weights would fail the next step's output.
+        torch.autocast(dtype=bf16)); each step, every gradient, after FSDP's reduce-scatter,
+        against the mean of the reference's per-rank gradients (rounded to bf16, as FSDP's bf16
+        parameters round them; summed over micro-batches) within float32 rounding of that sum;
+        the step changes the weights, so a stale FP8 quantization of the last step's weights
+        would fail the next step's output.
   hf    (Transformers installed) a tiny Qwen3-MoE model on mok's experts under FSDP2, per layer
         and at the root: each step's logits bit for bit a freshly wrapped copy's, bf16 and FP8.
         On the CPU FSDP2's buffers move every step, so this suite shows the integration works;
@@ -70,6 +72,20 @@ class Checks:
 DEVICE = "cpu"  # --device
 
 
+class QuantizationCounter:
+    """Counts mok's FP8 weight quantizations (calls of _fp8_layer.quantize_weights)."""
+
+    def __init__(self):
+        from mok import _fp8_layer
+        self.calls, original = 0, _fp8_layer.quantize_weights
+
+        def counting(w):
+            self.calls += 1
+            return original(w)
+
+        _fp8_layer.quantize_weights = counting
+
+
 def make_module(router, precision, dtype, seed):
     torch.manual_seed(seed)
     module = mok.nn.MoE(H, I, E, K, shared_intermediate_size=S, router=router, dtype=dtype,
@@ -110,9 +126,14 @@ def suite_fsdp(check, rank, world, seed):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # The mesh named: FSDP2's default is the GPU's wherever one is, even for a gloo job.
     mesh = init_device_mesh(DEVICE, (world,))
-    for router, precision, reshard in (("softmax", "bf16", True), ("sigmoid", "bf16", False),
-                                       ("softmax", "fp8", True), ("sigmoid", "fp8", False)):
-        tag = f"fsdp {router} {precision} reshard_after_forward={reshard}"
+    counter = QuantizationCounter()
+    # micro > 1: gradient accumulation, FP8 weights quantized at the first micro-batch only
+    # (is_first_microbatch); the reference quantizes at every call.
+    for router, precision, reshard, micro in (
+            ("softmax", "bf16", True, 1), ("sigmoid", "bf16", False, 1),
+            ("softmax", "fp8", True, 1), ("sigmoid", "fp8", False, 1),
+            ("softmax", "fp8", True, 2), ("sigmoid", "fp8", False, 3)):
+        tag = f"fsdp {router} {precision} reshard_after_forward={reshard} micro-batches={micro}"
         module = make_module(router, precision, torch.float32, seed)
         # reshard_after_forward=False: the unsharded weights stay between the steps' calls
         # (on a GPU at the same address every step, with their version counters at 0).
@@ -130,18 +151,28 @@ def suite_fsdp(check, rank, world, seed):
                 changed = all(not torch.equal(weights[n], before[n]) for n in before)
                 check.that(f"{tag} step {step}: the step changed every weight", changed)
             before = weights
-            xs = [tokens(seed, step, r) for r in range(world)]
-            want = reference_grads(reference, xs, autocast=True)
-            out, stats = module(xs[rank])
-            check.bits(f"{tag} step {step}: output", out, want[rank][0])
-            loss_of(out, stats).backward()
+            per_rank = {n: [] for n in weights}  # every micro-batch's, every rank's gradient
+            for mb in range(micro):
+                xs = [tokens(seed, step * 3 + mb, r) for r in range(world)]
+                want = reference_grads(reference, xs, autocast=True)
+                flag = None if micro == 1 else mb == 0
+                quantized = counter.calls
+                out, stats = module(xs[rank], is_first_microbatch=flag)
+                if precision == "fp8":
+                    made, expected = counter.calls - quantized, 3 if mb == 0 or micro == 1 else 0
+                    check.that(f"{tag} step {step} micro-batch {mb}: weights quantized",
+                               made == expected, f"{made} quantizations, expected {expected}")
+                check.bits(f"{tag} step {step} micro-batch {mb}: output", out, want[rank][0])
+                loss_of(out, stats).backward()
+                for n in per_rank:
+                    per_rank[n] += [w[1][n].to(torch.bfloat16).float() for w in want]
             for n, p in module.named_parameters():
                 got = full(p.grad)
-                per_rank = [w[1][n].to(torch.bfloat16).float() for w in want]
-                mean = sum(per_rank) / world
+                mean = sum(per_rank[n]) / world
                 # float32 sums and FSDP's pre- and post-division: a few roundings of 2^-24
-                # relative to the magnitudes summed.
-                bound = 8 * 2.0**-24 * sum(g.abs() for g in per_rank) / world + 2.0**-126
+                # relative to the magnitudes summed, each micro-batch's and their sum's.
+                bound = (8 * micro * 2.0**-24 * sum(g.abs() for g in per_rank[n]) / world
+                         + 2.0**-126)
                 check.near(f"{tag} step {step}: {n}.grad", got, mean, bound)
             opt.step()
             opt.zero_grad(set_to_none=True)

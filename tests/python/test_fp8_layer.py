@@ -2,7 +2,8 @@
 the f64 layer of the unquantized bf16 values within MoK's MXFP8 bounds (errors printed beside the
 bf16 layer's), CUDA against the CPU, bitwise run to run, the weights quantized again after an
 optimizer step (a stale quantization fails the test), also inside a captured CUDA graph and a
-compiled graph, the quantization reused while the weights are unchanged, and bad arguments named.
+compiled graph, the quantization reused while the weights are unchanged, once a step under
+gradient accumulation with is_first_microbatch, and bad arguments named.
 The C++ tests (tests/cpp/test_fp8_layer.cpp, test_fp8_layer_gpu.cpp) check the layer bitwise
 against its definition and the GPU layer against it."""
 
@@ -208,6 +209,99 @@ def test_quantization_is_reused_while_the_weights_are_unchanged(gen):
     assert float(((deq - w.float()).abs() / w.float().abs().clamp(min=1e-3)).max()) <= 2**-4
 
 
+class CountingQuantizer:
+    """Counts mok's weight quantizations (_fp8_layer.quantize_weights) while installed."""
+
+    def __init__(self, monkeypatch):
+        self.calls, original = 0, _fp8_layer.quantize_weights
+
+        def counting(w):
+            self.calls += 1
+            return original(w)
+
+        monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["fp8", "fp8-bf16-wgrad"])
+def test_is_first_microbatch_quantizes_once_a_step(gen, device, precision, monkeypatch):
+    """Gradient accumulation over weights another tensor's memory holds (FSDP2's unsharded
+    parameters, here a `.data` kept alive): by default every micro-batch quantizes the three
+    routed weights again; with is_first_microbatch=True, then False, the step's first micro-batch
+    does and the others reuse it. Outputs and accumulated gradients are bit for bit the
+    default's. After weights change, True quantizes them afresh (a fresh module's bits); False
+    keeps what True made (the caller's promise), so a change it is not told of goes unseen."""
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    m = mok.nn.MoE(128, 256, 4, 2, shared_intermediate_size=64, precision=precision).to(device)
+    ref = copy.deepcopy(m)
+    routed = (m.routed_gate_weights, m.routed_up_weights, m.routed_down_weights)
+    aliases = [p.data for p in routed]  # unseen writes possible: quantized on every call
+    assert all(_fp8_layer.storage_shared(p) for p in routed)
+    xs = [torch.randn(T, 128, generator=gen).bfloat16().to(device) for T in (37, 64, 5)]
+    counter = CountingQuantizer(monkeypatch)
+
+    def accumulate(model, flags):
+        model.zero_grad(set_to_none=True)
+        outs = []
+        for x, flag in zip(xs, flags):
+            out, stats = model(x, is_first_microbatch=flag)
+            (out.float().square().mean() + 0.01 * stats.load_balancing_loss).backward()
+            outs.append(out.detach())
+        return outs, [p.grad.clone() for p in model.parameters()]
+
+    want_outs, want_grads = accumulate(ref, [None] * 3)
+    before = counter.calls
+    outs, grads = accumulate(m, [None] * 3)
+    assert counter.calls - before == 9, "by default each micro-batch quantizes the 3 weights"
+    before = counter.calls
+    kept_outs, kept_grads = accumulate(m, [True, False, False])
+    assert counter.calls - before == 3, "is_first_microbatch: one quantization a weight a step"
+    for i, (a, b, c) in enumerate(zip(want_outs, outs, kept_outs)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"micro-batch {i}"
+        assert torch.equal(a.view(torch.uint8), c.view(torch.uint8)), f"micro-batch {i}"
+    for (name, _p), a, b, c in zip(m.named_parameters(), want_grads, grads, kept_grads):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    # The routed weights change where no counter sees it (FSDP2's all-gather after a step).
+    with torch.no_grad():
+        for alias in aliases:
+            alias.mul_(-0.75)
+    stale, _ = m(xs[0], is_first_microbatch=False)
+    assert torch.equal(stale.view(torch.uint8), kept_outs[0].view(torch.uint8))
+    fresh, _ = copy.deepcopy(m)(xs[0])
+    assert not torch.equal(fresh.view(torch.uint8), stale.view(torch.uint8))
+    for flag in (True, False, None):
+        out, _ = m(xs[0], is_first_microbatch=flag)
+        assert torch.equal(out.view(torch.uint8), fresh.view(torch.uint8)), flag
+
+
+def test_is_first_microbatch_errors_name_it(gen):
+    m = mok.nn.MoE(128, 128, 4, 2, precision="fp8")
+    x = torch.randn(9, 128, generator=gen).bfloat16()
+    with pytest.raises(TypeError, match="invalid is_first_microbatch: expected None, True or "
+                       "False, got int"):
+        m(x, is_first_microbatch=1)
+    with pytest.raises(ValueError, match=r"invalid is_first_microbatch: expected True at an "
+                       r"earlier call .*, got False"):
+        m(x, is_first_microbatch=False)
+    m(x, is_first_microbatch=True)
+    m.routed_down_weights = torch.nn.Parameter(torch.randn(4, 128, 256).bfloat16())
+    with pytest.raises(ValueError, match=r"invalid is_first_microbatch: expected True again "
+                       r"after routed_down_weights changed \(its quantization kept for \[4, "
+                       r"128, 128\] bfloat16 on cpu, the call's \[4, 128, 256\] bfloat16 on "
+                       r"cpu\), got False"):
+        m(x, is_first_microbatch=False)
+    compiled = torch.compile(mok.nn.MoE(128, 128, 4, 2, precision="fp8"), fullgraph=True)
+    with pytest.raises(Exception, match="invalid is_first_microbatch: expected None inside "
+                       "torch.compile"):
+        compiled(x, is_first_microbatch=True)
+    # bf16 has nothing to quantize: the argument is checked, and changes nothing.
+    b = mok.nn.MoE(128, 128, 4, 2)
+    assert torch.equal(b(x, is_first_microbatch=False)[0].view(torch.uint8),
+                       b(x)[0].view(torch.uint8))
+    with pytest.raises(TypeError, match="is_first_microbatch"):
+        b(x, is_first_microbatch="yes")
+
+
 def test_bad_arguments_name_the_argument(gen):
     data = make_layer(gen, 8, 128, 128, 2, 2, 0)
     with pytest.raises(ValueError, match="invalid precision: expected 'bf16', 'fp8' or "
@@ -337,6 +431,48 @@ def test_cuda_graph_captures_a_training_step_with_the_optimizer_inside(gen):
             assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
                                b.view(torch.uint8) if b.dtype == torch.bfloat16 else b), \
                 f"step {i}: {name}"
+
+
+@requires_cuda
+def test_cuda_graph_of_accumulated_micro_batches_with_is_first_microbatch(gen):
+    """Two micro-batches (is_first_microbatch True, then False) and the optimizer step in one
+    CUDA graph: each replay quantizes the stepped weights once, at the first micro-batch, and
+    the second reuses it: every replay gives the bits of an eager copy that quantizes per call."""
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    m = mok.nn.MoE(128, 256, 4, 2, shared_intermediate_size=64, precision="fp8").cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=5.0)
+    batches = [[torch.randn(48, 128, generator=gen).bfloat16().cuda() for _ in range(2)]
+               for _ in range(3)]
+    static = [x.clone() for x in batches[0]]
+
+    def step(model, optimizer, xs, flags):
+        optimizer.zero_grad(set_to_none=False)
+        outs = []
+        for x, flag in zip(xs, flags):
+            out, _ = model(x, is_first_microbatch=flag)
+            out.float().square().mean().backward()
+            outs.append(out)
+        optimizer.step()
+        return outs
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: the workspace, the grads, the optimizer's state
+            step(m, opt, static, (True, False))
+    torch.cuda.current_stream().wait_stream(side)
+    ref = copy.deepcopy(m)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=5.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outs = step(m, opt, static, (True, False))
+    for i, xs in enumerate(batches):
+        for s, x in zip(static, xs):
+            s.copy_(x)
+        graph.replay()
+        want = step(ref, ref_opt, xs, (None, None))
+        for j, (a, b) in enumerate(zip(static_outs, want)):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"step {i} batch {j}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
