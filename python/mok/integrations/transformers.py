@@ -66,7 +66,8 @@ def configure(config=None, *, precision="bf16"):
     """The MoKConfig every "mok" experts call uses (None: the default) and the precision: "bf16",
     or "fp8", mok's FP8 layer (bf16 weights, H and I multiples of 128; each weight quantized once
     per version, docs/architecture.md "The FP8 layer"), or "fp8-bf16-wgrad", the same with bf16
-    weight gradients (mok.moe's precision). Experts of one shape share the config's workspace."""
+    weight gradients (mok.moe's precision). Experts of one shape share the config's workspace.
+    Each call sets both: configure(precision="fp8") alone goes back to the default MoKConfig."""
     global _settings
     if config is not None and not isinstance(config, MoKConfig):
         _checks.fail("config", "None (the default MoKConfig) or a MoKConfig",
