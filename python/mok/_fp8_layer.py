@@ -213,6 +213,46 @@ def requantize(*weights):
                      for tag, (_state_then, _q, sources) in entries.items()}
 
 
+def kept_quantizations(owner, names, sources, is_first_microbatch):
+    """TransformerEngine's is_first_microbatch for a module's routed weights (`sources`: gate, up,
+    down as this call gets them, autocast's or FSDP2's copies included; `names` name them): None
+    returns None (mok's cache decides); True a function that quantizes them and keeps the result
+    on `owner`; False one that returns what True kept, whatever the weights hold now (the
+    caller's promise that they have not changed), after checking that it was made for weights of
+    this shape, dtype and device."""
+    if is_first_microbatch is None:
+        return None
+    if not isinstance(is_first_microbatch, bool):
+        _checks.fail("is_first_microbatch", "None, True or False",
+                     type(is_first_microbatch).__name__, TypeError)
+    if torch.compiler.is_compiling():
+        _checks.fail("is_first_microbatch", "None inside torch.compile (a compiled graph "
+                     "quantizes the weights on every run)", is_first_microbatch)
+    layouts = tuple((tuple(w.shape), w.dtype, w.device) for w in sources)
+    if is_first_microbatch:
+        def quantize():
+            quantizations = tuple(quantize_weights(w) for w in sources)
+            owner._mok_fp8_kept = (layouts, quantizations)
+            return quantizations
+        return quantize
+    kept = getattr(owner, "_mok_fp8_kept", None)
+    if kept is None:
+        _checks.fail("is_first_microbatch", "True at an earlier call (False reuses the "
+                     "quantized weights of the last call with True; none was made)", False)
+    for name, then, now in zip(names, kept[0], layouts):
+        if then != now:
+            _checks.fail("is_first_microbatch", f"True again after {name} changed (its "
+                         f"quantization kept for {_layout_text(then)}, the call's "
+                         f"{_layout_text(now)})", False)
+    return lambda: kept[1]
+
+
+def _layout_text(layout):
+    shape, dtype, device = layout
+    return (f"{_checks.shape_text(shape)} {_checks.dtype_name(dtype)} on "
+            f"{_checks.device_name(device)}")
+
+
 def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, shared_down,
         handle, swiglu_limit, quantize_routed=None, packed=None, fp8_weight_grads=True):
     """mok.moe's body for precision='fp8' (its arguments checked there). `quantize_routed`:
@@ -259,18 +299,20 @@ def moe(x, topk_experts, topk_weights, gate, up, down, shared_gate, shared_up, s
 
 
 def moe_packed(x, topk_experts, topk_weights, gate_up, down, interleaved, handle, swiglu_limit,
-               fp8_weight_grads=True):
+               fp8_weight_grads=True, quantize_routed=None):
     """mok.moe_packed's body for precision='fp8': the FP8 layer over views of the packed gate/up
     weights (forward_fp8_packed: their gradient comes back packed), the halves' quantizations
-    cached with the packed tensor."""
+    cached with the packed tensor, or from `quantize_routed` (kept_quantizations)."""
     # Asked before the views below hold its memory too (a compiled graph quantizes every run).
-    shared = None if torch.compiler.is_compiling() else storage_shared(gate_up)
+    shared = (None if torch.compiler.is_compiling() or quantize_routed is not None
+              else storage_shared(gate_up))
     gate, up = split_gate_up(gate_up, interleaved)
+    if quantize_routed is None:
+        def quantize_routed():
+            return (*quantized_halves(gate_up, interleaved, shared), quantized(down))
     return moe(x, topk_experts, topk_weights, gate, up, down, None, None, None, handle,
-               swiglu_limit,
-               quantize_routed=lambda: (*quantized_halves(gate_up, interleaved, shared),
-                                        quantized(down)),
-               packed=(gate_up, interleaved), fp8_weight_grads=fp8_weight_grads)
+               swiglu_limit, quantize_routed=quantize_routed, packed=(gate_up, interleaved),
+               fp8_weight_grads=fp8_weight_grads)
 
 
 def _forward(x, topk_experts, topk_weights, weights, fp8_weights, workspace, swiglu_limit,

@@ -105,11 +105,21 @@ def moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *,
         _checks.require_tensor(name, t)
     if not isinstance(interleaved, bool):
         _checks.fail("interleaved", "a bool", type(interleaved).__name__, TypeError)
+    return _moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
+                       interleaved=interleaved, workspace=workspace, swiglu_limit=swiglu_limit,
+                       precision=precision)
+
+
+def _moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *, interleaved,
+                workspace, swiglu_limit, precision, quantize_routed=None):
+    """moe_packed after its type checks; `quantize_routed` as for _moe (the Transformers
+    integration's is_first_microbatch)."""
     handle = 0 if workspace is None else workspace.handle
     if _fp8_layer.is_fp8(_fp8_layer.check_precision(precision)):
         return _fp8_layer.moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
                                      interleaved, handle, _checks.check_swiglu_limit(swiglu_limit),
-                                     fp8_weight_grads=precision == "fp8")
+                                     fp8_weight_grads=precision == "fp8",
+                                     quantize_routed=quantize_routed)
     out, *_context = _layer_ops.call(_layer_ops.forward_packed, x, topk_experts, topk_weights,
                                      gate_up_weights, down_weights, handle, interleaved,
                                      _checks.check_swiglu_limit(swiglu_limit))
@@ -144,12 +154,6 @@ def _autocast_inputs(x, weights):
 
 
 _ROUTED_NAMES = ("routed_gate_weights", "routed_up_weights", "routed_down_weights")
-
-
-def _layout_text(layout):
-    shape, dtype, device = layout
-    return (f"{_checks.shape_text(shape)} {_checks.dtype_name(dtype)} on "
-            f"{_checks.device_name(device)}")
 
 
 class MoEStats(NamedTuple):
@@ -300,7 +304,7 @@ class MoE(torch.nn.Module):
         # forward context is autograd's, so nothing of one layer's call outlives it there.
         self._workspace = (_workspace.for_config(config) if group is None else
                            _workspace.for_group(config, group, ep_rank, ep_size))
-        self._fp8_kept = None  # (layouts, quantizations) of is_first_microbatch=True
+        self._mok_fp8_kept = None  # is_first_microbatch=True's (_fp8_layer.kept_quantizations)
         self.reset_parameters()
 
     @property
@@ -364,7 +368,7 @@ class MoE(torch.nn.Module):
             _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
         if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
             _checks.fail("is_first_microbatch", "None, True or False",
-                         type(is_first_microbatch).__name__, TypeError)
+                         type(is_first_microbatch).__name__, TypeError)  # bf16 too
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
         autocast = _checks.autocast_bf16(x.device.type)
@@ -382,40 +386,13 @@ class MoE(torch.nn.Module):
             if self.backend == "mok":
                 out = _moe(x2, topk_experts, topk_weights, *weights, workspace=self._workspace,
                            swiglu_limit=self.swiglu_limit, precision=self.precision,
-                           quantize_routed=self._kept_quantizations(weights[:3],
-                                                                    is_first_microbatch))
+                           quantize_routed=_fp8_layer.kept_quantizations(
+                               self, _ROUTED_NAMES, weights[:3], is_first_microbatch)
+                           if _fp8_layer.is_fp8(self.precision) else None)
             else:
                 out = reference.moe(x2, topk_experts, topk_weights, *weights,
                                     swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
-
-    def _kept_quantizations(self, routed, is_first_microbatch):
-        """For precision='fp8' and is_first_microbatch True or False, a function returning the
-        quantizations of the routed weights of this call (`routed`, as the layer gets them:
-        autocast's or FSDP2's bf16 copies included): True quantizes them and keeps that on the
-        module, False returns what True kept. None: mok's cache decides (_fp8_layer)."""
-        if is_first_microbatch is None or not _fp8_layer.is_fp8(self.precision):
-            return None
-        if torch.compiler.is_compiling():
-            _checks.fail("is_first_microbatch", "None inside torch.compile (a compiled graph "
-                         "quantizes the weights on every run)", is_first_microbatch)
-        layouts = tuple((tuple(w.shape), w.dtype, w.device) for w in routed)
-        if is_first_microbatch:
-            def quantize():
-                quantizations = tuple(_fp8_layer.quantize_weights(w) for w in routed)
-                self._fp8_kept = (layouts, quantizations)
-                return quantizations
-            return quantize
-        kept = self._fp8_kept
-        if kept is None:
-            _checks.fail("is_first_microbatch", "True at an earlier call (False reuses the "
-                         "quantized weights of the last call with True; none was made)", False)
-        for name, then, now in zip(_ROUTED_NAMES, kept[0], layouts):
-            if then != now:
-                _checks.fail("is_first_microbatch", f"True again after {name} changed (its "
-                             f"quantization kept for {_layout_text(then)}, the call's "
-                             f"{_layout_text(now)})", False)
-        return lambda: kept[1]
 
     def quantize_weights(self):
         """precision='fp8': quantize the routed weights now. Needed only after a change their

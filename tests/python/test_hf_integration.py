@@ -741,6 +741,59 @@ def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
 
 @requires_transformers
 @pytest.mark.parametrize("device", DEVICES)
+def test_set_is_first_microbatch_quantizes_once_a_step(device, monkeypatch):
+    """Gradient accumulation in FP8 over experts weights another tensor's memory holds (as under
+    FSDP2): by default every micro-batch quantizes each module's three weights (gate half, up
+    half, down) again; after set_is_first_microbatch(model, True) for the first and False for
+    the others, only the first does. Logits and accumulated gradients are bit for bit the
+    default's."""
+    from mok import _fp8_layer
+    calls, original = [0], _fp8_layer.quantize_weights
+
+    def counting(w):
+        calls[0] += 1
+        return original(w)
+
+    monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
+    mok_hf.configure(precision="fp8")
+    try:
+        model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok",
+                           moe_intermediate_size=128).to(device)
+        experts = experts_modules(model)
+        aliases = [t.data for _, m in experts for t in (m.gate_up_proj, m.down_proj)]  # noqa: F841
+        gen = torch.Generator().manual_seed(SEED % 2**31)
+        batches = [torch.randint(0, 128, (2, T), generator=gen).to(device) for T in (9, 5, 13)]
+
+        def accumulate(flags):
+            model.zero_grad(set_to_none=True)
+            logits, made = [], []
+            for ids, flag in zip(batches, flags):
+                assert len(mok_hf.set_is_first_microbatch(model, flag)) == len(experts)
+                before = calls[0]
+                out = model(ids).logits
+                made.append(calls[0] - before)
+                out.float().square().mean().backward()
+                logits.append(out.detach())
+            return logits, made, [p.grad.clone() for p in model.parameters()]
+
+        want, made, want_grads = accumulate([None] * 3)
+        assert made == [3 * len(experts)] * 3, made
+        got, made, grads = accumulate([True, False, False])
+        assert made == [3 * len(experts), 0, 0], made
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"micro-batch {i}"
+        for (name, _), a, b in zip(model.named_parameters(), grads, want_grads):
+            assert torch.equal(a, b), name
+        with pytest.raises(TypeError, match="invalid is_first_microbatch: expected None, True "
+                           "or False, got int"):
+            mok_hf.set_is_first_microbatch(model, 1)
+        mok_hf.set_is_first_microbatch(model, None)
+    finally:
+        mok_hf.configure()
+
+
+@requires_transformers
+@pytest.mark.parametrize("device", DEVICES)
 def test_fp8_precision_runs_moks_fp8_layer_on_the_halves(device):
     """configure(precision="fp8"): each experts call is mok's FP8 layer over views of gate_up_proj
     (the same bits as mok.moe's on its halves), gradients land in the model's own parameters, and

@@ -242,12 +242,41 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         # num_experts: mok's unused slot is -1 (no row, no gradient).
         ids = torch.where(ids < gate_up.shape[0], ids, torch.full_like(ids, -1))
     weights = top_k_weights.reshape(-1, k).to(_checks.router_dtype(x.dtype))
+    first = getattr(self, "_mok_is_first_microbatch", None)  # set_is_first_microbatch
+    quantize_routed = None
+    if first is not None and _fp8_layer.is_fp8(_settings.precision):
+        gate, up = _fp8_layer.split_gate_up(gate_up, p.interleaved)
+        quantize_routed = _fp8_layer.kept_quantizations(self, _HALF_NAMES, (gate, up, down), first)
     autocast = torch.is_autocast_enabled(x.device.type)
     with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        out = nn.moe_packed(x, ids.contiguous(), weights.contiguous(), gate_up, down,
-                            interleaved=p.interleaved, workspace=_settings.workspace,
-                            swiglu_limit=p.swiglu_limit, precision=_settings.precision)
+        out = nn._moe_packed(x, ids.contiguous(), weights.contiguous(), gate_up, down,
+                             interleaved=p.interleaved, workspace=_settings.workspace,
+                             swiglu_limit=p.swiglu_limit, precision=_settings.precision,
+                             quantize_routed=quantize_routed)
     return out.to(hidden_states.dtype).reshape(shape)
+
+
+_HALF_NAMES = ("gate_up_proj's gate half", "gate_up_proj's up half", "down_proj")
+
+
+def set_is_first_microbatch(model, value):
+    """Gradient accumulation with precision "fp8" (configure), where mok's cache quantizes the
+    experts' weights at every call (FSDP2's unsharded weights, autocast's copies: docs/
+    architecture.md, "From Python"): before each micro-batch's forward, True at a step's first
+    (each experts module quantizes its weights and keeps them), False at the others (they reuse
+    what the first kept, whatever the weights hold: pass True after every optimizer step), None
+    (the default) to leave it to the cache again. mok.nn.MoE's is_first_microbatch for every
+    experts module of `model`; no effect in bf16; not inside torch.compile. Returns the modules'
+    names."""
+    if value is not None and not isinstance(value, bool):
+        _checks.fail("is_first_microbatch", "None, True or False", type(value).__name__,
+                     TypeError)
+    names = []
+    for name, module in model.named_modules():
+        if is_experts_module(module):
+            module._mok_is_first_microbatch = value
+            names.append(name)
+    return names
 
 
 def unsupported_reason(module):
