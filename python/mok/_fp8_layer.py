@@ -219,7 +219,9 @@ def kept_quantizations(owner, names, sources, is_first_microbatch):
     returns None (mok's cache decides); True a function that quantizes them and keeps the result
     on `owner`; False one that returns what True kept, whatever the weights hold now (the
     caller's promise that they have not changed), after checking that it was made for weights of
-    this shape, dtype and device."""
+    this shape, dtype and device. What True keeps stays until the next True or release_kept: an
+    FP8 copy of the weights in both orientations, as many bytes as the bf16 weights (under FSDP2,
+    unsharded: every layer's for the whole step)."""
     if is_first_microbatch is None:
         return None
     if not isinstance(is_first_microbatch, bool):
@@ -238,13 +240,19 @@ def kept_quantizations(owner, names, sources, is_first_microbatch):
     kept = getattr(owner, "_mok_fp8_kept", None)
     if kept is None:
         _checks.fail("is_first_microbatch", "True at an earlier call (False reuses the "
-                     "quantized weights of the last call with True; none was made)", False)
+                     "quantized weights of the last call with True; none are kept)", False)
     for name, then, now in zip(names, kept[0], layouts):
         if then != now:
             _checks.fail("is_first_microbatch", f"True again after {name} changed (its "
                          f"quantization kept for {_layout_text(then)}, the call's "
                          f"{_layout_text(now)})", False)
     return lambda: kept[1]
+
+
+def release_kept(owner):
+    """Frees what kept_quantizations' True kept on `owner` (a later False raises until the next
+    True)."""
+    owner._mok_fp8_kept = None
 
 
 def _layout_text(layout):

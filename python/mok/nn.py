@@ -199,7 +199,10 @@ class MoE(torch.nn.Module):
     argument) makes it once a step: True quantizes the weights of that call and keeps the result
     on the module, False reuses what the last True call kept, whatever the weights hold now (the
     caller's promise that they have not changed: pass True after every optimizer step). None
-    (default): mok's cache decides. No effect in bf16; not inside torch.compile.
+    (default): mok's cache decides. No effect in bf16; not inside torch.compile. What True keeps
+    (an FP8 copy of the routed weights in both orientations, the bf16 weights' bytes; under FSDP2
+    unsharded, every layer's for the whole step) stays until release_kept_weights() or the next
+    True.
 
     forward(x [..., hidden_size], *, is_first_microbatch=None) -> (out [..., hidden_size],
     MoEStats).
@@ -393,6 +396,12 @@ class MoE(torch.nn.Module):
                 out = reference.moe(x2, topk_experts, topk_weights, *weights,
                                     swiglu_limit=self.swiglu_limit)
         return out.reshape(shape), stats
+
+    def release_kept_weights(self):
+        """Frees the FP8 weights is_first_microbatch=True kept (as many bytes as the bf16 routed
+        weights; under FSDP2 unsharded, so every layer's at once): e.g. before the optimizer
+        step. A call with False then raises until the next True."""
+        _fp8_layer.release_kept(self)
 
     def quantize_weights(self):
         """precision='fp8': quantize the routed weights now. Needed only after a change their

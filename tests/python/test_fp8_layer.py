@@ -284,6 +284,12 @@ def test_is_first_microbatch_errors_name_it(gen):
                        r"earlier call .*, got False"):
         m(x, is_first_microbatch=False)
     m(x, is_first_microbatch=True)
+    m(x, is_first_microbatch=False)
+    m.release_kept_weights()  # frees them: False needs a True first again
+    with pytest.raises(ValueError, match=r"invalid is_first_microbatch: expected True at an "
+                       r"earlier call .*none are kept\), got False"):
+        m(x, is_first_microbatch=False)
+    m(x, is_first_microbatch=True)
     m.routed_down_weights = torch.nn.Parameter(torch.randn(4, 128, 256).bfloat16())
     with pytest.raises(ValueError, match=r"invalid is_first_microbatch: expected True again "
                        r"after routed_down_weights changed \(its quantization kept for \[4, "

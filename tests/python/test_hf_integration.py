@@ -788,6 +788,11 @@ def test_set_is_first_microbatch_quantizes_once_a_step(device, monkeypatch):
         with pytest.raises(TypeError, match="invalid is_first_microbatch: expected None, True "
                            "or False, got int"):
             mok_hf.set_is_first_microbatch(model, 1)
+        mok_hf.set_is_first_microbatch(model, None)  # also frees what True kept
+        mok_hf.set_is_first_microbatch(model, False)
+        with pytest.raises(ValueError, match="invalid is_first_microbatch: expected True at an "
+                           "earlier call"):
+            model(batches[0])
         mok_hf.set_is_first_microbatch(model, None)
     finally:
         mok_hf.configure()

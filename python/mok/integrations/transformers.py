@@ -265,9 +265,10 @@ def set_is_first_microbatch(model, value):
     architecture.md, "From Python"): before each micro-batch's forward, True at a step's first
     (each experts module quantizes its weights and keeps them), False at the others (they reuse
     what the first kept, whatever the weights hold: pass True after every optimizer step), None
-    (the default) to leave it to the cache again. mok.nn.MoE's is_first_microbatch for every
-    experts module of `model`; no effect in bf16; not inside torch.compile. Returns the modules'
-    names."""
+    (the default) to leave it to the cache again and free what True kept (an FP8 copy of each
+    module's weights, as many bytes as its bf16 ones; under FSDP2 unsharded, so every layer's at
+    once until then). mok.nn.MoE's is_first_microbatch for every experts module of `model`; no
+    effect in bf16; not inside torch.compile. Returns the modules' names."""
     if value is not None and not isinstance(value, bool):
         _checks.fail("is_first_microbatch", "None, True or False", type(value).__name__,
                      TypeError)
@@ -275,6 +276,8 @@ def set_is_first_microbatch(model, value):
     for name, module in model.named_modules():
         if is_experts_module(module):
             module._mok_is_first_microbatch = value
+            if value is None:
+                _fp8_layer.release_kept(module)
             names.append(name)
     return names
 
