@@ -213,6 +213,14 @@ def requantize(*weights):
                      for tag, (_state_then, _q, sources) in entries.items()}
 
 
+def check_is_first_microbatch(value):
+    """is_first_microbatch must be None, True or False (in bf16 too, where it has no effect)."""
+    if value is not None and not isinstance(value, bool):
+        _checks.fail("is_first_microbatch", "None, True or False", type(value).__name__,
+                     TypeError)
+    return value
+
+
 def kept_quantizations(owner, names, sources, is_first_microbatch):
     """TransformerEngine's is_first_microbatch for a module's routed weights (`sources`: gate, up,
     down as this call gets them, autocast's or FSDP2's copies included; `names` name them): None
@@ -222,11 +230,8 @@ def kept_quantizations(owner, names, sources, is_first_microbatch):
     this shape, dtype and device. What True keeps stays until the next True or release_kept: an
     FP8 copy of the weights in both orientations, as many bytes as the bf16 weights (under FSDP2,
     unsharded: every layer's for the whole step)."""
-    if is_first_microbatch is None:
+    if check_is_first_microbatch(is_first_microbatch) is None:
         return None
-    if not isinstance(is_first_microbatch, bool):
-        _checks.fail("is_first_microbatch", "None, True or False",
-                     type(is_first_microbatch).__name__, TypeError)
     if torch.compiler.is_compiling():
         _checks.fail("is_first_microbatch", "None inside torch.compile (a compiled graph "
                      "quantizes the weights on every run)", is_first_microbatch)

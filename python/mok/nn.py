@@ -369,9 +369,7 @@ class MoE(torch.nn.Module):
         shape = x.shape
         if x.shape[-1] != self.hidden_size:
             _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
-        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
-            _checks.fail("is_first_microbatch", "None, True or False",
-                         type(is_first_microbatch).__name__, TypeError)  # bf16 too
+        _fp8_layer.check_is_first_microbatch(is_first_microbatch)
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)
         autocast = _checks.autocast_bf16(x.device.type)

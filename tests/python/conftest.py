@@ -105,6 +105,26 @@ def gen(request):
     return torch.Generator().manual_seed(seed_of(request.node.nodeid))
 
 
+@dataclass
+class QuantizationCount:
+    calls: int = 0
+
+
+@pytest.fixture
+def quantizations(monkeypatch):
+    """Counts mok's FP8 weight quantizations (calls of _fp8_layer.quantize_weights, through which
+    every path quantizes a bf16 weight) during the test: `quantizations.calls`."""
+    from mok import _fp8_layer
+    count, original = QuantizationCount(), _fp8_layer.quantize_weights
+
+    def counting(w):
+        count.calls += 1
+        return original(w)
+
+    monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
+    return count
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report says the seed that replays it."""

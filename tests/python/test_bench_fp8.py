@@ -348,27 +348,19 @@ def test_f64_layer_is_the_layer(gen, routing):
 
 # ---- bench_layer's FP8 implementations end to end -----------------------------------------------
 
-def test_prequantized_weights_are_quantized_once_and_quant_every_call(monkeypatch, gen):
-    from mok import _fp8_layer
-    count = {"n": 0}
-    real = _fp8_layer.quantize_weights
-
-    def counting(w):
-        count["n"] += 1
-        return real(w)
-    monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
+def test_prequantized_weights_are_quantized_once_and_quant_every_call(quantizations, gen):
     inp = _layer_inputs(gen, 64, 256, 128, 4, 2, 0)
     for quant, want_setup, want_calls in ((False, 3, 0), (True, 0, 3 * 4)):
         bl.release_memory()
-        count["n"] = 0
+        quantizations.calls = 0
         impl = bl.MokFp8Impl(quantize_each_call=quant)
         impl.setup(inp)
-        assert count["n"] == want_setup, (quant, count)
+        assert quantizations.calls == want_setup, (quant, quantizations.calls)
         for _ in range(2):
             with torch.no_grad():
                 impl.forward()
             impl.backward(impl.forward())
-        assert count["n"] == want_setup + want_calls, (quant, count)
+        assert quantizations.calls == want_setup + want_calls, (quant, quantizations.calls)
         assert impl.pending is None, "nothing held after a backward"
 
 

@@ -209,22 +209,9 @@ def test_quantization_is_reused_while_the_weights_are_unchanged(gen):
     assert float(((deq - w.float()).abs() / w.float().abs().clamp(min=1e-3)).max()) <= 2**-4
 
 
-class CountingQuantizer:
-    """Counts mok's weight quantizations (_fp8_layer.quantize_weights) while installed."""
-
-    def __init__(self, monkeypatch):
-        self.calls, original = 0, _fp8_layer.quantize_weights
-
-        def counting(w):
-            self.calls += 1
-            return original(w)
-
-        monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["fp8", "fp8-bf16-wgrad"])
-def test_is_first_microbatch_quantizes_once_a_step(gen, device, precision, monkeypatch):
+def test_is_first_microbatch_quantizes_once_a_step(gen, device, precision, quantizations):
     """Gradient accumulation over weights another tensor's memory holds (FSDP2's unsharded
     parameters, here a `.data` kept alive): by default every micro-batch quantizes the three
     routed weights again; with is_first_microbatch=True, then False, the step's first micro-batch
@@ -238,7 +225,7 @@ def test_is_first_microbatch_quantizes_once_a_step(gen, device, precision, monke
     aliases = [p.data for p in routed]  # unseen writes possible: quantized on every call
     assert all(_fp8_layer.storage_shared(p) for p in routed)
     xs = [torch.randn(T, 128, generator=gen).bfloat16().to(device) for T in (37, 64, 5)]
-    counter = CountingQuantizer(monkeypatch)
+    counter = quantizations
 
     def accumulate(model, flags):
         model.zero_grad(set_to_none=True)
@@ -272,6 +259,23 @@ def test_is_first_microbatch_quantizes_once_a_step(gen, device, precision, monke
     for flag in (True, False, None):
         out, _ = m(xs[0], is_first_microbatch=flag)
         assert torch.equal(out.view(torch.uint8), fresh.view(torch.uint8)), flag
+
+
+def test_is_first_microbatch_under_autocast(gen, quantizations):
+    """Autocast over fp32 master weights hands the layer new bf16 copies every call, which the
+    cache cannot reuse: 3 quantizations a call by default, 3 a step with is_first_microbatch,
+    the same bits."""
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    m = mok.nn.MoE(128, 128, 4, 2, dtype=torch.float32, precision="fp8")
+    xs = [torch.randn(T, 128, generator=gen) for T in (19, 8)]
+    outs = {}
+    for flags in ((None, None), (True, False)):
+        before = quantizations.calls
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs[flags] = [m(x, is_first_microbatch=f)[0] for x, f in zip(xs, flags)]
+        assert quantizations.calls - before == (6 if flags[0] is None else 3), flags
+    for a, b in zip(*outs.values()):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_is_first_microbatch_errors_name_it(gen):

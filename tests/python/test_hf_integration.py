@@ -742,20 +742,12 @@ def test_gpu_compile_and_graph_capture_of_a_decoder_layer():
 
 @requires_transformers
 @pytest.mark.parametrize("device", DEVICES)
-def test_set_is_first_microbatch_quantizes_once_a_step(device, monkeypatch):
+def test_set_is_first_microbatch_quantizes_once_a_step(device, quantizations):
     """Gradient accumulation in FP8 over experts weights another tensor's memory holds (as under
     FSDP2): by default every micro-batch quantizes each module's three weights (gate half, up
     half, down) again; after set_is_first_microbatch(model, True) for the first and False for
     the others, only the first does. Logits and accumulated gradients are bit for bit the
     default's."""
-    from mok import _fp8_layer
-    calls, original = [0], _fp8_layer.quantize_weights
-
-    def counting(w):
-        calls[0] += 1
-        return original(w)
-
-    monkeypatch.setattr(_fp8_layer, "quantize_weights", counting)
     mok_hf.configure(precision="fp8")
     try:
         model = tiny_model("qwen3_moe", torch.bfloat16, experts_implementation="mok",
@@ -770,9 +762,9 @@ def test_set_is_first_microbatch_quantizes_once_a_step(device, monkeypatch):
             logits, made = [], []
             for ids, flag in zip(batches, flags):
                 assert len(mok_hf.set_is_first_microbatch(model, flag)) == len(experts)
-                before = calls[0]
+                before = quantizations.calls
                 out = model(ids).logits
-                made.append(calls[0] - before)
+                made.append(quantizations.calls - before)
                 out.float().square().mean().backward()
                 logits.append(out.detach())
             return logits, made, [p.grad.clone() for p in model.parameters()]

@@ -269,9 +269,7 @@ def set_is_first_microbatch(model, value):
     module's weights, as many bytes as its bf16 ones; under FSDP2 unsharded, so every layer's at
     once until then). mok.nn.MoE's is_first_microbatch for every experts module of `model`; no
     effect in bf16; not inside torch.compile. Returns the modules' names."""
-    if value is not None and not isinstance(value, bool):
-        _checks.fail("is_first_microbatch", "None, True or False", type(value).__name__,
-                     TypeError)
+    _fp8_layer.check_is_first_microbatch(value)
     names = []
     for name, module in model.named_modules():
         if is_experts_module(module):
