@@ -226,3 +226,21 @@ def test_ab_layer_refuses_what_it_cannot_compare(tmp_path):
                            capture_output=True, text=True)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert says in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.parametrize("no_sync", [False, True], ids=["sync", "no_sync"])
+def test_fsdp_accumulation_runs_its_three_paths(tmp_path, no_sync):
+    # bench/fsdp_accumulation.py's logic on CPU (gloo, wall clock, the "tiny" case): its check
+    # (the kept quantization's outputs bit for bit the per-call ones after a step) passes, and a
+    # row carries each path's median.
+    from conftest import torchrun
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "fsdp_accumulation.py"
+    out = tmp_path / "accum.json"
+    torchrun(str(script), 1, ["--device", "cpu", "--cases", "tiny", "--micro", "3", "--reps", "1",
+                              "--out", str(out)] + (["--no-sync"] if no_sync else []),
+             300, "fsdp_accumulation")
+    (row,) = json.loads(out.read_text())
+    assert row["case"] == "tiny" and row["micro_batches"] == 3 and row["no_sync"] == no_sync
+    for path in ("bf16", "fp8 per call", "fp8 once a step"):
+        assert row[path] > 0, (path, row)
