@@ -88,6 +88,16 @@ struct ExpertRows {
   const Fp8Weights* q = nullptr;
   const Fp8Buffers* fp8 = nullptr;
   Layer::Fp8Kernels kernels = {};  // the FP8 layer's kernel choices (Layer::set_fp8_kernels)
+
+  // A GEMM form's arguments with this family's stream and wait bound set: every launch below
+  // starts from these, so none runs without the layer's timeout report.
+  template <class Args>
+  Args launch_args() const {
+    Args a;
+    a.stream = stream;
+    a.waits = waits;
+    return a;
+  }
 };
 
 // The tensor-map strides of a routed gate/up weight view [G, N, H] (validated: unit column stride,
@@ -100,7 +110,7 @@ gemm::WeightStrides weight_strides(const TensorView& v) {
 // h = bf16(silu(min(g, L)) * clamp(u, -L, L)), g and u stored unclamped).
 gemm::GateUpForwardArgs gate_up_args(const ExpertRows& e, const bf16* x, bf16* g, bf16* u,
                                      bf16* h) {
-  gemm::GateUpForwardArgs a;
+  gemm::GateUpForwardArgs a = e.launch_args<gemm::GateUpForwardArgs>();
   a.segments = e.segments;
   a.x = x;
   a.ld_x = e.hidden;
@@ -114,8 +124,6 @@ gemm::GateUpForwardArgs gate_up_args(const ExpertRows& e, const bf16* x, bf16* g
   a.hidden_size = static_cast<int>(e.hidden);
   a.intermediate_size = static_cast<int>(e.width);
   a.swiglu_limit = e.swiglu_limit;
-  a.stream = e.stream;
-  a.waits = e.waits;
   return a;
 }
 void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16* h) {
@@ -125,7 +133,7 @@ void gate_up_forward(const ExpertRows& e, const bf16* x, bf16* g, bf16* u, bf16*
 // y = bf16(h W_down^T); with `to` its rows go straight to their home slots (the combine).
 gemm::RowsTimesWeightTArgs down_args(const ExpertRows& e, const bf16* h, bf16* y,
                                      const gemm::RowScatter& to) {
-  gemm::RowsTimesWeightTArgs a;
+  gemm::RowsTimesWeightTArgs a = e.launch_args<gemm::RowsTimesWeightTArgs>();
   a.segments = e.segments;
   a.a = h;
   a.ld_a = e.width;
@@ -135,8 +143,6 @@ gemm::RowsTimesWeightTArgs down_args(const ExpertRows& e, const bf16* h, bf16* y
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
-  a.stream = e.stream;
-  a.waits = e.waits;
   return a;
 }
 void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowScatter& to = {}) {
@@ -150,7 +156,7 @@ void down_forward(const ExpertRows& e, const bf16* h, bf16* y, const gemm::RowSc
 void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, const bf16* u,
                        bf16* dg, bf16* du, const float* row_weights, float* dot,
                        bf16* scaled_hidden) {
-  gemm::RowsTimesWeightArgs a;
+  gemm::RowsTimesWeightArgs a = e.launch_args<gemm::RowsTimesWeightArgs>();
   a.segments = e.segments;
   a.a = d_out;
   a.ld_a = e.hidden;
@@ -166,8 +172,6 @@ void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, co
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
-  a.stream = e.stream;
-  a.waits = e.waits;
   gemm::rows_times_weight(a);
 }
 
@@ -175,7 +179,7 @@ void down_dgrad_swiglu(const ExpertRows& e, const bf16* d_out, const bf16* g, co
 // rows go straight to their home slots (the backward combine).
 void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx,
                    const gemm::RowScatter& to) {
-  gemm::RowsTimesWeightArgs a;
+  gemm::RowsTimesWeightArgs a = e.launch_args<gemm::RowsTimesWeightArgs>();
   a.scatter = to;
   a.segments = e.segments;
   a.a = dg;
@@ -189,7 +193,6 @@ void gate_up_dgrad(const ExpertRows& e, const bf16* dg, const bf16* du, bf16* dx
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
-  a.stream = e.stream;
   gemm::rows_times_weight(a);
 }
 
@@ -210,7 +213,7 @@ struct GradTarget {
 // pair are ordered on its stream).
 gemm::WeightGradArgs weight_grad_args(const ExpertRows& e, std::int64_t m, std::int64_t n,
                                       const GradTarget& t, unsigned* tickets) {
-  gemm::WeightGradArgs w;
+  gemm::WeightGradArgs w = e.launch_args<gemm::WeightGradArgs>();
   w.segments = e.segments;
   w.out = t.view->data;
   w.ld_out = n;
@@ -226,8 +229,6 @@ gemm::WeightGradArgs weight_grad_args(const ExpertRows& e, std::int64_t m, std::
   w.m = static_cast<int>(m);
   w.n = static_cast<int>(n);
   w.tickets = tickets;
-  w.stream = e.stream;
-  w.waits = e.waits;
   w.passes = t.passes;
   return w;
 }
@@ -366,7 +367,7 @@ gemm::Fp8Rows quantized_hidden(const ExpertRows& e) {
 // g, u, h as gate_up_forward, from q(x).W_gate and q(x).W_up (q(x): pulled_rows); with
 // `quantize_hidden` (where the down GEMM follows) and gate_up_quantizes_hidden, q(h) as well.
 void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h, bool quantize_hidden) {
-  gemm::GateUpForwardFp8Args a;
+  gemm::GateUpForwardFp8Args a = e.launch_args<gemm::GateUpForwardFp8Args>();
   a.segments = e.segments;
   a.x = pulled_rows(e);
   a.w_gate = fp8_weight(e.q->gate);
@@ -378,8 +379,6 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h, bool qu
   a.hidden_size = static_cast<int>(e.hidden);
   a.intermediate_size = static_cast<int>(e.width);
   a.swiglu_limit = e.swiglu_limit;
-  a.stream = e.stream;
-  a.waits = e.waits;
   a.overlap = e.kernels.overlap;
   a.wide = e.kernels.wide;
   if (quantize_hidden && gate_up_quantizes_hidden(e)) {
@@ -392,7 +391,7 @@ void gate_up_forward_fp8(const ExpertRows& e, bf16* g, bf16* u, bf16* h, bool qu
 // y = bf16(q(h).W_down), its rows to their home slots (the combine). q(h) from the gate/up
 // epilogue (gate_up_quantizes_hidden), else quantized here from h.
 void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter& to) {
-  gemm::RowsTimesWeightTFp8Args a;
+  gemm::RowsTimesWeightTFp8Args a = e.launch_args<gemm::RowsTimesWeightTFp8Args>();
   a.segments = e.segments;
   a.a = gate_up_quantizes_hidden(e)
             ? quantized_hidden(e)
@@ -402,8 +401,6 @@ void down_forward_fp8(const ExpertRows& e, const bf16* h, const gemm::RowScatter
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
-  a.stream = e.stream;
-  a.waits = e.waits;
   a.overlap = e.kernels.overlap;
   a.wide = fp8_wide(e, a.n);
   gemm::rows_times_weight_t_fp8(a);
@@ -418,7 +415,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
                            const float* row_weights, float* dot,
                            const gemm::SwigluBackwardFp8Out& quantized = {},
                            bf16* scaled_hidden = nullptr) {
-  gemm::RowsTimesWeightFp8Args a;
+  gemm::RowsTimesWeightFp8Args a = e.launch_args<gemm::RowsTimesWeightFp8Args>();
   a.segments = e.segments;
   a.a = pulled_rows(e);
   a.w_t = fp8_weight_t(e.q->down);
@@ -434,8 +431,6 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
   a.ld_out = e.width;
   a.n = static_cast<int>(e.width);
   a.k = static_cast<int>(e.hidden);
-  a.stream = e.stream;
-  a.waits = e.waits;
   a.overlap = quantized.any() ? false : e.kernels.overlap;
   a.wide = quantized.tokens() ? false
            : quantized.any()  ? e.kernels.dgrad_rows_wide && fp8_wide(e, a.n)
@@ -447,7 +442,7 @@ void down_dgrad_swiglu_fp8(const ExpertRows& e, const bf16* g, const bf16* u, bf
 // come quantized (expert_backward_fp8 says where).
 void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm::Fp8Rows& du,
                        const gemm::RowScatter& to) {
-  gemm::RowsTimesWeightFp8Args a;
+  gemm::RowsTimesWeightFp8Args a = e.launch_args<gemm::RowsTimesWeightFp8Args>();
   a.segments = e.segments;
   a.a = dg;
   a.w_t = fp8_weight_t(e.q->gate);
@@ -457,8 +452,6 @@ void gate_up_dgrad_fp8(const ExpertRows& e, const gemm::Fp8Rows& dg, const gemm:
   a.ld_out = e.hidden;
   a.n = static_cast<int>(e.hidden);
   a.k = static_cast<int>(e.width);
-  a.stream = e.stream;
-  a.waits = e.waits;
   a.overlap = e.kernels.overlap;
   a.wide = fp8_wide(e, a.n);
   gemm::rows_times_weight_fp8(a);
