@@ -1,4 +1,4 @@
-"""The grouped GEMM forms as torch.library custom ops (mok.ops.grouped_*; issue 5).
+"""The grouped GEMM forms as torch.library custom ops (mok.ops.grouped_*).
 
 Rows of a row buffer belong to groups: group g is rows [starts[g], starts[g] + rows[g]) (int32
 CUDA tensors, starts [G + 1], rows [G]; segments may be padded, or packed with starts the exclusive
@@ -45,6 +45,8 @@ def _dims(name, t, ndim):
                                 "Tensor rows, bool with_preactivations) -> "
                                 "(Tensor, Tensor, Tensor)")
 def grouped_gate_up(x, w_gate, w_up, starts, rows, with_preactivations):
+    """(hidden [R, I], gate, up): hidden = silu(x W_gate^T) * (x W_up^T) per group, in one GEMM;
+    gate and up [R, I] (the pre-activations) with with_preactivations, else empty [0]."""
     _require_cuda("x", x)
     R, _ = _dims("x", x, 2)
     _, I, _ = _dims("w_gate", w_gate, 3)
@@ -70,6 +72,8 @@ def _(x, w_gate, w_up, starts, rows, with_preactivations):
                          schema="(Tensor a, Tensor w, Tensor starts, Tensor rows, "
                                 "Tensor? row_scale) -> Tensor")
 def grouped_rows_times_weight_t(a, w, starts, rows, row_scale):
+    """out [R, N] = row_scale * (a W^T) per group (w [G, N, K]; row_scale [R] fp32 or None):
+    the down projection."""
     _require_cuda("a", a)
     R, _ = _dims("a", a, 2)
     _, N, _ = _dims("w", w, 3)
@@ -89,6 +93,7 @@ def _(a, w, starts, rows, row_scale):
 @torch.library.custom_op("mok::grouped_rows_times_weight", mutates_args=(),
                          schema="(Tensor a, Tensor w, Tensor starts, Tensor rows) -> Tensor")
 def grouped_rows_times_weight(a, w, starts, rows):
+    """out [R, N] = a W per group (w [G, K, N]): the input gradient."""
     _require_cuda("a", a)
     R, _ = _dims("a", a, 2)
     _, _, N = _dims("w", w, 3)
@@ -109,6 +114,8 @@ def _(a, w, starts, rows):
                          schema="(Tensor a, Tensor b, Tensor starts, Tensor rows, bool out_fp32)"
                                 " -> Tensor")
 def grouped_weight_grad(a, b, starts, rows, out_fp32):
+    """out [G, M, N] = a[rows of g]^T b[rows of g] (fp32 with out_fp32, else a's dtype): the
+    weight gradient, in a fixed reduction order; an empty group's slice is zeros."""
     _require_cuda("a", a)
     _, M = _dims("a", a, 2)
     _, N = _dims("b", b, 2)

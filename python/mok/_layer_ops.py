@@ -106,6 +106,8 @@ def schedule_table(topk_experts, num_experts, ep_rank, minibatch_size, macrobatc
 def forward(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
             routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
             workspace, swiglu_limit=None):
+    """(out [T, H], *context): the layer's forward; context is the seven tensors backward reads
+    (mok.ops' module docstring lists them). Differentiable: its gradient runs `backward`."""
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     ws, config = _workspace.resolve(workspace)
@@ -135,6 +137,8 @@ def _forward_one_rank(x, topk_experts, topk_weights, weights, workspace, swiglu_
 def recompute_forward_context(x, topk_experts, routed_gate_weights, routed_up_weights,
                               shared_gate_weights, shared_up_weights, workspace,
                               swiglu_limit=None):
+    """The forward context `forward` returns for these inputs, the same bits, without the output
+    (activation checkpointing recomputes it before backward)."""
     weights = (routed_gate_weights, routed_up_weights, None, shared_gate_weights,
                shared_up_weights, None)
     ws, config = _workspace.resolve(workspace)
@@ -160,6 +164,9 @@ def backward(d_out, x, topk_experts, topk_weights, routed_gate_weights, routed_u
              routed_down_weights, shared_gate_weights, shared_up_weights, shared_down_weights,
              x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
              hidden_shared, workspace, swiglu_limit=None):
+    """(d_x, d_topk_weights, d_routed_gate, d_routed_up, d_routed_down, d_shared_gate,
+    d_shared_up, d_shared_down) from d_out and forward's inputs and context (never recomputed);
+    the shared ones empty [0] without a shared expert."""
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     context = (x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
@@ -213,6 +220,8 @@ def check_packed_workspace(workspace):
            f"{_PACKED_FLAGS}) -> (Tensor, {CONTEXT_OUT})"))
 def forward_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, workspace,
                    interleaved, swiglu_limit=None):
+    """`forward` on packed gate/up weights [E, 2I, H] (halves concatenated, or interleaved
+    rows), read in place; one rank, no shared expert."""
     check_packed_workspace(workspace)
     gate, up = split_gate_up(gate_up_weights, interleaved)
     return _forward_one_rank(x, topk_experts, topk_weights,
@@ -265,6 +274,8 @@ def backward_main_grad(d_out, x, topk_experts, topk_weights, routed_gate_weights
                        main_routed_down, main_shared_gate, main_shared_up, main_shared_down,
                        x_routed, gate_routed, up_routed, hidden_routed, gate_shared, up_shared,
                        hidden_shared, workspace, swiglu_limit=None):
+    """(d_x, d_topk_weights), as `backward`, with the weight gradients added into the fp32
+    main_* buffers (Megatron's main grads) instead of returned."""
     weights = (routed_gate_weights, routed_up_weights, routed_down_weights, shared_gate_weights,
                shared_up_weights, shared_down_weights)
     main = (main_routed_gate, main_routed_up, main_routed_down, main_shared_gate, main_shared_up,

@@ -54,7 +54,8 @@ mok::backward_main_grad is the bf16 layer's), and returns them in the gradients'
 
 Expert parallelism across processes: on the CPU backend (a gloo group) every call above runs
 through mok/_host_ep.py with the FP8 layer's expert halves, bitwise one process holding every
-expert; on CUDA a team of several ranks is refused, as for the FP8 layer (mok's error says so).
+expert; on CUDA a group runs the C++ team as for the FP8 layer (tested as ranks on threads of one
+GPU; not yet run on several GPUs).
 """
 
 import weakref

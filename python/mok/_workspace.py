@@ -343,7 +343,7 @@ def group_rank_size(group):
 def check_group(group, device, rank):
     """A group of several ranks: expert parallelism across processes. On CPU tensors over a gloo
     group (mok/_host_ep.py); on CUDA through PyTorch symmetric memory on the group, the device
-    moving the rows (src/cuda/layer/unfused_layer.cu)."""
+    moving the rows (src/cuda/layer/layer.cu)."""
     if rank < 0:
         _checks.fail("group", "a group this process is a member of", "a group without it")
     if device.type == "cuda":

@@ -17,16 +17,19 @@ Expert parallelism: `group` a torch.distributed group of W ranks (gloo) with CPU
 every call across the group's processes (mok/_host_ep.py): each rank holds its own tokens (the
 same number on every rank) and experts [r*E/W, (r+1)*E/W) (weights [E/W, ...]), every rank calls
 the same functions in the same order, and each call's results are bitwise those of one process
-holding every expert. On CUDA tensors a group of several ranks is not supported yet.
+holding every expert. On CUDA tensors the group runs over PyTorch's symmetric memory, the
+device moving the rows (written, and tested as ranks on threads of one GPU; not yet run on several
+GPUs).
 
 Differences from MoK, all additive: `group=None` means one device (CPU or one GPU); the shared
 expert's weights may be None (its gradients and context tensors are then None); any number of
 tokens; `-1` slots; bf16 or, on the CPU backend, float64 everywhere (the exact mode). MXFP8 weight
 tuples (MoK's: forward (fp8, sc), backward (fp8, sc, fp8_t, sc_t) for gate and up and (fp8_t, sc_t)
-for down) run mok's FP8 layer on the MX weights converted to its 128x128 blocks, at one rank; the
-context stays bf16 tensors (mok/_mx_calls.py). `swiglu_limit` (clamped SwiGLU, MoK's semantics:
-silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive number: MoK also accepts 0
-(which zeroes the layer) and lets inf and NaN through; mok raises for them.
+for down) run mok's FP8 layer on the MX weights converted to its 128x128 blocks, at one rank or
+across a group as above; the context stays bf16 tensors (mok/_mx_calls.py). `swiglu_limit` (clamped
+SwiGLU, MoK's semantics: silu(min(g, L)) * clamp(u, -L, L)) must be None or a finite positive
+number: MoK also accepts 0 (which zeroes the layer) and lets inf and NaN through; mok raises for
+them.
 
 The forward context is MoK's MoKForwardContext: tensors the caller owns (autograd saves them), so
 one workspace serves any number of layers of its shape, and backward never recomputes the forward
@@ -270,9 +273,11 @@ def create_workspace(config, group, *, device, num_local_tokens, hidden_size, to
 
 
 def get_workspace(config, group, *, device, num_local_tokens, hidden_size, topk):
-    """The cached workspace for (group, device, num_local_tokens, hidden_size, topk), created on
-    first use: what MoK caches by. Every layer of those shapes shares it, whatever its config
-    (calls pass their own; the C++ scratch is kept per layer shape and config)."""
+    """The cached workspace for (group, device, num_local_tokens, hidden_size, topk, capacity
+    factor), created on first use: MoK's cache key, the capacity factor being
+    max(2, ceil(W * config.schedule_capacity_multiplier)). Every layer of those shapes and that
+    factor shares it, whatever the rest of its config (calls pass their own; the C++ scratch is
+    kept per layer shape and config)."""
     device, rank, size = _workspace_args(config, group, device, num_local_tokens, hidden_size,
                                          topk)
     key = (_workspace.group_key(group), device, num_local_tokens, hidden_size, topk,
@@ -394,11 +399,12 @@ def build_schedule(workspace, config, top_experts=None, *, num_local_experts, to
             _checks.fail("top_experts.device",
                          f"{_checks.device_name(workspace.device)} (the workspace's device)",
                          _checks.device_name(top_experts.device))
-        want = (workspace.num_local_tokens, workspace.topk)
-        if tuple(top_experts.shape) != want:
-            _checks.fail("top_experts.shape",
-                         f"{_checks.shape_text(want)} (the workspace's num_local_tokens, topk)",
-                         _checks.shape_text(top_experts.shape))
+        # A workspace made without sizes (Workspace(config)) takes those of each call.
+        for axis, field, want in ((0, "num_local_tokens", workspace.num_local_tokens),
+                                  (1, "topk", workspace.topk)):
+            if want is not None and top_experts.shape[axis] != want:
+                _checks.fail(f"top_experts.shape[{axis}]", f"{want} (the workspace's {field})",
+                             top_experts.shape[axis])
     ids = top_experts
     if ids.dtype == torch.int32:  # MoK accepts int32 ids; mok's core reads int64
         ids = ids.to(torch.int64)

@@ -189,7 +189,7 @@ class MoE(torch.nn.Module):
     swiglu_limit L: clamped SwiGLU in every expert (silu(min(g, L)) * clamp(u, -L, L), MoK's and
     DeepSeek-V4's form); None (default): plain SwiGLU.
     precision="fp8" or "fp8-bf16-wgrad": the FP8 layer (mok.moe's precision; bf16 dtype, H and I
-    multiples of 128, CPU or CUDA; with a group of several ranks, CPU). The routed weights stay
+    multiples of 128, CPU or CUDA, with or without a group). The routed weights stay
     bf16 parameters, quantized again whenever they changed (an optimizer step), in every call a
     CUDA graph captures, and in every call under FSDP2 (its unsharded weights share their memory
     with its all-gather buffer); after a change PyTorch's version counter cannot see (through
@@ -208,12 +208,14 @@ class MoE(torch.nn.Module):
     MoEStats).
     backend="torch" computes the experts with mok.reference (pure PyTorch) instead: the baseline.
 
-    group: a torch.distributed group of W ranks (gloo, CPU tensors) for expert parallelism across
-    processes: this rank's module holds experts [r*E/W, (r+1)*E/W) (routed weights [E/W, ...]) and
-    routes its own tokens over all E. Every rank must call it with the same number of tokens. The
-    router and the shared expert are replicated, as in data parallelism: give them the same
-    initial values on every rank (e.g. the same seed, or a broadcast) and reduce their gradients
-    across the group as a data-parallel job does; the experts' gradients need no reduction.
+    group: a torch.distributed group of W ranks for expert parallelism across processes (gloo with
+    CPU tensors; with CUDA tensors, over PyTorch's symmetric memory: tested as ranks on threads of
+    one GPU, not yet run on several GPUs): this rank's module holds experts [r*E/W, (r+1)*E/W)
+    (routed weights [E/W, ...]) and routes its own tokens over all E. Every rank must call it with
+    the same number of tokens. The router and the shared expert are replicated, as in data
+    parallelism: give them the same initial values on every rank (e.g. the same seed, or a
+    broadcast) and reduce their gradients across the group as a data-parallel job does; the experts'
+    gradients need no reduction.
     """
 
     def __init__(self, hidden_size, intermediate_size, num_experts, topk,

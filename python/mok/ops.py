@@ -12,7 +12,11 @@ E local experts, k slots; bf16 activations with fp32 router weights, or all floa
 backend's exact mode):
 
   build_schedule(topk_experts [T, k] int64, num_experts, num_local_experts, first_local_expert)
-      -> tokens_per_expert [num_local_experts] int32      validates every id in [-1, num_experts)
+      -> rows_per_expert [num_local_experts] int32        validates every id in [-1, num_experts)
+  schedule_table(topk_experts [every rank's, int64 [T, k] CPU], num_experts, ep_rank,
+                 minibatch_size, macrobatch_size)
+      -> (table, expert_counts, expert_src_counts, segment_starts, ring_plan)   the host twin of
+                                                  the device's schedule: an oracle for tests
   forward(x [T, H], topk_experts, topk_weights [T, k], routed gate/up [E, I, H], down [E, H, I],
           shared gate/up [S, H], down [H, S] (or None), workspace)
       -> (out [T, H], *context)
@@ -42,11 +46,11 @@ The grouped GEMM forms the layer is built from, on CUDA tensors (mok/_grouped_ge
 details): grouped_gate_up, grouped_rows_times_weight_t, grouped_rows_times_weight,
 grouped_weight_grad; rows in groups given by int32 device tensors (starts [G + 1], rows [G]).
 
-`workspace` is a workspace handle (mok.functional.Workspace.handle_for(config), or 0 for the
-automatic workspace). `forward` is differentiable: its gradient runs `backward`. A workspace of a
-torch.distributed group of several ranks runs the layer ops as expert parallelism across
-processes (CPU tensors, a gloo group: mok/_host_ep.py); every rank of the group must call them in
-the same order.
+`workspace` is a workspace handle (`ws.handle_for(config)` of a mok.functional.Workspace `ws`, or 0
+for the automatic workspace). `forward` is differentiable: its gradient runs `backward`. A workspace
+of a torch.distributed group of several ranks runs the layer ops as expert parallelism across
+processes (CPU tensors, a gloo group: mok/_host_ep.py; CUDA tensors: the C++ team over symmetric
+memory, not yet run on several GPUs); every rank of the group must call them in the same order.
 """
 
 # mok's layer ops (mok/_layer_ops.py), with their fake implementations (mok/_fake.py).
@@ -54,10 +58,10 @@ from mok import _fake  # noqa: F401  (registers the fake implementations)
 from mok._layer_ops import (  # noqa: F401
     backward, backward_main_grad, build_schedule, forward, recompute_forward_context,
     schedule_table)
-# The grouped GEMM forms (issue 5): see mok/_grouped_gemm.py.
+# The grouped GEMM forms: see mok/_grouped_gemm.py.
 from mok._grouped_gemm import (  # noqa: F401
     grouped_gate_up, grouped_rows_times_weight, grouped_rows_times_weight_t, grouped_weight_grad)
-# MoK's ops layer, same names and schemas (issue 17): mok.ops.schedule, all_gather_top_experts,
+# MoK's ops layer, same names and schemas: mok.ops.schedule, all_gather_top_experts,
 # barrier_all, dispatch_mlp_swiglu_combine_{fwd,bwd}_bf16, fwd_epilogue, bwd_epilogue,
 # mxfp8_quantize (MoK's, bit for bit: mok/_fp8.py) (see mok/_kittens_compat.py); the MXFP8 layer
 # ops on mok's FP8 layer, MoK's MX weights converted to mok's blocks (mok/_mx_calls.py).
@@ -75,3 +79,10 @@ __all__ = [
     "fwd_epilogue", "grouped_gate_up", "grouped_rows_times_weight", "grouped_rows_times_weight_t",
     "grouped_weight_grad", "mx_weights_to_blocks", "mxfp8_quantize", "recompute_forward_context",
     "schedule", "schedule_table"]
+
+# help(mok.ops.X) shows the op's own docstring, not torch's CustomOpDef text (documentation only;
+# where a PyTorch keeps the function elsewhere, torch's text stays).
+for _name in __all__:
+    _op = globals()[_name]
+    _op.__doc__ = getattr(getattr(_op, "_init_fn", None), "__doc__", None) or _op.__doc__
+del _name, _op

@@ -164,9 +164,26 @@ def test_workspace_shape_mismatch(data):
     with raises(ValueError, f"mok: invalid x.shape[0]: expected {T + 1} (the workspace's "
                             f"num_local_tokens), got {T}"):
         mok.moe(*data.args(), workspace=ws)
-    with raises(ValueError, f"mok: invalid top_experts.shape: expected [{T + 1}, {K}] (the "
-                            f"workspace's num_local_tokens, topk), got [{T}, {K}]"):
+    with raises(ValueError, f"mok: invalid top_experts.shape[0]: expected {T + 1} (the "
+                            f"workspace's num_local_tokens), got {T}"):
         functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    ws = functional.get_workspace(config, None, device="cpu", num_local_tokens=T, hidden_size=H,
+                                  topk=K + 1)
+    with raises(ValueError, f"mok: invalid top_experts.shape[1]: expected {K + 1} (the "
+                            f"workspace's topk), got {K}"):
+        functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+
+
+def test_workspace_without_sizes_takes_the_calls(data):
+    # A workspace made with its sizes left None (the automatic one's form) follows each call's
+    # tensors: build_schedule once compared the ids' shape with [None, None] and refused every one.
+    config = functional.MoKConfig()
+    ws = functional.Workspace(config)
+    schedule = functional.build_schedule(ws, config, data.topk_experts, num_local_experts=E)
+    want = functional.build_schedule(
+        functional.get_workspace(config, None, device="cpu", num_local_tokens=T, hidden_size=H,
+                                 topk=K), config, data.topk_experts, num_local_experts=E)
+    assert torch.equal(schedule.rows_per_expert, want.rows_per_expert)
 
 
 def test_config_values():
