@@ -105,15 +105,15 @@ def moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *,
         _checks.require_tensor(name, t)
     if not isinstance(interleaved, bool):
         _checks.fail("interleaved", "a bool", type(interleaved).__name__, TypeError)
-    return _moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
-                       interleaved=interleaved, workspace=workspace, swiglu_limit=swiglu_limit,
-                       precision=precision)
+    return packed_experts(x, topk_experts, topk_weights, gate_up_weights, down_weights,
+                          interleaved=interleaved, workspace=workspace, swiglu_limit=swiglu_limit,
+                          precision=precision)
 
 
-def _moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights, *, interleaved,
-                workspace, swiglu_limit, precision, quantize_routed=None):
-    """moe_packed after its type checks; `quantize_routed` as for _moe (the Transformers
-    integration's is_first_microbatch)."""
+def packed_experts(x, topk_experts, topk_weights, gate_up_weights, down_weights, *, interleaved,
+                   workspace, swiglu_limit, precision, quantize_routed=None):
+    """moe_packed after its type checks, for mok.integrations.transformers (not in __all__);
+    `quantize_routed` as for _moe (the integration's is_first_microbatch)."""
     handle = 0 if workspace is None else workspace.handle
     if _fp8_layer.is_fp8(_fp8_layer.check_precision(precision)):
         return _fp8_layer.moe_packed(x, topk_experts, topk_weights, gate_up_weights, down_weights,
@@ -152,6 +152,8 @@ def _autocast_inputs(x, weights):
 
     return cast(x), tuple(cast(w) for w in weights)
 
+
+__all__ = ["MoE", "MoEStats", "moe", "moe_packed"]
 
 _ROUTED_NAMES = ("routed_gate_weights", "routed_up_weights", "routed_down_weights")
 

@@ -55,7 +55,7 @@ def _transformers_skip_reason():
     except importlib.metadata.PackageNotFoundError:
         return "transformers is not installed (pip install .[transformers])"
     try:
-        mok._check_version("transformers", version, mok.TRANSFORMERS_MINIMUM)
+        mok._versions.check_version("transformers", version, mok.TRANSFORMERS_MINIMUM)
     except ImportError as e:
         return str(e)
     return None

@@ -1,10 +1,12 @@
-"""The package's own imports: no cycle, no private name of one module used in another.
+"""The package's own imports: no cycle, no private name of one module used in another, and the
+module map of mok/__init__.py true.
 
-Walks every module of python/mok (each module's AST, imports inside functions included) for its
-imports of mok modules, and fails on a cycle among them, on an import of a mok module inside a
-function (a lazy import dodges a cycle rather than removing it), and on a private name of one mok
-module (`_name`) used in another. Private modules (`mok._checks`) are fine to import; their
-private names are not.
+Walks every module of python/mok, sub-packages included (each module's AST, imports inside
+functions included) for its imports of mok modules, and fails on a cycle among them, on an import
+of a mok module inside a function (a lazy import dodges a cycle rather than removing it), on a
+private name of one mok module (`_name`) used in another, and on a module that imports one listed
+on its own line of the package docstring's map or below it. Private modules (`mok._checks`) are
+fine to import; their private names are not.
 """
 
 import ast
@@ -13,7 +15,16 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "mok"
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def _module_name(path):
+    """mok/_checks.py -> "_checks"; mok/integrations/transformers.py -> "integrations.transformers";
+    mok/integrations/__init__.py -> "integrations"."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(name for name in map(_module_name, PACKAGE.rglob("*.py")) if name)
 EXTENSION = "_C"  # the compiled extension: a leaf (it imports nothing of mok)
 
 
@@ -95,7 +106,12 @@ class _Walker(ast.NodeVisitor):
 
 
 def _walk(name):
-    path = PACKAGE / ("__init__.py" if name == "mok" else f"{name}.py")
+    if name == "mok":
+        path = PACKAGE / "__init__.py"
+    else:
+        path = PACKAGE.joinpath(*name.split(".")).with_suffix(".py")
+        if not path.exists():  # a sub-package
+            path = PACKAGE.joinpath(*name.split("."), "__init__.py")
     walker = _Walker(name)
     walker.visit(ast.parse(path.read_text(), str(path)))
     return walker
@@ -165,6 +181,24 @@ def test_the_package_imports_no_cycle():
     layer = _layers(graph)
     assert layer["mok"] == max(layer.values()), "the package is not the top layer"
     assert layer["_native"] == 0, "mok._native must import no other mok module"
+
+
+def _module_map():
+    """mok/__init__.py's module map: {module: its line's index}, bottom up."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+    lines = doc.split("The package's modules, bottom up")[1].split("\n\n")[1].splitlines()
+    rows = [line.strip().split("  ")[0] for line in lines if not line.startswith(" " * 8)]
+    return {name.strip(): i for i, row in enumerate(rows) for name in row.split(",")}
+
+
+def test_the_module_map_is_the_import_order():
+    graph, _ = _graph()
+    row = _module_map()
+    missing = sorted(set(graph) - {"mok"} - set(row))
+    assert not missing, f"modules missing from mok/__init__.py's module map: {missing}"
+    wrong = [f"{m} (line {row[m]}) imports {d} (line {row[d]})"
+             for m, deps in graph.items() if m != "mok" for d in deps if row[d] >= row[m]]
+    assert not wrong, "the module map says otherwise: " + "; ".join(wrong)
 
 
 def test_no_lazy_imports_and_no_private_names_across_modules():

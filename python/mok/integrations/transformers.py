@@ -37,11 +37,11 @@ from dataclasses import dataclass
 import torch
 import transformers
 
-import mok
-from mok import _checks, _fp8_layer, _workspace, nn
+from mok import _checks, _fp8_layer, _versions, _workspace, nn
 from mok._config import MoKConfig
 
-mok._check_version("transformers", transformers.__version__, mok.TRANSFORMERS_MINIMUM)
+_versions.check_version("transformers", transformers.__version__,
+                        _versions.TRANSFORMERS_MINIMUM)
 
 import transformers.integrations.moe as hf_moe  # noqa: E402
 
@@ -249,10 +249,10 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         quantize_routed = _fp8_layer.kept_quantizations(self, _HALF_NAMES, (gate, up, down), first)
     autocast = torch.is_autocast_enabled(x.device.type)
     with torch.autocast(x.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        out = nn._moe_packed(x, ids.contiguous(), weights.contiguous(), gate_up, down,
-                             interleaved=p.interleaved, workspace=_settings.workspace,
-                             swiglu_limit=p.swiglu_limit, precision=_settings.precision,
-                             quantize_routed=quantize_routed)
+        out = nn.packed_experts(x, ids.contiguous(), weights.contiguous(), gate_up, down,
+                                interleaved=p.interleaved, workspace=_settings.workspace,
+                                swiglu_limit=p.swiglu_limit, precision=_settings.precision,
+                                quantize_routed=quantize_routed)
     return out.to(hidden_states.dtype).reshape(shape)
 
 
