@@ -159,7 +159,7 @@ def check_packed_gate_up(gate_up):
 
 @dataclass(frozen=True)
 class LayerShape:
-    """The problem one call describes (DESIGN.md section 1), read off its tensors."""
+    """The problem one call describes (its sizes, dtypes and device), read off its tensors."""
 
     num_tokens: int
     hidden_size: int
@@ -302,7 +302,7 @@ def check_schedule_args(topk_experts, num_experts, num_local_experts, first_loca
     if num_experts % num_local_experts != 0:
         fail("num_local_experts", f"a positive divisor of num_experts = {num_experts}",
              num_local_experts)
-    if first_local_expert < 0 or first_local_expert + num_local_experts > num_experts:
+    if first_local_expert + num_local_experts > num_experts:  # check_int refused < 0
         fail("first_local_expert", f"in [0, {num_experts - num_local_experts}]",
              first_local_expert)
     if topk_experts.shape[1] > num_experts:

@@ -6,6 +6,12 @@ import math
 from mok import _checks, _native
 
 FORWARD_PATHS = ("launches", "fused")  # MoKConfig.forward_path's values
+# The layer's precisions (mok.moe's `precision`): the bf16 layer; the FP8 layer; the FP8 layer
+# with its three routed weight gradients computed as the bf16 layer's, bf16 products of the bf16
+# rows (C++: BackwardOptions::fp8_weight_grads false), no token-axis quantization: the forward
+# and the input gradients are FP8 either way. The order is also that of the precision field in
+# mok/_host_ep.py's call header.
+PRECISIONS = ("bf16", "fp8", "fp8-bf16-wgrad")
 # The largest value of each int knob's C++ type (include/mok/config.hpp): int, else int64.
 _CXX_INT_BOUNDS = {"fwd_num_comm_sms": 2**31 - 1, "bwd_num_comm_sms": 2**31 - 1,
                    "minibatch_size": 2**63 - 1, "macrobatch_size": 2**63 - 1,

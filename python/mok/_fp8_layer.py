@@ -47,6 +47,7 @@ from mok import _checks, _host_ep, _layer_tensors, _native, _workspace
 from mok._layer_ops import call, check_packed_workspace, keep_body, split_gate_up
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                  check_context, check_layer_call, context_shapes, context_views)
+from mok._config import PRECISIONS
 from mok._native import lib, views
 
 # The quantized routed weights: twelve tensors, not a Tensor[] (autograd's formula must return a
@@ -58,11 +59,7 @@ _FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
 # forward ops take it too, for their autograd formula to pass on.
 _WGRAD_ARG = "bool fp8_weight_grads=True"
 
-# "fp8-bf16-wgrad": the FP8 layer with its three routed weight gradients computed as the bf16
-# layer's, bf16 products of the bf16 rows (C++: BackwardOptions::fp8_weight_grads false), no
-# token-axis quantization: the forward and the input gradients are FP8 either way.
-PRECISIONS = ("bf16", "fp8", "fp8-bf16-wgrad")
-_PRECISIONS_TEXT = "'bf16', 'fp8' or 'fp8-bf16-wgrad'"
+_PRECISIONS_TEXT = "'bf16', 'fp8' or 'fp8-bf16-wgrad'"  # _config.PRECISIONS
 
 
 def check_precision(precision):
@@ -114,7 +111,9 @@ def quantize_weights(w):
 _CACHE = WeakIdKeyDictionary()
 
 
-def _state(w):
+def tensor_state(w):
+    """What a cached quantization of `w` is checked against: version counter, data pointer,
+    layout (the FP8 weights' cache here, MX weights' conversions in mok/_mx_calls.py)."""
     return (w._version, w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device)
 
 
@@ -174,7 +173,7 @@ def _quantizations(owner, tag, sources, shared=None):
     if entries is None:
         entries = _CACHE[owner] = {}
     entry = entries.get(tag)
-    state = _state(owner)
+    state = tensor_state(owner)
     if owner.is_cuda and torch.cuda.is_current_stream_capturing():
         if entry is not None and entry[0][2:] == state[2:]:
             for w, q in zip(sources(owner), entry[1]):
@@ -190,9 +189,9 @@ def _quantizations(owner, tag, sources, shared=None):
     return qs
 
 
-def quantized(w, shared=None):
+def quantized(w):
     """The cached quantization of `w` (_quantizations)."""
-    return _quantizations(w, "whole", lambda t: (t,), shared)[0]
+    return _quantizations(w, "whole", lambda t: (t,))[0]
 
 
 def quantized_halves(gate_up, interleaved, shared=None):
@@ -209,7 +208,8 @@ def requantize(*weights):
         if w is None:
             continue
         entries = _CACHE.get(w) or {"whole": (None, None, lambda t: (t,))}
-        _CACHE[w] = {tag: (_state(w), tuple(quantize_weights(s) for s in sources(w)), sources)
+        _CACHE[w] = {tag: (tensor_state(w), tuple(quantize_weights(s) for s in sources(w)),
+                           sources)
                      for tag, (_state_then, _q, sources) in entries.items()}
 
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from mok import _checks, _layer_tensors, _native
 from mok._native import lib, view_of, views
-from mok._config import FORWARD_PATHS
+from mok._config import FORWARD_PATHS, PRECISIONS  # the header's precision field: an index
 
 # NOTES (issue 41): torch.distributed.nn.functional's functions take `group=group.WORLD` as default
 # arguments, evaluated at its import; torch._dynamo imports it (through torch.distributed.fsdp),
@@ -62,9 +62,6 @@ _FIELDS = ("num_tokens (x.shape[0])", "hidden_size (x.shape[1])",
            "config.fwd_num_comm_sms", "config.bwd_num_comm_sms", "config.minibatch_size",
            "config.macrobatch_size", "config.schedule_capacity_multiplier",
            "config.forward_path", "config.fused_stage_rows", "precision")
-# The header's precision field: the bf16 layer, or the FP8 layer with e4m3 or bf16 weight
-# gradients (mok/_fp8_layer.py's PRECISIONS, in that order).
-_PRECISIONS = ("bf16", "fp8", "fp8-bf16-wgrad")
 _ERROR_TYPES = (ValueError, TypeError, RuntimeError)
 _MESSAGE_BYTES = 1024
 
@@ -159,7 +156,7 @@ def _field_text(i, value):
     if name == "config.forward_path":
         return repr(FORWARD_PATHS[value]) if 0 <= value < len(FORWARD_PATHS) else "unknown"
     if name == "precision":
-        return repr(_PRECISIONS[value]) if 0 <= value < len(_PRECISIONS) else "unknown"
+        return repr(PRECISIONS[value]) if 0 <= value < len(PRECISIONS) else "unknown"
     if name == "config.schedule_capacity_multiplier":
         return str(torch.tensor([value], dtype=torch.int64).view(torch.float64).item())
     return str(value)
@@ -177,7 +174,7 @@ def _header(call, shape, config, error, precision="bf16"):
     fields += [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size,
                config.macrobatch_size, int(multiplier.view(torch.int64).item()),
                FORWARD_PATHS.index(config.forward_path), config.fused_stage_rows,
-               _PRECISIONS.index(precision)]
+               PRECISIONS.index(precision)]
     text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
     kind = 0 if error is None else 1 + next(i for i, t in enumerate(_ERROR_TYPES)
                                             if isinstance(error, t))

@@ -74,8 +74,6 @@ from mok import _checks, _layer_ops, _layer_tensors, _native, _schedule_terms, _
 from mok import _fake  # noqa: F401  (the layer ops' fake implementations, which ours run on)
 from mok._fp8 import mxfp8_quantize  # noqa: F401  (MoK's MX quantizer, mok.ops.mxfp8_quantize)
 
-_EP_RANKS = (1, 4, 8, 16, 32, 64)  # MoK's EP sizes (mok's functional API takes any)
-
 
 def one_rank(name, pointers):
     if not isinstance(pointers, (list, tuple)) or any(
@@ -157,13 +155,19 @@ def _check_schedule_values(peer_rank, peer_token_idx, num_tokens, tokens_per_exp
                      f"slot {int(named[i])}, which row {first} names too")
 
 
+def no_routed_slots(x):
+    """(topk_experts, topk_weights) [T, 1] of a layer call that routes no slot (ids -1, weights
+    0): the shared expert alone, through mok's layer (the fused ops' shared halves)."""
+    T = x.shape[0]
+    return (torch.full((T, 1), -1, dtype=torch.int64, device=x.device),
+            torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device))
+
+
 def _shared_only(x, gate, up, down, shared_gate, shared_up, shared_down, swiglu_limit):
     """The layer with no routed slot: out = S(x) (mok's layer; the routed weights give shapes)."""
-    T = x.shape[0]
-    ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
-    w = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=x.device)
-    return ids, w, _layer_ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up,
-                                      shared_down, 0, swiglu_limit=swiglu_limit)
+    ids, w = no_routed_slots(x)
+    return _layer_ops.forward(x, ids, w, gate, up, down, shared_gate, shared_up, shared_down, 0,
+                              swiglu_limit=swiglu_limit)
 
 
 def check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, num_local_experts,
@@ -212,7 +216,7 @@ def _fwd(x_buffer, x_buffer_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_
     y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = _layer_ops.forward(
         x_slots, ids, ones, w_routed_gate, w_routed_up, w_routed_down, None, None, None, 0,
         swiglu_limit=limit)
-    _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
+    (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _shared_only(
         x_buffer, w_routed_gate, w_routed_up, w_routed_down, w_shared_gate, w_shared_up,
         w_shared_down, limit)
     combine_buffer.copy_(y_slots)
@@ -287,8 +291,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
         swiglu_limit=limit)
     # The shared expert alone: its routed context rows are never read (no slot is routed), so
     # they are left unwritten.
-    ids_none = torch.full((T, 1), -1, dtype=torch.int64, device=dev)
-    w_none = torch.zeros((T, 1), dtype=_checks.router_dtype(x.dtype), device=dev)
+    ids_none, w_none = no_routed_slots(x)
     ws, config = _workspace.resolve(0)
     shape = _checks.LayerShape(T, H, w_routed_gate.shape[1], w_routed_gate.shape[0], 1,
                                w_shared_gate.shape[0], x.dtype, dev)

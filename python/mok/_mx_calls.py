@@ -65,7 +65,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mok import _checks, _fp8_layer, _host_ep, _layer_tensors, _native, _workspace
-from mok._kittens_compat import check_schedule, one_rank, ring_knobs, rows_of, slot_experts
+from mok._kittens_compat import (check_schedule, no_routed_slots, one_rank, ring_knobs, rows_of,
+                                 slot_experts)
 from mok._layer_ops import call, keep_body
 from mok._layer_tensors import (CONTEXT_ARGS, CONTEXT_OUT, LAYER_ARGS, SWIGLU_LIMIT_ARG,
                                 check_context, check_layer_call, context_shapes, context_views)
@@ -172,13 +173,8 @@ def _convert(data, scales, transposed):
 _CACHE = WeakIdKeyDictionary()
 
 
-def _tensor_state(t):
-    """What _fp8_layer's cache checks of a weight: version counter, data pointer, layout."""
-    return (t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
-
-
 def _state(data, scales, transposed):
-    return (_tensor_state(data), _tensor_state(scales), transposed)
+    return (_fp8_layer.tensor_state(data), _fp8_layer.tensor_state(scales), transposed)
 
 
 def converted(data, scales, transposed=False):
@@ -463,12 +459,10 @@ def _not_produced(dtype, shape, like):
 
 
 def _fp8_layer_alone(x, routed_stand_ins, shared, fp8_blocks, limit):
-    """The FP8 layer with no routed slot: the shared expert alone, (ids, w, forward's outputs)."""
-    T = x.shape[0]
-    ids = torch.full((T, 1), -1, dtype=torch.int64, device=x.device)
-    w = torch.zeros((T, 1), dtype=torch.float32, device=x.device)
-    return ids, w, call(_fp8_layer.forward_fp8, x, ids, w, *routed_stand_ins, *shared,
-                        *fp8_blocks, 0, limit)
+    """The FP8 layer with no routed slot: the shared expert alone (forward's outputs)."""
+    ids, w = no_routed_slots(x)
+    return call(_fp8_layer.forward_fp8, x, ids, w, *routed_stand_ins, *shared, *fp8_blocks, 0,
+                limit)
 
 
 def _converted_for_op(pairs, fake):
@@ -512,7 +506,7 @@ def _fwd(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed
     y_slots, x_routed, gate_routed, up_routed, hidden_routed, *_ = call(
         _fp8_layer.forward_fp8, x_slots, ids, ones, *stand_ins, None, None, None, *blocks, 0,
         limit)
-    _, _, (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _fp8_layer_alone(
+    (y_shared, _, _, _, _, gate_shared, up_shared, hidden_shared) = _fp8_layer_alone(
         x, stand_ins, shared, blocks, limit)
     combine_buffer.copy_(y_slots)
     y_routed = torch.where(used.unsqueeze(1), y_slots[slot.clamp(max=T * topk - 1)],
@@ -614,8 +608,7 @@ def _bwd(d_y_buffer, d_y_buffer_ptrs, d_x_routed_buffer, d_x_routed_buffer_ptrs,
         *blocks, x_fp8_t_routed, gate_fp8_routed, up_fp8_routed, hidden_fp8_t_routed, None,
         None, None, 0, limit)
     # The shared expert alone: its routed context rows are never read (no slot is routed).
-    ids_none = torch.full((T, 1), -1, dtype=torch.int64, device=dev)
-    w_none = torch.zeros((T, 1), dtype=torch.float32, device=dev)
+    ids_none, w_none = no_routed_slots(x)
     ws, config = _workspace.resolve(0)
     shape = _checks.LayerShape(T, H, I, E, 1, w_shared_gate.shape[0], x.dtype, dev)
     unread = [x.new_empty(s) for s in context_shapes(ws, config, shape)[:4]]

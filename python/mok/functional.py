@@ -232,7 +232,11 @@ _cache_lock = threading.Lock()
 def _normalize_device(device):
     if device is None:
         _checks.fail("device", "a torch.device", "None")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        _checks.fail("device", "a torch.device (or its name)", repr(device),
+                     TypeError if isinstance(e, TypeError) else ValueError)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available()
                               else 0)
@@ -498,8 +502,10 @@ def _main_grads(main_grads):
     """backward's `main_grads`, checked as a tuple of 6 (MoK's order: shared gate, routed gate,
     shared up, routed up, shared down, routed down) that backward may write in place."""
     if not isinstance(main_grads, (tuple, list)) or len(main_grads) != 6:
+        got = (f"a {type(main_grads).__name__} of {len(main_grads)}"
+               if isinstance(main_grads, (tuple, list)) else repr(type(main_grads).__name__))
         _checks.fail("main_grads", "a tuple of 6 tensors (shared gate, routed gate, shared up, "
-                     "routed up, shared down, routed down)", repr(type(main_grads).__name__))
+                     "routed up, shared down, routed down)", got)
     for name, g in zip(("main_shared_gate", "main_routed_gate", "main_shared_up",
                         "main_routed_up", "main_shared_down", "main_routed_down"), main_grads):
         if isinstance(g, torch.Tensor) and (g.is_neg() or g.is_conj()):  # written in place

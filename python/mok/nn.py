@@ -370,9 +370,13 @@ class MoE(torch.nn.Module):
         return topk_experts, topk_weights.contiguous(), MoEStats(counts, router_probs, balance)
 
     def forward(self, x, *, is_first_microbatch=None):
+        """(out, MoEStats) for tokens x [..., hidden_size]: out has x's shape; the class
+        docstring says what the stats hold and what is_first_microbatch does."""
+        _checks.require_tensor("x", x)
         shape = x.shape
-        if x.shape[-1] != self.hidden_size:
-            _checks.fail("x.shape[-1]", self.hidden_size, x.shape[-1])
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
+            _checks.fail("x.shape[-1]", f"{self.hidden_size} (the module's hidden_size)",
+                         x.shape[-1] if x.dim() else "a 0-d tensor")
         _fp8_layer.check_is_first_microbatch(is_first_microbatch)
         weights = (self.routed_gate_weights, self.routed_up_weights, self.routed_down_weights,
                    self.shared_gate_weights, self.shared_up_weights, self.shared_down_weights)

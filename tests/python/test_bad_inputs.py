@@ -374,6 +374,19 @@ def test_moe_module_arguments(gen, change, error, message):
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("x,error,message", [
+    ([1.0, 2.0], TypeError, "invalid x: expected a torch.Tensor, got list"),
+    (torch.zeros(5, 32, dtype=torch.bfloat16), ValueError,
+     "invalid x.shape[-1]: expected 64 (the module's hidden_size), got 32"),
+    (torch.zeros((), dtype=torch.bfloat16), ValueError,
+     "invalid x.shape[-1]: expected 64 (the module's hidden_size), got a 0-d tensor"),
+])
+def test_moe_module_call_checks_x(x, error, message):
+    layer = mok.nn.MoE(**MOE_SHAPE)
+    with raises(error, "mok: " + message):
+        layer(x)
+
+
 # --- a schedule edited by hand before MoK's ops layer -----------------------------------------
 
 class KittensLayer:

@@ -240,6 +240,16 @@ def test_unsupported_mok_features(data):
                            (u, u), (d, d))
 
 
+def test_workspace_device_names_the_argument():
+    with raises(ValueError, "mok: invalid device: expected a torch.device (or its name), got "
+                            "'gpu0'"):
+        functional.get_workspace(functional.MoKConfig(), None, device="gpu0",
+                                 num_local_tokens=T, hidden_size=H, topk=K)
+    with raises(TypeError, "mok: invalid device: expected a torch.device (or its name), got 3.5"):
+        functional.create_workspace(functional.MoKConfig(), None, device=3.5,
+                                    num_local_tokens=T, hidden_size=H, topk=K)
+
+
 def test_cuda_workspace_without_cuda_backend():
     """Where the CUDA backend cannot run, asking for it raises mok's own error (no fallback)."""
     if mok.backend_available("cuda"):
