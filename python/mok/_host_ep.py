@@ -1,4 +1,4 @@
-"""Expert parallelism across processes on the CPU backend (issue 14's CPU form).
+"""Expert parallelism across processes on the CPU backend.
 
 A workspace made with a torch.distributed group of W ranks (gloo, CPU tensors) runs mok's calls
 as expert parallelism: rank r holds its own T tokens and the experts [r*E/W, (r+1)*E/W). The
@@ -36,7 +36,7 @@ from mok import _checks, _layer_tensors, _native
 from mok._native import lib, view_of, views
 from mok._config import FORWARD_PATHS, PRECISIONS  # the header's precision field: an index
 
-# NOTES (issue 41): torch.distributed.nn.functional's functions take `group=group.WORLD` as default
+# NOTES: torch.distributed.nn.functional's functions take `group=group.WORLD` as default
 # arguments, evaluated at its import; torch._dynamo imports it (through torch.distributed.fsdp),
 # and the first call of any custom op imports torch._dynamo: mok's first call, after the script's
 # init_process_group. Those defaults then held the default group past destroy_process_group(),

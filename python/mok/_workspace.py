@@ -90,7 +90,7 @@ class Workspace:
     def __init__(self, config, *, group=None, ep_rank=0, ep_size=1, device=None,
                  num_local_tokens=None, hidden_size=None, topk=None):
         self.config = config  # the config of `handle`; calls may pass another (handle_for)
-        # NOTES (issue 41): held weakly. torch.distributed keeps every group mok accepts until
+        # NOTES: held weakly. torch.distributed keeps every group mok accepts until
         # destroy_process_group(); a strong reference from mok's cached workspaces (get_workspace,
         # mok.nn.MoE's) kept a destroyed gloo group's worker threads running into interpreter
         # exit, where one releasing its last collective's tensors aborts the process.

@@ -36,7 +36,9 @@ def swiglu_expert(x, gate, up, down, swiglu_limit=None):
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
         shared_down_weights=None, *, swiglu_limit=None):
-    """Same arguments and result as mok.moe."""
+    """mok.moe's result for its positional arguments and swiglu_limit, in plain PyTorch: the bf16
+    layer's maths in x's dtype (bf16, or float64), without mok.moe's workspace and precision
+    arguments. The baseline the benchmarks time."""
     T, H = x.shape
     k = topk_experts.shape[1]
     E = routed_gate_weights.shape[0]
