@@ -1,4 +1,5 @@
-// mok's torch-free C++ API: one MoE layer (DESIGN.md section 1) on one rank.
+// mok's torch-free C++ API: one MoE layer (routed SwiGLU experts and an optional shared expert) on
+// one rank.
 //
 //   mok::Problem p{.num_tokens = 4096, .hidden_size = 7168, .intermediate_size = 2048,
 //                  .num_experts = 256, .topk = 8, .shared_intermediate_size = 2048};
@@ -17,13 +18,14 @@
 // in f64 (activation_dtype = f64), which the tests use as the exact reference. On the CUDA backend
 // every view is 16-byte aligned (the kernels move 16-byte vectors).
 //
-// Who owns what (DESIGN.md section 3): the forward context (what backward reads of the forward)
-// is tensors the caller owns; the Workspace holds only scratch, so one workspace serves any number
-// of layers of its shape. Its calls share that scratch: on the CUDA backend a call on a stream
-// other than the previous call's waits on the device for that call's work (an event; no host
-// synchronization), so layers sharing a workspace may run on different streams. Calls being
-// captured into a CUDA graph are ordered by the graph; a replay on one stream beside eager calls
-// on another is the caller's to order. Calls from two host threads at once are not allowed.
+// Who owns what (docs/architecture.md, "The workspace plan"): the forward context (what backward
+// reads of the forward) is tensors the caller owns; the Workspace holds only scratch, so one
+// workspace serves any number of layers of its shape. Its calls share that scratch: on the CUDA
+// backend a call on a stream other than the previous call's waits on the device for that call's
+// work (an event; no host synchronization), so layers sharing a workspace may run on different
+// streams. Calls being captured into a CUDA graph are ordered by the graph; a replay on one stream
+// beside eager calls on another is the caller's to order. Calls from two host threads at once are
+// not allowed.
 #pragma once
 
 #include <array>
@@ -220,7 +222,7 @@ void backward(Workspace& ws, const Inputs& in, const Weights& w, const ForwardCo
 void recompute_forward_context(Workspace& ws, const Inputs& in, const Weights& w,
                                ForwardContext& ctx);
 
-// ---- The FP8 layer (DESIGN.md section 5b; docs/architecture.md, "The FP8 layer") ----
+// ---- The FP8 layer (docs/architecture.md, "The FP8 layer") ----
 //
 // The same layer with every routed-expert GEMM on e4m3 operands with power-of-two block scales
 // (activations 1x128 along each GEMM's K, weights 128x128 blocks, token-axis copies for the

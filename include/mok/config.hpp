@@ -20,7 +20,8 @@ const char* forward_path_name(ForwardPath p);
 
 // The forward megakernel's default stage (Config::fused_stage_rows 0): the larger of this and
 // minibatch_size. NOTES: 16384-row stages saved 0.5% of the megakernel's time alone on average
-// over four PERF.md cases against 4096-row ones (2026-12-04, fba1f6c).
+// over the four standard cases of docs/perf/method.md against 4096-row ones (2026-12-04,
+// fba1f6c).
 inline constexpr std::int64_t kFusedStageRows = 16384;
 
 struct Config {

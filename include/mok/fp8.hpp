@@ -1,5 +1,6 @@
-// mok's FP8 (DESIGN.md section 5b): e4m3 values with power-of-two fp32 scales per 1x128 block
-// of activations and per 128x128 block of weights; and MoK's MXFP8 (1x32 blocks, E8M0 scales).
+// mok's FP8 (docs/architecture.md, "The FP8 layer"): e4m3 values with power-of-two fp32 scales
+// per 1x128 block of activations and per 128x128 block of weights; and MoK's MXFP8 (1x32 blocks,
+// E8M0 scales).
 //
 //   mok::QuantizedWeights q = mok::quantized_weights_views(
 //       mok::quantized_weights_layout(E, N, K), buffer, device);   // buffer: layout.bytes bytes

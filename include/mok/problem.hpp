@@ -1,4 +1,5 @@
-// The shape of one MoE layer on one rank (DESIGN.md section 1 and 2).
+// The shape of one MoE layer on one rank (T tokens of width H, E experts of which this rank holds
+// E / W, top-k routing, an optional shared expert).
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 namespace mok {
 
-// bf16 tiles need hidden, intermediate and shared sizes to be multiples of this (DESIGN.md rule 4).
+// bf16 tiles need hidden, intermediate and shared sizes to be multiples of this (T is arbitrary).
 inline constexpr std::int64_t kBf16SizeAlignment = 64;
 
 // Bounds on a Problem's sizes (Problem::validate), so that no size or product of sizes overflows

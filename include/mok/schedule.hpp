@@ -1,9 +1,9 @@
 // The expert-parallel schedule table and the symmetric-memory team it is exchanged through
-// (DESIGN.md sections 2 and 3).
+// (docs/architecture.md, "The schedule table" and "Expert parallelism").
 //
 // CPU (always built; the oracle, and what `mok.ops.build_schedule` runs on CPU tensors):
 //
-//   mok::ScheduleViews out = ...;   // int32 CPU tensors shaped as schedule_shapes() says
+//   mok::ScheduleViews out = ...;   // int32 CPU tensors, shaped as ScheduleViews' comment says
 //   mok::build_schedule_cpu(problem, config, {ids_rank0, ids_rank1, ...}, out);  // rank = ep_rank
 //
 // CUDA: a Team holds every rank's workspace (or this rank's, with peers' symmetric pointers):

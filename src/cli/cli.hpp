@@ -22,7 +22,7 @@ struct Preset {
   Problem problem;
 };
 
-// tiny, then the cases of PERF.md's standard suite.
+// tiny, then the standard cases of docs/perf/method.md.
 const Preset* find_preset(const std::string& name);
 std::string preset_list();
 

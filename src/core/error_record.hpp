@@ -1,5 +1,6 @@
 // The device error record: what a kernel leaves behind instead of writing out of bounds or hanging
-// (DESIGN.md rule 3, section 4). Plain C++, shared by the kernels and the host that reports it.
+// (bad ids, timed-out waits: raised by the next call; docs/architecture.md, "Rules the code
+// keeps"). Plain C++, shared by the kernels and the host that reports it.
 //
 // One record per rank lives in that rank's local workspace; a copy is published to host-mapped
 // pinned memory (the "mirror"), which the host reads on every mok call without synchronizing.

@@ -1,6 +1,7 @@
-// The scalar maths of mok's FP8 (DESIGN.md section 5b), one definition for the host reference and
-// the CUDA kernels: e4m3 <-> float, the power-of-two block scale, the quantization of one value.
-// Integer and power-of-two arithmetic only, so host and device agree bit for bit.
+// The scalar maths of mok's FP8 (docs/architecture.md, "The FP8 layer"), one definition for the
+// host reference and the CUDA kernels: e4m3 <-> float, the power-of-two block scale, the
+// quantization of one value. Integer and power-of-two arithmetic only, so host and device agree bit
+// for bit.
 //
 // e4m3 (OCP "E4M3FN", torch.float8_e4m3fn): sign, 4 exponent bits (bias 7), 3 mantissa bits; no
 // infinities; S.1111.111 is NaN; the largest finite value is 448 (S.1111.110); subnormals

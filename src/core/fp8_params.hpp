@@ -1,7 +1,7 @@
 // The FP8 quantizers' arguments: plain pointers and sizes, the boundary between the validated API
 // (src/api/fp8.cpp) and the two implementations, the CPU reference (src/reference/fp8_quant.cpp)
-// and the CUDA kernels (src/cuda/kernels/*quantize*.cu, mx_to_blocks.cu), which compute the same
-// bits. Layouts: core/fp8_layout.hpp; the maths: core/fp8.hpp.
+// and the CUDA kernels (src/cuda/kernels/*quantize*.cu, mx_weights_to_blocks.cu), which compute
+// the same bits. Layouts: core/fp8_layout.hpp; the maths: core/fp8.hpp.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The grouped GEMM forms of src/cuda/gemm on TensorViews: the surface mok.ops gives PyTorch
-// (issue 5). Each call checks its views (dtype, shape, contiguity, one CUDA device) and enqueues
-// one launch on `stream`; the group sizes stay in device memory (no host synchronization).
+// The grouped GEMM forms of src/cuda/gemm on TensorViews: the surface mok.ops gives PyTorch. Each
+// call checks its views (dtype, shape, contiguity, one CUDA device) and enqueues one launch on
+// `stream`; the group sizes stay in device memory (no host synchronization).
 #pragma once
 
 #include "mok/api.hpp"

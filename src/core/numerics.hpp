@@ -1,5 +1,7 @@
 // The scalar maths of the layer, shared by every backend so that each one evaluates the same
-// expressions (DESIGN.md section 8: one device function per epilogue and reduction).
+// expressions: one device function per epilogue and reduction, since two kernels give the same
+// bits only if they run the same arithmetic (the compiler may contract a*b+c into an FMA in one
+// and not the other).
 #pragma once
 
 #include <cmath>

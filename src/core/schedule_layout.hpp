@@ -1,5 +1,5 @@
-// The schedule table's format and the ring plan (DESIGN.md sections 2 and 3): one definition,
-// shared by the host twin (src/core/schedule_host.cpp), the device kernel
+// The schedule table's format and the ring plan (docs/architecture.md, "The schedule table"): one
+// definition, shared by the host twin (src/core/schedule_host.cpp), the device kernel
 // (src/cuda/kernels/schedule.cu) and every kernel that reads the table (dispatch, grouped GEMM,
 // combine). Everything here is `constexpr` and callable on both sides.
 //
@@ -101,8 +101,9 @@ MOK_HOST_DEVICE constexpr std::int64_t row_slot(std::int32_t row, std::int64_t s
   return row % slots_per_rank;
 }
 
-// DESIGN.md rule 3: ids outside [-1, E) are invalid. The schedule treats them as unused slots
-// (and the device records them); this is the one test of validity.
+// Ids outside [-1, E) are invalid (-1 marks an unused slot). The schedule treats invalid ids as
+// unused slots too (and the device records them, for the next call to raise); this is the one
+// test of validity.
 MOK_HOST_DEVICE constexpr bool is_valid_expert_id(std::int64_t id, std::int64_t num_experts) {
   return id >= -1 && id < num_experts;
 }
@@ -135,10 +136,10 @@ MOK_HOST_DEVICE inline std::int32_t expert_of_row(const std::int32_t* segment_st
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ring plan (DESIGN.md section 3). The table's rows [0, total_rows) go through the ring buffer of
-// macrobatch_rows rows in passes; pass p covers rows [p * macrobatch_rows, ...), and inside a
-// pass, minibatch m covers the next minibatch_rows rows. Everything follows from total_rows and
-// the Config, so the device derives it without the host.
+// Ring plan (docs/architecture.md, "The schedule table"). The table's rows [0, total_rows) go
+// through the ring buffer of macrobatch_rows rows in passes; pass p covers rows
+// [p * macrobatch_rows, ...), and inside a pass, minibatch m covers the next minibatch_rows rows.
+// Everything follows from total_rows and the Config, so the device derives it without the host.
 //
 // NOTES: padding rows travel through the ring like routed rows (their GEMM tiles are computed and
 // discarded), so a tile never straddles a pass when macrobatch_rows is a multiple of

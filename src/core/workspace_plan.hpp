@@ -1,6 +1,8 @@
-// The workspace plan: every buffer of one rank's layer state, as byte offsets into two regions,
-// defined once for host and device (DESIGN.md sections 2, 3, 7). Sizes follow from the shape and
-// the Config only, never from the routing (DESIGN.md rule 1).
+// The workspace plan: every buffer of one rank's layer state, as byte offsets into three regions
+// (symmetric, local, layer; the FP8 layer's scratch, Fp8Plan below, is an allocation of its own),
+// defined once for host and device (docs/architecture.md, "The workspace plan"). Sizes follow from
+// the shape and the Config only, never from the routing: nothing is sized from data, so no call
+// waits for the host.
 //
 //   symmetric region   same size and layout on every rank; peers read or write it
 //     x_staging            bf16 [T, H]       forward dispatch pulls x[src_rank][t] from here

@@ -1,10 +1,11 @@
-// The FP8 reference's block-promoted products (issue 42, the FP8 reference): what the FP8 GEMM
-// forms compute, exactly, so their tests compare against a model of the arithmetic rather than
-// against bf16. Host memory; layouts of core/fp8_layout.hpp.
+// The FP8 reference's block-promoted products: what the FP8 GEMM forms compute, exactly, so their
+// tests compare against a model of the arithmetic rather than against bf16. Host memory; layouts
+// of core/fp8_layout.hpp.
 //
 // Every product sums, per 128-wide block of the reduction axis, the e4m3 products q_a q_b in
 // f64, then scales that partial sum by s_a s_b and adds it to the result, blocks in increasing
-// order (wgmma's per-block accumulation and its promotion, DESIGN.md section 5b):
+// order (wgmma's per-block accumulation and its promotion; docs/architecture.md, "The FP8 layer",
+// "What it computes"):
 //   C = sum over blocks b (increasing) of (sum over i in b of q_a[i] q_b[i]) * s_a(b) * s_b(b)
 // The inner sums are exact in f64 (e4m3 values are multiples of 2^-9 below 2^9: a product
 // needs at most 8 significant bits, a sum of 128 of them fewer than 45), so is the scaling

@@ -69,7 +69,8 @@ std::vector<Real> load_range(const TensorView& v, std::int64_t offset, std::int6
 }
 
 // Each local expert's slots among `num_slots` slots, in increasing slot order (t, then j; over
-// gathered inputs the source rank first): the canonical order of DESIGN.md section 2.
+// gathered inputs the source rank first): the schedule table's canonical order
+// (docs/architecture.md, "The schedule table").
 std::vector<std::vector<std::int64_t>> group_slots(const Problem& p, const std::int64_t* ids,
                                                    std::int64_t num_slots) {
   std::vector<std::vector<std::int64_t>> groups(p.num_local_experts());

@@ -1,4 +1,5 @@
-// The CPU reference backend: DESIGN.md section 1 computed directly, expert by expert.
+// The CPU reference backend: the layer (out = shared(x) + sum_j w_j expert_j(x), SwiGLU experts)
+// computed directly, expert by expert.
 //
 // Precision model (bf16 mode; f64 mode is the same with no rounding and f64 everywhere):
 //   forward, per routed row (t, j) with expert e, and likewise for the shared expert (w = 1):

@@ -46,7 +46,8 @@ class HostTensor {
 enum class Routing : std::uint8_t {
   softmax,     // random logits, softmax, top-k, renormalised: roughly uniform load
   skewed,      // as softmax, but every other row (slot t*k+j even) goes to expert 0: expert 0 takes
-               // half of all rows, as PERF.md's skewed cases ask; a token may then repeat expert 0
+               // half of all rows, as the skewed cases of docs/perf/method.md ask; a token may
+               // then repeat expert 0
   one_expert,  // every slot of every token goes to expert 0 (repeated ids: allowed by design)
 };
 

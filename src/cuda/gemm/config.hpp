@@ -53,18 +53,20 @@ static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <
                   kThreads * kEntryRegisters,
               "register budgets exceed the CTA's registers");
 
-// The ring (forms.cuh): both consumer warpgroups on one 128 x 256 tile, 64 rows each: 4 stages of
-// 48 KiB, or 3 and a 64 KiB staging tile for the TMA-store epilogue. kMaxStages and kRingBytes
-// still have room for the removed ping-pong schedule's 6 stages of 32 KiB: the layout, and so the
-// SASS, stays as tested on the H200 until a change that shrinks it can run there.
+// The ring (forms.cuh, kStages): both consumer warpgroups on one tile, 64 rows each. bf16 (128 x
+// 256 tiles): 4 stages of 48 KiB, or 3 and a 64 KiB staging tile for the TMA-store epilogue;
+// e4m3: 6 stages of 33 KiB on 128 x 128 tiles (5 and a 32 KiB staging tile where the epilogue
+// stages), 4 of 49 KiB on wide ones. kMaxStages is the 128-wide e4m3 forms' 6 stages, kRingBytes
+// the bf16 TMA-store form's 3 x 48 + 64 KiB; a form that uses less leaves the rest to its kernel
+// as scratch (Engine::spare).
 inline constexpr std::uint32_t kTileABytes = kTileM * kTileK * 2;         // 16 KiB
 inline constexpr std::uint32_t kChunkBytes = kSwizzleChunk * kTileK * 2;  // 64 x 64 MN-major box
 inline constexpr std::uint32_t kRingBytes = 208 * 1024;
 inline constexpr int kMaxStages = 6;
 // Ring barriers (full, empty per stage), then the tile queue's barriers (full, empty per slot),
-// two unused barrier slots (the removed ping-pong turns; see above), the queue's ticket slots (8
-// bytes each)
-// and the CTA's give-up state (mainloop.cuh, CtaAbort: 32 bytes).
+// two unused barrier slots (the removed ping-pong schedule's turns, kept so that the layout, and
+// so the SASS, stays as tested on the H200), the queue's ticket slots (8 bytes each) and the CTA's
+// give-up state (mainloop.cuh, CtaAbort: 32 bytes).
 inline constexpr std::uint32_t kBarrierBytes =
     (2 * kMaxStages + 2 * kTileQueueDepth + 2) * 8 + kTileQueueDepth * 8 + 32;
 // NOTES: +1024 so the kernel can round the dynamic shared-memory base up to the 1024-byte

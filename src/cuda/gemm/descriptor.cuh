@@ -32,7 +32,7 @@ struct WaitTimeoutReport {
 
 // What only the e4m3 kernels read, their second parameter (NOTES: not in GemmParams, so that the
 // forward megakernel's four descriptors stay within the 4 KiB of kernel parameters): the fp32
-// scales of the operands (powers of two, DESIGN.md section 5b),
+// scales of the operands (powers of two; docs/architecture.md, "The FP8 layer"),
 //   a[kb * a_ld + row]                            A's row `row` (of the row buffer), K block kb
 //   b[(g * b_n_blocks + nb) * b_k_blocks + kb]    group g's weight block (nb, kb), B rows
 //                                                 [128 nb, 128 nb + 128)

@@ -1,8 +1,9 @@
 // The GEMM engine: one CTA's machinery for running tile tasks of one form F with epilogue policy E
 // (epilogue.cuh), whichever loop picks the tiles. It owns the shared-memory ring, its mbarriers,
 // the tile queue between the roles, the pipeline state and the CTA's give-up state; the caller
-// owns the order of the tiles (a persistent tile loop, kernels/sm90_bf16_grouped_gemm.cu, or a
-// megakernel's task loop) and gives every role the same sequence of tiles.
+// owns the order of the tiles (a persistent tile loop, kernels/sm90_bf16_grouped_gemm.cuh, or the
+// forward megakernel's task loop, kernels/fused_forward.cuh) and gives every role the same
+// sequence of tiles.
 //
 //   Producer  (warpgroup 0, one elected thread): produce(tile) issues the TMA loads of every K
 //             block of the tile into the next stages of the ring; finish_producing() before
@@ -102,7 +103,7 @@ class GemmEngine {
 
   // The engine's state across tiles (stage, phase, tile queue position, the Producer's loads),
   // for a loop that runs several engines over one ring and one tile queue (a megakernel's tasks,
-  // kernels/fused_forward.cu): each task's engine resumes where the previous task's left off, with
+  // kernels/fused_forward.cuh): each task's engine resumes where the previous task's left off, with
   // no barrier re-initialised. Forms that share a ring must share its geometry (the caller
   // asserts it).
   __device__ __forceinline__ EngineState<F::kStages> state() const {

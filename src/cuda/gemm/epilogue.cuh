@@ -1,7 +1,20 @@
-// Epilogues: from one consumer warpgroup's fp32 accumulators (its 64 x 256 half of the 128 x 256
-// tile) straight to global memory
-// (bf16 pairs or fp32 pairs), masking rows past the group and columns past n. Every rounding step
-// is spelled out so the CPU reference can follow it (src/reference/reference.hpp).
+// Epilogues: from one consumer warpgroup's fp32 accumulators (its 64-row half of the tile: 64 x
+// 256, or 64 x 128 in the 128 x 128 e4m3 forms) to global memory. Most store straight from
+// registers (bf16 pairs, gathered into 16-byte stores a lane by quad_gather, or fp32 pairs),
+// masking rows past the group and columns past n. Besides those, this file holds
+//   - held rows (HeldRows, hold_plain, store_held): a RowsBf16 tile's rows kept in registers and
+//     stored while the next tile's first K block runs;
+//   - stores staged in shared memory: the bf16 weight gradient's TMA store (store_tile_tma,
+//     stmatrix into the ring's staging tile, then tma_store_2d) and the quantizing SwiGLU
+//     backward's token-axis blocks (staging_piece, store_token_block);
+//   - quantized (e4m3) outputs: hidden from the gate/up epilogue, dg and du from the SwiGLU
+//     backward, in the rows form (store_row_block_fp8) and the token-axis form (store_token_block),
+//     with the standalone quantizers' bits;
+//   - a tile's accumulators before its K loop (init_accumulators: zeros, or the fp32 output a
+//     continued reduction resumes) and the SwiGLU backward's prefetch of g and u into L2
+//     (prefetch_swiglu_rows).
+// Every rounding step is spelled out so the CPU reference can follow it
+// (src/reference/reference.hpp).
 //
 // What a GEMM stores is a compile-time policy type (namespace epilogue, at the end): the engine
 // (engine.cuh) calls E::store<F>(...) for each tile; the launcher (launch.cu) picks the type from

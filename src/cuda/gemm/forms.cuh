@@ -15,8 +15,9 @@ enum class FormKind {
   kWeightGradContinued,  // the same, accumulators seeded from the fp32 output
 };
 
-// The operands' element type. e4m3 (DESIGN.md section 5b): FP8 bytes with fp32 power-of-two
-// scales, rows per 1x128 along K and weights per 128x128 block (GemmParams::fp8), K-major only.
+// The operands' element type. e4m3 (docs/architecture.md, "The FP8 layer"): FP8 bytes with fp32
+// power-of-two scales, rows per 1x128 along K and weights per 128x128 block (GemmParams::fp8),
+// K-major only.
 enum class Operand { bf16, e4m3 };
 
 // Both consumer warpgroups work on one 128 x kTileN tile, 64 rows each. bf16: kTileN 256 (wgmma

@@ -201,7 +201,6 @@ void with_flag(bool on, Body&& body) {
   }
 }
 
-// Form F with epilogue policy E over `d`.
 // The gate/up forms' outputs (bf16 and e4m3 arguments alike): hidden, the optional
 // pre-activations (both or neither), their leading dimension, the clamp.
 template <class Args>
@@ -217,6 +216,7 @@ void check_gate_up_outputs(const Args& args) {
   check_swiglu_limit(args.swiglu_limit, "swiglu_limit");
 }
 
+// Form F with epilogue policy E over `d`.
 template <class F, class E>
 void launch(const GemmDescriptor& d, cudaStream_t stream, const Fp8Params& fp8 = {}) {
   launch_grouped_gemm<F, E>(d, stream, fp8);
@@ -934,7 +934,8 @@ void weight_grad_fp8_form(const WeightGradFp8Args& args) {
 }  // namespace
 
 // Every form's descriptor, for kernels that run the GEMM themselves (the forward megakernel,
-// kernels/fused_forward.cu; tests/cpp's stall kernels).
+// kernels/fused_forward.cuh, from layer.cu's fused_pass; tests/cpp/support/kernel_hooks.cu's
+// stall kernels).
 template std::optional<GemmDescriptor> describe_gate_up_forward<Form<FormKind::kGateUp>>(
     const GateUpForwardArgs&);
 template std::optional<GemmDescriptor> describe_rows_times_weight_t<Form<FormKind::kRowsWT>>(

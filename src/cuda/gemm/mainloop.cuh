@@ -9,13 +9,13 @@
 // the Producer draws a ticket, publishes it in a slot and arrives on the slot's full barrier; every
 // consumer thread reads it, and each consumer warp then arrives on the slot's empty barrier.
 //
-// Giving up (DESIGN.md section 4: every wait bounded, no trap). A wait that passes its deadline
-// marks the CTA aborted (CtaAbort, in shared memory) and describes itself there; from then on
-// every wait of the CTA gives up at once. The Producer stops issuing loads, waits for the loads it
-// issued to land (drain_loads) and leaves; the Consumers leave the tile queue at the next position
-// (which they all see closed, take_queued_ticket) or, in the static order, finish their remaining
-// tiles without waiting (their outputs are void). Every role reaches the kernel's end, where one
-// thread reports the CTA's first timed-out wait to the host.
+// Giving up (every wait bounded, and no trap: a trap kills the CUDA context and the job with it). A
+// wait that passes its deadline marks the CTA aborted (CtaAbort, in shared memory) and describes
+// itself there; from then on every wait of the CTA gives up at once. The Producer stops issuing
+// loads, waits for the loads it issued to land (drain_loads) and leaves; the Consumers leave the
+// tile queue at the next position (which they all see closed, take_queued_ticket) or, in the static
+// order, finish their remaining tiles without waiting (their outputs are void). Every role reaches
+// the kernel's end, where one thread reports the CTA's first timed-out wait to the host.
 // NOTES: the Consumers never leave a loop on their own reading of the abort flag: their warps read
 // it at different times, and a warpgroup whose warps disagreed would split around wgmma (which all
 // four warps issue together) or a named barrier, and hang. What they act on is the same for all of

@@ -1,5 +1,6 @@
 // Device building blocks of mok's FP8 quantization (core/fp8.hpp's maths), for the quantization
-// kernels of this folder and for the layer's epilogues and pulls (issue 42 part 2 fuses them):
+// kernels of this folder and for the pulls, which quantize rows as they land (transfer.cu). The
+// GEMM epilogues that quantize do not include it; they share quantize4 (below) and give the bits:
 //   warp_quantize_block128  one 1x128 block held by a warp, 4 values a lane: the activation rows
 //                           form when a warp holds 128 values of a row, the token-axis form when
 //                           it holds 128 rows of a column (which values a lane holds is the

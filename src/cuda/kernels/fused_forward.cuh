@@ -526,7 +526,8 @@ void launch_fused_forward_kernel(const FusedForwardParams& p, cudaStream_t strea
                 to_text(p.minibatch_rows));
   }
   if (p.blocks < 1 || p.counters == nullptr) {
-    throw Error("forward megakernel: counters", "at least one block's (2 * blocks + 3 words)",
+    throw Error("forward megakernel: counters",
+                "at least one block's (2 * blocks + shared_words + 3 words)",
                 to_text(p.blocks) + " blocks at " + to_text(p.counters));
   }
   cudaLaunchAttribute cooperative = {};

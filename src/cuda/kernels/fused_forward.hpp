@@ -1,13 +1,15 @@
-// The forward megakernel (DESIGN.md section 4): one persistent launch per ring pass that pulls the
-// pass's rows, runs gate/up + SwiGLU, and runs the down projection whose epilogue pushes every
-// output row into its home slot (the combine), with no launch boundary between them. The same GEMM
-// engine and epilogues as the unfused path's launches (gemm/engine.cuh), so the same bits.
+// The forward megakernel (docs/architecture.md, "The forward megakernel"): one persistent launch
+// per ring pass that pulls the pass's rows, runs gate/up + SwiGLU, and runs the down projection
+// whose epilogue pushes every output row into its home slot (the combine), with no launch boundary
+// between them. The same GEMM engine and epilogues as the unfused path's launches
+// (gemm/engine.cuh), so the same bits.
 //
 // Every CTA is an engine CTA (Producer warpgroup, two cooperative Consumer warpgroups). The
 // Producer warpgroup's warps 1-3, idle in a GEMM, pull: they copy the pass's rows into the ring 8
 // rows at a time, groups drawn in row order from a counter, from the start of the launch, beside
 // the CTA's GEMM tiles. The GEMM tiles are tickets of a second counter: the pass's rows are cut
-// into 128-row blocks (the M tiles) and the blocks into minibatches (Config::minibatch_size rows);
+// into 128-row blocks (the M tiles) and the blocks into minibatches of minibatch_rows rows (the
+// stage: Config::resolved_fused_stage_rows(), by default the larger of minibatch_size and 16,384);
 // a block has gate/up tiles (one per 128 columns of I) and down tiles (one per 256 columns of H);
 // the shared expert (pass 0's launch, S > 0) has both over the rank's T tokens. Ticket order,
 // stage by stage (s = 0 .. minibatches + 1; within a stage the unfused scheduler's raster: panels

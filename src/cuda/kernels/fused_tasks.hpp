@@ -61,7 +61,7 @@ struct NoGroups {
 
 // The routed blocks' groups from the groups' first rows (ascending, as the schedule lays them
 // out): block q is in the last group whose first row is at or before row 128 q (group 0 when
-// none is), as its GEMM tile is (fused_forward.cu, block_tile). `of_block`, when given, holds
+// none is), as its GEMM tile is (fused_forward.cuh, block_tile). `of_block`, when given, holds
 // search(q) for the blocks q < tabled (the megakernel fills it once per launch: NOTES,
 // f09c8ab), so that decoding a ticket needs no search.
 struct BlockGroups {

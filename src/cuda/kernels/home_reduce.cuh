@@ -1,6 +1,6 @@
-// The home reductions as a device function over one (token, 8 columns) vector, so that the
-// standalone kernel (home_reduce.cu) and a persistent kernel's reduction tiles run the same
-// operations in the same order (home_reduce.hpp says which).
+// The home reductions as a device function over one (token, 8 columns) vector (home_reduce.hpp
+// says which operations, in which order). Only the standalone kernel (home_reduce.cu) calls it:
+// the forward megakernel ends at the combine, so both forward paths reduce with that launch.
 #pragma once
 
 #include <cuda_bf16.h>

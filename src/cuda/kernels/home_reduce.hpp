@@ -1,5 +1,5 @@
-// The home rank's reductions over its k slots per token (DESIGN.md section 2), in fixed j order,
-// so results do not depend on which expert rank finished first.
+// The home rank's reductions over its k slots per token (docs/architecture.md, "One forward call",
+// step 5), in fixed j order, so results do not depend on which expert rank finished first.
 //   out[t]      = bf16(shared[t] + sum_j w[t,j] * combine[t,j])   fp32 fma, increasing j
 //   d_x[t]      = bf16(shared_dx[t] + sum_j dx_routed[t,j])        fp32 add, increasing j
 // A slot whose id is outside [0, E) (unused, -1, or invalid) contributes nothing.

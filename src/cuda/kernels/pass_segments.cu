@@ -1,3 +1,6 @@
+// The pass segments kernel (pass_segments.hpp has the formulas): one thread per local expert, plus
+// one for the end entry starts_p[E]; with `steps`, each thread also writes its expert's step of
+// the weight gradients' pass plan (pass_step).
 #include "cuda/gemm/grouped_gemm.hpp"
 #include "cuda/kernels/pass_segments.hpp"
 

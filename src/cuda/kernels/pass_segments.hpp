@@ -1,6 +1,7 @@
-// The expert segments of one ring pass, relative to the ring (DESIGN.md section 3): the schedule's
-// segments are in table rows; pass p holds table rows [p*M, (p+1)*M) in ring rows [0, M). The GEMMs
-// of a pass take ring-relative segments, computed here on the device (no host synchronization):
+// The expert segments of one ring pass, relative to the ring (docs/architecture.md, "The schedule
+// table"): the schedule's segments are in table rows; pass p holds table rows [p*M, (p+1)*M) in
+// ring rows [0, M). The GEMMs of a pass take ring-relative segments, computed here on the device
+// (no host synchronization):
 //   starts_p[e] = clamp(segment_starts[e] - p*M, 0, M)
 //   rows_p[e]   = clamp(segment_starts[e] + expert_counts[e] - p*M, 0, M) - starts_p[e], >= 0
 //   starts_p[E] = clamp(segment_starts[E] - p*M, 0, M)

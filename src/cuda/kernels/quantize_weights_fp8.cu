@@ -1,8 +1,8 @@
-// Weights [E, N, K] bf16 -> FP8 in 128x128 blocks, both orientations from one read (DESIGN.md
-// section 5b: data [E, N, K] + scales [E, N/128, K/128], data_t [E, K, N] + scales_t [E, K/128,
-// N/128]; data_t holds data's bytes transposed). One CTA per block: every thread loads 8 rows x 8
-// consecutive values (coalesced 16-byte loads, kept in registers), the CTA's amax gives the
-// scale, the bytes go to data (8 per thread and row) and to shared memory, from which the
+// Weights [E, N, K] bf16 -> FP8 in 128x128 blocks, both orientations from one read
+// (mok::QuantizedWeights: data [E, N, K] + scales [E, N/128, K/128], data_t [E, K, N] + scales_t
+// [E, K/128, N/128]; data_t holds data's bytes transposed). One CTA per block: every thread loads 8
+// rows x 8 consecutive values (coalesced 16-byte loads, kept in registers), the CTA's amax gives
+// the scale, the bytes go to data (8 per thread and row) and to shared memory, from which the
 // transposed copy is written.
 #include "core/fp8_layout.hpp"
 #include "cuda/kernels/fp8_quantize.cuh"

@@ -1,3 +1,6 @@
+// The router-weight gradient's two kernels (router_grad.hpp): the expert side's push, one thread
+// per kept ring row, which sums the row's chunk partials in increasing order and stores the sum in
+// its home slot; and the home side's gather, one thread per slot.
 #include "cuda/kernels/router_grad.hpp"
 
 namespace mok::cuda {

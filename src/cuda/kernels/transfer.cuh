@@ -1,7 +1,7 @@
 // Row transfers as device functions, one warp per row (16-byte vectors: H is a multiple of 64, so
 // a row is a multiple of 128 bytes and every vector is aligned). The standalone kernels of
-// transfer.cu are a grid-stride loop around them; a persistent kernel's communication warps call
-// them for the rows of the minibatch they move (DESIGN.md section 4).
+// transfer.cu are a grid-stride loop around them; the forward megakernel's pulling warps (its
+// Producer warps 1-3, fused_forward.cuh's pull_rows) call pull_row for the row groups they draw.
 #pragma once
 
 #include <cuda_bf16.h>

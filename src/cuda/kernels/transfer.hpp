@@ -1,5 +1,6 @@
-// Token transfers driven by the schedule table (DESIGN.md section 2): the expert rank pulls rows
-// into its ring (dispatch) and pushes expert outputs into their slot on the home rank (combine).
+// Token transfers driven by the schedule table (docs/architecture.md, "The schedule table"): the
+// expert rank pulls rows into its ring (dispatch) and pushes expert outputs into their slot on the
+// home rank (combine).
 // Torch-free launchers; peer addresses come as device arrays of W pointers (symmetric buffers).
 #pragma once
 

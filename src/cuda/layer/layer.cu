@@ -1,9 +1,23 @@
+// The CUDA layer (layer.hpp): one forward or backward call, for every rank this process runs, as
+// a sequence of launches on the caller's stream (the forward's passes optionally one megakernel
+// launch each; backward's weight gradients on side streams it forks and joins). In order:
+//   - each rank's layer-region buffers (RankBuffers, Fp8Buffers) and ExpertRows, one family of
+//     SwiGLU experts over a row buffer (the routed experts of a pass, or the shared expert);
+//   - the bf16 GEMMs of a family: gate/up + SwiGLU, down, the down dgrad with the SwiGLU backward,
+//     the gate/up dgrad, the weight gradients (GradTarget: the view, or a carry across passes);
+//   - the FP8 forms (the `_fp8` functions): the same GEMMs on e4m3 operands, the quantization of
+//     their rows, and why Fp8Kernels' defaults are what they are;
+//   - backward through one family (expert_backward, expert_backward_fp8), its weight gradients on
+//     side streams (WgradStreams);
+//   - Layer::Impl: the team, the buffers and peer tables, and the steps a call is made of
+//     (pass segments, staging, schedule, fused_pass, gate_up_pass);
+//   - CallOrder: calls on different streams wait for each other on the device;
+//   - the Layer's construction (allocations, peer tables) and setters;
+//   - Layer::forward and Layer::backward.
 #include "cuda/layer/layer.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -337,8 +351,9 @@ void pull_fp8(PullParams& pull, const ExpertRows& e) {
 //   over them): the down dgrad alone 0.76-0.91x, the passes it removes not timed beside it: off
 //   until the layer benchmark shows it faster.
 // - token_axis_row_loads (the token-axis quantizer reading whole rows, fp8_quantize.cuh's
-//   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on PERF.md's cases,
-//   0.88-0.94 of a device copy's rate (NOTES, "2026-12-06, 48dbb95"): on.
+//   quantize_token_tile_rows): alone on an H100, 1.23-1.33x the other kernel on the standard
+//   cases (docs/perf/method.md), 0.88-0.94 of a device copy's rate (NOTES, "2026-12-06,
+//   48dbb95"): on.
 // - hidden_epilogue (the gate/up epilogue writes q(h) beside h: no pass over h): the FP8
 //   forwards 0.90-0.93x on qwen3-30b-a3b and 0.95-0.98x on dsv3-ep8slice, the bf16 layer's
 //   (untouched) 0.98x in the same runs (NOTES, "2026-12-06, 48e4578", H100): on.
@@ -1204,8 +1219,8 @@ void Layer::forward(std::span<const RankTensors> ranks, bool write_output, cudaS
   m.schedule(ranks, s);
   m.stage(ranks, /*x=*/true, /*weights=*/false, /*d_out=*/false, s);
 
-  // Shared expert first (DESIGN.md section 4: it hides the first dispatch): in pass 0's megakernel
-  // launch, or as two dense launches before the passes.
+  // Shared expert first (it hides the first dispatch; docs/architecture.md, "One forward call"):
+  // in pass 0's megakernel launch, or as two dense launches before the passes.
   for (int r = m.first; r < m.first + m.count && S > 0 && !fused; ++r) {
     const RankTensors& t = ranks[r - m.first];
     const ExpertRows e = m.shared(t, s);

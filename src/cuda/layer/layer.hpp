@@ -1,15 +1,16 @@
-// The whole layer on the GPU as a sequence of launches (the unfused path, DESIGN.md sections 1-3):
-// schedule -> per ring pass: dispatch, gate/up + SwiGLU GEMM, down GEMM whose epilogue is the
-// combine (rows stored into their home slots) -> home reduction; backward: dispatch of d_out, down
-// dgrad, SwiGLU backward, gate/up dgrad whose epilogue is the combine of d_x, the three routed
-// weight gradients; the shared expert through the dense forms.
+// The whole layer on the GPU as a sequence of launches (the unfused path; docs/architecture.md,
+// "One forward call" and "One backward call"): schedule -> per ring pass: dispatch, gate/up +
+// SwiGLU GEMM, down GEMM whose epilogue is the combine (rows stored into their home slots) -> home
+// reduction; backward: dispatch of d_out, down dgrad, SwiGLU backward, gate/up dgrad whose
+// epilogue is the combine of d_x, the three routed weight gradients; the shared expert through
+// the dense forms.
 //
-// It runs every rank of a local virtual team (W ranks on one GPU, DESIGN.md section 8; W = 1 is
-// the single-GPU layer behind mok::forward / mok::backward), or one rank of a team across
-// processes (ExternalRank), whose peers' rows move through their symmetric regions at system
-// scope, ordered by team barriers. Launches only enqueue work on the given
-// stream: no host synchronization, no allocation after construction, so a whole step can be
-// captured in a CUDA graph.
+// It runs every rank of a local virtual team (W ranks on one GPU; docs/architecture.md, "Expert
+// parallelism"; W = 1 is the single-GPU layer behind mok::forward / mok::backward), or one rank of
+// a team across processes (ExternalRank), whose peers' rows move through their symmetric regions
+// at system scope, ordered by team barriers. Launches only enqueue work on the given stream: no
+// host synchronization, no allocation after construction, so a whole step can be captured in a
+// CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -84,7 +85,7 @@ class Layer {
   ForwardPath forward_path() const;
   void set_forward_path(ForwardPath path);
   // Tests and benchmarks only: the forward megakernel's hooks. The library's kernel has none of
-  // their code; a launcher built with them (tests/cpp/test_hooks.hpp) must be given.
+  // their code; a launcher built with them (tests/cpp/support/kernel_hooks.hpp) must be given.
   struct ForwardHooks {
     // The megakernel never pulls ring rows [128 b, 128 b + 128) of a pass (-1: off), so the
     // gate/up tiles of those rows wait until the timeout and the call's outputs are void.

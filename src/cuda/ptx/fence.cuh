@@ -1,4 +1,5 @@
-// Thin wrappers: proxy fences, register reallocation, named barriers, election (sm_90a).
+// Thin wrappers (sm_90a): proxy fences, register reallocation, named barriers, and two small
+// helpers: a pointer's shared-memory address (smem_addr) and the global timer (global_timer_ns).
 #pragma once
 
 #include <cstdint>

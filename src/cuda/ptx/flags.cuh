@@ -1,8 +1,9 @@
 // Flag signal/wait primitives: release/acquire loads, stores and reductions at an explicit scope,
-// fences, and one bounded wait built from them. Thin wrappers (STYLE.md practice 1).
+// fences, and one bounded wait built from them. Thin wrappers (the ptx layer of
+// docs/architecture.md, "The layers of the code").
 //
-// Scope (DESIGN.md section 4): `gpu` when every party is on this GPU (one process's virtual ranks,
-// or the blocks of one rank), `sys` when a peer on another GPU reads or writes the flag.
+// Scope: `gpu` when every party is on this GPU (one process's virtual ranks, or the blocks of one
+// rank), `sys` when a peer on another GPU reads or writes the flag.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,8 @@
-// Thin wrappers over the tensor copy engine (cp.async.bulk.tensor). Tensor maps are built on the
-// host (src/cuda/gemm/tensor_map.hpp) and passed as __grid_constant__ kernel parameters.
+// Thin wrappers over the bulk copy engine: tensor copies (cp.async.bulk.tensor: the map prefetch,
+// 2-D loads, multicast loads, 2-D stores with their commit and waits), the plain bulk copy
+// (bulk_load); and the shared-memory matrix moves that stage tiles for them (stmatrix_x4,
+// ldmatrix_x4_trans). Tensor maps are built on the host (src/cuda/gemm/tensor_map.hpp) and passed
+// as __grid_constant__ kernel parameters.
 #pragma once
 
 #include <cuda.h>

@@ -1,6 +1,8 @@
-// Thin wrappers over wgmma (sm_90a): shared-memory matrix descriptors, fence/commit/wait, and the
+// Thin wrappers over wgmma (sm_90a): shared-memory matrix descriptors, fence/commit/wait, the
 // bf16 x bf16 -> fp32 m64nNk16 instructions with both operands in shared memory, or A in registers
-// (the _rs forms).
+// (the _rs forms), and the e4m3 x e4m3 -> fp32 m64n128k32 one. The GEMM engine issues
+// m64n256k16_bf16 and m64n128k32_e4m3; m64n128k16_bf16 and the two _rs forms only
+// tests/cpp/test_ptx.cu calls.
 //
 // Accumulator layout of m64nNk16 (fp32), thread t of the warpgroup, warp w = t / 32, lane l:
 //   d[4j + r]  holds  D[row, col],  row = 16w + l/4 + 8*(r/2),  col = 8j + 2*(l%4) + (r%2)
