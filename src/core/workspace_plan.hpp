@@ -57,6 +57,7 @@
 #include <cstdint>
 
 #include "core/error_record.hpp"
+#include "core/numerics.hpp"  // MOK_HOST_DEVICE
 #include "core/schedule_layout.hpp"
 
 namespace mok::plan {
@@ -155,14 +156,31 @@ constexpr std::int64_t carry_slots(std::int64_t passes, std::int64_t experts) {
   return boundaries < experts ? boundaries : experts;
 }
 
-// The forward megakernel's counters (src/cuda/kernels/fused_forward.hpp), zero between launches:
-// ready [blocks], done [blocks] (blocks = ceil(R / 128), the pass's M tiles), shared_done
-// [ceil(T / 128)], the ticket counter, the pull counter and the exit count.
+// The forward megakernel's counters (src/cuda/kernels/fused_forward.hpp), zero between launches,
+// one layout for the allocation here and the kernel's pointers: ready [blocks], done [blocks]
+// (blocks = ceil(R / 128), the pass's M tiles), shared_done [shared_words = ceil(T / 128)], the
+// ticket counter, the pull counter and the exit count. Word offsets.
+struct FusedCounterLayout {
+  int blocks;
+  int shared_words;
+  MOK_HOST_DEVICE constexpr std::int64_t ready() const { return 0; }
+  MOK_HOST_DEVICE constexpr std::int64_t done() const { return blocks; }
+  MOK_HOST_DEVICE constexpr std::int64_t shared_done() const { return done() + blocks; }
+  MOK_HOST_DEVICE constexpr std::int64_t tickets() const { return shared_done() + shared_words; }
+  MOK_HOST_DEVICE constexpr std::int64_t pulls() const { return tickets() + 1; }
+  MOK_HOST_DEVICE constexpr std::int64_t exit() const { return tickets() + 2; }
+  // Every word but the exit count (the last CTA of a launch zeroes them for the next).
+  MOK_HOST_DEVICE constexpr std::int64_t zeroed_words() const { return exit(); }
+  MOK_HOST_DEVICE constexpr std::int64_t words() const { return exit() + 1; }
+};
 constexpr std::int64_t fused_blocks(std::int64_t rows) {
   return (rows + 127) / 128;
 }
+// Rows and tokens are below 2^31 (validated), so both block counts fit an int.
 constexpr std::int64_t fused_counter_words(std::int64_t ring_rows, std::int64_t tokens) {
-  return 2 * fused_blocks(ring_rows) + fused_blocks(tokens) + 3;
+  return FusedCounterLayout{static_cast<int>(fused_blocks(ring_rows)),
+                            static_cast<int>(fused_blocks(tokens))}
+      .words();
 }
 
 // Which operand of the down weight gradient carries the router weight, dW_down = sum over rows

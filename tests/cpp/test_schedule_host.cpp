@@ -42,6 +42,14 @@ static_assert(plan::make_workspace_plan({.num_tokens = 4096,
                                          .minibatch_size = 4096})
                   .combine.bytes == std::int64_t{4096} * 8 * 7168 * 2);
 
+// The megakernel's counters, one layout for the allocation and the kernel: each range right
+// after the one before, the exit count last, every other word zeroed between launches.
+constexpr plan::FusedCounterLayout kCounters{5, 3};
+static_assert(kCounters.ready() == 0 && kCounters.done() == 5 && kCounters.shared_done() == 10 &&
+              kCounters.tickets() == 13 && kCounters.pulls() == 14 && kCounters.exit() == 15 &&
+              kCounters.zeroed_words() == 15 && kCounters.words() == 16);
+static_assert(plan::fused_counter_words(5 * 128 - 1, 3 * 128) == kCounters.words());
+
 TEST(ScheduleLayout, RingPlanCoversEveryRowOnce) {
   for (std::int64_t total : {0, 1, 127, 128, 1000, 4096, 40000}) {
     for (auto [macro, mini] : {std::pair<std::int64_t, std::int64_t>{1024, 256},

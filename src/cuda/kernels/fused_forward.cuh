@@ -123,27 +123,28 @@ __device__ bool block_tile(const SchedulerTables& t, const fused::BlockGroups& g
   return tile.m0 >= 0 && tile.m0 < tile.row_count;
 }
 
-// Where the counters are (plan::fused_counter_words).
+// Where the counters are (plan::FusedCounterLayout, which also sizes their allocation).
 struct Counters {
   std::uint32_t* ready;        // [blocks]
   std::uint32_t* done;         // [blocks]
   std::uint32_t* shared_done;  // [shared_words]
   std::uint32_t* tickets;      // then the pull counter, then the exit count
   std::uint32_t* exit;
+  __device__ static plan::FusedCounterLayout layout(const FusedForwardParams& fp) {
+    return {fp.blocks, fp.shared_words};
+  }
   __device__ static Counters of(const FusedForwardParams& fp) {
-    std::uint32_t* const done = fp.counters + fp.blocks;
-    std::uint32_t* const shared_done = done + fp.blocks;
-    std::uint32_t* const tickets = shared_done + fp.shared_words;
-    return {fp.counters, done, shared_done, tickets, tickets + 2};
+    const plan::FusedCounterLayout l = layout(fp);
+    std::uint32_t* const c = fp.counters;
+    return {c + l.ready(), c + l.done(), c + l.shared_done(), c + l.tickets(), c + l.exit()};
   }
   // The pull counter. NOTES: the pulling warps take only it and `ready`; building every pointer
   // there raised the kernel's spill stores from 48 to 56 bytes (ptxas, 2026-12-03).
   __device__ static std::uint32_t* pulls(const FusedForwardParams& fp) {
-    return fp.counters + 2 * fp.blocks + fp.shared_words + 1;
+    return fp.counters + layout(fp).pulls();
   }
-  // Every word but the exit count (the last CTA zeroes them for the next launch).
   __device__ static int zeroed_words(const FusedForwardParams& fp) {
-    return 2 * fp.blocks + fp.shared_words + 2;
+    return static_cast<int>(layout(fp).zeroed_words());
   }
 };
 
@@ -527,7 +528,7 @@ void launch_fused_forward_kernel(const FusedForwardParams& p, cudaStream_t strea
   }
   if (p.blocks < 1 || p.counters == nullptr) {
     throw Error("forward megakernel: counters",
-                "at least one block's (2 * blocks + shared_words + 3 words)",
+                "at least one block's (plan::FusedCounterLayout's words)",
                 to_text(p.blocks) + " blocks at " + to_text(p.counters));
   }
   cudaLaunchAttribute cooperative = {};
