@@ -50,7 +50,7 @@ hooks() {
   fi
 }
 if [ -f "$dir/libmok_gemm.a" ]; then
-  hooks "grouped GEMM kernel" '[: ]sm90_bf16_grouped_gemm_kernel<' ', false>\(mok::gemm::GemmDescriptor, int, mok::gemm::Fp8Params\)'
+  hooks "grouped GEMM kernel" '[: ]sm90_grouped_gemm_kernel<' ', false>\(mok::gemm::GemmDescriptor, int, mok::gemm::Fp8Params\)'
   hooks "forward megakernel" '[: ]fused_forward_kernel<' 'fused_forward_kernel<(true|false), mok::cuda::FusedNoHooks>'
 fi
 echo "library: $fails failed"

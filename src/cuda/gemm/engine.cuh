@@ -1,7 +1,7 @@
 // The GEMM engine: one CTA's machinery for running tile tasks of one form F with epilogue policy E
 // (epilogue.cuh), whichever loop picks the tiles. It owns the shared-memory ring, its mbarriers,
 // the tile queue between the roles, the pipeline state and the CTA's give-up state; the caller
-// owns the order of the tiles (a persistent tile loop, kernels/sm90_bf16_grouped_gemm.cuh, or the
+// owns the order of the tiles (a persistent tile loop, kernels/sm90_grouped_gemm.cuh, or the
 // forward megakernel's task loop, kernels/fused_forward.cuh) and gives every role the same
 // sequence of tiles.
 //

@@ -1,6 +1,6 @@
 // Between the host launchers (launch.cu: argument checks, tensor maps, descriptors, timeout
 // reports) and the kernel files (kernels/sm90_*_gemm.cu, over the kernel template of
-// kernels/sm90_bf16_grouped_gemm.cuh), which instantiate the kernel for the (form, epilogue) pairs
+// kernels/sm90_grouped_gemm.cuh), which instantiate the kernel for the (form, epilogue) pairs
 // the launchers pick.
 #pragma once
 

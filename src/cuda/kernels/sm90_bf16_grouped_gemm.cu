@@ -1,8 +1,8 @@
 // The library's bf16 instantiations of the standalone grouped GEMM kernel
-// (sm90_bf16_grouped_gemm.cuh): every (form, epilogue) pair the launchers pick
+// (sm90_grouped_gemm.cuh): every (form, epilogue) pair the launchers pick
 // (src/cuda/gemm/launch.cu), without test hooks. The e4m3 forms' are in sm90_fp8_grouped_gemm.cu,
 // sm90_fp8_input_grad_gemm.cu and sm90_fp8_weight_grad_gemm.cu.
-#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
+#include "cuda/kernels/sm90_grouped_gemm.cuh"
 
 namespace mok::gemm {
 

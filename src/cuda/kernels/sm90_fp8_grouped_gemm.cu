@@ -1,9 +1,9 @@
 // The library's e4m3 instantiations of the standalone grouped GEMM kernel
-// (sm90_bf16_grouped_gemm.cuh, the same kernel over Form<kind, Operand::e4m3>): the (form,
+// (sm90_grouped_gemm.cuh, the same kernel over Form<kind, Operand::e4m3>): the (form,
 // epilogue) pairs gate_up_forward_fp8 and rows_times_weight_t_fp8 pick (src/cuda/gemm/launch.cu),
 // for each mainloop (the launchers' `pairs`, `overlap` and `wide`), and the gate/up epilogue that
 // quantizes hidden (::hidden_quantized, wide tiles only).
-#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
+#include "cuda/kernels/sm90_grouped_gemm.cuh"
 
 namespace mok::gemm {
 

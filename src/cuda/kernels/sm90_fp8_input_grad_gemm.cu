@@ -1,10 +1,10 @@
 // The library's e4m3 input-gradient instantiations of the standalone grouped GEMM kernel
-// (sm90_bf16_grouped_gemm.cuh over Form<kRowsWT, Operand::e4m3> reading the weights' transposed
+// (sm90_grouped_gemm.cuh over Form<kRowsWT, Operand::e4m3> reading the weights' transposed
 // copies): every epilogue rows_times_weight_fp8 picks (src/cuda/gemm/launch.cu,
 // launch_input_gradient), for each mainloop (RowsTimesWeightFp8Args::pairs, ::overlap, ::wide),
 // and the SwiGLU backward that quantizes (::quantized). A file of its own so that it compiles
 // beside the forward's.
-#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
+#include "cuda/kernels/sm90_grouped_gemm.cuh"
 
 namespace mok::gemm {
 

@@ -1,8 +1,8 @@
 // The library's e4m3 weight-gradient instantiations of the standalone grouped GEMM kernel
-// (sm90_bf16_grouped_gemm.cuh over the K-grouped forms with Operand::e4m3, reading the token-axis
+// (sm90_grouped_gemm.cuh over the K-grouped forms with Operand::e4m3, reading the token-axis
 // copies): every output weight_grad_fp8 picks (src/cuda/gemm/launch.cu, launch_weight_grad), with
 // and without the overlapped promotion, and the plain form with and without the staged store.
-#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
+#include "cuda/kernels/sm90_grouped_gemm.cuh"
 
 namespace mok::gemm {
 

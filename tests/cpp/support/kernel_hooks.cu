@@ -2,7 +2,7 @@
 #include "support/kernel_hooks.hpp"
 
 #include "cuda/kernels/fused_forward.cuh"
-#include "cuda/kernels/sm90_bf16_grouped_gemm.cuh"
+#include "cuda/kernels/sm90_grouped_gemm.cuh"
 #include "mok/error.hpp"
 
 namespace mok::test {

@@ -1,7 +1,8 @@
-// sm90_bf16_grouped_gemm: the standalone persistent grouped GEMM, a tile loop around the engine
-// (src/cuda/gemm/engine.cuh): the kernel template and its launch. The library's instantiations
-// are in sm90_bf16_grouped_gemm.cu (its launchers in src/cuda/gemm/launch.cu); tests/cpp
-// instantiates the stall-hooked kernels it needs from here.
+// sm90_grouped_gemm: the standalone persistent grouped GEMM, a tile loop around the engine
+// (src/cuda/gemm/engine.cuh): the kernel template and its launch, for bf16 and e4m3 forms alike
+// (the form's operand type is a template parameter). The library's instantiations are in
+// sm90_bf16_grouped_gemm.cu and the three sm90_fp8_*.cu files (their launchers in
+// src/cuda/gemm/launch.cu); tests/cpp instantiates the stall-hooked kernels it needs from here.
 //
 //   Producer  : walks the CTA's tile sequence and, for each tile, engine.produce(tile) (the TMA
 //               loads of its K blocks into the ring).
@@ -41,7 +42,7 @@ namespace mok::gemm {
 // false, whose code has none of the hook.
 template <class F, class E, bool kStallHook>
 __global__ void __launch_bounds__(kThreads, 1)
-    sm90_bf16_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block,
+    sm90_grouped_gemm_kernel(const __grid_constant__ GemmDescriptor d, int stall_block,
                                   const __grid_constant__ Fp8Params fp8) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Scheduler = TileScheduler<F::kKGrouped, F::kBlockK>;
@@ -154,7 +155,7 @@ void configure_grouped_gemm_kernel(int device) {
   static std::atomic<bool> configured[kMaxDevices] = {};
   const bool cached = device >= 0 && device < kMaxDevices;
   if (cached && configured[device].load(std::memory_order_acquire)) return;
-  const cudaError_t e = cudaFuncSetAttribute(sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>,
+  const cudaError_t e = cudaFuncSetAttribute(sm90_grouped_gemm_kernel<F, E, kStallHook>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(kSharedBytes));
   if (e != cudaSuccess) {
@@ -177,7 +178,7 @@ int pair_grid_size(int device, cudaLaunchConfig_t config) {
   if (clusters == 0) {
     config.gridDim = dim3(sms / 2 * 2);
     const cudaError_t e = cudaOccupancyMaxActiveClusters(
-        &clusters, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, &config);
+        &clusters, sm90_grouped_gemm_kernel<F, E, kStallHook>, &config);
     if (e != cudaSuccess || clusters <= 0) {
       (void)cudaGetLastError();
       throw Error("grouped GEMM pairs on device " + to_text(device),
@@ -211,7 +212,7 @@ void launch_grouped_gemm_kernel(const GemmDescriptor& d, cudaStream_t stream, in
     config.numAttrs = 1;
     config.gridDim = dim3(pair_grid_size<F, E, kStallHook>(device, config));
   }
-  cudaError_t e = cudaLaunchKernelEx(&config, sm90_bf16_grouped_gemm_kernel<F, E, kStallHook>, d,
+  cudaError_t e = cudaLaunchKernelEx(&config, sm90_grouped_gemm_kernel<F, E, kStallHook>, d,
                                      stall_block, fp8);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
