@@ -41,7 +41,13 @@ inline constexpr int kEpilogueLeadBlocks = MOK_EPILOGUE_LEAD_BLOCKS;
 inline constexpr int kThreads = 384;           // Producer, Consumer0, Consumer1 warpgroups
 inline constexpr int kConsumerBarrierId = 1;   // named barrier among the two consumer warpgroups
 inline constexpr int kWarpgroupBarrierId = 2;  // + w: named barrier of consumer warpgroup w
-inline constexpr int kConsumerThreads = 256;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kProducerThreads = kWarpgroupThreads;      // warpgroup 0
+inline constexpr int kConsumerThreads = 2 * kWarpgroupThreads;  // warpgroups 1 and 2
+// The first consumer thread (Consumer0's thread 0): the one that speaks for both consumer
+// warpgroups after they gather at a named barrier; consumer thread i is thread kFirstConsumer + i.
+inline constexpr int kFirstConsumer = kProducerThreads;
+static_assert(kProducerThreads + kConsumerThreads == kThreads);
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
 // NOTES: the registers each thread has at entry (__launch_bounds__(kThreads, 1): 65536 / 384,
@@ -49,7 +55,7 @@ inline constexpr int kConsumerRegisters = 232;
 // kThreads x kEntryRegisters: a Consumer increase beyond what the Producer's decrease freed
 // never succeeds, and the launch hangs (H200, 31273c4).
 inline constexpr int kEntryRegisters = 168;
-static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
                   kThreads * kEntryRegisters,
               "register budgets exceed the CTA's registers");
 

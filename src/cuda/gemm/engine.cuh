@@ -65,7 +65,7 @@ class GemmEngine {
       : ring_{aligned(smem)},
         d_(d),
         fp8_(fp8),
-        warpgroup_(static_cast<int>(threadIdx.x) / 128),
+        warpgroup_(static_cast<int>(threadIdx.x) / kWarpgroupThreads),
         warp_((static_cast<int>(threadIdx.x) / 32) % 4),
         lane_(static_cast<int>(threadIdx.x) % 32) {}
 
@@ -203,7 +203,7 @@ class GemmEngine {
   template <class Probe = NoProbe>
   __device__ __forceinline__ void consume(const TileInfo& tile, const Probe& probe = Probe{}) {
     const int wg = consumer();
-    const int reader_thread = static_cast<int>(threadIdx.x) - 128;
+    const int reader_thread = static_cast<int>(threadIdx.x) - kFirstConsumer;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     if constexpr (F::kFp8 && F::kKGrouped && F::kOverlapPromotion) {
@@ -249,7 +249,7 @@ class GemmEngine {
                                           const Probe& probe = Probe{}) {
     static_assert(epilogue::HoldsRows<E, F>, "an epilogue that holds rows");
     const int wg = consumer();
-    const int reader_thread = static_cast<int>(threadIdx.x) - 128;
+    const int reader_thread = static_cast<int>(threadIdx.x) - kFirstConsumer;
     float acc[F::kAcc];
     init_accumulators<F>(acc, tile, d_.p, wg, warp_, lane_);
     const int lane = lane_;

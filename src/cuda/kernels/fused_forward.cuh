@@ -88,7 +88,8 @@ constexpr int kPullBatch = 4;  // loads in flight per lane of a pulling warp
 // 384 x 168 = 128 x 40 + 256 x 232 exactly (gemm::kEntryRegisters).
 constexpr int kProducerRegisters = gemm::kProducerRegisters;
 constexpr int kConsumerRegisters = gemm::kConsumerRegisters;
-static_assert(128 * kProducerRegisters + gemm::kConsumerThreads * kConsumerRegisters <=
+static_assert(gemm::kProducerThreads * kProducerRegisters +
+                      gemm::kConsumerThreads * kConsumerRegisters <=
                   gemm::kThreads * gemm::kEntryRegisters,
               "register budgets exceed the CTA's registers");
 // The named barrier of the two Consumer warpgroups after a task whose stores another CTA's TMA
@@ -181,7 +182,7 @@ __device__ bool wait_counter(const FusedForwardParams& fp, const Engine& engine,
 __device__ void publish_stored(std::uint32_t* counter) {
   ptx::fence_proxy_async_global();
   ptx::named_barrier_sync(kStoredBarrierId, gemm::kConsumerThreads);
-  if (threadIdx.x == 128) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
+  if (threadIdx.x == gemm::kFirstConsumer) ptx::red_release_add<ptx::Scope::gpu>(counter, 1u);
 }
 
 // Warps 1-3 of the Producer warpgroup (idle in a GEMM: one thread of warp 0 issues the loads):
@@ -230,9 +231,10 @@ __device__ __forceinline__ std::uint64_t* traced(const FusedForwardParams& fp, i
   return fp.trace + 4 + 4 * std::int64_t{gridDim.x} + kTraceTicketWords * std::int64_t{ticket};
 }
 
-// What the K loop of a traced tile stamps (thread 128's words 4 and 5; mma_tile's probe).
+// What the K loop of a traced tile stamps (the first consumer thread's words 4 and 5; mma_tile's
+// probe).
 struct TraceProbe {
-  std::uint64_t* stamps;  // null: not traced, or not thread 128
+  std::uint64_t* stamps;  // null: not traced, or not thread gemm::kFirstConsumer
   __device__ __forceinline__ void landed() const {
     if (stamps != nullptr) stamps[4] = ptx::global_timer_ns();
   }
@@ -451,7 +453,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1)
       if (ticket == kNoTile) break;
       const TaskRecord& record = records[taken++ % kRecords];
       const Task task = record.task;
-      std::uint64_t* const stamps = threadIdx.x == 128 ? traced<Hooks>(fp, ticket) : nullptr;
+      std::uint64_t* const stamps =
+          threadIdx.x == gemm::kFirstConsumer ? traced<Hooks>(fp, ticket) : nullptr;
       if (stamps != nullptr) stamps[3] = ptx::global_timer_ns();
       if (record.has_tile != 0) {
         const TileInfo tile = record.tile;
