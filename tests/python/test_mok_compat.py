@@ -2,10 +2,10 @@
 (positional and keyword forms, the schedule's and the context's fields) and the ops layer (also
 under torch.compile(fullgraph=True)), bf16, against the independent fp64 reference
 (moe_reference.py) with MoK's tolerances: output abs max <= 0.5 and sum|diff| / sum|ref| <= 0.01,
-every gradient's cosine similarity >= 0.9999; and mok's own relative-error bounds (conftest), since a
-cosine cannot see a gradient off by a constant factor. MoK's model shapes are scaled down to run on a CPU
-in seconds (their H : I proportions and k kept); every output mok allocates is poisoned (conftest).
-The CUDA variants run the same checks on a GPU and skip here."""
+every gradient's cosine similarity >= 0.9999; and mok's own relative-error bounds (conftest), since
+a cosine cannot see a gradient off by a constant factor. MoK's model shapes are scaled down to run
+on a CPU in seconds (their H : I proportions and k kept); every output mok allocates is poisoned
+(conftest). The CUDA variants run the same checks on a GPU and skip here."""
 
 import pytest
 import torch
