@@ -60,7 +60,12 @@ TEST_P(LayerGpu, MatchesTheF64LayerAndRepeatsBitwise) {
   const std::uint64_t seed = test_seed();
   LayerData d = make_case(c, seed);
   run_gpu(d);
-  const CheckReport r = check_against_f64(d);
+  // Every element against the f64 layer, the largest case ("wide", 2.2e10 FLOPs of f64 work)
+  // included: a sample of its rows would leave most of them unchecked.
+  CheckOptions full;
+  full.max_full_flops = 1e11;
+  const CheckReport r = check_against_f64(d, full);
+  EXPECT_FALSE(r.sampled);
   EXPECT_TRUE(r.passed()) << r.summary();
   std::printf("[ mok ] %s: out %.2e, grads max %.2e\n", c.name, r.out_rel_err(),
               r.grad_rel_err_max());
@@ -214,14 +219,22 @@ TEST(LayerGpuGrads, Fp32MainGradAccumulation) {
              {.accumulate_weight_grads = true});
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     g.download(acc);
+    // Every one of the six buffers: what it held plus the fresh gradient, in fp32.
+    const char* const names[] = {"d_gate",        "d_up",        "d_down",
+                                 "d_shared_gate", "d_shared_up", "d_shared_down"};
+    int n = 0;
     for (auto [f, a] : {std::pair{&fresh.d_gate, &acc.d_gate},
+                        {&fresh.d_up, &acc.d_up},
                         {&fresh.d_down, &acc.d_down},
-                        {&fresh.d_shared_up, &acc.d_shared_up}}) {
+                        {&fresh.d_shared_gate, &acc.d_shared_gate},
+                        {&fresh.d_shared_up, &acc.d_shared_up},
+                        {&fresh.d_shared_down, &acc.d_shared_down}}) {
       for (std::int64_t i = 0; i < f->numel(); ++i) {
         const float want = static_cast<float>(0.5 * (i % 5) - 1.0) + static_cast<float>(f->get(i));
         ASSERT_EQ(static_cast<float>(a->get(i)), want)
-            << "macrobatch " << macro << " element " << i;
+            << names[n] << ", macrobatch " << macro << ", element " << i;
       }
+      ++n;
     }
   }
 }

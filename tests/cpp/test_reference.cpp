@@ -212,14 +212,21 @@ TEST(ReferenceEdgeCases, Fp32MainGradAccumulation) {
   forward(ws, acc.inputs(), acc.weights(), acc.out.view(), ctx.get());
   backward(ws, acc.inputs(), acc.weights(), ctx.get(), acc.d_out.view(), acc.grads(),
            {.accumulate_weight_grads = true});
-  for (std::int64_t i = 0; i < fresh.d_gate.numel(); ++i) {
-    const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_gate.get(i));
-    ASSERT_EQ(static_cast<float>(acc.d_gate.get(i)), want) << i;
-  }
-  for (std::int64_t i = 0; i < fresh.d_shared_down.numel(); ++i) {
-    const float want =
-        static_cast<float>(0.25 * (i % 7)) + static_cast<float>(fresh.d_shared_down.get(i));
-    ASSERT_EQ(static_cast<float>(acc.d_shared_down.get(i)), want) << i;
+  // Every one of the six buffers: what it held plus the fresh gradient, in fp32.
+  const std::pair<const char*, std::pair<HostTensor*, HostTensor*>> grads[] = {
+      {"d_gate", {&acc.d_gate, &fresh.d_gate}},
+      {"d_up", {&acc.d_up, &fresh.d_up}},
+      {"d_down", {&acc.d_down, &fresh.d_down}},
+      {"d_shared_gate", {&acc.d_shared_gate, &fresh.d_shared_gate}},
+      {"d_shared_up", {&acc.d_shared_up, &fresh.d_shared_up}},
+      {"d_shared_down", {&acc.d_shared_down, &fresh.d_shared_down}}};
+  for (const auto& [name, pair] : grads) {
+    const auto& [got, alone] = pair;
+    ASSERT_EQ(got->numel(), alone->numel()) << name;
+    for (std::int64_t i = 0; i < alone->numel(); ++i) {
+      const float want = static_cast<float>(0.25 * (i % 7)) + static_cast<float>(alone->get(i));
+      ASSERT_EQ(static_cast<float>(got->get(i)), want) << name << " " << i;
+    }
   }
 }
 
@@ -257,9 +264,13 @@ TEST(ReferenceContext, BackwardNeedsAForwardOverTheSameTensors) {
   recompute_forward_context(ws, no_weights, no_down, cb.get());
   backward(ws, b.inputs(), b.weights(), cb.get(), b.d_out.view(), b.grads());
   EXPECT_TRUE(same_bits(a.d_x, b.d_x));
-  EXPECT_TRUE(same_bits(a.d_gate, b.d_gate));
   EXPECT_TRUE(same_bits(a.d_topk_weights, b.d_topk_weights));
+  EXPECT_TRUE(same_bits(a.d_gate, b.d_gate));
+  EXPECT_TRUE(same_bits(a.d_up, b.d_up));
+  EXPECT_TRUE(same_bits(a.d_down, b.d_down));
+  EXPECT_TRUE(same_bits(a.d_shared_gate, b.d_shared_gate));
   EXPECT_TRUE(same_bits(a.d_shared_up, b.d_shared_up));
+  EXPECT_TRUE(same_bits(a.d_shared_down, b.d_shared_down));
   EXPECT_EQ(ws.call_counts().forward, 2);
   EXPECT_EQ(ws.call_counts().recompute, 1);
   EXPECT_EQ(ws.call_counts().backward, 2);

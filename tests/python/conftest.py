@@ -62,6 +62,8 @@ def _transformers_skip_reason():
 
 
 TRANSFORMERS_SKIP_REASON = _transformers_skip_reason()
+if TRANSFORMERS_SKIP_REASON and HAVE_GPU:  # scripts/gpu-suite fails a GPU machine's GPU skips
+    TRANSFORMERS_SKIP_REASON += " (on a GPU machine: its CUDA tests not run)"
 
 
 def pytest_configure(config):

@@ -9,7 +9,7 @@ import torch
 from conftest import DEVICES, make_layer
 
 import mok
-from mok import _fp8_layer
+from mok import _fp8_layer, _layer_ops, _native
 
 
 def split(gate_up, interleaved):
@@ -28,7 +28,8 @@ def pack(gate, up, interleaved):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("routing", ["random", "one_expert"])
-def test_packed_is_bitwise_the_dense_layer(gen, device, interleaved, dtype, routing):
+def test_packed_is_bitwise_the_dense_layer(gen, monkeypatch, device, interleaved, dtype,
+                                          routing):
     if device == "cuda" and dtype == torch.float64:
         pytest.skip("float64 is the CPU backend's exact mode")
     T, H, I, E, k = 37, 128, 64, 5, 3  # odd T; I < H
@@ -36,8 +37,18 @@ def test_packed_is_bitwise_the_dense_layer(gen, device, interleaved, dtype, rout
     gate, up, down = d.weights[:3]
     gate_up = pack(gate, up, interleaved).requires_grad_()
     x, w, down_p = (t.clone().requires_grad_() for t in (d.x, d.topk_weights, down))
+    # What the C++ core is handed: every view the layer ops pass it (data pointer, shape, strides).
+    handed = []
+
+    def recording_views(*tensors):
+        out = _native.views(*tensors)
+        handed.extend((v[0], v[2], v[3]) for v in out if v is not None)
+        return out
+
+    monkeypatch.setattr(_layer_ops, "views", recording_views)
     out = mok.moe_packed(x, d.topk_experts, w, gate_up, down_p, interleaved=interleaved)
     out.backward(d.d_out)
+    monkeypatch.undo()
 
     leaves = [t.clone().requires_grad_() for t in (d.x, d.topk_weights, gate, up, down)]
     ref = mok.moe(leaves[0], d.topk_experts, leaves[1], *leaves[2:])
@@ -47,8 +58,15 @@ def test_packed_is_bitwise_the_dense_layer(gen, device, interleaved, dtype, rout
     assert torch.equal(w.grad, leaves[1].grad)
     assert torch.equal(gate_up.grad, pack(leaves[2].grad, leaves[3].grad, interleaved))
     assert torch.equal(down_p.grad, leaves[4].grad)
-    # The views are the parameter's own memory: nothing was copied into the forward's inputs.
-    assert split(gate_up, interleaved)[0].data_ptr() == gate_up.data_ptr()
+    # The halves the core read are the packed tensor's own memory (nothing copied): gate at its
+    # start, up I rows (interleaved: one row) in, each row-strided; the gradient's halves likewise.
+    size = gate_up.element_size()
+    row_stride = 2 * H if interleaved else H
+    up_offset = (H if interleaved else I * H) * size
+    for base, what in ((gate_up.data_ptr(), "gate_up"), (gate_up.grad.data_ptr(), "its gradient")):
+        for ptr, half in ((base, "gate"), (base + up_offset, "up")):
+            assert (ptr, (E, I, H), (2 * I * H, row_stride, 1)) in handed, \
+                f"the {half} half of {what} was not handed over in place: {handed}"
 
 
 def test_packed_refusals(gen):
