@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/kernels/fused_tasks.hpp"
+#include "test_seed.hpp"
 
 namespace mok::test {
 namespace {
@@ -121,7 +122,7 @@ std::vector<int> random_starts(int blocks, int groups, std::mt19937& rng) {
 }
 
 TEST(FusedTasks, GroupPanelsKeepEveryTaskOnceAndTheOrder) {
-  std::mt19937 rng(7);
+  std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
   for (int blocks : {1, 5, 33, 257})
     for (int groups : {1, 3, 40})
       for (int per_minibatch : {1, 32}) {
@@ -139,7 +140,7 @@ TEST(FusedTasks, GroupPanelsKeepEveryTaskOnceAndTheOrder) {
 // Within a stage, tile_task visits the groups in order, each group's tiles back to back, in panels
 // of at most 16 blocks, N outer within a panel: what the unfused scheduler's raster does per group.
 TEST(FusedTasks, PanelsStayWithinOneGroup) {
-  std::mt19937 rng(11);
+  std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
   for (int trial = 0; trial < 50; ++trial) {
     const int blocks = 1 + static_cast<int>(rng() % 70), groups = 1 + static_cast<int>(rng() % 9);
     const int first = static_cast<int>(rng() % 5), n_tiles = 1 + static_cast<int>(rng() % 7);
@@ -174,7 +175,7 @@ TEST(FusedTasks, PanelsStayWithinOneGroup) {
 // launch) decodes every ticket as the search does: for ascending starts, for starts that are not
 // (corrupt tables must still decode alike in every CTA), and for blocks past the table's room.
 TEST(FusedTasks, TheGroupTableDecodesAsTheSearch) {
-  std::mt19937 rng(13);
+  std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
   for (int trial = 0; trial < 40; ++trial) {
     const int blocks = 1 + static_cast<int>(rng() % 90), groups = 1 + static_cast<int>(rng() % 12);
     std::vector<int> starts = random_starts(blocks, groups, rng);
