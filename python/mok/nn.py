@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from mok import _checks, _fp8_layer, _layer_ops, _native, _workspace, reference
 from mok._config import MoKConfig
 
+__all__ = ["MoE", "MoEStats", "moe", "moe_packed"]
 
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
@@ -152,8 +153,6 @@ def _autocast_inputs(x, weights):
 
     return cast(x), tuple(cast(w) for w in weights)
 
-
-__all__ = ["MoE", "MoEStats", "moe", "moe_packed"]
 
 _ROUTED_NAMES = ("routed_gate_weights", "routed_up_weights", "routed_down_weights")
 
