@@ -21,6 +21,7 @@ from mok._config import MoKConfig
 
 __all__ = ["MoE", "MoEStats", "moe", "moe_packed"]
 
+
 def moe(x, topk_experts, topk_weights, routed_gate_weights, routed_up_weights,
         routed_down_weights, shared_gate_weights=None, shared_up_weights=None,
         shared_down_weights=None, *, workspace=None, swiglu_limit=None, precision="bf16"):
