@@ -426,8 +426,15 @@ def test_whole_model_bf16(family):
     strictly (test_experts_class)."""
     model = tiny_model(family, torch.bfloat16)
     ids = torch.randint(0, 128, (3, 11), generator=torch.Generator().manual_seed(SEED % 2**31))
+    expect_same_step(model, ids, "eager")
+
+
+def expect_same_step(model, ids, baseline):
+    """One step of `model` with `baseline`'s experts and with mok's, mok's under the expert choices
+    of the first (pinned_routing): logits, loss and the experts' weight gradients within bf16
+    bounds."""
     routing = {}
-    logits_e, loss_e, grads_e = model_step(model, "eager", ids, routing)
+    logits_e, loss_e, grads_e = model_step(model, baseline, ids, routing)
     assert len(routing) == len(experts_modules(model)) > 0
     logits_m, loss_m, grads_m = model_step(model, "mok", ids, routing)
     # The logits' own bf16 rounding (2^-9) and every layer's, which the two paths do differently:
@@ -435,9 +442,9 @@ def test_whole_model_bf16(family):
     assert rel_error(logits_m, logits_e) <= 4 * 2.0**-8
     assert abs(float(loss_m) - float(loss_e)) <= 2.0**-8 * float(loss_e)
     # The experts' weight gradients within the bf16 gradient bound (conftest): 0.005-0.009
-    # measured over 6 draws of each family (2026-12-07, torch 2.11). A gradient off by a factor
-    # (or an unwritten one) fails here; finiteness alone did not see it.
-    for name, module in experts_modules(model):
+    # measured over 6 draws of each family against eager (2026-12-07, torch 2.11). A gradient
+    # off by a factor (or an unwritten one) fails here; finiteness alone did not see it.
+    for name, _ in experts_modules(model):
         for param in ("gate_up_proj", "down_proj"):
             key = f"{name}.{param}"
             assert rel_error(grads_m[key], grads_e[key]) <= GRAD_TOLERANCE, \
@@ -452,9 +459,15 @@ def test_training_follows_eager(family, dtype, tolerance):
     """A short AdamW run: mok's loss curve on eager's (float64: to summation order; bf16: within
     a few percent, the rounding of the two paths compounding over the steps)."""
     ids = torch.randint(0, 128, (2, 15), generator=torch.Generator().manual_seed(SEED % 2**31))
+    expect_same_loss_curve(lambda: tiny_model(family, dtype), ids, "eager", tolerance)
+
+
+def expect_same_loss_curve(make_model, ids, baseline, tolerance):
+    """Eight AdamW steps of a fresh model from make_model() with `baseline`'s experts, then with
+    mok's: mok's loss falls, and each step's loss is within `tolerance` (relative) of baseline's."""
     curves = {}
-    for implementation in ("eager", "mok"):
-        model = tiny_model(family, dtype)
+    for implementation in (baseline, "mok"):
+        model = make_model()
         model.set_experts_implementation(implementation)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []
@@ -466,7 +479,7 @@ def test_training_follows_eager(family, dtype, tolerance):
             losses.append(float(loss.detach()))
         curves[implementation] = losses
     assert curves["mok"][-1] < curves["mok"][0], curves
-    for e, m in zip(curves["eager"], curves["mok"]):
+    for e, m in zip(curves[baseline], curves["mok"]):
         assert abs(m - e) <= tolerance * e, curves
 
 
@@ -732,33 +745,9 @@ def test_gpu_whole_model_and_training():
     (test_training_follows_eager's bf16 bound)."""
     gen = torch.Generator().manual_seed(SEED % 2**31)
     ids = torch.randint(0, 128, (4, 33), generator=gen).cuda()
-    model = tiny_model("qwen3_moe", torch.bfloat16).cuda()
-    routing = {}
-    logits_e, loss_e, grads_e = model_step(model, "grouped_mm", ids, routing)
-    logits_m, loss_m, grads_m = model_step(model, "mok", ids, routing)
-    assert rel_error(logits_m, logits_e) <= 4 * 2.0**-8
-    assert abs(float(loss_m) - float(loss_e)) <= 2.0**-8 * float(loss_e)
-    for name, _ in experts_modules(model):
-        for param in ("gate_up_proj", "down_proj"):
-            key = f"{name}.{param}"
-            assert rel_error(grads_m[key], grads_e[key]) <= GRAD_TOLERANCE, \
-                (key, rel_error(grads_m[key], grads_e[key]))
-    curves = {}
-    for implementation in ("grouped_mm", "mok"):
-        model = tiny_model("qwen3_moe", torch.bfloat16).cuda()
-        model.set_experts_implementation(implementation)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        losses = []
-        for _ in range(8):
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-        curves[implementation] = losses
-    assert curves["mok"][-1] < curves["mok"][0], curves
-    for e, m in zip(curves["grouped_mm"], curves["mok"]):
-        assert abs(m - e) <= 0.03 * e, curves
+    expect_same_step(tiny_model("qwen3_moe", torch.bfloat16).cuda(), ids, "grouped_mm")
+    expect_same_loss_curve(lambda: tiny_model("qwen3_moe", torch.bfloat16).cuda(), ids,
+                           "grouped_mm", 0.03)
 
 
 @requires_transformers
