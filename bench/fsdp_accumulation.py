@@ -37,12 +37,13 @@ import mok  # noqa: E402
 CASES = {"dsv3-ep8slice": (4096, 7168, 2048, 32, 8, 2048),
          "qwen3-30b-a3b": (16384, 2048, 768, 128, 8, 0)}
 TINY = {"tiny": (257, 256, 128, 8, 2, 128)}
+SHAPES = {**CASES, **TINY}
 
 
 def build(case, precision, device):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    T, H, I, E, k, S = {**CASES, **TINY}[case]
+    T, H, I, E, k, S = SHAPES[case]
     torch.manual_seed(0)
     module = mok.nn.MoE(H, I, E, k, shared_intermediate_size=S, dtype=torch.float32,
                         precision=precision, device=device)
@@ -68,7 +69,7 @@ def step(module, opt, xs, flags, no_sync=False):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated, of {', '.join({**CASES, **TINY})}")
+                    help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--no-sync", action="store_true",
@@ -84,7 +85,7 @@ def main():
         dist.init_process_group("gloo")
     results = []
     for case in args.cases.split(","):
-        T, H = {**CASES, **TINY}[case][:2]
+        T, H = SHAPES[case][:2]
         paths = {"bf16": ("bf16", [None] * args.micro),
                  "fp8 per call": ("fp8", [None] * args.micro),
                  "fp8 once a step": ("fp8", [True] + [False] * (args.micro - 1))}

@@ -59,7 +59,7 @@ _FP8_ARGS = ", ".join(f"Tensor {n}" for n in FP8_NAMES)
 # forward ops take it too, for their autograd formula to pass on.
 _WGRAD_ARG = "bool fp8_weight_grads=True"
 
-_PRECISIONS_TEXT = "'bf16', 'fp8' or 'fp8-bf16-wgrad'"  # _config.PRECISIONS
+_PRECISIONS_TEXT = ", ".join(map(repr, PRECISIONS[:-1])) + f" or {PRECISIONS[-1]!r}"
 
 
 def check_precision(precision):

@@ -60,16 +60,15 @@ def layer_data(gen, name, device):
 
 
 def check_against_reference(data, out, grads):
-    ref_out, *ref = forward_and_grads(data.x.cpu(), data.topk_experts.cpu(),
-                                      data.topk_weights.cpu(),
-                                      tuple(w.cpu() for w in data.weights), data.d_out.cpu())
+    cpu = data.to("cpu")
+    ref_out, *ref = forward_and_grads(cpu.x, cpu.topk_experts, cpu.topk_weights, cpu.weights,
+                                      cpu.d_out)
     check_close("output", out, ref_out)
     # mok's own bounds beside MoK's: a cosine cannot see a gradient off by a constant factor.
     assert rel_error(out, ref_out) <= OUT_TOLERANCE, ("output", rel_error(out, ref_out))
     # mok's order of the reference: d_x, d_w, gate, up, down, shared gate, up, down: MoK's too.
     # d_router_weights[t, j] = <d_out[t], y[t, j]>: relative to sum_h |d_out[t, h] y[t, j, h]| (a
     # cancelling dot product makes |ref| meaningless; test_layer.py measures it so too).
-    cpu = data.to("cpu")
     y = slot_outputs(cpu.x, cpu.topk_experts, *cpu.weights[:3])
     scales = {"d_router_weights": (cpu.d_out.double().abs().unsqueeze(1) * y.abs()).sum(dim=-1)}
     for name, g, r in zip(GRAD_NAMES, grads, ref):
