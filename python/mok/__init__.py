@@ -42,13 +42,7 @@ import torch as _torch
 from mok import _versions
 from mok._versions import TORCH_MINIMUM, TRANSFORMERS_MINIMUM  # noqa: F401
 
-
-def _check_torch(version):
-    """ImportError naming `version` (torch.__version__) when it is older than TORCH_MINIMUM."""
-    _versions.check_version("torch", version, TORCH_MINIMUM)
-
-
-_check_torch(_torch.__version__)
+_versions.check_version("torch", _torch.__version__, TORCH_MINIMUM)
 
 from mok import _native  # noqa: E402
 

@@ -636,13 +636,14 @@ def test_moe_module_bounds_its_sizes():
 @pytest.mark.parametrize("version", ["2.9.0", "2.9.1+cu128", "2.10.0a0+git1234", "2.11.0+cu130",
                                      "2.15.0+cu132", "3.0.0"])
 def test_torch_versions_mok_runs_on(version):
-    mok._check_torch(version)
+    mok._versions.check_version("torch", version, mok.TORCH_MINIMUM)
 
 
 @pytest.mark.parametrize("version", ["2.8.0+cu128", "2.6.0", "2.4.1+cu121", "1.13.1", "nightly"])
 def test_older_torch_refused_at_import_naming_it(version):
     with pytest.raises(ImportError) as e:
-        mok._check_torch(version)
+        mok._versions.check_version("torch", version, mok.TORCH_MINIMUM)
     assert str(e.value) == f"mok: invalid torch version: expected 2.9 or newer, got {version}"
     assert mok.TORCH_MINIMUM == (2, 9)
-    mok._check_torch(torch.__version__)  # the installed one passes: mok imported
+    # The installed one passes: mok imported.
+    mok._versions.check_version("torch", torch.__version__, mok.TORCH_MINIMUM)
